@@ -1,0 +1,79 @@
+"""`RedisCache`: tokens as Redis keys ``reliable:{namespace}:{token}`` with an expiry.
+
+``seen`` is one MGET and ``remember`` one pipeline of ``SET ... PX``, whatever
+the number of tokens. Redis keeps the time itself, so the injected clock is
+not used here. Every Redis failure is raised as `CacheUnavailableError`: the
+pipeline then degrades to the store, which stays the source of truth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import redis
+import structlog
+
+from backends.cache.base import Cache
+from backends.errors import CacheUnavailableError
+
+log = structlog.get_logger(__name__)
+
+KEY_PREFIX = "reliable"
+# A cache lookup must never stall a consumer: fail fast and fall back to the store.
+DEFAULT_TIMEOUT = 2.0
+
+R = TypeVar("R")
+
+
+class RedisCache(Cache):
+    """The `Cache` on Redis (``redis://`` or ``rediss://`` for TLS)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._client = redis.Redis.from_url(
+            url,
+            socket_timeout=DEFAULT_TIMEOUT,
+            socket_connect_timeout=DEFAULT_TIMEOUT,
+            health_check_interval=30,
+        )
+
+    def __repr__(self) -> str:
+        host = self._client.connection_pool.connection_kwargs.get("host", "?")
+        port = self._client.connection_pool.connection_kwargs.get("port", "?")
+        return f"RedisCache('{host}:{port}')"
+
+    @staticmethod
+    def key(namespace: str, token: str) -> str:
+        """The Redis key holding ``token`` of ``namespace``."""
+        return f"{KEY_PREFIX}:{namespace}:{token}"
+
+    def _seen(self, namespace: str, tokens: list[str]) -> set[str]:
+        keys = [self.key(namespace, token) for token in tokens]
+        values = self._call("seen", lambda: self._client.mget(keys))
+        return {token for token, value in zip(tokens, values, strict=True) if value is not None}
+
+    def _remember(self, namespace: str, tokens: list[str], ttl: float) -> None:
+        milliseconds = max(1, round(ttl * 1000))
+
+        def send() -> None:
+            pipeline = self._client.pipeline(transaction=False)
+            for token in tokens:
+                pipeline.set(self.key(namespace, token), b"1", px=milliseconds)
+            pipeline.execute()
+
+        self._call("remember", send)
+
+    def _forget(self, namespace: str, tokens: list[str]) -> None:
+        keys = [self.key(namespace, token) for token in tokens]
+        self._call("forget", lambda: self._client.delete(*keys))
+
+    def _call(self, operation: str, send: Callable[[], R]) -> R:
+        try:
+            return send()
+        except redis.RedisError as exc:
+            log.warning("cache.unavailable", cache=repr(self), operation=operation, error=str(exc))
+            raise CacheUnavailableError(f"{self!r} failed during {operation}: {exc}") from exc
+
+    def close(self) -> None:
+        self._client.close()

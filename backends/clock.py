@@ -1,0 +1,55 @@
+"""Injected time: core code asks a `Clock` for the time and to sleep, never `time` itself."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def time(self) -> float:
+        """Seconds since the epoch."""
+
+    def sleep(self, seconds: float) -> None:
+        """Block for ``seconds`` (a fake clock advances instead)."""
+
+
+class SystemClock:
+    """The real wall clock."""
+
+    def time(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds)
+
+
+class FakeClock:
+    """A clock that only moves when told to, or when something sleeps on it.
+
+    Thread-safe; ``sleeps`` records every requested sleep so tests can assert
+    on backoff delays.
+    """
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self._now = start
+        self._lock = threading.Lock()
+        self.sleeps: list[float] = []
+
+    def time(self) -> float:
+        with self._lock:
+            return self._now
+
+    def sleep(self, seconds: float) -> None:
+        with self._lock:
+            self.sleeps.append(seconds)
+            self._now += max(seconds, 0.0)
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += seconds
+
+
+SYSTEM_CLOCK = SystemClock()

@@ -1,0 +1,43 @@
+"""The error root of the project and the errors raised by backends.
+
+The root lives here, in the lowest layer the framework imports, so that
+backends and framework share one hierarchy; ``reliable.errors`` re-exports it.
+"""
+
+from __future__ import annotations
+
+
+class ReliableError(Exception):
+    """Raised for every situation `reliable` itself detects."""
+
+
+class ConfigurationError(ReliableError):
+    """Raised when a setting, URL or option is invalid."""
+
+
+class UnsupportedURLError(ConfigurationError):
+    """Raised when a backend URL has a scheme no backend handles."""
+
+
+class BackendUnavailableError(ReliableError):
+    """Raised when a cache, store or transport cannot be reached."""
+
+
+class CacheUnavailableError(BackendUnavailableError):
+    """Raised when the cache cannot be reached (the pipeline degrades to the store)."""
+
+
+class StoreUnavailableError(BackendUnavailableError):
+    """Raised when the store cannot be reached (the message is not acked)."""
+
+
+class TransportError(ReliableError):
+    """Raised when a transport rejects or cannot perform an operation."""
+
+
+class BodyDecodeError(ReliableError):
+    """Raised when a message body cannot be decoded (the message is poison)."""
+
+
+class FenceConflictError(ReliableError):
+    """Raised when a batch fence name is reused by a different run (e.g. a fresh checkpoint)."""

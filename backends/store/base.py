@@ -1,0 +1,147 @@
+"""The `Store` protocol: the durable token table, offsets, dead letters and batch fences.
+
+A store hands out a `Transaction` that the user's handler writes through, so
+the token claim, the handler's own writes, the offsets and the dead letters
+commit or roll back together.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from backends.types import DeadLetter, QueueRef
+
+
+class TokenState(enum.Enum):
+    """The state of a token record."""
+
+    IN_PROGRESS = "in_progress"  # lease mode: a handler is running (until the lease expires)
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class LeaseOutcome:
+    """What `Store.lease` found: the lease is ours, or the record someone else holds."""
+
+    acquired: bool
+    state: TokenState | None = None  # of the existing record when not acquired
+    result: Any = None  # the stored result of a DONE record
+    expires_at: float | None = None
+
+
+class Transaction(ABC):
+    """One database transaction: the handler's writes and the framework's, together.
+
+    ``connection`` is the SQLAlchemy ``Connection``; ``execute`` passes through
+    to it so handlers can write ``tx.execute(text(...), {...})``.
+    """
+
+    connection: Any
+
+    def execute(self, statement: Any, parameters: Any = None, /) -> Any:
+        """Run a statement in this transaction (the handler's own writes)."""
+        if parameters is None:
+            return self.connection.execute(statement)
+        return self.connection.execute(statement, parameters)
+
+    @abstractmethod
+    def claim(self, namespace: str, tokens: Sequence[str], ttl: float) -> set[str]:
+        """Insert ``tokens`` under the unique index; return the subset this call claimed.
+
+        A token already DONE (and not expired) is not claimed: a duplicate. A
+        token whose row a concurrent transaction inserted but has not yet
+        committed makes this call wait for it (the unique index), then counts
+        as a duplicate if that transaction committed. Expired rows are
+        reclaimed.
+        """
+
+    @abstractmethod
+    def savepoint(self) -> AbstractContextManager[None]:
+        """A nested transaction: an exception inside rolls back to it and propagates."""
+
+    @abstractmethod
+    def save_offsets(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
+        """Upsert the next offset to consume per queue for ``group``."""
+
+    @abstractmethod
+    def add_dead_letter(self, letter: DeadLetter) -> int:
+        """Store a dead-letter record (payload bytes unchanged); return its id."""
+
+    @abstractmethod
+    def fence(self, name: str, batch_id: int, run_id: str) -> bool:
+        """Record batch ``batch_id`` of ``name``; False if it was already recorded (a replay).
+
+        Raises `FenceConflictError` when ``name`` was recorded by another
+        ``run_id`` and ``batch_id`` is not beyond what that run recorded.
+        """
+
+
+class Store(ABC):
+    """Durable state; every write that must be atomic with a handler goes through a transaction."""
+
+    @abstractmethod
+    def transaction(self) -> AbstractContextManager[Transaction]:
+        """Begin; commit on normal exit, roll back on an exception (and re-raise it)."""
+
+    @abstractmethod
+    def known(self, namespace: str, tokens: Sequence[str]) -> set[str]:
+        """The subset of ``tokens`` recorded DONE and not expired, in one query."""
+
+    @abstractmethod
+    def forget(self, namespace: str, tokens: Sequence[str]) -> int:
+        """Delete token records (a replay of a processed message); return how many."""
+
+    @abstractmethod
+    def load_offsets(self, group: str) -> dict[QueueRef, int]:
+        """The offsets saved for ``group``."""
+
+    @abstractmethod
+    def dead_letters(self, group: str, limit: int = 100, after_id: int = 0) -> list[DeadLetter]:
+        """Dead letters of ``group`` with id > ``after_id``, oldest first."""
+
+    @abstractmethod
+    def get_dead_letter(self, letter_id: int) -> DeadLetter | None:
+        """One dead letter by id."""
+
+    @abstractmethod
+    def delete_dead_letters(self, ids: Sequence[int]) -> int:
+        """Delete dead letters by id; return how many."""
+
+    @abstractmethod
+    def count_dead_letters(self, group: str) -> int:
+        """How many dead letters ``group`` has."""
+
+    @abstractmethod
+    def lease(self, namespace: str, token: str, lease_seconds: float) -> LeaseOutcome:
+        """In its own committed transaction: take an IN_PROGRESS lease on ``token``.
+
+        Acquired when no record exists, or the record is an expired lease (a
+        crashed holder) or an expired DONE record.
+        """
+
+    @abstractmethod
+    def complete_lease(self, namespace: str, token: str, result: Any, ttl: float) -> None:
+        """Mark a leased token DONE with its JSON-serialisable ``result``."""
+
+    @abstractmethod
+    def release_lease(self, namespace: str, token: str) -> None:
+        """Drop an IN_PROGRESS lease after a failure, so a redelivery may take it."""
+
+    @abstractmethod
+    def purge_expired(self) -> int:
+        """Delete expired token records; return how many."""
+
+    def iter_dead_letters(self, group: str, page: int = 500) -> Iterator[DeadLetter]:
+        """Every dead letter of ``group``, paged."""
+        after = 0
+        while batch := self.dead_letters(group, limit=page, after_id=after):
+            yield from batch
+            after = batch[-1].id or after
+
+    def close(self) -> None:
+        """Release connections."""

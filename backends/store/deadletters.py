@@ -1,0 +1,112 @@
+"""Dead-letter records: the original message, bytes unchanged, with its failure."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, delete, func, select, update
+
+from backends.store.engine import chunk_size, chunks
+from backends.store.schema import dead_letters
+from backends.types import DeadLetter, Failure, Message
+
+
+def add(connection: Connection, letter: DeadLetter, now: float) -> int:
+    """Insert ``letter``; return its id."""
+    message, failure = letter.message, letter.failure
+    result = connection.execute(
+        dead_letters.insert().values(
+            group=letter.group,
+            topic=message.topic,
+            queue=message.queue,
+            offset=message.offset,
+            message_id=message.id,
+            key=message.key,
+            headers=json.dumps(dict(message.headers), separators=(",", ":"), ensure_ascii=False),
+            payload=bytes(message.payload),
+            published_at=message.published_at,
+            token=letter.token,
+            attempts=failure.attempts,
+            error_type=failure.error_type,
+            error_message=failure.error_message,
+            traceback=failure.traceback,
+            first_failure_at=failure.first_failure_at,
+            last_failure_at=failure.last_failure_at,
+            replays=letter.replays,
+            created_at=now,
+        )
+    )
+    return int(result.inserted_primary_key[0])
+
+
+def page(connection: Connection, group: str, limit: int, after_id: int) -> list[DeadLetter]:
+    """Dead letters of ``group`` with id > ``after_id``, oldest first."""
+    statement = (
+        select(dead_letters)
+        .where(dead_letters.c.group == group, dead_letters.c.id > after_id)
+        .order_by(dead_letters.c.id)
+        .limit(limit)
+    )
+    return [_from_row(row) for row in connection.execute(statement)]
+
+
+def get(connection: Connection, letter_id: int) -> DeadLetter | None:
+    """One dead letter by id."""
+    row = connection.execute(select(dead_letters).where(dead_letters.c.id == letter_id)).first()
+    return None if row is None else _from_row(row)
+
+
+def remove(connection: Connection, ids: Sequence[int]) -> int:
+    """Delete dead letters by id; return how many existed."""
+    deleted = 0
+    for part in chunks(ids, chunk_size(connection)):
+        deleted += connection.execute(delete(dead_letters).where(dead_letters.c.id.in_(part))).rowcount
+    return deleted
+
+
+def count(connection: Connection, group: str) -> int:
+    """How many dead letters ``group`` has."""
+    statement = select(func.count()).select_from(dead_letters).where(dead_letters.c.group == group)
+    return int(connection.execute(statement).scalar_one())
+
+
+def mark_replayed(connection: Connection, ids: Sequence[int]) -> int:
+    """Add one to the replay count of each dead letter in ``ids``; return how many."""
+    changed = 0
+    for part in chunks(ids, chunk_size(connection)):
+        statement = (
+            update(dead_letters)
+            .where(dead_letters.c.id.in_(part))
+            .values(replays=dead_letters.c.replays + 1)
+        )
+        changed += connection.execute(statement).rowcount
+    return changed
+
+
+def _from_row(row: Any) -> DeadLetter:
+    message = Message(
+        id=row.message_id,
+        topic=row.topic,
+        queue=row.queue,
+        offset=row.offset,
+        payload=bytes(row.payload),
+        key=row.key,
+        headers=json.loads(row.headers),
+        attempt=row.attempts,
+        published_at=row.published_at,
+        first_failure_at=row.first_failure_at,
+    )
+    failure = Failure(
+        error_type=row.error_type,
+        error_message=row.error_message,
+        traceback=row.traceback,
+        attempts=row.attempts,
+        first_failure_at=row.first_failure_at,
+        last_failure_at=row.last_failure_at,
+    )
+    return DeadLetter(
+        group=row.group, message=message, token=row.token, failure=failure, id=row.id,
+        replays=row.replays,
+    )

@@ -1,0 +1,83 @@
+"""The store's tables: tokens, offsets, dead letters and batch fences (SQLAlchemy Core).
+
+Times are epoch seconds (floats) from the injected clock, never the database's
+own ``now()``, so a fake clock drives expiry in tests and every process agrees.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Double,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+# The idempotency heart: the primary key on (namespace, token) is the unique
+# index a concurrent twin waits on.
+tokens = Table(
+    "reliable_tokens",
+    metadata,
+    Column("namespace", String(255), nullable=False),
+    Column("token", String(512), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("result", Text, nullable=True),  # JSON text (lease mode)
+    Column("created_at", Double, nullable=False),
+    Column("expires_at", Double, nullable=False),
+    PrimaryKeyConstraint("namespace", "token", name="reliable_tokens_pk"),
+    Index("reliable_tokens_expires_at", "expires_at"),
+)
+
+offsets = Table(
+    "reliable_offsets",
+    metadata,
+    Column("group", String(255), nullable=False),
+    Column("topic", String(255), nullable=False),
+    Column("queue", Integer, nullable=False),
+    Column("next_offset", BigInteger, nullable=False),
+    PrimaryKeyConstraint("group", "topic", "queue", name="reliable_offsets_pk"),
+)
+
+dead_letters = Table(
+    "reliable_dead_letters",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("group", String(255), nullable=False),
+    Column("topic", String(255), nullable=False),
+    Column("queue", Integer, nullable=False),
+    Column("offset", BigInteger, nullable=False),
+    Column("message_id", String(255), nullable=False),
+    Column("key", Text, nullable=True),
+    Column("headers", Text, nullable=False),  # JSON object text
+    Column("payload", LargeBinary, nullable=False),  # the bytes exactly as published
+    Column("published_at", Double, nullable=False, default=0.0),
+    Column("token", String(512), nullable=True),
+    Column("attempts", Integer, nullable=False),
+    Column("error_type", String(255), nullable=False),
+    Column("error_message", Text, nullable=False),
+    Column("traceback", Text, nullable=False),
+    Column("first_failure_at", Double, nullable=False),
+    Column("last_failure_at", Double, nullable=False),
+    Column("replays", Integer, nullable=False, default=0),
+    Column("created_at", Double, nullable=False),
+    Index("reliable_dead_letters_group", "group", "id"),
+)
+
+fences = Table(
+    "reliable_fences",
+    metadata,
+    Column("name", String(255), nullable=False),
+    Column("batch_id", BigInteger, nullable=False),
+    Column("run_id", String(255), nullable=False),
+    Column("recorded_at", Double, nullable=False),
+    PrimaryKeyConstraint("name", "batch_id", name="reliable_fences_pk"),
+)

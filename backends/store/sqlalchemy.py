@@ -1,0 +1,263 @@
+"""`SqlStore`: the `Store` on any supported SQLAlchemy database (SQLite, PostgreSQL).
+
+Core only (no ORM): the claim and the lookups are one statement each. A store
+is safe to share between threads; every transaction takes its own pooled
+connection. Database errors that mean "cannot reach the database" become
+`StoreUnavailableError`; the user's own exceptions inside a transaction
+propagate unchanged.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from functools import wraps
+from typing import Any, NoReturn, ParamSpec, TypeVar
+
+import structlog
+from sqlalchemy import Connection, Engine
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
+
+from backends.clock import SYSTEM_CLOCK, Clock
+from backends.errors import StoreUnavailableError
+from backends.store import deadletters, progress
+from backends.store import tokens as records
+from backends.store.base import LeaseOutcome, Store, Transaction
+from backends.store.engine import READ_ONLY, build_engine, is_unavailable, parse_store_url
+from backends.store.schema import metadata
+from backends.types import DeadLetter, QueueRef
+
+log = structlog.get_logger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _guarded(method: Callable[P, R]) -> Callable[P, R]:
+    """Raise a database outage inside a framework operation as `StoreUnavailableError`."""
+
+    @wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except DBAPIError as exc:
+            if is_unavailable(exc):
+                message = f"store unavailable during {method.__name__}: {exc.orig}"
+                raise StoreUnavailableError(message) from exc
+            raise
+
+    return wrapper
+
+
+class SqlTransaction(Transaction):
+    """One database transaction on a pooled connection; see `Transaction`."""
+
+    def __init__(self, connection: Connection, clock: Clock) -> None:
+        self.connection = connection
+        self._clock = clock
+
+    @_guarded
+    def claim(self, namespace: str, tokens: Sequence[str], ttl: float) -> set[str]:
+        batch = sorted(set(tokens))  # one lock order for every transaction: no deadlocks
+        return records.claim(self.connection, namespace, batch, self._clock.time(), ttl)
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        nested = self.connection.begin_nested()
+        try:
+            yield
+        except BaseException:
+            if nested.is_active:
+                nested.rollback()
+            raise
+        else:
+            nested.commit()
+
+    @_guarded
+    def save_offsets(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
+        progress.save_offsets(self.connection, group, offsets)
+
+    @_guarded
+    def add_dead_letter(self, letter: DeadLetter) -> int:
+        return deadletters.add(self.connection, letter, self._clock.time())
+
+    @_guarded
+    def fence(self, name: str, batch_id: int, run_id: str) -> bool:
+        return progress.fence(self.connection, name, batch_id, run_id, self._clock.time())
+
+
+class SqlStore(Store):
+    """The durable store on SQLite or PostgreSQL; tables are created on first use."""
+
+    def __init__(self, url: str | URL, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.url = parse_store_url(url) if isinstance(url, str) else url
+        self.engine: Engine = build_engine(self.url)
+        self._clock = clock
+        self._tables_ready = False
+        self._tables_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"SqlStore({self.url.render_as_string(hide_password=True)!r})"
+
+    # -- transactions -------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[SqlTransaction]:
+        connection = self._begin()
+        try:
+            yield SqlTransaction(connection, self._clock)
+        except BaseException:
+            self._rollback_quietly(connection)
+            connection.close()
+            raise
+        try:
+            connection.commit()
+        except DBAPIError as exc:
+            self._rollback_quietly(connection)
+            self._raise(exc, "commit")
+        finally:
+            connection.close()
+
+    def _begin(self, read_only: bool = False) -> Connection:
+        self._ensure_tables()
+        try:
+            connection = self.engine.connect()
+        except DBAPIError as exc:
+            self._raise(exc, "connect")
+        try:
+            if read_only and connection.dialect.name == "postgresql":
+                # a lone SELECT needs no BEGIN/ROLLBACK round trips around it
+                connection.execution_options(isolation_level="AUTOCOMMIT")
+            elif read_only:
+                connection.execution_options(**{READ_ONLY: True})
+            connection.begin()
+        except DBAPIError as exc:
+            connection.close()
+            self._raise(exc, "begin")
+        return connection
+
+    @contextmanager
+    def _unit(self, read_only: bool = False) -> Iterator[Connection]:
+        """A short transaction of the store's own, committed on exit (outages wrapped)."""
+        with self._read() if read_only else self._write() as connection:
+            try:
+                yield connection
+            except DBAPIError as exc:
+                self._raise(exc, "query")
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        with self.transaction() as tx:
+            yield tx.connection
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        connection = self._begin(read_only=True)
+        try:
+            yield connection
+        finally:
+            self._rollback_quietly(connection)
+            connection.close()
+
+    def _rollback_quietly(self, connection: Connection) -> None:
+        try:
+            connection.rollback()
+        except DBAPIError as exc:  # the connection is gone; the database rolls back for us
+            log.warning("store.rollback_failed", store=repr(self), error=str(exc.orig))
+
+    def _raise(self, exc: DBAPIError, step: str) -> NoReturn:
+        """Re-raise ``exc``, as `StoreUnavailableError` when it means an outage."""
+        if not is_unavailable(exc):
+            raise exc
+        log.warning("store.unavailable", store=repr(self), step=step, error=str(exc.orig))
+        raise StoreUnavailableError(f"{self!r} cannot be reached ({step}): {exc.orig}") from exc
+
+    def _ensure_tables(self) -> None:
+        if self._tables_ready:
+            return
+        with self._tables_lock:
+            if self._tables_ready:
+                return
+            try:
+                metadata.create_all(self.engine, checkfirst=True)
+            except DBAPIError as exc:
+                if is_unavailable(exc):
+                    self._raise(exc, "create tables")
+                # another process created them between our check and our CREATE
+                metadata.create_all(self.engine, checkfirst=True)
+            self._tables_ready = True
+            log.info("store.ready", store=repr(self))
+
+    # -- operations in a short transaction of their own --------------------------------
+
+    def known(self, namespace: str, tokens: Sequence[str]) -> set[str]:
+        if not tokens:
+            return set()
+        with self._unit(read_only=True) as connection:
+            return records.known(connection, namespace, list(dict.fromkeys(tokens)), self._now())
+
+    def forget(self, namespace: str, tokens: Sequence[str]) -> int:
+        if not tokens:
+            return 0
+        with self._unit() as connection:
+            return records.forget(connection, namespace, list(dict.fromkeys(tokens)))
+
+    def lease(self, namespace: str, token: str, lease_seconds: float) -> LeaseOutcome:
+        with self._unit() as connection:
+            return records.lease(connection, namespace, token, self._now(), lease_seconds)
+
+    def complete_lease(self, namespace: str, token: str, result: Any, ttl: float) -> None:
+        with self._unit() as connection:
+            records.complete_lease(connection, namespace, token, result, self._now(), ttl)
+
+    def release_lease(self, namespace: str, token: str) -> None:
+        with self._unit() as connection:
+            records.release_lease(connection, namespace, token)
+
+    def purge_expired(self) -> int:
+        with self._unit() as connection:
+            purged = records.purge_expired(connection, self._now())
+        log.info("store.purged", store=repr(self), tokens=purged)
+        return purged
+
+    def load_offsets(self, group: str) -> dict[QueueRef, int]:
+        with self._unit(read_only=True) as connection:
+            return progress.load_offsets(connection, group)
+
+    def save_offsets(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
+        """Upsert offsets in a transaction of their own (outside any handler)."""
+        with self._unit() as connection:
+            progress.save_offsets(connection, group, offsets)
+
+    def dead_letters(self, group: str, limit: int = 100, after_id: int = 0) -> list[DeadLetter]:
+        with self._unit(read_only=True) as connection:
+            return deadletters.page(connection, group, limit, after_id)
+
+    def get_dead_letter(self, letter_id: int) -> DeadLetter | None:
+        with self._unit(read_only=True) as connection:
+            return deadletters.get(connection, letter_id)
+
+    def delete_dead_letters(self, ids: Sequence[int]) -> int:
+        if not ids:
+            return 0
+        with self._unit() as connection:
+            return deadletters.remove(connection, list(ids))
+
+    def count_dead_letters(self, group: str) -> int:
+        with self._unit(read_only=True) as connection:
+            return deadletters.count(connection, group)
+
+    def mark_replayed(self, ids: Sequence[int]) -> int:
+        """Count one more replay on each dead letter in ``ids``; return how many."""
+        if not ids:
+            return 0
+        with self._unit() as connection:
+            return deadletters.mark_replayed(connection, list(ids))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def _now(self) -> float:
+        return self._clock.time()

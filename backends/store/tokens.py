@@ -1,0 +1,173 @@
+"""Token records: the claim under the unique index, lookups, leases and expiry.
+
+Every function takes an open SQLAlchemy ``Connection`` (inside a transaction)
+and the current time, so the store decides transaction boundaries and the
+clock, and these stay plain statements (SQLAlchemy Core, one round trip each).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Double, String, any_, bindparam, delete, func, null, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from backends.store.base import LeaseOutcome, TokenState
+from backends.store.engine import chunk_size, chunks, upsert
+from backends.store.schema import tokens
+
+DONE = TokenState.DONE.value
+IN_PROGRESS = TokenState.IN_PROGRESS.value
+
+
+def claim(
+    connection: Connection, namespace: str, batch: Sequence[str], now: float, ttl: float,
+    state: str = DONE,
+) -> set[str]:
+    """Insert ``batch`` (no duplicates); return the tokens inserted or reclaimed from expired rows.
+
+    One ``INSERT ... ON CONFLICT DO UPDATE ... WHERE expired RETURNING token``:
+    a live row (committed, or being inserted by a concurrent twin, which makes
+    this statement wait) is left alone and not returned.
+    """
+    if not batch:
+        return set()
+    expires_at = now + ttl
+    if connection.dialect.name == "postgresql":
+        parameters = {
+            "namespace": namespace, "tokens": list(batch), "state": state,
+            "now": now, "expires_at": expires_at,
+        }
+        return set(connection.execute(_POSTGRES_CLAIM, parameters).scalars())
+    rows = [
+        {
+            "namespace": namespace, "token": token, "state": state, "result": None,
+            "created_at": now, "expires_at": expires_at,
+        }
+        for token in batch
+    ]
+    # executemany + RETURNING: SQLAlchemy sends multi-row INSERTs ("insertmanyvalues")
+    return set(connection.execute(_SQLITE_CLAIM, rows if len(rows) > 1 else rows[0]).scalars())
+
+
+def known(connection: Connection, namespace: str, batch: Sequence[str], now: float) -> set[str]:
+    """The tokens of ``batch`` recorded DONE and not expired."""
+    if connection.dialect.name == "postgresql":
+        parameters = {"namespace": namespace, "tokens": list(batch), "done": DONE, "now": now}
+        return set(connection.execute(_POSTGRES_KNOWN, parameters).scalars())
+    found: set[str] = set()
+    for part in chunks(batch, chunk_size(connection)):
+        statement = select(tokens.c.token).where(
+            tokens.c.namespace == namespace,
+            tokens.c.token.in_(part),
+            tokens.c.state == DONE,
+            tokens.c.expires_at >= now,
+        )
+        found.update(connection.execute(statement).scalars())
+    return found
+
+
+def forget(connection: Connection, namespace: str, batch: Sequence[str]) -> int:
+    """Delete the records of ``batch``; return how many existed."""
+    deleted = 0
+    for part in chunks(batch, chunk_size(connection)):
+        statement = delete(tokens).where(tokens.c.namespace == namespace, tokens.c.token.in_(part))
+        deleted += connection.execute(statement).rowcount
+    return deleted
+
+
+def lease(
+    connection: Connection, namespace: str, token: str, now: float, lease_seconds: float
+) -> LeaseOutcome:
+    """Take an IN_PROGRESS lease, or describe the live record that prevents it."""
+    if claim(connection, namespace, [token], now, lease_seconds, state=IN_PROGRESS):
+        return LeaseOutcome(acquired=True, state=TokenState.IN_PROGRESS, expires_at=now + lease_seconds)
+    row = connection.execute(
+        select(tokens.c.state, tokens.c.result, tokens.c.expires_at).where(
+            tokens.c.namespace == namespace, tokens.c.token == token
+        )
+    ).first()
+    if row is None:  # released between our insert and this read: let the caller retry later
+        return LeaseOutcome(acquired=False)
+    result = json.loads(row.result) if row.result is not None else None
+    return LeaseOutcome(
+        acquired=False, state=TokenState(row.state), result=result, expires_at=row.expires_at
+    )
+
+
+def complete_lease(
+    connection: Connection, namespace: str, token: str, result: Any, now: float, ttl: float
+) -> None:
+    """Record ``token`` DONE with its result until ``now + ttl`` (even if the lease lapsed)."""
+    insert = upsert(connection, tokens)
+    values = {
+        "state": DONE,
+        "result": json.dumps(result, separators=(",", ":"), ensure_ascii=False),
+        "created_at": now,
+        "expires_at": now + ttl,
+    }
+    connection.execute(
+        insert.values(namespace=namespace, token=token, **values).on_conflict_do_update(
+            index_elements=[tokens.c.namespace, tokens.c.token], set_=values
+        )
+    )
+
+
+def release_lease(connection: Connection, namespace: str, token: str) -> None:
+    """Delete ``token``'s IN_PROGRESS record (a DONE record is never released)."""
+    connection.execute(
+        delete(tokens).where(
+            tokens.c.namespace == namespace,
+            tokens.c.token == token,
+            tokens.c.state == IN_PROGRESS,
+        )
+    )
+
+
+def purge_expired(connection: Connection, now: float) -> int:
+    """Delete every record expired at ``now``; return how many."""
+    return connection.execute(delete(tokens).where(tokens.c.expires_at < now)).rowcount
+
+
+
+def _on_conflict_reclaim(insert: Any) -> Any:
+    """Overwrite an existing row only when it has expired; return the tokens written."""
+    excluded = insert.excluded
+    return insert.on_conflict_do_update(
+        index_elements=[tokens.c.namespace, tokens.c.token],
+        set_={
+            "state": excluded.state,
+            "result": excluded.result,
+            "created_at": excluded.created_at,
+            "expires_at": excluded.expires_at,
+        },
+        # excluded.created_at is "now": no extra parameter, so one cached statement serves all
+        where=tokens.c.expires_at < excluded.created_at,
+    ).returning(tokens.c.token)
+
+
+# PostgreSQL: the whole batch travels as one array parameter, so the statement text
+# stays constant (prepared and cached) whatever the batch size.
+_TOKEN_ARRAY = bindparam("tokens", type_=postgresql.ARRAY(String))
+_POSTGRES_CLAIM = _on_conflict_reclaim(
+    postgresql.insert(tokens).from_select(
+        ["namespace", "token", "state", "result", "created_at", "expires_at"],
+        select(
+            bindparam("namespace", type_=String),
+            func.unnest(_TOKEN_ARRAY).column_valued("token"),
+            bindparam("state", type_=String),
+            null(),
+            bindparam("now", type_=Double),
+            bindparam("expires_at", type_=Double),
+        ),
+    )
+)
+_POSTGRES_KNOWN = select(tokens.c.token).where(
+    tokens.c.namespace == bindparam("namespace", type_=String),
+    tokens.c.token == any_(_TOKEN_ARRAY),
+    tokens.c.state == bindparam("done", type_=String),
+    tokens.c.expires_at >= bindparam("now", type_=Double),
+)
+_SQLITE_CLAIM = _on_conflict_reclaim(sqlite.insert(tokens))

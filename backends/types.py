@@ -1,0 +1,114 @@
+"""Values shared by the framework and every backend: messages, queue refs, failures."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any
+
+import msgpack
+
+from backends.errors import BodyDecodeError
+
+CONTENT_TYPE = "content-type"
+JSON = "application/json"
+MSGPACK = "application/msgpack"
+
+
+@dataclass(frozen=True, order=True)
+class QueueRef:
+    """One queue of a topic: the unit offsets are kept for."""
+
+    topic: str
+    queue: int
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """A message to publish: the body is already encoded to bytes."""
+
+    payload: bytes
+    key: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    message_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Message:
+    """A delivered message. Immutable: a redelivery is a new one with ``attempt + 1``.
+
+    ``payload`` holds the bytes exactly as published; ``body`` decodes them
+    (JSON, or msgpack when the ``content-type`` header says so) on first use.
+    """
+
+    id: str
+    topic: str
+    queue: int
+    offset: int
+    payload: bytes
+    key: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    attempt: int = 1
+    published_at: float = 0.0
+    first_failure_at: float | None = None
+    receipt: str | None = None  # a transport's own handle for ack/nack, opaque to everyone else
+
+    @property
+    def ref(self) -> QueueRef:
+        return QueueRef(self.topic, self.queue)
+
+    @cached_property
+    def body(self) -> Any:
+        return decode_body(self.payload, self.headers.get(CONTENT_TYPE, JSON))
+
+    def next_attempt(self, failed_at: float) -> Message:
+        """The message as it is redelivered after failing at ``failed_at``."""
+        first = self.first_failure_at if self.first_failure_at is not None else failed_at
+        return replace(self, attempt=self.attempt + 1, first_failure_at=first)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a message became poison: the error and its history."""
+
+    error_type: str
+    error_message: str
+    traceback: str
+    attempts: int
+    first_failure_at: float
+    last_failure_at: float
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A dead-letter record: the original message, unchanged, with its failure."""
+
+    group: str
+    message: Message
+    token: str | None
+    failure: Failure
+    id: int | None = None
+    replays: int = 0
+
+
+def encode_body(body: Any, content_type: str = JSON) -> bytes:
+    """Encode a body for the wire; bytes pass through unchanged."""
+    if isinstance(body, bytes | bytearray | memoryview):
+        return bytes(body)
+    if content_type == MSGPACK:
+        return msgpack.packb(body, use_bin_type=True)
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def decode_body(payload: bytes, content_type: str = JSON) -> Any:
+    """Decode a payload; a failure is a `BodyDecodeError` naming the cause."""
+    try:
+        if content_type == MSGPACK:
+            return msgpack.unpackb(payload, raw=False)
+        return json.loads(payload)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        preview = payload[:60]
+        raise BodyDecodeError(f"cannot decode {content_type} body {preview!r}: {exc}") from exc

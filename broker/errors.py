@@ -1,0 +1,53 @@
+"""The broker's own error root and the errors its storage layer raises.
+
+The broker does not import the framework, so it has its own hierarchy;
+`backends` wraps these in `ReliableError` subclasses where it adapts the broker.
+"""
+
+from __future__ import annotations
+
+
+class BrokerError(Exception):
+    """Raised for every situation the broker itself detects."""
+
+
+class BrokerConfigError(BrokerError):
+    """Raised when a broker or store setting has a value outside what is allowed."""
+
+
+class InvalidRecordError(BrokerError):
+    """Raised when a record handed to the store is malformed (bad topic, queue or field)."""
+
+
+class StoreError(BrokerError):
+    """Raised when the message store cannot do what was asked."""
+
+
+class StoreClosedError(StoreError):
+    """Raised when a closed message store is used."""
+
+
+class StoreLockedError(StoreError):
+    """Raised when another process already has the store directory open."""
+
+
+class RecordTooLargeError(StoreError):
+    """Raised when a record's frame is larger than the configured maximum."""
+
+
+class DiskFullError(StoreError):
+    """Raised when disk usage has reached the refuse-writes threshold."""
+
+
+class CorruptStoreError(StoreError):
+    """Raised when the store's files are inconsistent (a gap between segments, a bad checkpoint)."""
+
+
+class CorruptRecordError(CorruptStoreError):
+    """Raised when a stored record fails its CRC or framing check; names the file and offset."""
+
+    def __init__(self, path: str, position: int, reason: str) -> None:
+        super().__init__(f"corrupt record in {path} at byte {position}: {reason}")
+        self.path = path
+        self.position = position
+        self.reason = reason

@@ -1,0 +1,120 @@
+"""`CommitLog`: the one append-only log all topics share, as a list of segments.
+
+A log offset is a byte position in the whole log: a segment named N holds
+offsets N .. N+size. A new segment starts where the previous one ends, so
+offsets are contiguous, and a record is never split across two segments.
+Writers are serialised by the store's lock; readers use a snapshot of the
+segment list, which is replaced, never mutated.
+"""
+
+from __future__ import annotations
+
+import bisect
+from pathlib import Path
+
+from broker.errors import CorruptStoreError, StoreError
+from broker.store.files import fsync_directory
+from broker.store.segment import SUFFIX, Segment, segment_name
+
+
+class CommitLog:
+    """The segments of one store directory, and the batch being appended to them."""
+
+    def __init__(self, directory: Path, segment_size: int, fsync_on_roll: bool) -> None:
+        self.directory = directory
+        self.segment_size = segment_size
+        self.fsync_on_roll = fsync_on_roll
+        directory.mkdir(parents=True, exist_ok=True)
+        self.segments: list[Segment] = [
+            Segment(path, int(path.name[: -len(SUFFIX)]))
+            for path in sorted(directory.glob("*" + SUFFIX))
+        ]
+        if not self.segments:
+            self.segments = [self._create(0)]
+        self._bases = [segment.base for segment in self.segments]
+        self._pending: list[bytes] = []
+        self._pending_size = 0
+
+    @property
+    def active(self) -> Segment:
+        return self.segments[-1]
+
+    @property
+    def min_offset(self) -> int:
+        return self.segments[0].base
+
+    @property
+    def end(self) -> int:
+        """The log offset the next record will get (pending bytes included)."""
+        return self.active.end + self._pending_size
+
+    def check_contiguous(self) -> None:
+        """Every segment must end where the next one begins; a gap is lost data."""
+        for current, following in zip(self.segments, self.segments[1:]):
+            if current.end != following.base:
+                raise CorruptStoreError(
+                    f"segment {current.path} ends at log offset {current.end} but the next "
+                    f"segment {following.path.name} starts at {following.base}"
+                )
+
+    def add(self, frame: bytes) -> int:
+        """Queue ``frame`` for the next `write` and return its log offset."""
+        used = self.active.size + self._pending_size
+        if used and used + len(frame) > self.segment_size:
+            self.write()
+            self.roll()
+        offset = self.active.end + self._pending_size
+        self._pending.append(frame)
+        self._pending_size += len(frame)
+        return offset
+
+    def write(self) -> None:
+        """Write the queued frames to the active segment with one system call."""
+        if self._pending:
+            self.active.write(b"".join(self._pending))
+            self._pending.clear()
+            self._pending_size = 0
+
+    def roll(self) -> None:
+        """Start a new segment at the current end (the old one is fsynced first if asked)."""
+        if self.fsync_on_roll:
+            self.active.fsync()
+        self.segments = [*self.segments, self._create(self.active.end)]
+        self._bases = [segment.base for segment in self.segments]
+
+    def locate(self, log_offset: int) -> Segment:
+        """The segment holding ``log_offset``."""
+        segments, bases = self.segments, self._bases
+        index = bisect.bisect_right(bases, log_offset) - 1
+        if index < 0 or log_offset >= segments[index].end:
+            raise StoreError(f"log offset {log_offset} is outside the log")
+        return segments[index]
+
+    def truncate(self, log_offset: int) -> None:
+        """Drop everything from ``log_offset`` on (recovery cuts a torn tail)."""
+        keep = [segment for segment in self.segments if segment.base <= log_offset]
+        for segment in self.segments[len(keep) :]:
+            segment.delete()
+        keep[-1].truncate(log_offset - keep[-1].base)
+        self.segments = keep
+        self._bases = [segment.base for segment in keep]
+        fsync_directory(self.directory)
+
+    def delete_oldest(self) -> Segment:
+        """Remove the oldest segment (never the active one) and return it."""
+        oldest, *rest = self.segments
+        if not rest:
+            raise StoreError("the active segment cannot be deleted")
+        self.segments = rest
+        self._bases = [segment.base for segment in rest]
+        oldest.delete()
+        return oldest
+
+    def close(self) -> None:
+        for segment in self.segments:
+            segment.close()
+
+    def _create(self, base: int) -> Segment:
+        segment = Segment(self.directory / segment_name(base), base)
+        fsync_directory(self.directory)
+        return segment

@@ -1,0 +1,180 @@
+"""`KeyIndex`: find messages by key or message id within a time range, without scanning.
+
+Modelled on RocketMQ's index files: each file is a hash table on disk, a header,
+``slots`` heads of chains, then append-only entries (hash, log offset, size,
+store time, previous entry). A lookup reads one slot and walks its chain,
+newest first. Hashes are CRC32C (stable across processes); collisions are
+resolved by the caller, which reads each candidate record and compares.
+Files are named by the log offset of their first entry; a full file is sealed
+(fsynced) and a new one started. The open file is rebuilt after a crash.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+from crc32c import crc32c
+
+from broker.store.files import fsync_directory
+
+HEADER = struct.Struct("<qqQQIIII")  # begin ms, end ms, begin/end log offset, count, cap, slots, sealed
+SLOT = struct.Struct("<I")
+ENTRY = struct.Struct("<IQIqI")  # hash, log offset, size, store time ms, previous entry number
+SUFFIX = ".idx"
+
+
+def key_hash(topic: bytes, key: bytes) -> int:
+    """The index hash of a message key within its topic."""
+    return crc32c(key, crc32c(topic + b"\x00"))
+
+
+def id_hash(message_id: bytes) -> int:
+    """The index hash of a message id."""
+    return crc32c(message_id, 0x1D)
+
+
+class IndexFile:
+    """One index file; a writer appends entries, readers walk chains concurrently."""
+
+    def __init__(self, path: Path, slots: int, capacity: int, begin_log_offset: int) -> None:
+        self.path = path
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size < HEADER.size:
+                size = HEADER.size + slots * SLOT.size + capacity * ENTRY.size
+                os.ftruncate(fd, size)
+                os.pwrite(fd, HEADER.pack(0, 0, begin_log_offset, begin_log_offset,
+                                          0, capacity, slots, 0), 0)
+            self._map = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+        (self.begin_ms, self.end_ms, self.begin_log_offset, self.end_log_offset,
+         self.count, self.capacity, self.slots, self.sealed) = HEADER.unpack_from(self._map, 0)
+        self._entries = HEADER.size + self.slots * SLOT.size
+
+    @property
+    def full(self) -> bool:
+        return self.count >= self.capacity
+
+    def add(self, hashed: int, log_offset: int, size: int, store_ms: int) -> None:
+        """Append an entry and make it the head of its chain (the file must not be full)."""
+        mapped = self._map
+        slot = HEADER.size + (hashed % self.slots) * SLOT.size
+        number = self.count + 1
+        ENTRY.pack_into(mapped, self._entries + self.count * ENTRY.size,
+                        hashed, log_offset, size, store_ms, SLOT.unpack_from(mapped, slot)[0])
+        SLOT.pack_into(mapped, slot, number)
+        self.count = number
+        if number == 1:
+            self.begin_ms = store_ms
+        self.end_ms = max(self.end_ms, store_ms)
+
+    def advance(self, end_log_offset: int) -> None:
+        """Record that every record before ``end_log_offset`` is indexed (header only)."""
+        self.end_log_offset = end_log_offset
+        HEADER.pack_into(self._map, 0, self.begin_ms, self.end_ms, self.begin_log_offset,
+                         end_log_offset, self.count, self.capacity, self.slots, self.sealed)
+
+    def find(self, hashed: int, begin_ms: int, end_ms: int) -> Iterator[tuple[int, int, int]]:
+        """(log offset, size, store ms) of entries with ``hashed`` in the time range, newest first."""
+        mapped = self._map
+        number = SLOT.unpack_from(mapped, HEADER.size + (hashed % self.slots) * SLOT.size)[0]
+        limit = self.capacity  # a slot only ever names an entry already written
+        while 0 < number <= limit:
+            entry_hash, log_offset, size, store_ms, previous = ENTRY.unpack_from(
+                mapped, self._entries + (number - 1) * ENTRY.size
+            )
+            if entry_hash == hashed and begin_ms <= store_ms <= end_ms:
+                yield log_offset, size, store_ms
+            if previous >= number:
+                return
+            number = previous
+
+    def seal(self) -> None:
+        """Mark the file complete and force it to disk; it is never written again."""
+        self.sealed = 1
+        self.advance(self.end_log_offset)
+        self.flush()
+
+    def flush(self) -> None:
+        self._map.flush()
+
+    def close(self) -> None:
+        self._map.close()
+
+    def delete(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.close()
+
+
+class KeyIndex:
+    """The index files of one store directory, oldest first; the last one takes new entries."""
+
+    def __init__(self, directory: Path, slots: int, capacity: int) -> None:
+        self.directory = directory
+        self.slots = slots
+        self.capacity = capacity
+        directory.mkdir(parents=True, exist_ok=True)
+        self.files = [
+            IndexFile(path, slots, capacity, int(path.name[: -len(SUFFIX)]))
+            for path in sorted(directory.glob("*" + SUFFIX))
+        ]
+
+    @property
+    def end_log_offset(self) -> int | None:
+        """Every record before this log offset is indexed (None: no file yet)."""
+        return self.files[-1].end_log_offset if self.files else None
+
+    def add(self, hashed: int, log_offset: int, size: int, store_ms: int) -> None:
+        """Index one hash for the record at ``log_offset``."""
+        files = self.files
+        if not files or files[-1].full:
+            self._start(log_offset)
+        self.files[-1].add(hashed, log_offset, size, store_ms)
+
+    def advance(self, end_log_offset: int) -> None:
+        if self.files:
+            self.files[-1].advance(end_log_offset)
+
+    def find(self, hashed: int, begin_ms: int, end_ms: int) -> Iterator[tuple[int, int, int]]:
+        """Candidate (log offset, size, store ms) for ``hashed``, newest file first."""
+        for index_file in reversed(self.files):
+            if index_file.count and index_file.begin_ms <= end_ms and index_file.end_ms >= begin_ms:
+                yield from index_file.find(hashed, begin_ms, end_ms)
+
+    def drop_from(self, position: int) -> None:
+        """Delete index files ``position`` and later (recovery rebuilds them)."""
+        for index_file in self.files[position:]:
+            index_file.delete()
+        self.files = self.files[:position]
+        fsync_directory(self.directory)
+
+    def drop_below(self, log_min: int) -> int:
+        """Delete sealed files that only index records below ``log_min``; return how many."""
+        keep = [f for f in self.files if not (f.sealed and f.end_log_offset <= log_min)]
+        dropped = [f for f in self.files if f not in keep]
+        self.files = keep
+        for index_file in dropped:
+            index_file.delete()
+        return len(dropped)
+
+    def flush(self) -> None:
+        for index_file in self.files[-2:]:
+            index_file.flush()
+
+    def close(self) -> None:
+        for index_file in self.files:
+            index_file.flush()
+            index_file.close()
+
+    def _start(self, log_offset: int) -> None:
+        if self.files:
+            self.files[-1].advance(log_offset)
+            self.files[-1].seal()
+        path = self.directory / f"{log_offset:020d}{SUFFIX}"
+        self.files = [*self.files, IndexFile(path, self.slots, self.capacity, log_offset)]
+        fsync_directory(self.directory)

@@ -1,0 +1,74 @@
+"""`QueueTable`: every consume queue of a store, found on disk or created on first use."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from crc32c import crc32c
+
+from broker.errors import InvalidRecordError
+from broker.store.consumequeue import ConsumeQueue
+
+TOPIC_NAME = re.compile(r"[A-Za-z0-9_.%\-]{1,200}")
+MAX_QUEUE = 65_535
+
+
+def check_place(topic: str, queue: int) -> None:
+    """Reject a topic name or queue number the store cannot keep."""
+    if not isinstance(topic, str) or not TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
+        raise InvalidRecordError(
+            f"topic {topic!r} must be 1-200 characters of letters, digits, '_', '.', '%' or '-'"
+        )
+    if not isinstance(queue, int) or isinstance(queue, bool) or not 0 <= queue <= MAX_QUEUE:
+        raise InvalidRecordError(f"queue {queue!r} of topic {topic!r} must be 0..{MAX_QUEUE}")
+
+
+def tag_hash(tag: str) -> int:
+    """The consume-queue hash of a tag (0: no tag), for filtering without reading the log."""
+    return crc32c(tag.encode()) if tag else 0
+
+
+class QueueTable:
+    """The consume queues under ``directory/<topic>/<queue>/``."""
+
+    def __init__(self, directory: Path, entries_per_file: int) -> None:
+        self.directory = directory
+        self.entries_per_file = entries_per_file
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        directory.mkdir(parents=True, exist_ok=True)
+        for topic_dir in sorted(p for p in directory.iterdir() if p.is_dir()):
+            for queue_dir in sorted(p for p in topic_dir.iterdir() if p.name.isdigit()):
+                self.ensure(topic_dir.name, int(queue_dir.name))
+
+    def get(self, topic: str, queue: int) -> ConsumeQueue | None:
+        return self._queues.get((topic, queue))
+
+    def ensure(self, topic: str, queue: int) -> ConsumeQueue:
+        """The consume queue of (topic, queue), created if new."""
+        found = self._queues.get((topic, queue))
+        if found is None:
+            path = self.directory / topic / str(queue)
+            found = ConsumeQueue(path, topic, queue, self.entries_per_file)
+            self._queues = {**self._queues, (topic, queue): found}
+        return found
+
+    def __iter__(self) -> Iterator[ConsumeQueue]:
+        return iter(list(self._queues.values()))
+
+    def places(self) -> list[tuple[str, int]]:
+        """Every (topic, queue) the store knows, sorted."""
+        return sorted(self._queues)
+
+    def lengths(self) -> dict[str, int]:
+        """Queue lengths keyed as the checkpoint keeps them."""
+        return {f"{q.topic}/{q.queue}": q.length for q in self}
+
+    def flush(self) -> None:
+        for consume_queue in self:
+            consume_queue.flush()
+
+    def close(self) -> None:
+        for consume_queue in self:
+            consume_queue.close()

@@ -1,0 +1,52 @@
+"""What goes into the store (`Record`), what comes back (`StoredMessage`, `AppendResult`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A message to append to a topic queue.
+
+    An empty ``message_id`` lets the store assign one (unique per store).
+    ``attempt`` counts deliveries already tried (0 for a fresh message).
+    """
+
+    topic: str
+    queue: int
+    body: bytes
+    key: str = ""
+    tag: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    message_id: str = ""
+    attempt: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """A record as the store keeps it: its place (topic, queue, offset) and log position."""
+
+    topic: str
+    queue: int
+    queue_offset: int
+    log_offset: int
+    message_id: str
+    key: str
+    tag: str
+    headers: Mapping[str, str]
+    body: bytes
+    store_time: float
+    attempt: int
+
+
+class AppendResult(NamedTuple):
+    """Where an appended record landed."""
+
+    topic: str
+    queue: int
+    queue_offset: int
+    log_offset: int
+    message_id: str

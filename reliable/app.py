@@ -1,0 +1,259 @@
+"""`App`: the registry of handlers, the backends they share, and the run loop.
+
+``App()`` runs on embedded defaults (durable broker in process under
+``./.reliable/``, SQLite store, in-memory cache); ``App.from_settings(path)``
+reads a settings file. Backends open lazily, on first use, so a module can
+create its app at import time and a command line can still choose settings.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from backends.cache import open_cache
+from backends.clock import SYSTEM_CLOCK, Clock
+from backends.store import open_store
+from backends.transport import open_transport
+from backends.types import JSON, DeadLetter, OutgoingMessage, encode_body
+from reliable.commit import CommitStrategy, commit_strategy
+from reliable.deadletter import DeadLetters
+from reliable.errors import UnknownHandlerError
+from reliable.handler import Handler, HandlerConfig
+from reliable.log import configure_logging
+from reliable.message import CONTENT_TYPE
+from reliable.runtime import Runtime
+from reliable.settings import Settings
+from reliable.worker import Worker
+
+log = structlog.get_logger("reliable.app")
+
+
+class App:
+    """Handlers and the backends they run on."""
+
+    def __init__(self, settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK, runtime: Runtime | None = None) -> None:
+        self.settings = settings if settings is not None else Settings.load(None)
+        self.clock = clock
+        self.handlers: dict[str, Handler] = {}
+        self._runtime = runtime
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, path: str | Path, **kwargs: Any) -> App:
+        """An app configured by the settings file at ``path``."""
+        return cls(Settings.load(path), **kwargs)
+
+    def use_settings(self, settings: Settings) -> None:
+        """Replace the settings (before the backends are opened, e.g. by the CLI)."""
+        if self._runtime is not None:
+            raise RuntimeError("settings cannot change after the backends are open")
+        self.settings = settings
+
+    # -- registration ---------------------------------------------------------
+
+    def handler(self, topic: str, **options: Any) -> Callable[[Callable[..., Any]], Handler]:
+        """Register the decorated function as the handler of ``topic`` (see `Handler`)."""
+
+        def register(func: Callable[..., Any]) -> Handler:
+            handler = Handler(func, topic, **options)
+            if handler.name in self.handlers:
+                raise UnknownHandlerError(f"a handler named {handler.name!r} is already registered")
+            self.handlers[handler.name] = handler
+            return handler
+
+        return register
+
+    # -- backends -------------------------------------------------------------
+
+    @property
+    def runtime(self) -> Runtime:
+        """The opened backends (opened on first use)."""
+        with self._lock:
+            if self._runtime is None:
+                s = self.settings
+                configure_logging(s.log.level, s.log.format)
+                store = open_store(s.store.url, self.clock)
+                cache = None if s.cache.url == "none" else open_cache(s.cache.url, self.clock)
+                transport = open_transport(s.transport.url, self.clock, visibility_timeout=s.transport.visibility_timeout)
+                self._runtime = Runtime(transport=transport, store=store, cache=cache, clock=self.clock)
+                log.info("backends_opened", transport=s.transport.url, store=s.store.url, cache=s.cache.url)
+            return self._runtime
+
+    @property
+    def store(self) -> Any:
+        return self.runtime.store
+
+    @property
+    def cache(self) -> Any:
+        return self.runtime.cache
+
+    @property
+    def transport(self) -> Any:
+        return self.runtime.transport
+
+    def stats(self) -> dict[str, int]:
+        """Counters: processed, duplicate, retried, redelivered, dead_lettered, deferred, cache_degraded."""
+        return self.runtime.counters.snapshot()
+
+    # -- producing ------------------------------------------------------------
+
+    def publish(
+        self,
+        topic: str,
+        body: Any,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        delay: float = 0.0,
+        message_id: str | None = None,
+        content_type: str = JSON,
+    ) -> None:
+        """Publish one message; ``body`` is encoded (JSON by default) unless it is bytes."""
+        self.publish_many(topic, [body], key=key, headers=headers, delay=delay, message_ids=[message_id], content_type=content_type)
+
+    def publish_many(
+        self,
+        topic: str,
+        bodies: Iterable[Any],
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        delay: float = 0.0,
+        message_ids: Sequence[str | None] | None = None,
+        content_type: str = JSON,
+    ) -> None:
+        """Publish many messages in one call to the transport."""
+        all_headers = {CONTENT_TYPE: content_type, **(headers or {})}
+        bodies = list(bodies)
+        ids = list(message_ids or [None] * len(bodies))
+        outgoing = [
+            OutgoingMessage(encode_body(b, content_type), key=key, headers=all_headers, delay=delay, message_id=i)
+            for b, i in zip(bodies, ids, strict=True)
+        ]
+        self.runtime.transport.publish(topic, outgoing)
+
+    # -- consuming ------------------------------------------------------------
+
+    def run(self, *, until_idle: bool = False, handlers: Sequence[str] | None = None) -> None:
+        """Consume until stopped (SIGINT/SIGTERM or `stop()`), or with ``until_idle`` until
+        nothing is left to deliver, scheduled redeliveries included."""
+        workers = [self._worker(h) for h in self._select(handlers)]
+        restore = self._install_signals()
+        self._stop.clear()
+        log.info("worker_started", handlers=[w.handler.name for w in workers], until_idle=until_idle)
+        try:
+            while not self._stop.is_set():
+                if self._cycle(workers, until_idle):
+                    continue
+                if until_idle and not self._wait_for_due(workers):
+                    break
+        finally:
+            for w in workers:
+                w.close()
+            restore()
+            log.info("worker_stopped", **self.stats())
+
+    def stop(self) -> None:
+        """Ask `run()` to finish the messages in hand and return."""
+        self._stop.set()
+
+    def _cycle(self, workers: list[Worker], until_idle: bool) -> bool:
+        timeout = 0.0 if until_idle else max(w.handler.config.poll_timeout for w in workers) / len(workers)
+        fetched = sum(w.poll(timeout) for w in workers)
+        if not fetched:
+            for w in workers:
+                w.flush()
+        return fetched > 0
+
+    def _wait_for_due(self, workers: list[Worker]) -> bool:
+        """Sleep until the next scheduled message is due; False when nothing is pending."""
+        if all(w.pending() == 0 for w in workers):
+            return False
+        dues = [d for w in workers if (d := w.next_due()) is not None]
+        now = self.clock.time()
+        wait = min(dues) - now if dues else 0.05
+        self.clock.sleep(min(max(wait, 0.0), 1.0) if dues else wait)
+        return True
+
+    def _select(self, names: Sequence[str] | None) -> list[Handler]:
+        if not self.handlers:
+            raise UnknownHandlerError("no handler is registered on this app")
+        if names is None:
+            return list(self.handlers.values())
+        unknown = [n for n in names if n not in self.handlers]
+        if unknown:
+            raise UnknownHandlerError(f"no handler named {', '.join(unknown)}; registered: {', '.join(self.handlers)}")
+        return [self.handlers[n] for n in names]
+
+    def _worker(self, handler: Handler) -> Worker:
+        handler.config = self.config_for(handler)
+        return Worker(handler, self.runtime, self._strategy(handler.config))
+
+    def config_for(self, handler: Handler) -> HandlerConfig:
+        """The handler's effective settings: its decorator options over the settings file."""
+        s = self.settings.for_handler(handler.name)
+        return HandlerConfig(
+            redelivery=handler.retry or s.retry.policy(),
+            in_process=handler.in_process or s.retry.in_process(),
+            token_ttl=s.store.token_ttl,
+            cache_ttl=s.cache.ttl,
+            commit=handler.commit or s.commit.strategy,
+            commit_batch_size=s.commit.batch_size,
+            commit_interval=s.commit.interval,
+            concurrency=handler.concurrency or s.worker.concurrency,
+            prefetch=handler.prefetch or s.worker.prefetch,
+            poll_timeout=s.worker.poll_timeout,
+        )
+
+    @staticmethod
+    def _strategy(config: HandlerConfig) -> CommitStrategy:
+        if isinstance(config.commit, CommitStrategy):
+            return config.commit
+        return commit_strategy(config.commit, config.commit_batch_size, config.commit_interval)
+
+    def _install_signals(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in previous:
+            signal.signal(s, lambda *_: self.stop())
+
+        def restore() -> None:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+        return restore
+
+    # -- dead letters ---------------------------------------------------------
+
+    @property
+    def dead_letter_queue(self) -> DeadLetters:
+        return DeadLetters(self.runtime.store, self.runtime.transport)
+
+    def dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:
+        """The dead letters of ``group``, oldest first."""
+        return self.dead_letter_queue.list(group, limit)
+
+    def replay_dead_letters(self, group: str, ids: Sequence[int] | None = None, *, max_replays: int = 3, force: bool = False) -> int:
+        """Publish dead letters back to their topic and delete them; returns how many."""
+        return self.dead_letter_queue.replay(group, ids, max_replays=max_replays, force=force)
+
+    def purge_dead_letters(self, group: str, ids: Sequence[int] | None = None) -> int:
+        """Delete dead letters without replaying them; returns how many."""
+        return self.dead_letter_queue.purge(group, ids)
+
+    def close(self) -> None:
+        """Close the backends."""
+        with self._lock:
+            if self._runtime is not None:
+                for part in (self._runtime.transport, self._runtime.store, self._runtime.cache):
+                    if part is not None:
+                        part.close()
+                self._runtime = None

@@ -1,0 +1,150 @@
+"""The ``reliable`` command: run handlers, inspect and replay dead letters, check settings."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from backends.types import DeadLetter
+from reliable.app import App
+from reliable.errors import ReliableError
+from reliable.settings import Settings
+
+SETTINGS_HELP = "settings file (default: $RELIABLE_SETTINGS, else ./reliable.toml if present)"
+
+
+def load_app(target: str) -> App:
+    """Import ``module:attribute`` and return the `App` it names."""
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise click.BadParameter(f"{target!r} is not MODULE:APP (e.g. examples.payments:app)")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(f"cannot import module {module_name!r}: {exc}") from exc
+    app = getattr(module, attribute, None)
+    if not isinstance(app, App):
+        raise click.BadParameter(f"{target!r} is not a reliable.App (found {type(app).__name__})")
+    return app
+
+
+@click.group()
+def cli() -> None:
+    """reliable: idempotent, retrying, dead-lettering consumers."""
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--settings", "settings_path", type=click.Path(dir_okay=False), help=SETTINGS_HELP)
+@click.option("--handler", "handlers", multiple=True, help="run only these handlers (repeatable)")
+@click.option("--until-idle", is_flag=True, help="return when nothing is left to deliver")
+def run(target: str, settings_path: str | None, handlers: tuple[str, ...], until_idle: bool) -> None:
+    """Run the handlers of MODULE:APP until stopped (Ctrl-C / SIGTERM finish gracefully)."""
+    app = load_app(target)
+    if settings_path:
+        app.use_settings(Settings.load(settings_path))
+    app.run(until_idle=until_idle, handlers=list(handlers) or None)
+    click.echo(json.dumps(app.stats(), sort_keys=True))
+
+
+@cli.group()
+def dlq() -> None:
+    """Inspect, replay and purge dead letters."""
+
+
+def _settings_option(func: Any) -> Any:
+    return click.option("--settings", "settings_path", type=click.Path(dir_okay=False), help=SETTINGS_HELP)(func)
+
+
+def _app(settings_path: str | None) -> App:
+    return App(Settings.load(settings_path))
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+
+
+def _summary(letter: DeadLetter) -> dict[str, Any]:
+    m, f = letter.message, letter.failure
+    return {
+        "id": letter.id, "group": letter.group, "topic": m.topic, "queue": m.queue, "offset": m.offset,
+        "message_id": m.id, "key": m.key, "token": letter.token, "attempts": f.attempts,
+        "error_type": f.error_type, "error": f.error_message, "replays": letter.replays,
+        "first_failure": _when(f.first_failure_at), "last_failure": _when(f.last_failure_at),
+    }
+
+
+@dlq.command("list")
+@click.argument("group")
+@click.option("--limit", default=100, show_default=True)
+@_settings_option
+def dlq_list(group: str, limit: int, settings_path: str | None) -> None:
+    """List the dead letters of GROUP, one JSON object a line."""
+    for letter in _app(settings_path).dead_letters(group, limit=limit):
+        click.echo(json.dumps(_summary(letter)))
+
+
+@dlq.command("show")
+@click.argument("letter_id", type=int)
+@_settings_option
+def dlq_show(letter_id: int, settings_path: str | None) -> None:
+    """Show one dead letter in full: headers, body and traceback."""
+    letter = _app(settings_path).dead_letter_queue.get(letter_id)
+    if letter is None:
+        raise click.ClickException(f"no dead letter {letter_id}")
+    detail = _summary(letter)
+    detail["headers"] = dict(letter.message.headers)
+    detail["payload"] = letter.message.payload.decode("utf-8", errors="backslashreplace")
+    detail["traceback"] = letter.failure.traceback
+    click.echo(json.dumps(detail, indent=2))
+
+
+@dlq.command("replay")
+@click.argument("group")
+@click.option("--id", "ids", type=int, multiple=True, help="replay only these ids (repeatable)")
+@click.option("--max-replays", default=3, show_default=True, help="refuse letters replayed this often")
+@click.option("--force", is_flag=True, help="replay even letters past --max-replays")
+@_settings_option
+def dlq_replay(group: str, ids: tuple[int, ...], max_replays: int, force: bool, settings_path: str | None) -> None:
+    """Publish dead letters of GROUP back to their topic."""
+    count = _app(settings_path).replay_dead_letters(group, list(ids) or None, max_replays=max_replays, force=force)
+    click.echo(f"replayed {count} dead letter(s) of {group}")
+
+
+@dlq.command("purge")
+@click.argument("group")
+@click.option("--id", "ids", type=int, multiple=True, help="purge only these ids (repeatable)")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@_settings_option
+def dlq_purge(group: str, ids: tuple[int, ...], yes: bool, settings_path: str | None) -> None:
+    """Delete dead letters of GROUP without replaying them."""
+    if not yes:
+        click.confirm(f"delete {'the chosen' if ids else 'all'} dead letters of {group}?", abort=True)
+    count = _app(settings_path).purge_dead_letters(group, list(ids) or None)
+    click.echo(f"purged {count} dead letter(s) of {group}")
+
+
+@cli.command("settings")
+@_settings_option
+def show_settings(settings_path: str | None) -> None:
+    """Validate the settings file and print the effective settings."""
+    click.echo(json.dumps(Settings.load(settings_path).model_dump(mode="json"), indent=2))
+
+
+def main() -> None:
+    try:
+        cli(standalone_mode=True)
+    except ReliableError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

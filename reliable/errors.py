@@ -1,0 +1,56 @@
+"""Every error `reliable` raises, under one root (`ReliableError`).
+
+The root and the backend errors live in `backends.errors` (the lowest layer
+the framework imports); they are re-exported here so users import one module.
+"""
+
+from __future__ import annotations
+
+from backends.errors import (
+    BackendUnavailableError,
+    BodyDecodeError,
+    CacheUnavailableError,
+    ConfigurationError,
+    FenceConflictError,
+    ReliableError,
+    StoreUnavailableError,
+    TransportError,
+    UnsupportedURLError,
+)
+
+__all__ = [
+    "BackendUnavailableError",
+    "BodyDecodeError",
+    "CacheUnavailableError",
+    "ConfigurationError",
+    "FenceConflictError",
+    "HandlerOptionError",
+    "LeaseHeldError",
+    "ReliableError",
+    "ReplayLoopError",
+    "StoreUnavailableError",
+    "TokenMissingError",
+    "TransportError",
+    "UnknownHandlerError",
+    "UnsupportedURLError",
+]
+
+
+class TokenMissingError(ReliableError):
+    """Raised when a message has no idempotency token where one is required (it is poison)."""
+
+
+class HandlerOptionError(ConfigurationError):
+    """Raised when `@app.handler(...)` is given an invalid option (at decoration time)."""
+
+
+class UnknownHandlerError(ConfigurationError):
+    """Raised when a handler or group name does not match any registered handler."""
+
+
+class ReplayLoopError(ReliableError):
+    """Raised when a dead letter was already replayed as often as allowed."""
+
+
+class LeaseHeldError(ReliableError):
+    """Raised when another worker holds the lease of a token (the message is retried later)."""

@@ -1,0 +1,133 @@
+"""Idempotency: a token per message, checked in the cache, then claimed in the store.
+
+`Token` turns a message into its token. `Guard` does the three checks of the
+pipeline in bulk: the cache (one round trip), the store's known tokens (one
+query, batch mode), and the claim under the unique index inside the
+handler's transaction. A cache that is down degrades to the store alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from backends.cache.base import Cache
+from backends.errors import CacheUnavailableError
+from backends.store.base import Store, Transaction
+from backends.types import Message
+from reliable.errors import HandlerOptionError, TokenMissingError
+
+log = structlog.get_logger("reliable.idempotency")
+
+TokenFunction = Callable[[Message], Any]
+
+
+class Token:
+    """Extracts a message's token; ``a | b`` falls back to ``b`` when ``a`` finds none.
+
+    Specs: ``"id"`` (the message id), ``"key"`` (the message key),
+    ``"header.NAME"``, ``"body.a.b"`` (a field path in the decoded body), or
+    any callable taking the message.
+    """
+
+    def __init__(self, extract: TokenFunction, describe: str) -> None:
+        self._extract = extract
+        self.describe = describe
+
+    @classmethod
+    def parse(cls, spec: str | TokenFunction | Token) -> Token:
+        if isinstance(spec, Token):
+            return spec
+        if callable(spec):
+            return cls(spec, getattr(spec, "__name__", repr(spec)))
+        if not isinstance(spec, str):
+            raise HandlerOptionError(f"token={spec!r} is not allowed; expected {_ALLOWED}")
+        if spec == "id":
+            return cls(lambda m: m.id, spec)
+        if spec == "key":
+            return cls(lambda m: m.key, spec)
+        source, _, path = spec.partition(".")
+        if source in ("header", "headers") and path:
+            return cls(lambda m: m.headers.get(path), spec)
+        if source == "body" and path:
+            return cls(_body_path(path.split(".")), spec)
+        raise HandlerOptionError(f"token={spec!r} is not allowed; expected {_ALLOWED}")
+
+    def __or__(self, other: str | TokenFunction | Token) -> Token:
+        fallback = Token.parse(other)
+        return Token(lambda m: self._find(m) or fallback._find(m), f"{self.describe} | {fallback.describe}")
+
+    def _find(self, message: Message) -> str | None:
+        value = self._extract(message)
+        return None if value is None or value == "" else str(value)
+
+    def __call__(self, message: Message) -> str:
+        """The token, or `TokenMissingError` naming where it was looked for."""
+        token = self._find(message)
+        if token is None:
+            raise TokenMissingError(f"message {message.id} has no token at {self.describe}")
+        return token
+
+
+_ALLOWED = "'id', 'key', 'header.NAME', 'body.PATH' or a callable(message) -> str"
+
+
+def _body_path(parts: list[str]) -> TokenFunction:
+    def extract(message: Message) -> Any:
+        value = message.body
+        for part in parts:
+            if isinstance(value, dict):
+                value = value.get(part)
+            elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+                value = value[int(part)]
+            else:
+                return None
+        return value
+
+    return extract
+
+
+@dataclass
+class Guard:
+    """The cache and store checks of one group's tokens."""
+
+    namespace: str
+    store: Store
+    cache: Cache | None
+    cache_ttl: float
+    token_ttl: float
+    on_cache_down: Callable[[], None] = lambda: None
+
+    def cached(self, tokens: Sequence[str]) -> set[str]:
+        """Tokens the cache has seen; an empty set when the cache is down (logged)."""
+        if self.cache is None or not tokens:
+            return set()
+        try:
+            return self.cache.seen(self.namespace, tokens)
+        except CacheUnavailableError as exc:
+            self._cache_down("seen", exc)
+            return set()
+
+    def known(self, tokens: Sequence[str]) -> set[str]:
+        """Tokens the store has recorded as done (one query)."""
+        return self.store.known(self.namespace, tokens) if tokens else set()
+
+    def claim(self, tx: Transaction, tokens: Sequence[str]) -> set[str]:
+        """Claim ``tokens`` in ``tx``; the ones not returned are duplicates."""
+        return tx.claim(self.namespace, tokens, self.token_ttl) if tokens else set()
+
+    def remember(self, tokens: Sequence[str]) -> None:
+        """Fill the cache after a commit; a cache outage only costs a later store lookup."""
+        if self.cache is None or not tokens:
+            return
+        try:
+            self.cache.remember(self.namespace, tokens, self.cache_ttl)
+        except CacheUnavailableError as exc:
+            self._cache_down("remember", exc)
+
+    def _cache_down(self, operation: str, exc: Exception) -> None:
+        self.on_cache_down()
+        log.warning("cache_degraded", namespace=self.namespace, operation=operation, error=str(exc))

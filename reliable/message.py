@@ -1,0 +1,42 @@
+"""Messages as handlers see them.
+
+`Message` is defined in `backends.types` because transports build it; this
+module is where users import it from. Bodies are bytes on the wire; ``body``
+decodes them (JSON, or msgpack per the ``content-type`` header).
+"""
+
+from __future__ import annotations
+
+from backends.types import (
+    CONTENT_TYPE,
+    JSON,
+    MSGPACK,
+    DeadLetter,
+    Failure,
+    Message,
+    OutgoingMessage,
+    QueueRef,
+    decode_body,
+    encode_body,
+)
+
+REPLAYS_HEADER = "x-reliable-replays"
+"""How many times a message was replayed from the dead-letter queue."""
+
+PREVIOUS_DELAY_HEADER = "x-reliable-redelivery-delay"
+"""The previous redelivery delay, which the next one grows from (ActiveMQ's rule)."""
+
+__all__ = [
+    "CONTENT_TYPE",
+    "JSON",
+    "MSGPACK",
+    "PREVIOUS_DELAY_HEADER",
+    "REPLAYS_HEADER",
+    "DeadLetter",
+    "Failure",
+    "Message",
+    "OutgoingMessage",
+    "QueueRef",
+    "decode_body",
+    "encode_body",
+]

@@ -1,0 +1,377 @@
+"""The settings file: one TOML file, environment overrides, per-handler overrides, clear errors.
+
+``Settings.load()`` reads the file named by its argument, else by
+``RELIABLE_SETTINGS``, else ``./reliable.toml`` if it exists; with no file
+everything runs embedded. Environment variables override keys
+(``RELIABLE_STORE__URL``, ``RELIABLE_HANDLERS__CHARGE__RETRY__MAX_REDELIVERIES``:
+a double underscore between levels). ``[handlers.NAME]`` tables override
+sections for one handler (``for_handler``). Every problem is reported at load
+time as a `SettingsError` naming the file (or variable), key, value and what
+is allowed.
+
+The environment is read here rather than by pydantic-settings because its env
+source only reads ``os.environ`` and cannot tell which variable a bad value
+came from; pydantic does the validation.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
+
+from backends.errors import ConfigurationError
+from reliable.retry import DURATION_HELP, DelayLevels, InProcessRetry, RedeliveryPolicy, parse_duration
+
+ENV_PREFIX = "RELIABLE_"
+SETTINGS_ENV = "RELIABLE_SETTINGS"
+DEFAULT_FILE = "reliable.toml"
+
+
+class SettingsError(ConfigurationError):
+    """Raised when the settings file or an environment override cannot be read or is invalid."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        text = self.problems[0] if len(self.problems) == 1 else "invalid settings:\n  " + "\n  ".join(problems)
+        super().__init__(text)
+
+
+# -- value types: each names what it allows, in the words errors use ----------------
+
+
+def _rule(test: Callable[[Any], bool], allowed: str) -> AfterValidator:
+    def check(value: Any) -> Any:
+        if not test(value):
+            raise ValueError(allowed)
+        return value
+
+    return AfterValidator(check)
+
+
+def _seconds(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(DURATION_HELP)
+    if isinstance(value, str):
+        try:
+            return parse_duration(value)
+        except ConfigurationError:
+            raise ValueError(DURATION_HELP) from None
+    return value
+
+
+def _no_bool(allowed: str) -> BeforeValidator:
+    def check(value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError(allowed)
+        return value
+
+    return BeforeValidator(check)
+
+
+def _url(allowed: str, *specials: str) -> AfterValidator:
+    return _rule(lambda v: v in specials or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", v) is not None, allowed)
+
+
+_FRACTION = "a fraction >= 0 and < 1"
+Seconds = Annotated[float, BeforeValidator(_seconds), _rule(lambda v: v >= 0, f"{DURATION_HELP}, >= 0")]
+PositiveSeconds = Annotated[float, BeforeValidator(_seconds), _rule(lambda v: v > 0, f"{DURATION_HELP}, > 0")]
+Cap = Annotated[
+    float, BeforeValidator(_seconds), _rule(lambda v: v >= 0 or v == -1, f"{DURATION_HELP}, or -1 for no cap")
+]
+AtLeastOne = Annotated[int, _no_bool("an integer >= 1"), _rule(lambda v: v >= 1, "an integer >= 1")]
+Limit = Annotated[int, _no_bool("an integer >= 0, or -1"), _rule(lambda v: v >= -1, "an integer >= 0, or -1 for no limit")]
+Port = Annotated[int, _no_bool("a port from 1 to 65535"), _rule(lambda v: 1 <= v <= 65535, "a port from 1 to 65535")]
+Url = Annotated[str, _url("a URL with a scheme, such as 'sqlite:///./reliable.db'")]
+CacheUrl = Annotated[str, _url("a URL with a scheme, such as 'redis://127.0.0.1:6379/0', or 'none'", "none")]
+LogLevel = Annotated[
+    Literal["debug", "info", "warning", "error", "critical"],
+    BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v),
+]
+
+
+class Section(BaseModel):
+    """A table of the settings file: unknown keys and infinite numbers are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class TransportSettings(Section):
+    """``[transport]``: where messages come from and are acknowledged."""
+
+    url: Url = "embedded://./.reliable/broker"
+    visibility_timeout: PositiveSeconds = 30.0
+
+
+class CacheSettings(Section):
+    """``[cache]``: fast "seen?" lookups of tokens (``none``: the store alone)."""
+
+    url: CacheUrl = "memory://"
+    ttl: PositiveSeconds = 86400.0
+
+
+class StoreSettings(Section):
+    """``[store]``: the durable token table, offsets and dead letters."""
+
+    url: Url = "sqlite:///./.reliable/reliable.db"
+    token_ttl: PositiveSeconds = 7 * 86400.0
+
+
+class RetrySettings(Section):
+    """``[retry]``: the redelivery policy and the in-process retry before it."""
+
+    initial_delay: Seconds = 1.0
+    multiplier: Annotated[float, _no_bool("a number >= 1"), _rule(lambda v: v >= 1, "a number >= 1")] = 5.0
+    max_delay: Cap = 600.0
+    jitter: Annotated[float, _no_bool(_FRACTION), _rule(lambda v: 0 <= v < 1, _FRACTION)] = 0.0
+    max_redeliveries: Limit | None = None  # 6 (ActiveMQ), or 16 with delay_levels (RocketMQ)
+    in_process_attempts: AtLeastOne = 3
+    in_process_max_wait: Seconds = 1.0
+    delay_levels: list[Seconds] | None = None
+
+    def policy(self) -> RedeliveryPolicy | DelayLevels:
+        """`DelayLevels` when ``delay_levels`` is a non-empty list, else `RedeliveryPolicy`."""
+        if self.delay_levels:
+            limit = 16 if self.max_redeliveries is None else self.max_redeliveries
+            return DelayLevels(levels=tuple(self.delay_levels), max_redeliveries=limit)
+        return RedeliveryPolicy(
+            initial_delay=self.initial_delay,
+            multiplier=self.multiplier,
+            max_delay=self.max_delay,
+            jitter=self.jitter,
+            max_redeliveries=6 if self.max_redeliveries is None else self.max_redeliveries,
+        )
+
+    def in_process(self) -> InProcessRetry:
+        """The in-process retry: ``in_process_attempts`` calls, waits up to ``in_process_max_wait``."""
+        return InProcessRetry(attempts=self.in_process_attempts, max_wait=self.in_process_max_wait)
+
+
+class CommitSettings(Section):
+    """``[commit]``: when progress is recorded."""
+
+    strategy: Literal["per_message", "batch", "async", "transactional"] = "per_message"
+    batch_size: AtLeastOne = 100
+    interval: PositiveSeconds = 1.0
+
+
+class WorkerSettings(Section):
+    """``[worker]``: the consume loop."""
+
+    concurrency: AtLeastOne = 1
+    prefetch: AtLeastOne = 100
+    poll_timeout: PositiveSeconds = 1.0
+
+
+class LogSettings(Section):
+    """``[log]``: structlog output."""
+
+    level: LogLevel = "info"
+    format: Literal["auto", "json", "console"] = "auto"
+
+
+class BrokerSettings(Section):
+    """``[broker]``: the broker server (``reliable broker serve``)."""
+
+    host: str = "127.0.0.1"
+    port: Port = 7600
+    data_dir: str = "./.reliable/broker"
+    flush: Literal["sync", "async", "none"] = "sync"
+
+
+class Settings(Section):
+    """Everything `reliable` is configured with; see docs/settings.md."""
+
+    transport: TransportSettings = Field(default_factory=TransportSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    retry: RetrySettings = Field(default_factory=RetrySettings)
+    commit: CommitSettings = Field(default_factory=CommitSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    log: LogSettings = Field(default_factory=LogSettings)
+    broker: BrokerSettings = Field(default_factory=BrokerSettings)
+    handlers: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    _origin: _Origin = PrivateAttr(default_factory=lambda: _Origin(None))
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
+        """The settings from ``path`` (else $RELIABLE_SETTINGS, else ./reliable.toml, else defaults)
+        with the environment's overrides; every handler's overrides are checked too."""
+        environ = os.environ if env is None else env
+        file = _find_file(path, environ)
+        data = _read_toml(file) if file is not None else {}
+        origin = _Origin(str(file) if file is not None else None)
+        _apply_env(data, environ, origin)
+        settings = _validate(data, origin, ())
+        problems: list[str] = []
+        for name in settings.handlers:
+            try:
+                settings.for_handler(name)
+            except SettingsError as exc:
+                problems.extend(exc.problems)
+        if problems:
+            raise SettingsError(problems)
+        return settings
+
+    def for_handler(self, name: str) -> Settings:
+        """The effective settings of handler ``name``: its ``[handlers.NAME]`` tables over the rest."""
+        overrides = self.handlers.get(name) or {}
+        if "handlers" in overrides:
+            where = self._origin.source(("handlers", name, "handlers"))
+            raise SettingsError([f"{where}: handlers.{name}.handlers is not allowed; handler tables do not nest"])
+        data = _deep_merge(self.model_dump(exclude={"handlers"}), overrides)
+        return _validate(data, self._origin, ("handlers", name))
+
+
+# -- loading -----------------------------------------------------------------------
+
+
+class _Origin:
+    """Where values came from: the file, or the environment variable that set a key."""
+
+    def __init__(self, file: str | None) -> None:
+        self.file = file
+        self.variables: dict[tuple[str, ...], str] = {}
+
+    def source(self, loc: tuple[str, ...]) -> str:
+        for end in range(len(loc), 0, -1):
+            if loc[:end] in self.variables:
+                return f"environment variable {self.variables[loc[:end]]}"
+        return self.file or "settings"
+
+
+def _find_file(path: str | Path | None, environ: Mapping[str, str]) -> Path | None:
+    if path is None and environ.get(SETTINGS_ENV):
+        path = environ[SETTINGS_ENV]
+        if not Path(path).is_file():
+            raise SettingsError([f"{path}: settings file not found (named by {SETTINGS_ENV})"])
+    if path is None:
+        return Path(DEFAULT_FILE) if Path(DEFAULT_FILE).is_file() else None
+    if not Path(path).is_file():
+        raise SettingsError([f"{path}: settings file not found"])
+    return Path(path)
+
+
+def _read_toml(file: Path) -> dict[str, Any]:
+    try:
+        with file.open("rb") as stream:
+            return tomllib.load(stream)
+    except tomllib.TOMLDecodeError as exc:
+        text = str(exc)
+        where = re.search(r"\(at line (\d+), column (\d+)\)", text)
+        reason = re.sub(r"\s*\(at [^)]*\)$", "", text)
+        at = f" at line {where[1]}, column {where[2]}" if where else ""
+        raise SettingsError([f"{file}: invalid TOML{at}: {reason}"]) from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError([f"{file}: cannot read the settings file: {exc}"]) from exc
+
+
+def _apply_env(data: dict[str, Any], environ: Mapping[str, str], origin: _Origin) -> None:
+    """Set each ``RELIABLE_SECTION__KEY`` on ``data``; variables naming no section are ignored."""
+    sections = set(Settings.model_fields)
+    for variable, value in sorted(environ.items()):
+        upper = variable.upper()
+        if not upper.startswith(ENV_PREFIX) or upper == SETTINGS_ENV:
+            continue
+        parts = variable[len(ENV_PREFIX):].lower().split("__")
+        if parts[0] not in sections or len(parts) < 2:
+            continue
+        node, loc = data, []
+        for part in parts[:-1]:
+            key = _same_key(node, part)
+            if not isinstance(node.get(key), dict):
+                node[key] = {}
+            node, loc = node[key], [*loc, key]
+        key = _same_key(node, parts[-1])
+        node[key] = _env_value(value)
+        origin.variables[(*loc, key)] = variable
+
+
+def _same_key(node: Mapping[str, Any], part: str) -> str:
+    """The existing key ``part`` names, ignoring case (handler names may have capitals)."""
+    return next((key for key in node if key.lower() == part), part)
+
+
+def _env_value(value: str) -> Any:
+    if value.lstrip().startswith(("[", "{")):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _deep_merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _validate(data: Mapping[str, Any], origin: _Origin, prefix: tuple[str, ...]) -> Settings:
+    try:
+        settings = Settings.model_validate(data)
+    except ValidationError as exc:
+        raise SettingsError([_describe(error, origin, prefix) for error in exc.errors()]) from exc
+    settings._origin = origin
+    return settings
+
+
+def _describe(error: Any, origin: _Origin, prefix: tuple[str, ...]) -> str:
+    relative = tuple(f"[{part}]" if isinstance(part, int) else part for part in error["loc"])
+    loc = prefix + relative
+    key = ".".join(loc).replace(".[", "[")
+    where = origin.source(loc)
+    if error["type"] == "extra_forbidden":
+        allowed = _allowed_keys(relative[:-1])
+        guess = difflib.get_close_matches(relative[-1], allowed, n=1)
+        table = f" in [{'.'.join(loc[:-1])}]" if len(loc) > 1 else ""
+        hint = f"; did you mean {guess[0]!r}?" if guess else ""
+        return f"{where}: unknown key {key}{hint} (allowed{table}: {', '.join(allowed)})"
+    shown = repr(error["input"])
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return f"{where}: {key} = {shown} is not allowed; expected {_expected(error)}"
+
+
+def _allowed_keys(loc: tuple[str, ...]) -> list[str]:
+    model: type[BaseModel] = Settings
+    for part in loc:
+        field = model.model_fields.get(part)
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
+
+
+_EXPECTED = {
+    "int": "an integer",
+    "float": "a number",
+    "finite": "a finite number",
+    "bool": "true or false",
+    "string": "a string",
+    "list": "a list",
+    "dict": "a table",
+    "model": "a table",
+}
+
+
+def _expected(error: Any) -> str:
+    kind, ctx = error["type"], error.get("ctx") or {}
+    if kind == "literal_error":
+        return "one of " + ", ".join(re.findall(r"'([^']*)'", str(ctx.get("expected", ""))))
+    if kind == "value_error":
+        return str(ctx.get("error", error["msg"]))
+    family = kind.split("_")[0]
+    return _EXPECTED.get(family, error["msg"][:1].lower() + error["msg"][1:])

@@ -1,0 +1,33 @@
+"""What happened to one micro-batch (returned by the wrapped function, and logged)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+class BatchStatus(enum.Enum):
+    """The end state of a micro-batch."""
+
+    COMMITTED = "committed"  # fence, tokens, dead letters and the sink's store writes committed
+    REPLAYED = "replayed"  # already committed by this run: skipped
+    DEAD_LETTERED = "dead_lettered"  # retries spent: every row went to the dead-letter table
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """One batch's outcome; ``lost`` counts rows whose token a concurrent writer claimed first."""
+
+    name: str
+    batch_id: int
+    run_id: str
+    status: BatchStatus
+    attempts: int
+    written: int = 0
+    lost: int = 0
+    poison: int = 0
+
+    def fields(self) -> dict[str, Any]:
+        """The report as log fields."""
+        return {**asdict(self), "status": self.status.value}

@@ -1,0 +1,66 @@
+"""Fixtures shared by the whole suite: the real services, and clean namespaces on them.
+
+Tests use real PostgreSQL, Redis and RabbitMQ through ``DATABASE_URL``,
+``REDIS_URL`` and ``AMQP_URL`` (defaulting to the local ports). A service that
+cannot be reached skips its tests locally and fails them under ``CI=true``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import pytest
+
+DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def _reachable(url: str, default_port: int) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or default_port), 2):
+            return True
+    except OSError:
+        return False
+
+
+def require_service(name: str, url: str, default_port: int) -> str:
+    """Return ``url`` if the service answers; skip (fail under CI=true) if not."""
+    if _reachable(url, default_port):
+        return url
+    message = f"{name} is not reachable at {url}"
+    if IN_CI:
+        pytest.fail(f"{message} (CI=true: a missing service is a failure)")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    return require_service("PostgreSQL", DATABASE_URL, 5432)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    return require_service("Redis", REDIS_URL, 6379)
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> str:
+    return require_service("RabbitMQ", AMQP_URL, 5672)
+
+
+@pytest.fixture
+def unique() -> str:
+    """A fresh name for a group, topic or namespace, so tests never see each other's data."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> Iterator[str]:
+    yield f"sqlite:///{tmp_path / 'store.db'}"

@@ -1,0 +1,158 @@
+"""The `Cache` contract, run against every backend: memory and the real Redis."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from backends.cache import Cache, MemoryCache, open_cache
+from backends.cache.redis import RedisCache
+from backends.clock import FakeClock
+from backends.errors import CacheUnavailableError, ConfigurationError, UnsupportedURLError
+
+TTL = 3600.0
+
+
+def wait_until_forgotten(cache: Cache, namespace: str, token: str, fake_clock: FakeClock) -> bool:
+    """Let a short TTL pass: the fake clock for memory, real (polled) time for Redis."""
+    fake_clock.advance(1.0)
+    deadline = time.monotonic() + 5
+    while cache.seen(namespace, [token]):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+class TestCache:
+    def test_remembered_tokens_are_seen(self, cache: Cache, unique: str) -> None:
+        assert cache.seen(unique, ["a", "b"]) == set()
+        cache.remember(unique, ["a", "b", "a"], TTL)
+        assert cache.seen(unique, ["a", "b", "c", "a"]) == {"a", "b"}
+        assert cache.seen(unique, []) == set()
+
+    def test_namespaces_are_independent(self, cache: Cache, unique: str) -> None:
+        cache.remember(unique, ["a"], TTL)
+        assert cache.seen(unique + "-other", ["a"]) == set()
+
+    def test_forget(self, cache: Cache, unique: str) -> None:
+        cache.remember(unique, ["a", "b"], TTL)
+        cache.forget(unique, ["a", "never-there"])
+        assert cache.seen(unique, ["a", "b"]) == {"b"}
+
+    def test_tokens_expire_after_their_ttl(
+        self, cache: Cache, unique: str, fake_clock: FakeClock
+    ) -> None:
+        cache.remember(unique, ["short"], 0.05)
+        cache.remember(unique, ["long"], TTL)
+        assert wait_until_forgotten(cache, unique, "short", fake_clock)
+        assert cache.seen(unique, ["short", "long"]) == {"long"}
+
+    def test_remember_again_extends_the_ttl(
+        self, cache: Cache, unique: str, fake_clock: FakeClock
+    ) -> None:
+        cache.remember(unique, ["a"], 0.05)
+        cache.remember(unique, ["a"], TTL)
+        fake_clock.advance(1.0)
+        if isinstance(cache, RedisCache):
+            time.sleep(0.1)  # past the first, short TTL on the server's clock
+        assert cache.seen(unique, ["a"]) == {"a"}
+
+    def test_tokens_with_separators_and_unicode(self, cache: Cache, unique: str) -> None:
+        odd = ["a:b", "ç/é", " spaced ", "x" * 300]
+        cache.remember(unique, odd, TTL)
+        assert cache.seen(unique, odd + ["a"]) == set(odd)
+
+    def test_threads_share_one_cache(self, cache: Cache, unique: str) -> None:
+        def work(worker: int) -> None:
+            mine = [f"{worker}-{i}" for i in range(50)]
+            cache.remember(unique, mine, TTL)
+            assert cache.seen(unique, mine) == set(mine)
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        every = [f"{w}-{i}" for w in range(8) for i in range(50)]
+        assert cache.seen(unique, every) == set(every)
+
+
+class TestMemoryCache:
+    def test_least_recently_used_is_evicted(self, fake_clock: FakeClock, unique: str) -> None:
+        cache = open_cache("memory://?max_entries=3", clock=fake_clock)
+        cache.remember(unique, ["a", "b", "c"], TTL)
+        assert cache.seen(unique, ["a"]) == {"a"}  # "a" is now the most recent
+        cache.remember(unique, ["d"], TTL)
+        assert cache.seen(unique, ["a", "b", "c", "d"]) == {"a", "c", "d"}
+        assert isinstance(cache, MemoryCache) and len(cache) == 3
+
+    def test_expiry_is_exact_on_the_injected_clock(self, fake_clock: FakeClock, unique: str) -> None:
+        cache = open_cache("memory://", clock=fake_clock)
+        cache.remember(unique, ["a"], 10)
+        fake_clock.advance(9.9)
+        assert cache.seen(unique, ["a"]) == {"a"}
+        fake_clock.advance(0.1)
+        assert cache.seen(unique, ["a"]) == set()
+
+    @pytest.mark.parametrize("query", ["max_entries=0", "max_entries=many", "size=3"])
+    def test_bad_options_are_named(self, query: str) -> None:
+        with pytest.raises(ConfigurationError, match="memory://"):
+            open_cache(f"memory://?{query}")
+
+
+class TestRedisCache:
+    def test_keys_and_ttl_on_the_server(self, redis_url: str, unique: str) -> None:
+        cache = open_cache(redis_url)
+        cache.remember(unique, ["a"], 1)
+        client = redis.Redis.from_url(redis_url)
+        remaining = client.pttl(f"reliable:{unique}:a")
+        assert 0 < remaining <= 1000
+        client.close()
+        cache.close()
+
+    def test_one_round_trip_per_call(
+        self, redis_url: str, unique: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        cache = open_cache(redis_url)
+        cache.seen(unique, ["warm-up"])  # the connection handshake is not a call's round trip
+        sent: list[Any] = []
+        original = redis.connection.Connection.send_packed_command
+
+        def counting(self: Any, command: Any, check_health: bool = True) -> None:
+            sent.append(command)
+            original(self, command, check_health)
+
+        monkeypatch.setattr(redis.connection.Connection, "send_packed_command", counting)
+        tokens = [f"t{i}" for i in range(500)]
+        cache.remember(unique, tokens, TTL)
+        assert len(sent) == 1
+        assert cache.seen(unique, tokens) == set(tokens)
+        assert len(sent) == 2
+        cache.close()
+
+    @pytest.mark.parametrize("operation", ["seen", "remember", "forget"])
+    def test_outage_is_cache_unavailable(self, operation: str) -> None:
+        cache = open_cache("redis://127.0.0.1:1/0")
+        call = {
+            "seen": lambda: cache.seen("group", ["a"]),
+            "remember": lambda: cache.remember("group", ["a"], TTL),
+            "forget": lambda: cache.forget("group", ["a"]),
+        }[operation]
+        with pytest.raises(CacheUnavailableError) as raised:
+            call()
+        assert isinstance(raised.value.__cause__, redis.RedisError)
+
+    def test_rediss_is_accepted_without_connecting(self) -> None:
+        assert isinstance(open_cache("rediss://127.0.0.1:1/0"), RedisCache)
+
+
+@pytest.mark.parametrize("url", ["memcached://127.0.0.1", "http://x", "nothing"])
+def test_unknown_scheme_names_url_and_allowed(url: str) -> None:
+    with pytest.raises(UnsupportedURLError) as raised:
+        open_cache(url)
+    assert url in str(raised.value) and "redis" in str(raised.value)

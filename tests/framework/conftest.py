@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import text
+
+from reliable import App
+from reliable.testing import FakeClock, test_app
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def app(tmp_path, clock) -> Iterator[App]:
+    app = test_app(tmp_path, clock=clock)
+    create_effects(app, "effects")
+    yield app
+    app.close()
+
+
+def create_effects(app: App, table: str) -> None:
+    """A table the handlers write their side effects to (one row per effect)."""
+    with app.store.transaction() as tx:
+        tx.execute(text(f"create table if not exists {table} (token text, attempt integer)"))
+
+
+def effects(app: App, table: str = "effects") -> list[str]:
+    with app.store.transaction() as tx:
+        return [row[0] for row in tx.execute(text(f"select token from {table} order by token"))]
+
+
+def write_effect(tx, token: str, attempt: int = 1, table: str = "effects") -> None:
+    tx.execute(text(f"insert into {table} (token, attempt) values (:t, :a)"), {"t": token, "a": attempt})
