@@ -19,6 +19,10 @@ class InvalidRecordError(BrokerError):
     """Raised when a record handed to the store is malformed (bad topic, queue or field)."""
 
 
+class InvalidRequestError(BrokerError):
+    """Raised when a read or lookup asks for something impossible (a negative offset or count)."""
+
+
 class StoreError(BrokerError):
     """Raised when the message store cannot do what was asked."""
 

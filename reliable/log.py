@@ -39,7 +39,7 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | N
     out = stream if stream is not None else sys.stderr
     key = (level_number, fmt, out)
     with _configure_lock:
-        if _configured == key:
+        if _configured == key and structlog.is_configured():
             return
         structlog.configure(
             processors=_processors(_use_console(fmt, out)),

@@ -53,17 +53,35 @@ def parse_duration(value: str | float) -> float:
     return seconds
 
 
-def _require(ok: bool, owner: str, name: str, value: object, allowed: str) -> None:
-    if not ok:
-        raise ConfigurationError(f"{owner}.{name} = {value!r} is not allowed; expected {allowed}")
+Check = tuple[Callable[[Any], bool], str]
+"""A field's test and, in words, what it allows."""
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
 
 
-def _is_count(value: object, minimum: int) -> bool:
+def _is_count(value: Any, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _number(test: Callable[[float], bool], allowed: str) -> Check:
+    return (lambda v: _is_number(v) and test(v), allowed)
+
+
+def _count(minimum: int, allowed: str) -> Check:
+    return (lambda v: _is_count(v, minimum), allowed)
+
+
+def _validate(obj: object, checks: dict[str, Check]) -> None:
+    """Raise `ConfigurationError` naming the first field of ``obj`` that fails its check."""
+    for name, (test, allowed) in checks.items():
+        value = getattr(obj, name)
+        if not test(value):
+            raise ConfigurationError(f"{type(obj).__name__}.{name} = {value!r} is not allowed; expected {allowed}")
+
+
+NO_LIMIT = _count(UNLIMITED, "an integer >= 0, or -1 for no limit")
 
 
 # -- redelivery ---------------------------------------------------------------
@@ -103,17 +121,13 @@ class RedeliveryPolicy:
     use_exponential_backoff: bool = True
 
     def __post_init__(self) -> None:
-        name = type(self).__name__
-        delay, cap = self.initial_delay, self.max_delay
-        _require(_is_number(delay) and delay >= 0, name, "initial_delay", delay, "seconds >= 0")
-        _require(_is_number(self.multiplier) and self.multiplier >= 1, name, "multiplier", self.multiplier,
-                 "a number >= 1")
-        _require(_is_number(cap) and (cap >= 0 or cap == UNLIMITED), name, "max_delay", cap,
-                 "seconds >= 0, or -1 for no cap")
-        _require(_is_number(self.jitter) and 0 <= self.jitter < 1, name, "jitter", self.jitter,
-                 "a fraction in [0, 1)")
-        _require(_is_count(self.max_redeliveries, UNLIMITED), name, "max_redeliveries",
-                 self.max_redeliveries, "an integer >= 0, or -1 for no limit")
+        _validate(self, {
+            "initial_delay": _number(lambda v: v >= 0, "seconds >= 0"),
+            "multiplier": _number(lambda v: v >= 1, "a number >= 1"),
+            "max_delay": _number(lambda v: v >= 0 or v == UNLIMITED, "seconds >= 0, or -1 for no cap"),
+            "jitter": _number(lambda v: 0 <= v < 1, "a fraction in [0, 1)"),
+            "max_redeliveries": NO_LIMIT,
+        })
 
     def next_delay(self, previous_delay: float | None, rng: random.Random, attempt: int = 1) -> float:
         """ActiveMQ's ``getNextRedeliveryDelay``, then collision avoidance (two draws: sign, size).
@@ -179,21 +193,20 @@ class DelayLevels:
     max_redeliveries: int = 16
 
     def __post_init__(self) -> None:
-        name = type(self).__name__
-        levels = self.levels
-        _require(isinstance(levels, Sequence) and not isinstance(levels, str) and len(levels) > 0,
-                 name, "levels", levels, "a non-empty list of durations")
+        _validate(self, {"levels": (lambda v: isinstance(v, tuple | list) and len(v) > 0, "a non-empty list")})
         seconds = []
-        for index, level in enumerate(levels):
+        for index, level in enumerate(self.levels):
             try:
                 seconds.append(parse_duration(level))
             except ConfigurationError:
-                _require(False, name, f"levels[{index}]", level, DURATION_HELP)
+                raise ConfigurationError(
+                    f"DelayLevels.levels[{index}] = {level!r} is not allowed; expected {DURATION_HELP}"
+                ) from None
         object.__setattr__(self, "levels", tuple(seconds))
-        _require(_is_count(self.start_level, 1) and self.start_level <= len(seconds), name, "start_level",
-                 self.start_level, f"a level number from 1 to {len(seconds)}")
-        _require(_is_count(self.max_redeliveries, UNLIMITED), name, "max_redeliveries",
-                 self.max_redeliveries, "an integer >= 0, or -1 for no limit")
+        _validate(self, {
+            "start_level": (lambda v: _is_count(v, 1) and v <= len(seconds), f"a level from 1 to {len(seconds)}"),
+            "max_redeliveries": NO_LIMIT,
+        })
 
     def next_delay(self, previous_delay: float | None, rng: random.Random, attempt: int = 1) -> float:
         """The delay of level ``start_level + attempt - 1``; ``previous_delay`` plays no part."""
@@ -220,67 +233,14 @@ Classifier = Callable[[BaseException], "Verdict | None"]
 
 
 class Rule:
-    """A composable classifier: ``a | b`` asks ``a`` first and ``b`` only if ``a`` has no opinion.
+    """A composable classifier: ``a | b`` asks ``a`` first, and ``b`` only when ``a`` has no opinion.
 
     Any plain callable with the `Classifier` signature composes with a rule.
     """
 
-    def __call__(self, exc: BaseException) -> Verdict | None:
-        raise NotImplementedError
-
-    def __or__(self, other: Classifier) -> Rule:
-        return _FirstOpinion((self, other))
-
-    def __ror__(self, other: Classifier) -> Rule:
-        return _FirstOpinion((other, self))
-
-
-class _OnTypes(Rule):
-    def __init__(self, types: Sequence[type[BaseException]], verdict: Verdict, option: str) -> None:
-        for kind in types:
-            if not (isinstance(kind, type) and issubclass(kind, BaseException)):
-                raise ConfigurationError(f"{option}: {kind!r} is not allowed; expected exception classes")
-        self.types = tuple(types)
-        self.verdict = verdict
-
-    def __call__(self, exc: BaseException) -> Verdict | None:
-        return self.verdict if self.types and isinstance(exc, self.types) else None
-
-    def __repr__(self) -> str:
-        return f"{self.verdict.value}_on({', '.join(t.__name__ for t in self.types)})"
-
-
-class _When(Rule):
-    def __init__(self, predicate: Callable[[BaseException], bool], verdict: Verdict) -> None:
-        self.predicate = predicate
-        self.verdict = verdict
-
-    def __call__(self, exc: BaseException) -> Verdict | None:
-        return self.verdict if self.predicate(exc) else None
-
-    def __repr__(self) -> str:
-        return f"when({self.predicate!r}, {self.verdict})"
-
-
-class _Always(Rule):
-    def __init__(self, verdict: Verdict) -> None:
-        self.verdict = verdict
-
-    def __call__(self, exc: BaseException) -> Verdict | None:
-        return self.verdict
-
-    def __repr__(self) -> str:
-        return f"always({self.verdict})"
-
-
-class _FirstOpinion(Rule):
-    classifiers: tuple[Classifier, ...]
-
-    def __init__(self, classifiers: Sequence[Classifier]) -> None:
-        flat: list[Classifier] = []
-        for classifier in classifiers:
-            flat.extend(classifier.classifiers if isinstance(classifier, _FirstOpinion) else [classifier])
-        self.classifiers = tuple(flat)
+    def __init__(self, *classifiers: Classifier, name: str = "") -> None:
+        self.classifiers = classifiers
+        self.name = name or " | ".join(map(repr, classifiers))
 
     def __call__(self, exc: BaseException) -> Verdict | None:
         for classifier in self.classifiers:
@@ -289,23 +249,44 @@ class _FirstOpinion(Rule):
                 return verdict
         return None
 
+    def __or__(self, other: Classifier) -> Rule:
+        return Rule(self, other)
+
+    def __ror__(self, other: Classifier) -> Rule:
+        return Rule(other, self)
+
     def __repr__(self) -> str:
-        return " | ".join(map(repr, self.classifiers))
+        return self.name
+
+
+def _on_types(types: Sequence[type[BaseException]], verdict: Verdict, option: str) -> Rule:
+    for kind in types:
+        if not (isinstance(kind, type) and issubclass(kind, BaseException)):
+            raise ConfigurationError(f"{option}: {kind!r} is not allowed; expected exception classes")
+    kinds = tuple(types)
+    name = f"{option}({', '.join(kind.__name__ for kind in kinds)})"
+    return Rule(lambda exc: verdict if kinds and isinstance(exc, kinds) else None, name=name)
 
 
 def fatal_on(*types: type[BaseException]) -> Rule:
     """FATAL for instances of ``types``, no opinion otherwise."""
-    return _OnTypes(types, Verdict.FATAL, "fatal_on")
+    return _on_types(types, Verdict.FATAL, "fatal_on")
 
 
 def retry_on(*types: type[BaseException]) -> Rule:
     """RETRY for instances of ``types``, no opinion otherwise."""
-    return _OnTypes(types, Verdict.RETRY, "retry_on")
+    return _on_types(types, Verdict.RETRY, "retry_on")
 
 
 def when(predicate: Callable[[BaseException], bool], verdict: Verdict) -> Rule:
     """``verdict`` when ``predicate(exc)`` is true, no opinion otherwise."""
-    return _When(predicate, verdict)
+    if not callable(predicate) or not isinstance(verdict, Verdict):
+        raise ConfigurationError(f"when({predicate!r}, {verdict!r}) is not allowed; expected a callable and a Verdict")
+    return Rule(lambda exc: verdict if predicate(exc) else None, name=f"when({predicate!r}, {verdict.name})")
+
+
+def _always(verdict: Verdict) -> Rule:
+    return Rule(lambda exc: verdict, name=f"always({verdict.name})")
 
 
 POISON: tuple[type[BaseException], ...] = (BodyDecodeError, TokenMissingError)
@@ -339,14 +320,14 @@ def build_classifier(
       RETRY, false is FATAL (tenacity's ``retry_if_exception``).
     Without ``retry_on`` and ``predicate`` everything not ``fatal`` is RETRY.
     """
-    rules: list[Classifier] = [_OnTypes(tuple(fatal), Verdict.FATAL, "fatal")]
+    rules = [_on_types(tuple(fatal), Verdict.FATAL, "fatal")]
     if retry_on is not None:
-        rules.append(_OnTypes(tuple(retry_on), Verdict.RETRY, "retry_on"))
+        rules.append(_on_types(tuple(retry_on), Verdict.RETRY, "retry_on"))
     if predicate is not None:
-        rules.append(_When(predicate, Verdict.RETRY) | _Always(Verdict.FATAL))
+        rules.append(when(predicate, Verdict.RETRY) | _always(Verdict.FATAL))
     elif retry_on is not None:
-        rules.append(_Always(Verdict.FATAL))
-    return _FirstOpinion(rules)
+        rules.append(_always(Verdict.FATAL))
+    return Rule(*rules)
 
 
 # -- in-process retry ---------------------------------------------------------
@@ -366,14 +347,12 @@ class InProcessRetry:
     multiplier: float = 2.0
 
     def __post_init__(self) -> None:
-        name = type(self).__name__
-        _require(_is_count(self.attempts, 1), name, "attempts", self.attempts, "an integer >= 1")
-        _require(_is_number(self.initial_wait) and self.initial_wait >= 0, name, "initial_wait",
-                 self.initial_wait, "seconds >= 0")
-        _require(_is_number(self.max_wait) and self.max_wait >= 0, name, "max_wait", self.max_wait,
-                 "seconds >= 0")
-        _require(_is_number(self.multiplier) and self.multiplier >= 1, name, "multiplier",
-                 self.multiplier, "a number >= 1")
+        _validate(self, {
+            "attempts": _count(1, "an integer >= 1"),
+            "initial_wait": _number(lambda v: v >= 0, "seconds >= 0"),
+            "max_wait": _number(lambda v: v >= 0, "seconds >= 0"),
+            "multiplier": _number(lambda v: v >= 1, "a number >= 1"),
+        })
 
 
 def call_with_retry(

@@ -25,10 +25,23 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+)
 
 from backends.errors import ConfigurationError
-from reliable.retry import DURATION_HELP, DelayLevels, InProcessRetry, RedeliveryPolicy, parse_duration
+from reliable.retry import (
+    DelayLevels,
+    InProcessRetry,
+    RedeliveryPolicy,
+    parse_duration,
+)
 
 ENV_PREFIX = "RELIABLE_"
 SETTINGS_ENV = "RELIABLE_SETTINGS"
@@ -56,21 +69,26 @@ def _rule(test: Callable[[Any], bool], allowed: str) -> AfterValidator:
     return AfterValidator(check)
 
 
-def _seconds(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise ValueError(DURATION_HELP)
-    if isinstance(value, str):
-        try:
-            return parse_duration(value)
-        except ConfigurationError:
-            raise ValueError(DURATION_HELP) from None
-    return value
+def _seconds(allowed: str) -> BeforeValidator:
+    """Durations may be written with a unit (``"5m"``); anything else must be a number."""
+
+    def parse(value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError(allowed)  # noqa: TRY004 - pydantic reports ValueError, not TypeError
+        if isinstance(value, str):
+            try:
+                return parse_duration(value)
+            except ConfigurationError:
+                raise ValueError(allowed) from None
+        return value
+
+    return BeforeValidator(parse)
 
 
 def _no_bool(allowed: str) -> BeforeValidator:
     def check(value: Any) -> Any:
         if isinstance(value, bool):
-            raise ValueError(allowed)
+            raise ValueError(allowed)  # noqa: TRY004 - pydantic reports ValueError, not TypeError
         return value
 
     return BeforeValidator(check)
@@ -81,11 +99,13 @@ def _url(allowed: str, *specials: str) -> AfterValidator:
 
 
 _FRACTION = "a fraction >= 0 and < 1"
-Seconds = Annotated[float, BeforeValidator(_seconds), _rule(lambda v: v >= 0, f"{DURATION_HELP}, >= 0")]
-PositiveSeconds = Annotated[float, BeforeValidator(_seconds), _rule(lambda v: v > 0, f"{DURATION_HELP}, > 0")]
-Cap = Annotated[
-    float, BeforeValidator(_seconds), _rule(lambda v: v >= 0 or v == -1, f"{DURATION_HELP}, or -1 for no cap")
-]
+_UNITS = "(seconds, or a number with a unit: '500ms', '30s', '5m', '2h', '7d')"
+_AT_LEAST_0 = f"a duration >= 0 {_UNITS}"
+_ABOVE_0 = f"a duration > 0 {_UNITS}"
+_CAP = f"a duration >= 0 {_UNITS}, or -1 for no cap"
+Seconds = Annotated[float, _seconds(_AT_LEAST_0), _rule(lambda v: v >= 0, _AT_LEAST_0)]
+PositiveSeconds = Annotated[float, _seconds(_ABOVE_0), _rule(lambda v: v > 0, _ABOVE_0)]
+Cap = Annotated[float, _seconds(_CAP), _rule(lambda v: v >= 0 or v == -1, _CAP)]
 AtLeastOne = Annotated[int, _no_bool("an integer >= 1"), _rule(lambda v: v >= 1, "an integer >= 1")]
 Limit = Annotated[int, _no_bool("an integer >= 0, or -1"), _rule(lambda v: v >= -1, "an integer >= 0, or -1 for no limit")]
 Port = Annotated[int, _no_bool("a port from 1 to 65535"), _rule(lambda v: 1 <= v <= 65535, "a port from 1 to 65535")]
@@ -137,10 +157,11 @@ class RetrySettings(Section):
     delay_levels: list[Seconds] | None = None
 
     def policy(self) -> RedeliveryPolicy | DelayLevels:
-        """`DelayLevels` when ``delay_levels`` is a non-empty list, else `RedeliveryPolicy`."""
+        """`DelayLevels` when ``delay_levels`` is a non-empty list (redelivery n waits its n-th
+        entry, the last one past the end), else `RedeliveryPolicy`."""
         if self.delay_levels:
             limit = 16 if self.max_redeliveries is None else self.max_redeliveries
-            return DelayLevels(levels=tuple(self.delay_levels), max_redeliveries=limit)
+            return DelayLevels(levels=tuple(self.delay_levels), start_level=1, max_redeliveries=limit)
         return RedeliveryPolicy(
             initial_delay=self.initial_delay,
             multiplier=self.multiplier,
@@ -284,12 +305,13 @@ def _apply_env(data: dict[str, Any], environ: Mapping[str, str], origin: _Origin
         parts = variable[len(ENV_PREFIX):].lower().split("__")
         if parts[0] not in sections or len(parts) < 2:
             continue
-        node, loc = data, []
+        node: dict[str, Any] = data
+        loc: tuple[str, ...] = ()
         for part in parts[:-1]:
             key = _same_key(node, part)
             if not isinstance(node.get(key), dict):
                 node[key] = {}
-            node, loc = node[key], [*loc, key]
+            node, loc = node[key], (*loc, key)
         key = _same_key(node, parts[-1])
         node[key] = _env_value(value)
         origin.variables[(*loc, key)] = variable
@@ -339,7 +361,8 @@ def _describe(error: Any, origin: _Origin, prefix: tuple[str, ...]) -> str:
         table = f" in [{'.'.join(loc[:-1])}]" if len(loc) > 1 else ""
         hint = f"; did you mean {guess[0]!r}?" if guess else ""
         return f"{where}: unknown key {key}{hint} (allowed{table}: {', '.join(allowed)})"
-    shown = repr(error["input"])
+    value = error["input"]
+    shown = str(value).lower() if isinstance(value, bool) else repr(value)  # as TOML writes it
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
     return f"{where}: {key} = {shown} is not allowed; expected {_expected(error)}"
 

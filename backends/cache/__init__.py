@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import parse_qs, urlsplit
 
 from backends.cache.base import Cache
@@ -28,8 +29,14 @@ def open_cache(url: str, clock: Clock = SYSTEM_CLOCK) -> Cache:
 
         return RedisCache(url)
     raise UnsupportedURLError(
-        f"cache URL {url!r} has scheme {scheme!r}; allowed schemes: {', '.join(ALLOWED_SCHEMES)}"
+        f"cache URL {_redacted(url)!r} has scheme {scheme!r}; "
+        f"allowed schemes: {', '.join(ALLOWED_SCHEMES)}"
     )
+
+
+def _redacted(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (URLs end up in logs and errors)."""
+    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
 
 
 def _max_entries(url: str) -> int:

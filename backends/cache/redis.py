@@ -39,9 +39,9 @@ class RedisCache(Cache):
         )
 
     def __repr__(self) -> str:
-        host = self._client.connection_pool.connection_kwargs.get("host", "?")
-        port = self._client.connection_pool.connection_kwargs.get("port", "?")
-        return f"RedisCache('{host}:{port}')"
+        options = self._client.connection_pool.connection_kwargs
+        where = options.get("path") or f"{options.get('host', '?')}:{options.get('port', '?')}"
+        return f"RedisCache('{where}/{options.get('db', 0)}')"
 
     @staticmethod
     def key(namespace: str, token: str) -> str:

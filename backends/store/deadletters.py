@@ -17,7 +17,8 @@ def add(connection: Connection, letter: DeadLetter, now: float) -> int:
     """Insert ``letter``; return its id."""
     message, failure = letter.message, letter.failure
     result = connection.execute(
-        dead_letters.insert().values(
+        dead_letters.insert()
+        .values(
             group=letter.group,
             topic=message.topic,
             queue=message.queue,
@@ -37,8 +38,9 @@ def add(connection: Connection, letter: DeadLetter, now: float) -> int:
             replays=letter.replays,
             created_at=now,
         )
+        .returning(dead_letters.c.id)
     )
-    return int(result.inserted_primary_key[0])
+    return int(result.scalar_one())
 
 
 def page(connection: Connection, group: str, limit: int, after_id: int) -> list[DeadLetter]:
@@ -62,7 +64,9 @@ def remove(connection: Connection, ids: Sequence[int]) -> int:
     """Delete dead letters by id; return how many existed."""
     deleted = 0
     for part in chunks(ids, chunk_size(connection)):
-        deleted += connection.execute(delete(dead_letters).where(dead_letters.c.id.in_(part))).rowcount
+        deleted += connection.execute(
+            delete(dead_letters).where(dead_letters.c.id.in_(part))
+        ).rowcount
     return deleted
 
 
@@ -107,6 +111,10 @@ def _from_row(row: Any) -> DeadLetter:
         last_failure_at=row.last_failure_at,
     )
     return DeadLetter(
-        group=row.group, message=message, token=row.token, failure=failure, id=row.id,
+        group=row.group,
+        message=message,
+        token=row.token,
+        failure=failure,
+        id=row.id,
         replays=row.replays,
     )

@@ -10,7 +10,8 @@ its unique index makes the twin wait natively.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
@@ -20,11 +21,13 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, Operationa
 
 from backends.errors import ConfigurationError, UnsupportedURLError
 
+T = TypeVar("T")
+
 ALLOWED_SCHEMES = ("sqlite", "postgresql", "postgresql+psycopg")
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 POSTGRES_POOL_SIZE = 16  # one connection per worker thread
 POSTGRES_MAX_OVERFLOW = 8
-POSTGRES_INSERT_PAGE = 5_000  # rows per multi-row INSERT (6 parameters each, limit 65535)
+POSTGRES_INSERT_PAGE = 5_000  # rows per multi-row INSERT of executemany (offsets)
 SQLITE_CHUNK = 900  # tokens per IN (...) list: under SQLite's classic 999-parameter limit
 POSTGRES_CHUNK = 20_000
 
@@ -35,22 +38,23 @@ READ_ONLY = "reliable_read_only"
 
 def parse_store_url(url: str) -> URL:
     """The SQLAlchemy URL for ``url``, plain ``postgresql://`` mapped to psycopg 3."""
+    allowed = ", ".join(ALLOWED_SCHEMES)
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
         raise UnsupportedURLError(
-            f"store URL {url!r} cannot be parsed; allowed schemes: {', '.join(ALLOWED_SCHEMES)}"
+            f"store URL {url!r} cannot be parsed; allowed schemes: {allowed}"
         ) from exc
+    shown = parsed.render_as_string(hide_password=True)
     if parsed.drivername not in ALLOWED_SCHEMES:
         raise UnsupportedURLError(
-            f"store URL {url!r} has scheme {parsed.drivername!r}; "
-            f"allowed schemes: {', '.join(ALLOWED_SCHEMES)}"
+            f"store URL {shown!r} has scheme {parsed.drivername!r}; allowed schemes: {allowed}"
         )
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.drivername == "sqlite" and parsed.database in (None, "", ":memory:"):
         raise ConfigurationError(
-            f"store URL {url!r} is an in-memory SQLite database, which each pooled connection "
+            f"store URL {shown!r} is an in-memory SQLite database, which each pooled connection "
             "would see empty; use a file, e.g. sqlite:///./.reliable/store.db"
         )
     return parsed
@@ -59,6 +63,8 @@ def parse_store_url(url: str) -> URL:
 def build_engine(url: URL) -> Engine:
     """An engine tuned for ``url``'s database (pool, pre-ping, SQLite locking)."""
     if url.get_backend_name() == "sqlite":
+        if url.database and not url.query.get("uri"):
+            Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, pool_pre_ping=True, connect_args={"timeout": 30.0})
         _tune_sqlite(engine)
         return engine
@@ -112,7 +118,7 @@ def chunk_size(connection: Any) -> int:
     return SQLITE_CHUNK if connection.dialect.name == "sqlite" else POSTGRES_CHUNK
 
 
-def chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
+def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     """``items`` in consecutive slices of at most ``size``."""
     for start in range(0, len(items), size):
         yield items[start : start + size]

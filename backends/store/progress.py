@@ -35,7 +35,9 @@ def load_offsets(connection: Connection, group: str) -> dict[QueueRef, int]:
     statement = select(offsets.c.topic, offsets.c.queue, offsets.c.next_offset).where(
         offsets.c.group == group
     )
-    return {QueueRef(row.topic, row.queue): row.next_offset for row in connection.execute(statement)}
+    return {
+        QueueRef(row.topic, row.queue): row.next_offset for row in connection.execute(statement)
+    }
 
 
 def fence(connection: Connection, name: str, batch_id: int, run_id: str, now: float) -> bool:

@@ -50,7 +50,9 @@ offsets = Table(
 dead_letters = Table(
     "reliable_dead_letters",
     metadata,
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
     Column("group", String(255), nullable=False),
     Column("topic", String(255), nullable=False),
     Column("queue", Integer, nullable=False),

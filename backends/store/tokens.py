@@ -23,7 +23,11 @@ IN_PROGRESS = TokenState.IN_PROGRESS.value
 
 
 def claim(
-    connection: Connection, namespace: str, batch: Sequence[str], now: float, ttl: float,
+    connection: Connection,
+    namespace: str,
+    batch: Sequence[str],
+    now: float,
+    ttl: float,
     state: str = DONE,
 ) -> set[str]:
     """Insert ``batch`` (no duplicates); return the tokens inserted or reclaimed from expired rows.
@@ -37,14 +41,21 @@ def claim(
     expires_at = now + ttl
     if connection.dialect.name == "postgresql":
         parameters = {
-            "namespace": namespace, "tokens": list(batch), "state": state,
-            "now": now, "expires_at": expires_at,
+            "namespace": namespace,
+            "tokens": list(batch),
+            "state": state,
+            "now": now,
+            "expires_at": expires_at,
         }
         return set(connection.execute(_POSTGRES_CLAIM, parameters).scalars())
     rows = [
         {
-            "namespace": namespace, "token": token, "state": state, "result": None,
-            "created_at": now, "expires_at": expires_at,
+            "namespace": namespace,
+            "token": token,
+            "state": state,
+            "result": None,
+            "created_at": now,
+            "expires_at": expires_at,
         }
         for token in batch
     ]
@@ -83,7 +94,9 @@ def lease(
 ) -> LeaseOutcome:
     """Take an IN_PROGRESS lease, or describe the live record that prevents it."""
     if claim(connection, namespace, [token], now, lease_seconds, state=IN_PROGRESS):
-        return LeaseOutcome(acquired=True, state=TokenState.IN_PROGRESS, expires_at=now + lease_seconds)
+        return LeaseOutcome(
+            acquired=True, state=TokenState.IN_PROGRESS, expires_at=now + lease_seconds
+        )
     row = connection.execute(
         select(tokens.c.state, tokens.c.result, tokens.c.expires_at).where(
             tokens.c.namespace == namespace, tokens.c.token == token
@@ -129,7 +142,6 @@ def release_lease(connection: Connection, namespace: str, token: str) -> None:
 def purge_expired(connection: Connection, now: float) -> int:
     """Delete every record expired at ``now``; return how many."""
     return connection.execute(delete(tokens).where(tokens.c.expires_at < now)).rowcount
-
 
 
 def _on_conflict_reclaim(insert: Any) -> Any:

@@ -24,7 +24,7 @@ from backends.clock import SYSTEM_CLOCK, Clock
 from backends.errors import TransportError
 from backends.transport import embedded_log
 from backends.transport.embedded_db import Database
-from backends.transport.embedded_log import MESSAGE_COLUMNS, to_message
+from backends.transport.embedded_log import MESSAGE_COLUMNS, dump_headers, to_message
 from backends.transport.leasing import (
     DEFAULT_QUEUES,
     DEFAULT_VISIBILITY_TIMEOUT,
@@ -109,11 +109,23 @@ class EmbeddedTransport(LeasingTransport):
 
     def nack(self, group: str, message: Message, delay: float) -> None:
         self._check_open()
-        headers = json.dumps(dict(message.headers))
+        headers = dump_headers(message.headers)
         due_at = self._clock.time() + delay
         with self._db.write() as db:  # no row: already done, a late nack does not resurrect it
-            db.execute(_NACK, (SCHEDULED, message.attempt, message.first_failure_at, headers, due_at,
-                               group, message.topic, message.queue, message.offset))
+            db.execute(
+                _NACK,
+                (
+                    SCHEDULED,
+                    message.attempt,
+                    message.first_failure_at,
+                    headers,
+                    due_at,
+                    group,
+                    message.topic,
+                    message.queue,
+                    message.offset,
+                ),
+            )
         self._signal()
 
     def dead_letter(self, group: str, message: Message, failure: Failure) -> None:
@@ -122,17 +134,36 @@ class EmbeddedTransport(LeasingTransport):
         with self._db.write() as db:
             if db.execute(f"DELETE FROM deliveries WHERE {_KEY}", key).rowcount == 0:
                 return
-            db.execute(_DEAD_LETTER, (*key, message.id, message.key, json.dumps(dict(message.headers)),
-                                      message.payload, message.attempt, message.published_at,
-                                      message.first_failure_at, json.dumps(asdict(failure))))
-        log.info("transport.dead_letter", group=group, topic=message.topic, queue=message.queue,
-                 offset=message.offset, attempt=message.attempt, error_type=failure.error_type)
+            db.execute(
+                _DEAD_LETTER,
+                (
+                    *key,
+                    message.id,
+                    message.key,
+                    dump_headers(message.headers),
+                    message.payload,
+                    message.attempt,
+                    message.published_at,
+                    message.first_failure_at,
+                    json.dumps(asdict(failure)),
+                ),
+            )
+        log.info(
+            "transport.dead_letter",
+            group=group,
+            topic=message.topic,
+            queue=message.queue,
+            offset=message.offset,
+            attempt=message.attempt,
+            error_type=failure.error_type,
+        )
 
     def pending(self, group: str, topic: str) -> int:
         self._check_open()
         unread = sum(head - cursor for _, head, cursor in self._db.read(_UNREAD, (group, topic)))
         ((outstanding,),) = self._db.read(
-            "SELECT COUNT(*) FROM deliveries WHERE grp = ? AND topic = ?", (group, topic))
+            "SELECT COUNT(*) FROM deliveries WHERE grp = ? AND topic = ?", (group, topic)
+        )
         ((delayed,),) = self._db.read("SELECT COUNT(*) FROM delayed WHERE topic = ?", (topic,))
         return unread + outstanding + delayed
 
@@ -150,8 +181,11 @@ class EmbeddedTransport(LeasingTransport):
                     raise TransportError(f"cannot seek {ref} to offset {offset}: no such place")
                 offset = min(offset, heads[ref.queue])
                 db.execute(_SET_CURSOR, (group, ref.topic, ref.queue, offset))
-                db.execute('DELETE FROM deliveries WHERE grp = ? AND topic = ? AND queue = ?'
-                           ' AND "offset" >= ?', (group, ref.topic, ref.queue, offset))
+                db.execute(
+                    "DELETE FROM deliveries WHERE grp = ? AND topic = ? AND queue = ?"
+                    ' AND "offset" >= ?',
+                    (group, ref.topic, ref.queue, offset),
+                )
         self._signal()
 
     def dead_letter_queue(self, group: str) -> list[Message]:
@@ -161,10 +195,14 @@ class EmbeddedTransport(LeasingTransport):
     def dead_letter_records(self, group: str) -> list[DeadLetter]:
         """``%DLQ%<group>`` with each message's failure, oldest first."""
         self._check_open()
-        rows = self._db.read(f"SELECT {MESSAGE_COLUMNS}, failure, seq FROM dead_letters"
-                             " WHERE grp = ? ORDER BY seq", (group,))
-        return [DeadLetter(group, to_message(row[:10]), None, Failure(**json.loads(row[10])), row[11])
-                for row in rows]
+        rows = self._db.read(
+            f"SELECT {MESSAGE_COLUMNS}, failure, seq FROM dead_letters WHERE grp = ? ORDER BY seq",
+            (group,),
+        )
+        return [
+            DeadLetter(group, to_message(row[:10]), None, Failure(**json.loads(row[10])), row[11])
+            for row in rows
+        ]
 
     def close(self) -> None:
         super().close()
@@ -178,9 +216,14 @@ class EmbeddedTransport(LeasingTransport):
             ready: list[embedded_log.Row] = []
             delayed: list[tuple[embedded_log.Row, float]] = []
             for message in messages:
-                row = (self._router.queue_for(topic, message.key, queues),
-                       message.message_id or new_message_id(), message.key,
-                       json.dumps(dict(message.headers)), message.payload, now)
+                row = (
+                    self._router.queue_for(topic, message.key, queues),
+                    message.message_id or new_message_id(),
+                    message.key,
+                    dump_headers(message.headers),
+                    message.payload,
+                    now,
+                )
                 if message.delay > 0:
                     delayed.append((row, now + message.delay))
                 else:
@@ -219,22 +262,33 @@ class EmbeddedTransport(LeasingTransport):
             self._changes += 1
             self._changed.notify_all()
 
-    def _take_due(self, db: sqlite3.Connection, group: str, topic: str, now: float, limit: int
-                  ) -> list[Message]:
+    def _take_due(
+        self, db: sqlite3.Connection, group: str, topic: str, now: float, limit: int
+    ) -> list[Message]:
         """Scheduled redeliveries and ended leases that are due, earliest first."""
         due = []
         for row in db.execute(_DUE, (group, topic, now, limit)):
             message = to_message(row[:10])
             if row[10] == IN_FLIGHT:
-                log.warning("transport.lease_expired", group=group, topic=topic, queue=message.queue,
-                            offset=message.offset, attempt=message.attempt)
+                log.warning(
+                    "transport.lease_expired",
+                    group=group,
+                    topic=topic,
+                    queue=message.queue,
+                    offset=message.offset,
+                    attempt=message.attempt,
+                )
             due.append(message)
         return due
 
-    def _take_fresh(self, db: sqlite3.Connection, group: str, topic: str, limit: int) -> list[Message]:
+    def _take_fresh(
+        self, db: sqlite3.Connection, group: str, topic: str, limit: int
+    ) -> list[Message]:
         """Up to ``limit`` unread messages, shared out over the queues in turn; moves the cursors."""
-        unread = {queue: (cursor, head - cursor)
-                  for queue, head, cursor in db.execute(_UNREAD, (group, topic))}
+        unread = {
+            queue: (cursor, head - cursor)
+            for queue, head, cursor in db.execute(_UNREAD, (group, topic))
+        }
         if limit <= 0 or not unread:
             return []
         start = next(self._rotation)
@@ -254,7 +308,9 @@ class EmbeddedTransport(LeasingTransport):
 
     def _earliest(self, group: str, topic: str, condition: str) -> float | None:
         ((scheduled,),) = self._db.read(
-            f"SELECT MIN(due_at) FROM deliveries WHERE grp = ? AND topic = ? {condition}", (group, topic))
+            f"SELECT MIN(due_at) FROM deliveries WHERE grp = ? AND topic = ? {condition}",
+            (group, topic),
+        )
         ((delayed,),) = self._db.read("SELECT MIN(due_at) FROM delayed WHERE topic = ?", (topic,))
         due = [when for when in (scheduled, delayed) if when is not None]
         return min(due) if due else None

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from backends.types import Message
 
 # the columns, in `Message` field order, that `to_message` reads
-MESSAGE_COLUMNS = 'id, topic, queue, "offset", payload, key, headers, attempt, published_at, first_failure_at'
+MESSAGE_COLUMNS = (
+    'id, topic, queue, "offset", payload, key, headers, attempt, published_at, first_failure_at'
+)
 _INSERT_MESSAGES = (
     'INSERT INTO messages (topic, queue, "offset", id, key, headers, payload, published_at)'
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
@@ -32,18 +34,32 @@ _READ = (
 Row = tuple[int, str, str | None, str, bytes, float]
 
 
+def dump_headers(headers: Mapping[str, str]) -> str:
+    """Headers as stored: JSON (most messages have none, so skip the encoder for them)."""
+    return json.dumps(dict(headers)) if headers else "{}"
+
+
+def load_headers(stored: str) -> dict[str, str]:
+    return json.loads(stored) if stored != "{}" else {}
+
+
 def to_message(row: Sequence) -> Message:
     """A `Message` from a row selected as ``MESSAGE_COLUMNS`` (headers as JSON)."""
-    id_, topic, queue, offset, payload, key, headers, attempt, published_at, first_failure_at = row
+    id_, topic, queue, offset, payload, key, headers, attempt, published_at, failed_at = row
+    headers = load_headers(headers)
     return Message(
-        id_, topic, queue, offset, payload, key, json.loads(headers), attempt, published_at, first_failure_at
+        id_, topic, queue, offset, payload, key, headers, attempt, published_at, failed_at
     )
 
 
 def heads(db: sqlite3.Connection, topic: str, queues: int) -> list[int]:
     """The next offset of each queue of ``topic``; a new topic gets ``queues`` queues."""
-    found = [head for (head,) in db.execute(
-        "SELECT next_offset FROM queues WHERE topic = ? ORDER BY queue", (topic,))]
+    found = [
+        head
+        for (head,) in db.execute(
+            "SELECT next_offset FROM queues WHERE topic = ? ORDER BY queue", (topic,)
+        )
+    ]
     if found:
         return found
     db.executemany(

@@ -10,7 +10,7 @@ presumed dead. The public operations are written once here; a backend
 from __future__ import annotations
 
 import itertools
-import uuid
+import os
 import zlib
 from abc import abstractmethod
 from collections.abc import Sequence
@@ -23,6 +23,8 @@ from backends.types import Message, OutgoingMessage
 
 DEFAULT_QUEUES = 4
 DEFAULT_VISIBILITY_TIMEOUT = 30.0
+_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))  # version and variant bits
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)  # version 4, RFC 4122 variant
 MIN_PAUSE = 0.001  # the shortest wait of a fetch, so a waiting fetch always makes progress
 
 
@@ -39,8 +41,13 @@ def dead_letter_queue_name(group: str) -> str:
 
 
 def new_message_id() -> str:
-    """A message id for a producer that gave none."""
-    return uuid.uuid4().hex
+    """A message id for a producer that gave none: a random uuid4, in hex.
+
+    Built from the random bits directly: ``uuid.uuid4().hex`` costs several
+    times more, and publishing pays it for every message.
+    """
+    value = int.from_bytes(os.urandom(16), "big") & _UUID4_CLEAR | _UUID4_SET
+    return f"{value:032x}"
 
 
 class QueueRouter:

@@ -32,8 +32,6 @@ class CommitLog:
         if not self.segments:
             self.segments = [self._create(0)]
         self._bases = [segment.base for segment in self.segments]
-        self._pending: list[bytes] = []
-        self._pending_size = 0
 
     @property
     def active(self) -> Segment:
@@ -45,8 +43,8 @@ class CommitLog:
 
     @property
     def end(self) -> int:
-        """The log offset the next record will get (pending bytes included)."""
-        return self.active.end + self._pending_size
+        """The log offset the next record will get."""
+        return self.active.end
 
     def check_contiguous(self) -> None:
         """Every segment must end where the next one begins; a gap is lost data."""
@@ -57,23 +55,15 @@ class CommitLog:
                     f"segment {following.path.name} starts at {following.base}"
                 )
 
-    def add(self, frame: bytes) -> int:
-        """Queue ``frame`` for the next `write` and return its log offset."""
-        used = self.active.size + self._pending_size
-        if used and used + len(frame) > self.segment_size:
-            self.write()
-            self.roll()
-        offset = self.active.end + self._pending_size
-        self._pending.append(frame)
-        self._pending_size += len(frame)
-        return offset
+    def room(self) -> int:
+        """Bytes the active segment can still take (an empty one takes any record)."""
+        size = self.active.size
+        return self.segment_size - size if size else self.segment_size
 
-    def write(self) -> None:
-        """Write the queued frames to the active segment with one system call."""
-        if self._pending:
-            self.active.write(b"".join(self._pending))
-            self._pending.clear()
-            self._pending_size = 0
+    def append(self, parts: list[bytes]) -> None:
+        """Write ``parts`` to the active segment with one system call."""
+        if parts:
+            self.active.write(b"".join(parts))
 
     def roll(self) -> None:
         """Start a new segment at the current end (the old one is fsynced first if asked)."""

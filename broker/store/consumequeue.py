@@ -35,11 +35,13 @@ class ConsumeQueue:
         self.directory = directory
         self.topic = topic
         self.queue = queue
-        self.per_file = entries_per_file
         directory.mkdir(parents=True, exist_ok=True)
+        paths = sorted(directory.glob("*" + SUFFIX))
+        # files keep the size they were made with, whatever the current config says
+        self.per_file = paths[0].stat().st_size // ENTRY.size if paths else entries_per_file
         self._files: dict[int, mmap.mmap] = {}
         self._dirty: set[int] = set()
-        for path in sorted(directory.glob("*" + SUFFIX)):
+        for path in paths:
             self._files[int(path.name[: -len(SUFFIX)])] = self._map(path)
         self.length = self._measure()
 
@@ -58,6 +60,25 @@ class ConsumeQueue:
         self._dirty.add(base)
         if queue_offset >= self.length:
             self.length = queue_offset + 1
+
+    def put_many(self, entries: list[tuple[int, int, int]]) -> None:
+        """Append (log offset, size, tag hash) entries at the end of the queue."""
+        data = b"".join([ENTRY.pack(*entry) for entry in entries])
+        queue_offset, done = self.length, 0
+        while done < len(entries):
+            base = queue_offset - queue_offset % self.per_file
+            mapped = self._files.get(base)
+            if mapped is None:
+                mapped = self._files[base] = self._map(self.directory / f"{base:020d}{SUFFIX}")
+            count = min(len(entries) - done, base + self.per_file - queue_offset)
+            position = (queue_offset - base) * ENTRY.size
+            mapped[position : position + count * ENTRY.size] = data[
+                done * ENTRY.size : (done + count) * ENTRY.size
+            ]
+            self._dirty.add(base)
+            done += count
+            queue_offset += count
+            self.length = queue_offset
 
     def get(self, queue_offset: int, count: int) -> list[QueueEntry]:
         """Up to ``count`` entries from ``queue_offset`` (stops at an empty slot or the end)."""
@@ -107,22 +128,20 @@ class ConsumeQueue:
             last = self.get(base + self.per_file - 1, 1)
             if not last or last[0].log_offset >= log_min:
                 break
-            del self._files[base]
+            self._files = {k: v for k, v in self._files.items() if k != base}
             self._dirty.discard(base)
             (self.directory / f"{base:020d}{SUFFIX}").unlink(missing_ok=True)
             dropped += 1
         return dropped
 
-    def flush(self) -> None:
-        """Force written entries to disk (before a checkpoint that vouches for them)."""
+    def take_dirty(self) -> list[mmap.mmap]:
+        """The files written since the last call; the caller flushes them (writer lock held)."""
         dirty, self._dirty = self._dirty, set()
-        for base in dirty:
-            mapped = self._files.get(base)
-            if mapped is not None:
-                mapped.flush()
+        return [self._files[base] for base in dirty if base in self._files]
 
     def close(self) -> None:
-        self.flush()
+        for mapped in self.take_dirty():
+            mapped.flush()
         files, self._files = self._files, {}
         for mapped in files.values():
             mapped.close()

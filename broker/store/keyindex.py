@@ -60,18 +60,24 @@ class IndexFile:
     def full(self) -> bool:
         return self.count >= self.capacity
 
-    def add(self, hashed: int, log_offset: int, size: int, store_ms: int) -> None:
-        """Append an entry and make it the head of its chain (the file must not be full)."""
-        mapped = self._map
-        slot = HEADER.size + (hashed % self.slots) * SLOT.size
-        number = self.count + 1
-        ENTRY.pack_into(mapped, self._entries + self.count * ENTRY.size,
-                        hashed, log_offset, size, store_ms, SLOT.unpack_from(mapped, slot)[0])
-        SLOT.pack_into(mapped, slot, number)
-        self.count = number
-        if number == 1:
-            self.begin_ms = store_ms
-        self.end_ms = max(self.end_ms, store_ms)
+    def add_many(self, entries: list[tuple[int, int, int, int]]) -> int:
+        """Add (hash, log offset, size, store ms) entries until full; return how many fit."""
+        mapped, slots, entries_at = self._map, self.slots, self._entries
+        count = self.count
+        take = entries[: self.capacity - count]
+        unpack_slot, pack_slot, pack_entry = SLOT.unpack_from, SLOT.pack_into, ENTRY.pack_into
+        begin_ms, end_ms = self.begin_ms, self.end_ms
+        for hashed, log_offset, size, store_ms in take:
+            slot = HEADER.size + (hashed % slots) * 4
+            pack_entry(mapped, entries_at + count * ENTRY.size, hashed, log_offset, size,
+                       store_ms, unpack_slot(mapped, slot)[0])
+            count += 1
+            pack_slot(mapped, slot, count)
+            end_ms = max(end_ms, store_ms)
+            if store_ms < begin_ms or count == 1:
+                begin_ms = store_ms
+        self.begin_ms, self.end_ms, self.count = begin_ms, end_ms, count
+        return len(take)
 
     def advance(self, end_log_offset: int) -> None:
         """Record that every record before ``end_log_offset`` is indexed (header only)."""
@@ -107,8 +113,8 @@ class IndexFile:
         self._map.close()
 
     def delete(self) -> None:
+        """Remove the file; the mapping goes when no reader holds it any more."""
         self.path.unlink(missing_ok=True)
-        self.close()
 
 
 class KeyIndex:
@@ -129,12 +135,12 @@ class KeyIndex:
         """Every record before this log offset is indexed (None: no file yet)."""
         return self.files[-1].end_log_offset if self.files else None
 
-    def add(self, hashed: int, log_offset: int, size: int, store_ms: int) -> None:
-        """Index one hash for the record at ``log_offset``."""
-        files = self.files
-        if not files or files[-1].full:
-            self._start(log_offset)
-        self.files[-1].add(hashed, log_offset, size, store_ms)
+    def add_many(self, entries: list[tuple[int, int, int, int]]) -> None:
+        """Index (hash, log offset, size, store ms) entries, starting new files as they fill."""
+        while entries:
+            if not self.files or self.files[-1].full:
+                self._start(entries[0][1])
+            entries = entries[self.files[-1].add_many(entries) :]
 
     def advance(self, end_log_offset: int) -> None:
         if self.files:
@@ -162,9 +168,9 @@ class KeyIndex:
             index_file.delete()
         return len(dropped)
 
-    def flush(self) -> None:
-        for index_file in self.files[-2:]:
-            index_file.flush()
+    def recent(self) -> list[IndexFile]:
+        """The files a checkpoint must flush (a file is sealed, hence flushed, when full)."""
+        return self.files[-1:]
 
     def close(self) -> None:
         for index_file in self.files:

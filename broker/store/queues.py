@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,9 +66,9 @@ class QueueTable:
         """Queue lengths keyed as the checkpoint keeps them."""
         return {f"{q.topic}/{q.queue}": q.length for q in self}
 
-    def flush(self) -> None:
-        for consume_queue in self:
-            consume_queue.flush()
+    def take_dirty(self) -> list[mmap.mmap]:
+        """Every consume-queue file written since the last call (writer lock held)."""
+        return [mapped for consume_queue in self for mapped in consume_queue.take_dirty()]
 
     def close(self) -> None:
         for consume_queue in self:

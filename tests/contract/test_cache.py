@@ -91,7 +91,9 @@ class TestMemoryCache:
         assert cache.seen(unique, ["a", "b", "c", "d"]) == {"a", "c", "d"}
         assert isinstance(cache, MemoryCache) and len(cache) == 3
 
-    def test_expiry_is_exact_on_the_injected_clock(self, fake_clock: FakeClock, unique: str) -> None:
+    def test_expiry_is_exact_on_the_injected_clock(
+        self, fake_clock: FakeClock, unique: str
+    ) -> None:
         cache = open_cache("memory://", clock=fake_clock)
         cache.remember(unique, ["a"], 10)
         fake_clock.advance(9.9)

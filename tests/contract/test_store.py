@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, select, text
@@ -26,11 +29,13 @@ class Boom(Exception):
 
 
 @pytest.fixture
-def writes(store: Store, unique: str) -> Table:
+def writes(store: Store, unique: str) -> Iterator[Table]:
     """A table of the user's own, written by the "handler" in the tests."""
     table = Table(
-        f"handler_{unique}", MetaData(),
-        Column("id", Integer, primary_key=True), Column("token", String(64)),
+        f"handler_{unique}",
+        MetaData(),
+        Column("id", Integer, primary_key=True),
+        Column("token", String(64)),
     )
     assert isinstance(store, SqlStore)
     table.create(store.engine)
@@ -57,7 +62,9 @@ class TestClaim:
             tx.claim(unique, ["a"], TTL)
             assert tx.claim(unique + "-other", ["a"], TTL) == {"a"}
 
-    def test_expired_token_is_reclaimed(self, store: Store, unique: str, fake_clock: FakeClock) -> None:
+    def test_expired_token_is_reclaimed(
+        self, store: Store, unique: str, fake_clock: FakeClock
+    ) -> None:
         with store.transaction() as tx:
             tx.claim(unique, ["a"], 10)
         fake_clock.advance(11)
@@ -145,6 +152,25 @@ class TestTransaction:
     def test_concurrent_twin_claims_after_a_rollback(self, store: Store, unique: str) -> None:
         assert _twin_claims(store, unique, first_commits=False) == {"twin"}
 
+    def test_readers_do_not_wait_for_an_open_writer(self, store: Store, unique: str) -> None:
+        writing, read_done = threading.Event(), threading.Event()
+
+        def writer() -> None:
+            with store.transaction() as tx:
+                tx.claim(unique, ["a"], TTL)
+                writing.set()
+                read_done.wait(10)  # a reader blocked on us would make this time out
+
+        def reader() -> None:
+            writing.wait(5)
+            seen_while_open.append(store.known(unique, ["a"]))
+            read_done.set()
+
+        seen_while_open: list[set[str]] = []
+        _run_threads([writer, reader])
+        assert seen_while_open == [set()]  # uncommitted, and answered while still open
+        assert store.known(unique, ["a"]) == {"a"}
+
     def test_threads_claim_each_token_exactly_once(self, store: Store, unique: str) -> None:
         batch = [f"t{i}" for i in range(40)]
         claimed: list[set[str]] = []
@@ -154,7 +180,7 @@ class TestTransaction:
             with store.transaction() as tx:
                 claimed.append(tx.claim(unique, rotated, TTL))
 
-        _run_threads([lambda i=i: work(i * 5) for i in range(8)])
+        _run_threads([functools.partial(work, i * 5) for i in range(8)])
         assert sum(len(part) for part in claimed) == len(batch)
         assert set().union(*claimed) == set(batch)
 
@@ -188,20 +214,10 @@ def _twin_claims(store: Store, unique: str, first_commits: bool) -> set[str]:
 
 
 def _run_threads(targets: list[Callable[[], None]]) -> None:
-    errors: list[BaseException] = []
-
-    def guarded(target: Callable[[], None]) -> None:
-        try:
-            target()
-        except BaseException as exc:  # surfaced in the test thread below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=guarded, args=(target,)) for target in targets]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert not errors, errors
+    """Run ``targets`` concurrently; re-raise the first failure in the test's thread."""
+    with ThreadPoolExecutor(max_workers=len(targets)) as pool:
+        for future in [pool.submit(target) for target in targets]:
+            future.result(timeout=30)
 
 
 class TestLease:
@@ -221,6 +237,15 @@ class TestLease:
         assert not store.lease(unique, "call", 30).acquired
         fake_clock.advance(TTL + 1)
         assert store.lease(unique, "call", 30).acquired
+
+    def test_concurrent_leases_have_one_winner(self, store: Store, unique: str) -> None:
+        outcomes: list[bool] = []
+
+        def take() -> None:
+            outcomes.append(store.lease(unique, "call", 30).acquired)
+
+        _run_threads([take] * 6)
+        assert sorted(outcomes) == [False] * 5 + [True]
 
     def test_released_lease_can_be_taken_again(self, store: Store, unique: str) -> None:
         assert store.lease(unique, "call", 30).acquired
@@ -256,9 +281,16 @@ class TestFence:
 def _letter(group: str, offset: int, payload: bytes) -> DeadLetter:
     failure = Failure("ValueError", "bad amount", "Traceback ...\nValueError", 3, 100.0, 160.0)
     message = Message(
-        id=f"m-{offset}", topic="payments", queue=2, offset=offset, payload=payload,
-        key="k-1", headers={"content-type": "application/json", "x": "é"}, attempt=3,
-        published_at=99.5, first_failure_at=100.0,
+        id=f"m-{offset}",
+        topic="payments",
+        queue=2,
+        offset=offset,
+        payload=payload,
+        key="k-1",
+        headers={"content-type": "application/json", "x": "é"},
+        attempt=3,
+        published_at=99.5,
+        first_failure_at=100.0,
     )
     return DeadLetter(group=group, message=message, token=f"tok-{offset}", failure=failure)
 
@@ -272,8 +304,12 @@ class TestDeadLetters:
         assert stored is not None
         assert stored.message.payload == b"\xff\xfe\x00not utf-8\x80"
         assert stored == DeadLetter(
-            group=unique, message=letter.message, token="tok-41", failure=letter.failure,
-            id=letter_id, replays=0,
+            group=unique,
+            message=letter.message,
+            token="tok-41",
+            failure=letter.failure,
+            id=letter_id,
+            replays=0,
         )
 
     def test_list_page_count_and_delete(self, store: Store, unique: str) -> None:
@@ -349,3 +385,25 @@ class TestOpening:
         store.known("nobody", ["a"])
         with store.engine.connect() as connection:
             assert connection.execute(select(func.count()).select_from(text("reliable_fences")))
+
+
+def test_connection_lost_mid_transaction_is_unavailable(postgres_url: str, unique: str) -> None:
+    store = open_store(postgres_url)
+    with pytest.raises(StoreUnavailableError), store.transaction() as tx:
+        pid = tx.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        killer = SqlStore(postgres_url)
+        with killer.engine.connect() as connection:
+            connection.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        killer.close()
+        tx.claim(unique, ["a"], TTL)
+    with store.transaction() as tx:  # the pool recovers with a fresh connection
+        assert tx.claim(unique, ["a"], TTL) == {"a"}
+    store.close()
+
+
+def test_sqlite_parent_directory_is_created(tmp_path: Path, unique: str) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'nested' / 'dir' / 'store.db'}")
+    with store.transaction() as tx:
+        assert tx.claim(unique, ["a"], TTL) == {"a"}
+    assert (tmp_path / "nested" / "dir" / "store.db").exists()
+    store.close()

@@ -6,7 +6,13 @@ nothing here sleeps for real beyond a few milliseconds.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -22,6 +28,7 @@ from backends.types import Failure, Message, OutgoingMessage, QueueRef
 
 TRANSPORTS = ["memory", "embedded"]
 VISIBILITY = 30.0
+ROOT = Path(__file__).resolve().parents[2]
 
 MakeTransport = Callable[..., Transport]
 
@@ -334,3 +341,103 @@ def test_unknown_option_is_named() -> None:
         open_transport("memory://", colour="blue")
     with pytest.raises(ConfigurationError, match="visibility_timeout"):
         open_transport("memory://?visibility_timeout=-1")
+
+
+# embedded: durable, shared by processes
+
+CHILD = """
+import json, sys, time
+from pathlib import Path
+from backends.transport import open_transport
+
+path, topic, mode, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+transport = open_transport(f"embedded://{path}", visibility_timeout=30.0)
+if mode == "hold":  # fetch, report, then wait to be killed
+    print(json.dumps([m.id for m in transport.fetch("g", topic, count, 0)]), flush=True)
+    time.sleep(60)
+print("ready", flush=True)
+while not Path(path, "go").exists():
+    time.sleep(0.002)
+received = []
+while messages := transport.fetch("g", topic, count, 0):
+    received += [m.id for m in messages]
+    transport.ack("g", messages)
+    time.sleep(0.001)  # pace the loop so the other process gets its turns
+print(json.dumps(received), flush=True)
+"""
+
+
+def start_child(path: Path, topic: str, mode: str, count: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(path), topic, mode, str(count)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def test_embedded_loses_nothing_when_a_fetcher_is_killed(tmp_path: Path, unique: str) -> None:
+    path = tmp_path / "broker"
+    open_transport(f"embedded://{path}").publish(unique, outgoing(50))
+    child = start_child(path, unique, "hold", 20)
+    try:
+        held = json.loads(child.stdout.readline())  # type: ignore[union-attr]
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    assert len(held) == 20
+    clock = FakeClock(start=time.time())
+    transport = open_transport(f"embedded://{path}", clock, visibility_timeout=VISIBILITY)
+    rest = drain(transport, "g", unique)
+    assert not {m.id for m in rest} & set(held)  # still leased to the dead process
+    clock.advance(VISIBILITY + 1)
+    again = drain(transport, "g", unique)
+    assert sorted(m.id for m in again) == sorted(held) and {m.attempt for m in again} == {1}
+    assert len(rest) + len(again) == 50 and transport.pending("g", unique) == 0
+
+
+def test_two_processes_never_fetch_the_same_message(tmp_path: Path, unique: str) -> None:
+    path = tmp_path / "broker"
+    open_transport(f"embedded://{path}").publish(unique, outgoing(400))
+    children = [start_child(path, unique, "drain", 10) for _ in range(2)]
+    for child in children:
+        assert child.stdout.readline().strip() == "ready"  # type: ignore[union-attr]
+    (path / "go").touch()
+    received = [json.loads(child.communicate(timeout=60)[0]) for child in children]
+    everything = received[0] + received[1]
+    assert len(everything) == len(set(everything)) == 400
+    assert all(received)  # both took part
+
+
+def test_embedded_state_survives_reopening(tmp_path: Path, unique: str, clock: FakeClock) -> None:
+    url = f"embedded://{tmp_path / 'broker'}"
+    first = open_transport(url, clock)
+    first.publish(unique, outgoing(3))
+    (fetched,) = first.fetch("g", unique, 1, 0)
+    first.nack("g", fetched.next_attempt(clock.time()), 5.0)
+    first.close()
+    with pytest.raises(TransportError, match="closed"):
+        first.fetch("g", unique, 1, 0)
+    second = open_transport(url, clock)
+    assert second.pending("g", unique) == 3
+    assert second.next_due("g", unique) == clock.time() + 5.0
+    clock.advance(5.0)
+    received = drain(second, "g", unique)
+    assert sorted((m.id, m.attempt) for m in received) == sorted(
+        [(fetched.id, 2)] + [(f"m{n}", 1) for n in range(3) if f"m{n}" != fetched.id]
+    )
+    second.close()
+
+
+def test_embedded_url_takes_relative_and_absolute_paths(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    relative = open_transport("embedded://./.reliable/broker")
+    assert relative.path == Path(".reliable/broker/queue.db")  # type: ignore[attr-defined]
+    assert (tmp_path / ".reliable/broker/queue.db").exists()
+    absolute = open_transport(f"embedded://{tmp_path}/abs?queues=2")
+    assert absolute.path == tmp_path / "abs/queue.db"  # type: ignore[attr-defined]
+    absolute.publish("t", outgoing(4))
+    assert {m.queue for m in drain(absolute, "g", "t")} == {0, 1}
+    relative.close()
+    absolute.close()

@@ -183,6 +183,11 @@ def test_build_classifier_options():
         build_classifier(fatal=("oops",))  # type: ignore[arg-type]
 
 
+def test_when_checks_its_arguments():
+    with pytest.raises(ConfigurationError, match="expected a callable and a Verdict"):
+        when(lambda exc: True, "retry")  # type: ignore[arg-type]
+
+
 def test_classifier_returning_garbage_is_reported():
     with pytest.raises(ConfigurationError, match="expected a Verdict") as info:
         classify(Transient(), lambda exc: True)  # type: ignore[arg-type,return-value]

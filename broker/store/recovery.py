@@ -1,0 +1,124 @@
+"""Bringing a store directory back to a consistent, appendable state on open.
+
+After a crash (the unclean-shutdown marker is present) the commit log is
+validated from the checkpoint on; a torn, zero-filled or junk tail is cut to the
+last good record; the consume queues and the open key-index file are rebuilt for
+what lies after the checkpoint, and any queue found missing or behind what the
+checkpoint vouched for is rebuilt from the start of the log. A bad record with
+valid ones after it is a hard error naming file and offset, unless the store is
+configured to skip it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import structlog
+
+from broker.errors import CorruptRecordError
+from broker.store import scan
+from broker.store.checkpoint import Checkpoint
+from broker.store.commitlog import CommitLog
+from broker.store.config import StoreConfig
+from broker.store.keyindex import KeyIndex, id_hash, key_hash
+from broker.store.queues import QueueTable, tag_hash
+from broker.store.segment import Segment
+
+log = structlog.get_logger("broker.store")
+
+
+@dataclass
+class RecoveryReport:
+    """What recovery found and did."""
+
+    crashed: bool
+    replayed_from: int = 0
+    records_replayed: int = 0
+    truncated_at: int | None = None
+    skipped: list[tuple[str, int]] = field(default_factory=list)
+
+
+def recover(
+    commit_log: CommitLog,
+    queues: QueueTable,
+    index: KeyIndex,
+    checkpoint: Checkpoint | None,
+    crashed: bool,
+    config: StoreConfig,
+) -> RecoveryReport:
+    """Validate the log tail and rebuild what is behind it; see the module docstring."""
+    commit_log.check_contiguous()
+    report = RecoveryReport(crashed=crashed)
+    log_min, log_end = commit_log.min_offset, commit_log.end
+    dispatched = max(checkpoint.dispatched, log_min) if checkpoint else log_min
+    if dispatched > log_end:
+        dispatched = commit_log.locate(log_end - 1).base if log_end > log_min else log_min
+    behind = _behind(queues, checkpoint)
+    index_from = _keep_index(index, crashed, log_end, log_min)
+    start = min(dispatched, index_from, log_min if behind else log_end)
+    report.replayed_from = start
+
+    def on_damage(segment: Segment, position: int, reason: str) -> int | None:
+        resume = scan.next_valid(
+            commit_log, segment, position, config.max_record_size, config.read_chunk
+        )
+        if resume is None:
+            report.truncated_at = segment.base + position
+            log.warning("store.tail_truncated", file=str(segment.path), position=position,
+                        reason=reason, dropped_bytes=commit_log.end - report.truncated_at)
+            commit_log.truncate(report.truncated_at)
+            return None
+        if not config.skip_corrupt:
+            raise CorruptRecordError(str(segment.path), position, reason)
+        report.skipped.append((str(segment.path), position))
+        log.error("store.record_skipped", file=str(segment.path), position=position,
+                  reason=reason, resume_at=resume)
+        return resume
+
+    pending: list[tuple[int, int, int, int]] = []
+    for log_offset, head in scan.frames(
+        commit_log, start, config.max_record_size, config.read_chunk, on_damage
+    ):
+        report.records_replayed += 1
+        if log_offset >= dispatched or (head.topic, head.queue) in behind:
+            queues.ensure(head.topic, head.queue).put(
+                head.queue_offset, log_offset, head.size, tag_hash(head.tag)
+            )
+        if log_offset >= index_from:
+            store_ms = int(head.store_time * 1000)
+            if head.key:
+                pending.append((key_hash(head.topic.encode(), head.key.encode()),
+                                log_offset, head.size, store_ms))
+            pending.append((id_hash(head.message_id.encode()), log_offset, head.size, store_ms))
+            if len(pending) >= 4096:
+                index.add_many(pending)
+                pending = []
+    index.add_many(pending)
+    for consume_queue in queues:
+        consume_queue.trim(commit_log.end)
+    index.advance(commit_log.end)
+    if crashed or report.truncated_at is not None or report.skipped:
+        log.warning("store.recovered", crashed=crashed, replayed_from=start,
+                    records_replayed=report.records_replayed, truncated_at=report.truncated_at,
+                    skipped=len(report.skipped), log_end=commit_log.end)
+    return report
+
+
+def _behind(queues: QueueTable, checkpoint: Checkpoint | None) -> set[tuple[str, int]]:
+    """Queues the checkpoint knew longer than they are now (a lost or stale queue file)."""
+    behind: set[tuple[str, int]] = set()
+    for name, length in (checkpoint.queues if checkpoint else {}).items():
+        topic, _, queue = name.rpartition("/")
+        found = queues.get(topic, int(queue))
+        if found is None or found.length < length:
+            behind.add((topic, int(queue)))
+    return behind
+
+
+def _keep_index(index: KeyIndex, crashed: bool, log_end: int, log_min: int) -> int:
+    """Drop index files recovery cannot trust; return the log offset to re-index from."""
+    for position, index_file in enumerate(index.files):
+        if (crashed and not index_file.sealed) or index_file.end_log_offset > log_end:
+            index.drop_from(position)
+            break
+    return max(index.end_log_offset or log_min, log_min)

@@ -1,0 +1,317 @@
+"""`MessageStore`: the facade over commit log, consume queues, key index and recovery.
+
+One writer lock serialises appends (encode, write, dispatch to the consume
+queues and the key index); readers never take it. A flusher thread fsyncs the
+log (group commit under `sync`), a maintenance thread writes checkpoints and
+runs retention.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Self
+
+import structlog
+
+from broker.errors import (
+    BrokerError,
+    DiskFullError,
+    InvalidRequestError,
+    StoreClosedError,
+    StoreError,
+)
+from broker.store import checkpoint, retention
+from broker.store.commitlog import CommitLog
+from broker.store.config import FlushPolicy, StoreConfig
+from broker.store.flush import Flusher
+from broker.store.keyindex import KeyIndex, id_hash, key_hash
+from broker.store.prepare import Prepared, prepare
+from broker.store.queues import QueueTable
+from broker.store.reader import read_at, read_entries
+from broker.store.record import AppendResult, Record, StoredMessage
+from broker.store.recovery import RecoveryReport, recover
+from broker.store.segment import Segment
+from broker.store.writer import BatchWriter
+
+log = structlog.get_logger("broker.store")
+
+RetentionGuard = Callable[[], Mapping[tuple[str, int], int]]
+"""Returns, per (topic, queue), the lowest queue offset any consumer group still needs."""
+
+FOREVER_MS = 1 << 62
+
+
+class MessageStore:
+    """A durable, crash-safe message store in one directory; thread-safe."""
+
+    def __init__(self, path: str | os.PathLike[str], config: StoreConfig | None = None) -> None:
+        self.path = Path(path)
+        self.config = config or StoreConfig()
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = checkpoint.lock(self.path)
+        self._writer = threading.Lock()
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._guard: RetentionGuard | None = None
+        self._instance = os.urandom(4).hex().encode()
+        try:
+            self.recovery = self._open()
+        except BaseException:
+            self._release()
+            raise
+        self._batch_writer = BatchWriter(self._log, self._queues, self._index, self._instance)
+        self._visible = self._log.end
+        self._checkpointed = self._log.end
+        self._flusher = Flusher(self.config.flush, self.config.flush_interval,
+                                self.config.flush_bytes, self._flush_target, self._log.end)
+        self._stop = threading.Event()
+        self._retention_due = threading.Event()
+        self._maintenance: threading.Thread | None = None
+        if self.config.checkpoint_interval:
+            self._maintenance = threading.Thread(target=self._maintain, name="store-maintenance",
+                                                 daemon=True)
+            self._maintenance.start()
+
+    def _open(self) -> RecoveryReport:
+        crashed = checkpoint.crashed(self.path)
+        saved = checkpoint.load(self.path)
+        self._log = CommitLog(self.path / "commitlog", self.config.segment_size,
+                              fsync_on_roll=self.config.flush is not FlushPolicy.NONE)
+        self._queues = QueueTable(self.path / "consumequeue", self.config.queue_file_entries)
+        self._index = KeyIndex(self.path / "index", self.config.index_slots,
+                               self.config.index_entries)
+        report = recover(self._log, self._queues, self._index, saved, crashed, self.config)
+        self._write_checkpoint(self._log.segments)
+        checkpoint.mark_open(self.path)
+        log.info("store.opened", path=str(self.path), crashed=crashed, log_end=self._log.end,
+                 queues=len(self._queues.places()))
+        return report
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def append(self, records: Sequence[Record]) -> list[AppendResult]:
+        """Append ``records`` in order; under `sync` returns only once they are fsynced."""
+        self._check_open()
+        if not records:
+            return []
+        self._check_disk()
+        prepared = [prepare(record, self.config.max_record_size) for record in records]
+        with self._writer:
+            self._check_open()
+            try:
+                results = self._write(prepared)
+            except BaseException as exc:
+                self._failure = exc
+                log.error("store.append_failed", error=repr(exc))
+                raise StoreError(f"append to {self.path} failed; reopen the store") from exc
+            end = self._visible
+        if self.config.flush is FlushPolicy.SYNC:
+            self._flusher.wait(end)
+        return results
+
+    def _write(self, prepared: list[Prepared]) -> list[AppendResult]:
+        results = self._batch_writer.write(prepared, self.config.clock.time())
+        self._visible = end = self._log.end
+        self._flusher.wrote(end)
+        return results
+
+    def _check_disk(self) -> None:
+        usage = self.config.disk_usage(self.path)
+        if usage >= self.config.refuse_at:
+            log.error("store.append_refused", path=str(self.path), disk_usage=round(usage, 4))
+            self._retention_due.set()
+            raise DiskFullError(
+                f"disk holding {self.path} is {usage:.1%} full, at or above "
+                f"refuse_at={self.config.refuse_at:.0%}: appends are refused until retention "
+                "or an operator frees space"
+            )
+        if usage >= self.config.clean_at:
+            self._retention_due.set()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read(self, topic: str, queue: int, queue_offset: int, max_count: int = 32) -> list[StoredMessage]:
+        """Up to ``max_count`` messages of (topic, queue) from ``queue_offset`` on."""
+        self._check_open()
+        if queue_offset < 0 or max_count < 0:
+            raise InvalidRequestError(
+                f"read of {topic}/{queue}: queue_offset={queue_offset} and "
+                f"max_count={max_count} must be >= 0"
+            )
+        consume_queue = self._queues.get(topic, queue)
+        if consume_queue is None or not max_count:
+            return []
+        entries = consume_queue.get(queue_offset, max_count)
+        return read_entries(self._log, entries, (topic, queue), self._visible_end(),
+                            self.config.read_chunk, self.config.skip_corrupt)
+
+    def lookup_key(self, topic: str, key: str, begin: float, end: float,
+                   max_count: int = 64) -> list[StoredMessage]:
+        """Messages of ``topic`` with ``key`` stored between ``begin`` and ``end`` (log order)."""
+        self._check_open()
+        found = self._lookup(key_hash(topic.encode(), key.encode()), int(begin * 1000),
+                             int(end * 1000), max_count,
+                             lambda m: m.topic == topic and m.key == key
+                             and begin <= m.store_time <= end)
+        return sorted(found, key=lambda message: message.log_offset)
+
+    def lookup_id(self, message_id: str) -> StoredMessage | None:
+        """The message with ``message_id``, if the store still holds it."""
+        self._check_open()
+        found = self._lookup(id_hash(message_id.encode()), 0, FOREVER_MS, 1,
+                             lambda m: m.message_id == message_id)
+        return found[0] if found else None
+
+    def _lookup(self, hashed: int, begin_ms: int, end_ms: int, max_count: int,
+                matches: Callable[[StoredMessage], bool]) -> list[StoredMessage]:
+        seen: set[int] = set()
+        found: list[StoredMessage] = []
+        visible = self._visible_end()
+        for log_offset, size, _ in self._index.find(hashed, begin_ms, end_ms):
+            if len(found) >= max_count:
+                break
+            if log_offset in seen:
+                continue
+            seen.add(log_offset)
+            message = read_at(self._log, log_offset, size, visible)
+            if message is not None and matches(message):
+                found.append(message)
+        return found
+
+    def max_offset(self, topic: str, queue: int) -> int:
+        """The queue offset the next message of (topic, queue) will get."""
+        consume_queue = self._queues.get(topic, queue)
+        return consume_queue.length if consume_queue else 0
+
+    def min_offset(self, topic: str, queue: int) -> int:
+        """The lowest queue offset of (topic, queue) whose message retention has kept."""
+        consume_queue = self._queues.get(topic, queue)
+        if consume_queue is None:
+            return 0
+        low, high, log_min = consume_queue.min_file_offset, consume_queue.length, self._log.min_offset
+        while low < high:
+            middle = (low + high) // 2
+            entry = consume_queue.get(middle, 1)
+            if entry and entry[0].log_offset >= log_min:
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
+    def queues(self) -> list[tuple[str, int]]:
+        """Every (topic, queue) that has ever held a message."""
+        return self._queues.places()
+
+    def _visible_end(self) -> int:
+        """Readers see records up to here: under `sync`, only what an fsync covered."""
+        if self.config.flush is FlushPolicy.SYNC:
+            return min(self._flusher.flushed, self._visible)
+        return self._visible
+
+    # -- durability and retention ------------------------------------------------------------
+
+    def checkpoint(self) -> None:
+        """Flush the consume queues and log, then record how far recovery may trust them."""
+        with self._writer:
+            if self._closed:
+                return
+            segments = [s for s in self._log.segments if s.end > self._checkpointed]
+        self._write_checkpoint(segments)
+
+    def _write_checkpoint(self, segments: list[Segment]) -> None:
+        with self._writer:
+            dispatched = self._log.end
+            lengths = self._queues.lengths()
+            maps = [*self._queues.take_dirty(), *self._index.recent()]
+        for segment in segments:
+            segment.fsync()
+        for mapped in maps:
+            mapped.flush()
+        checkpoint.save(self.path, checkpoint.Checkpoint(dispatched, lengths))
+        self._checkpointed = dispatched
+
+    def set_retention_guard(self, guard: RetentionGuard | None) -> None:
+        """Tell retention what consumer groups still need (the delivery layer supplies it)."""
+        self._guard = guard
+
+    def clean(self) -> list[retention.Deletion]:
+        """Run retention now; returns the deleted segments."""
+        self._check_open()
+        needed = self._needed()
+        with self._writer:
+            deleted = retention.select(self._log, self.config, self.path, needed)
+            if deleted:
+                for consume_queue in self._queues:
+                    consume_queue.drop_files_below(self._log.min_offset)
+                self._index.drop_below(self._log.min_offset)
+        return deleted
+
+    def _needed(self) -> dict[tuple[str, int], int]:
+        needed: dict[tuple[str, int], int] = {}
+        for (topic, queue), queue_offset in (self._guard() if self._guard else {}).items():
+            consume_queue = self._queues.get(topic, queue)
+            entry = consume_queue.get(queue_offset, 1) if consume_queue else []
+            if entry:
+                needed[(topic, queue)] = entry[0].log_offset
+        return needed
+
+    def _maintain(self) -> None:
+        every = max(1, round(self.config.retention_interval / self.config.checkpoint_interval))
+        ticks = 0
+        while not self._stop.wait(self.config.checkpoint_interval):
+            ticks += 1
+            try:
+                self.checkpoint()
+                if self._retention_due.is_set() or ticks % every == 0:
+                    self._retention_due.clear()
+                    self.clean()
+            except (BrokerError, OSError) as exc:  # keep maintaining; the next tick retries
+                log.error("store.maintenance_failed", error=repr(exc))
+
+    def _flush_target(self) -> tuple[Segment, int]:
+        with self._writer:
+            return self._log.active, self._log.end
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush everything, write a final checkpoint and mark a clean shutdown."""
+        self._shutdown(clean=True)
+
+    def _shutdown(self, clean: bool) -> None:
+        """Stop; ``clean=False`` leaves the files as a crash would (tests use it)."""
+        with self._writer:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        if self._maintenance is not None:
+            self._maintenance.join()
+        self._flusher.stop()
+        if clean and self._failure is None:
+            segments = [s for s in self._log.segments if s.end > self._checkpointed]
+            self._write_checkpoint(segments)
+            checkpoint.mark_closed(self.path)
+        self._release()
+        log.info("store.closed", path=str(self.path), clean=clean)
+
+    def _release(self) -> None:
+        for part in ("_queues", "_index", "_log"):
+            if hasattr(self, part):
+                getattr(self, part).close()
+        checkpoint.unlock(self._lock_fd)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.path} is closed")
+        if self._failure is not None:
+            raise StoreError(f"store {self.path} failed earlier ({self._failure!r}); reopen it")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

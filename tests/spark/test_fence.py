@@ -1,0 +1,56 @@
+"""The batch fence: a batch re-run with the same id changes nothing; a reused name is reported."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from reliable.errors import FenceConflictError
+from reliable.spark import BatchStatus, foreach_batch, insert_rows
+from reliable.spark.fence import QUERY_ID_PROPERTY
+from reliable.testing import test_app
+
+pytestmark = pytest.mark.spark
+
+
+@contextmanager
+def as_query(spark: Any, query_id: str) -> Iterator[None]:
+    """Call a batch function by hand as if streaming query ``query_id`` ran it."""
+    spark.sparkContext.setLocalProperty(QUERY_ID_PROPERTY, query_id)
+    try:
+        yield
+    finally:
+        spark.sparkContext.setLocalProperty(QUERY_ID_PROPERTY, None)
+
+
+def test_a_batch_rerun_with_the_same_id_changes_nothing(spark, tmp_path, unique):
+    app = test_app(tmp_path)
+    with app.store.transaction() as tx:
+        tx.execute(text(f"CREATE TABLE {unique} (order_id TEXT, amount INTEGER, note TEXT)"))
+    calls = []
+
+    @foreach_batch(app, name=unique, token="order_id")
+    def write(df, batch_id, tx):
+        calls.append(batch_id)
+        insert_rows(df, tx, unique)
+
+    batch = spark.createDataFrame(
+        [("a", 1, ""), ("b", 2, ""), ("a", 1, "again")], "order_id string, amount long, note string"
+    )
+    with as_query(spark, "run-1"):
+        first = write(batch, 0)
+        again = write(batch, 0)
+
+    assert first.status is BatchStatus.COMMITTED and first.written == 2
+    assert again.status is BatchStatus.REPLAYED
+    assert calls == [0]  # the replay never reached the user's function
+    with app.store.transaction() as tx:
+        rows = tx.execute(text(f"SELECT order_id FROM {unique} ORDER BY order_id")).scalars().all()
+    assert rows == ["a", "b"]
+
+    with as_query(spark, "run-2"), pytest.raises(FenceConflictError, match="fresh checkpoint"):
+        write(batch, 0)  # a fresh checkpoint (new query id) reusing the name
