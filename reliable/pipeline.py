@@ -14,6 +14,7 @@ delay, or dead-letter. The worker turns each `Result` into an ack.
 from __future__ import annotations
 
 import traceback
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -58,8 +59,7 @@ class Pipeline:
             results = self._batch(list(messages))
         else:
             results = [self._single(m) for m in messages]
-        for result in results:
-            self._record(result)
+        self._report(results)
         return results
 
     # -- single ---------------------------------------------------------------
@@ -256,20 +256,30 @@ class Pipeline:
         delay = self.config.redelivery.next_delay(None, self.runtime.rng, attempt=1)
         return Result(message, Outcome.DEFERRED, token, delay=delay, error=exc)
 
-    def _record(self, result: Result) -> None:
+    def _report(self, results: Sequence[Result]) -> None:
+        """Count every outcome; log failures one by one and successes as one batch event."""
+        tally = Counter(r.outcome for r in results)
+        for outcome, count in tally.items():
+            self.runtime.counters.incr(outcome.value, count)
+        for result in results:
+            if result.outcome in _FAILURE_EVENTS:
+                self._log_failure(result)
+        log.debug("messages_handled", handler=self.handler.name, group=self.handler.group,
+                  **{o.value: n for o, n in tally.items()})
+
+    def _log_failure(self, result: Result) -> None:
         m = result.message
-        self.runtime.counters.incr(result.outcome.value)
-        event = {
-            Outcome.PROCESSED: ("debug", "message_processed"),
-            Outcome.DUPLICATE: ("info", "duplicate_skipped"),
-            Outcome.REDELIVERED: ("warning", "redelivery_scheduled"),
-            Outcome.DEAD_LETTERED: ("error", "dead_lettered"),
-            Outcome.DEFERRED: ("warning", "message_deferred"),
-        }[result.outcome]
-        getattr(log, event[0])(
-            event[1],
+        level, event = _FAILURE_EVENTS[result.outcome]
+        getattr(log, level)(
+            event,
             handler=self.handler.name, group=self.handler.group, topic=m.topic, queue=m.queue,
-            offset=m.offset, token=result.token, attempt=m.attempt,
-            **({"delay": round(result.delay, 3)} if result.delay else {}),
-            **({"error": repr(result.error)} if result.error is not None else {}),
+            offset=m.offset, token=result.token, attempt=m.attempt, delay=round(result.delay, 3),
+            error=repr(result.error),
         )
+
+
+_FAILURE_EVENTS = {
+    Outcome.REDELIVERED: ("warning", "redelivery_scheduled"),
+    Outcome.DEAD_LETTERED: ("error", "dead_lettered"),
+    Outcome.DEFERRED: ("warning", "message_deferred"),
+}

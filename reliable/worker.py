@@ -31,7 +31,7 @@ class Worker:
         self.runtime = runtime
         self.strategy = strategy
         self.pipeline = Pipeline(handler, runtime, offsets_in_transaction=strategy.in_transaction)
-        self.watermark = OffsetWatermark()
+        self.watermark = OffsetWatermark() if runtime.transport.commits_offsets else None
         self.lanes = handler.config.concurrency
         self._pool = ThreadPoolExecutor(self.lanes, thread_name_prefix=f"reliable-{handler.name}") if self.lanes > 1 else None
         if strategy.in_transaction:
@@ -47,7 +47,8 @@ class Worker:
         transport, group = self.runtime.transport, self.handler.group
         messages = transport.fetch(group, self.handler.topic, self.fetch_size, timeout)
         if messages:
-            self.watermark.fetched(messages)
+            if self.watermark is not None:
+                self.watermark.fetched(messages)
             self._settle(self._dispatch(messages))
         self.strategy.tick(self._ack, self.runtime.clock.time())
         return len(messages)
@@ -101,6 +102,8 @@ class Worker:
         self._advance(messages)
 
     def _advance(self, messages: Sequence[Message]) -> None:
+        if self.watermark is None or not messages:
+            return
         advanced = self.watermark.mark_done(messages)
         if advanced:
             self.runtime.transport.commit(self.handler.group, advanced)

@@ -1,7 +1,8 @@
 """`RedisCache`: tokens as Redis keys ``reliable:{namespace}:{token}`` with an expiry.
 
-``seen`` is one MGET and ``remember`` one pipeline of ``SET ... PX``, whatever
-the number of tokens. Redis keeps the time itself, so the injected clock is
+``seen`` is one MGET and ``remember`` one server-side script running
+``SET ... PX`` per key, whatever the number of tokens (one command to encode
+and one reply to parse, where a pipeline would cost both per token). Redis keeps the time itself, so the injected clock is
 not used here. Every Redis failure is raised as `CacheUnavailableError`: the
 pipeline then degrades to the store, which stays the source of truth.
 """
@@ -25,6 +26,11 @@ DEFAULT_TIMEOUT = 2.0
 
 R = TypeVar("R")
 
+_REMEMBER = """
+for _, key in ipairs(KEYS) do redis.call('SET', key, '1', 'PX', ARGV[1]) end
+return #KEYS
+"""
+
 
 class RedisCache(Cache):
     """The `Cache` on Redis (``redis://`` or ``rediss://`` for TLS)."""
@@ -37,6 +43,7 @@ class RedisCache(Cache):
             socket_connect_timeout=DEFAULT_TIMEOUT,
             health_check_interval=30,
         )
+        self._remember_script = self._client.register_script(_REMEMBER)
 
     def __repr__(self) -> str:
         options = self._client.connection_pool.connection_kwargs
@@ -56,13 +63,8 @@ class RedisCache(Cache):
     def _remember(self, namespace: str, tokens: list[str], ttl: float) -> None:
         milliseconds = max(1, round(ttl * 1000))
 
-        def send() -> None:
-            pipeline = self._client.pipeline(transaction=False)
-            for token in tokens:
-                pipeline.set(self.key(namespace, token), b"1", px=milliseconds)
-            pipeline.execute()
-
-        self._call("remember", send)
+        keys = [self.key(namespace, token) for token in tokens]
+        self._call("remember", lambda: self._remember_script(keys=keys, args=[milliseconds]))
 
     def _forget(self, namespace: str, tokens: list[str]) -> None:
         keys = [self.key(namespace, token) for token in tokens]

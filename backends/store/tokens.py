@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Double, String, any_, bindparam, delete, func, null, select
+from sqlalchemy import Connection, Double, String, any_, bindparam, delete, func, null, select, true
 from sqlalchemy.dialects import postgresql, sqlite
 
 from backends.store.base import LeaseOutcome, TokenState
@@ -48,19 +48,14 @@ def claim(
             "expires_at": expires_at,
         }
         return set(connection.execute(_POSTGRES_CLAIM, parameters).scalars())
-    rows = [
-        {
-            "namespace": namespace,
-            "token": token,
-            "state": state,
-            "result": None,
-            "created_at": now,
-            "expires_at": expires_at,
-        }
-        for token in batch
-    ]
-    # executemany + RETURNING: SQLAlchemy sends multi-row INSERTs ("insertmanyvalues")
-    return set(connection.execute(_SQLITE_CLAIM, rows if len(rows) > 1 else rows[0]).scalars())
+    parameters = {
+        "namespace": namespace,
+        "tokens": json.dumps(list(batch)),
+        "state": state,
+        "now": now,
+        "expires_at": expires_at,
+    }
+    return set(connection.execute(_SQLITE_CLAIM, parameters).scalars())
 
 
 def known(connection: Connection, namespace: str, batch: Sequence[str], now: float) -> set[str]:
@@ -68,16 +63,8 @@ def known(connection: Connection, namespace: str, batch: Sequence[str], now: flo
     if connection.dialect.name == "postgresql":
         parameters = {"namespace": namespace, "tokens": list(batch), "done": DONE, "now": now}
         return set(connection.execute(_POSTGRES_KNOWN, parameters).scalars())
-    found: set[str] = set()
-    for part in chunks(batch, chunk_size(connection)):
-        statement = select(tokens.c.token).where(
-            tokens.c.namespace == namespace,
-            tokens.c.token.in_(part),
-            tokens.c.state == DONE,
-            tokens.c.expires_at >= now,
-        )
-        found.update(connection.execute(statement).scalars())
-    return found
+    parameters = {"namespace": namespace, "tokens": json.dumps(list(batch)), "done": DONE, "now": now}
+    return set(connection.execute(_SQLITE_KNOWN, parameters).scalars())
 
 
 def forget(connection: Connection, namespace: str, batch: Sequence[str]) -> int:
@@ -182,4 +169,27 @@ _POSTGRES_KNOWN = select(tokens.c.token).where(
     tokens.c.state == bindparam("done", type_=String),
     tokens.c.expires_at >= bindparam("now", type_=Double),
 )
-_SQLITE_CLAIM = _on_conflict_reclaim(sqlite.insert(tokens))
+
+# SQLite: the batch travels as one JSON array read back with json_each, for the same
+# reason (and no bound-parameter limit). "WHERE true" keeps INSERT ... SELECT ... ON
+# CONFLICT unambiguous for SQLite's parser.
+_SQLITE_TOKENS = func.json_each(bindparam("tokens", type_=String)).table_valued("value")
+_SQLITE_CLAIM = _on_conflict_reclaim(
+    sqlite.insert(tokens).from_select(
+        ["namespace", "token", "state", "result", "created_at", "expires_at"],
+        select(
+            bindparam("namespace", type_=String),
+            _SQLITE_TOKENS.c.value,
+            bindparam("state", type_=String),
+            null(),
+            bindparam("now", type_=Double),
+            bindparam("expires_at", type_=Double),
+        ).where(true()),
+    )
+)
+_SQLITE_KNOWN = select(tokens.c.token).where(
+    tokens.c.namespace == bindparam("namespace", type_=String),
+    tokens.c.token.in_(select(_SQLITE_TOKENS.c.value)),
+    tokens.c.state == bindparam("done", type_=String),
+    tokens.c.expires_at >= bindparam("now", type_=Double),
+)

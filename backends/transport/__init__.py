@@ -17,8 +17,10 @@ from urllib.parse import parse_qsl
 from backends.clock import SYSTEM_CLOCK, Clock
 from backends.errors import ConfigurationError, UnsupportedURLError
 from backends.transport.base import Transport
+from backends.transport.embedded import EmbeddedTransport
+from backends.transport.memory import MemoryTransport
 
-__all__ = ["SCHEMES", "Transport", "open_transport"]
+__all__ = ["SCHEMES", "EmbeddedTransport", "MemoryTransport", "Transport", "open_transport"]
 
 SCHEMES = ("memory", "embedded", "redis")
 DEFAULT_EMBEDDED_PATH = ".reliable/broker"
@@ -29,7 +31,6 @@ _OPTION_TYPES: dict[str, Callable[[str], Any]] = {
     "visibility_timeout": float,
     "poll_interval": float,
     "busy_timeout": float,
-    "block": float,
 }
 
 
@@ -48,12 +49,10 @@ def open_transport(url: str, clock: Clock = SYSTEM_CLOCK, **options: Any) -> Tra
     location, _, query = rest.partition("?")
     options = {**_query_options(url, query), **options}
     if scheme == "memory":
-        from backends.transport.memory import MemoryTransport
-
+        if location:
+            raise ConfigurationError(f"transport {url!r}: memory:// takes no location")
         return _build(url, MemoryTransport, [clock], options)
     if scheme == "embedded":
-        from backends.transport.embedded import EmbeddedTransport
-
         return _build(url, EmbeddedTransport, [location or DEFAULT_EMBEDDED_PATH, clock], options)
     from backends.transport.redis_streams import RedisStreamsTransport
 

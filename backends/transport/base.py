@@ -18,6 +18,10 @@ class Transport(ABC):
     visibility timeout.
     """
 
+    commits_offsets: bool = False
+    """True where the broker keeps a group's position as an offset that `commit` moves
+    (then the worker tracks the contiguous watermark of done offsets)."""
+
     @abstractmethod
     def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         """Append ``messages`` to ``topic``; a message with ``delay`` is delivered later."""

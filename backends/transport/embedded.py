@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import json
 import sqlite3
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -84,13 +83,12 @@ class EmbeddedTransport(LeasingTransport):
         visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT,
         poll_interval: float = 0.05,
         busy_timeout: float = 30.0,
+        synchronous: str = "FULL",
     ) -> None:
         super().__init__(
             clock, queues, visibility_timeout, positive("poll_interval", poll_interval)
         )
-        self._db = Database(directory, positive("busy_timeout", busy_timeout))
-        self._changed = threading.Condition()
-        self._changes = 0
+        self._db = Database(directory, positive("busy_timeout", busy_timeout), synchronous)
         self._rotation = itertools.count()
 
     @property
@@ -247,20 +245,7 @@ class EmbeddedTransport(LeasingTransport):
     def _wake_at(self, group: str, topic: str) -> float | None:
         return self._earliest(group, topic, "")
 
-    def _version(self) -> int:
-        return self._changes
-
-    def _wait_for_change(self, version: int, seconds: float) -> None:
-        with self._changed:
-            if self._changes == version:
-                self._changed.wait(seconds)
-
     # helpers
-
-    def _signal(self) -> None:
-        with self._changed:
-            self._changes += 1
-            self._changed.notify_all()
 
     def _take_due(
         self, db: sqlite3.Connection, group: str, topic: str, now: float, limit: int

@@ -2,7 +2,8 @@
 
 One connection per thread and process (a forked child opens its own). WAL
 journal with ``synchronous=FULL``: a committed publish, fetch or ack survives
-a crash of the process or the machine. Every write is one ``BEGIN IMMEDIATE``
+a crash of the process or the machine. ``NORMAL`` (an option) still survives
+a killed process but may lose the last commits on power loss; it is faster. Every write is one ``BEGIN IMMEDIATE``
 transaction, so writers in several processes are serialized by SQLite's lock
 (waiting up to ``busy_timeout``) and a fetch claims its messages atomically.
 """
@@ -16,9 +17,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from backends.errors import TransportError
+from backends.errors import ConfigurationError, TransportError
 
 DATABASE_FILE = "queue.db"
+SYNCHRONOUS = ("FULL", "NORMAL")
 
 # deliveries.due_at: when the row is fetchable again; the lease end of an
 # in_flight row, the redelivery time of a scheduled one. A row exists only
@@ -64,9 +66,16 @@ CREATE INDEX IF NOT EXISTS dead_letters_group ON dead_letters (grp, seq);
 class Database:
     """The queue database at ``directory/queue.db``; created on first use."""
 
-    def __init__(self, directory: str | Path, busy_timeout: float) -> None:
+    def __init__(
+        self, directory: str | Path, busy_timeout: float, synchronous: str = "FULL"
+    ) -> None:
+        if synchronous not in SYNCHRONOUS:
+            raise ConfigurationError(
+                f"transport option synchronous={synchronous!r}: allowed are {', '.join(SYNCHRONOUS)}"
+            )
         self.path = Path(directory).expanduser() / DATABASE_FILE
         self._busy_timeout = busy_timeout
+        self._synchronous = synchronous
         self._local = threading.local()
         self._opened: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
@@ -132,7 +141,7 @@ class Database:
                 self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
             )
             connection.execute("PRAGMA journal_mode=WAL")
-            connection.execute("PRAGMA synchronous=FULL")
+            connection.execute(f"PRAGMA synchronous={self._synchronous}")
             connection.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
         except sqlite3.Error as exc:
             raise TransportError(f"cannot open the embedded broker at {self.path}: {exc}") from exc

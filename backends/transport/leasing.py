@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import zlib
 from abc import abstractmethod
 from collections.abc import Sequence
@@ -93,6 +94,9 @@ class LeasingTransport(Transport):
         self._poll_interval = poll_interval
         self._router = QueueRouter()
         self._closed = False
+        # re-entrant, so the memory transport can use it as its state lock too
+        self._changed = threading.Condition(threading.RLock())
+        self._changes = 0
 
     @property
     def visibility_timeout(self) -> float:
@@ -137,12 +141,12 @@ class LeasingTransport(Transport):
         """
         wake = self._wake_at(group, topic)
         pause = remaining if wake is None else min(remaining, wake - now)
-        if self._poll_interval is not None:
-            pause = min(pause, self._poll_interval)
         pause = min(max(pause, MIN_PAUSE), remaining)
         if not isinstance(self._clock, SystemClock):
             self._clock.sleep(pause)
             return pause
+        if self._poll_interval is not None:
+            pause = min(pause, self._poll_interval)
         self._wait_for_change(version, pause)
         return max(self._clock.time() - now, MIN_PAUSE)
 
@@ -162,10 +166,17 @@ class LeasingTransport(Transport):
     def _wake_at(self, group: str, topic: str) -> float | None:
         """The earliest time a scheduled message or a lease of ``group`` falls due."""
 
-    @abstractmethod
-    def _version(self) -> int:
-        """A counter that changes whenever something may have become fetchable."""
+    def _signal(self) -> None:
+        """Wake fetchers waiting in this process: something may have become fetchable."""
+        with self._changed:
+            self._changes += 1
+            self._changed.notify_all()
 
-    @abstractmethod
+    def _version(self) -> int:
+        return self._changes
+
     def _wait_for_change(self, version: int, seconds: float) -> None:
-        """Block up to ``seconds`` unless ``_version()`` moves past ``version``."""
+        """Block up to ``seconds`` unless `_signal` was called since ``version`` was read."""
+        with self._changed:
+            if self._changes == version:
+                self._changed.wait(seconds)

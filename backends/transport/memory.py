@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -83,8 +82,6 @@ class MemoryTransport(LeasingTransport):
         visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT,
     ) -> None:
         super().__init__(clock, queues, visibility_timeout, poll_interval=None)
-        self._changed = threading.Condition(threading.Lock())
-        self._changes = 0
         self._sequence = itertools.count()
         self._topics: dict[str, _Topic] = {}
         self._progress: dict[tuple[str, str], _Progress] = {}
@@ -218,19 +215,7 @@ class MemoryTransport(LeasingTransport):
         with self._changed:
             return self._earliest(group, topic, leases=True)
 
-    def _version(self) -> int:
-        return self._changes
-
-    def _wait_for_change(self, version: int, seconds: float) -> None:
-        with self._changed:
-            if self._changes == version:
-                self._changed.wait(seconds)
-
     # helpers, called with the lock held
-
-    def _signal(self) -> None:
-        self._changes += 1
-        self._changed.notify_all()
 
     def _new_topic(self, topic: str) -> _Topic:
         stored = self._topics[topic] = _Topic([[] for _ in range(self._queues)])

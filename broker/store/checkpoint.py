@@ -3,7 +3,10 @@
 The checkpoint vouches that the consume queues are on disk for every record
 before ``dispatched`` (they were flushed first), and how long each queue was
 then; recovery re-dispatches only what lies after it. The marker exists while
-a store is open: finding it on start means the last run crashed.
+a store is open: finding it on start means the last run crashed. It names the
+boot: a crash within the same boot (a killed process) left the page cache, and
+so every memory-mapped consume-queue and index write, intact; after a crash of
+the machine only what was flushed before the checkpoint can be trusted.
 """
 
 from __future__ import annotations
@@ -53,15 +56,28 @@ def save(directory: Path, checkpoint: Checkpoint) -> None:
     atomic_write(directory / CHECKPOINT, json.dumps(payload, sort_keys=True).encode())
 
 
-def crashed(directory: Path) -> bool:
-    """True if the previous run did not shut down cleanly."""
-    return (directory / MARKER).exists()
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id() -> str:
+    """This boot of the machine ("" if unknown): a crash in the same boot kept the page cache."""
+    try:
+        return BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
+
+
+def crash_marker(directory: Path) -> str | None:
+    """None after a clean shutdown; else the boot id the crashed run wrote ("" if unknown)."""
+    try:
+        return (directory / MARKER).read_text().strip()
+    except FileNotFoundError:
+        return None
 
 
 def mark_open(directory: Path) -> None:
-    """Create the unclean-shutdown marker (durably) for this run."""
-    (directory / MARKER).touch()
-    fsync_directory(directory)
+    """Write the unclean-shutdown marker (durably) for this run, naming this boot."""
+    atomic_write(directory / MARKER, boot_id().encode())
 
 
 def mark_closed(directory: Path) -> None:

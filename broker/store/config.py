@@ -40,8 +40,8 @@ class StoreConfig:
     flush_bytes: int = 4 * 1024 * 1024
     checkpoint_interval: float = 1.0
     queue_file_entries: int = 300_000
-    index_slots: int = 262_144
-    index_entries: int = 1_000_000
+    index_slots: int = 65_536
+    index_entries: int = 200_000
     retention: float = 72 * 3600.0
     retention_interval: float = 10.0
     clean_at: float = 0.75

@@ -21,8 +21,9 @@ from broker.store.segment import Segment
 
 log = structlog.get_logger("broker.store")
 
-FlushTarget = Callable[[], tuple[Segment, int]]
-"""Returns (active segment, log end) consistently, under the store's writer lock."""
+FlushTarget = Callable[[int], Segment]
+"""Returns the segment holding the last byte before a log offset (older ones were fsynced
+when the log rolled past them)."""
 
 
 class Flusher:
@@ -37,7 +38,9 @@ class Flusher:
         self._interval = interval
         self._flush_bytes = flush_bytes
         self._target = target
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # the flusher waits here for work
+        self._flushed = threading.Condition(lock)  # producers wait here for their fsync
         self._stopping = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -50,7 +53,7 @@ class Flusher:
         with self._cond:
             self.written = end
             if self.policy is FlushPolicy.SYNC or end - self.flushed >= self._flush_bytes:
-                self._cond.notify_all()
+                self._cond.notify()
 
     def wait(self, end: int) -> None:
         """Block until an fsync has covered ``end`` (the ack of a `sync` append)."""
@@ -60,13 +63,14 @@ class Flusher:
                     raise StoreError("the commit log could not be fsynced") from self._error
                 if self._stopping:
                     raise StoreClosedError("the store closed before the append was flushed")
-                self._cond.wait()
+                self._flushed.wait()
 
     def stop(self) -> None:
         """Flush what is left and end the thread."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+            self._flushed.notify_all()
         if self._thread is not None:
             self._thread.join()
 
@@ -83,16 +87,16 @@ class Flusher:
                     if self._stopping:
                         return
                     continue
+                end = self.written
             try:
-                segment, end = self._target()
-                segment.fsync()
+                self._target(end).fsync()
             except (OSError, StoreError) as exc:  # handed to every waiting producer
                 log.error("store.fsync_failed", error=repr(exc))
                 with self._cond:
                     self._error = exc
                     self._stopping = True
-                    self._cond.notify_all()
+                    self._flushed.notify_all()
                 return
             with self._cond:
                 self.flushed = max(self.flushed, end)
-                self._cond.notify_all()
+                self._flushed.notify_all()

@@ -55,6 +55,11 @@ class IndexFile:
         (self.begin_ms, self.end_ms, self.begin_log_offset, self.end_log_offset,
          self.count, self.capacity, self.slots, self.sealed) = HEADER.unpack_from(self._map, 0)
         self._entries = HEADER.size + self.slots * SLOT.size
+        while not self.sealed and self.count < self.capacity and self._entry(self.count)[2]:
+            self.count += 1  # entries a killed writer added after its last header update
+
+    def _entry(self, position: int) -> tuple[int, int, int, int, int]:
+        return ENTRY.unpack_from(self._map, self._entries + position * ENTRY.size)
 
     @property
     def full(self) -> bool:

@@ -43,10 +43,11 @@ class StoredMessage:
 
 
 class AppendResult(NamedTuple):
-    """Where an appended record landed."""
+    """Where an appended record landed; ``size`` is its framed size in the log."""
 
     topic: str
     queue: int
     queue_offset: int
     log_offset: int
     message_id: str
+    size: int

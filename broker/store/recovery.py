@@ -2,11 +2,12 @@
 
 After a crash (the unclean-shutdown marker is present) the commit log is
 validated from the checkpoint on; a torn, zero-filled or junk tail is cut to the
-last good record; the consume queues and the open key-index file are rebuilt for
-what lies after the checkpoint, and any queue found missing or behind what the
-checkpoint vouched for is rebuilt from the start of the log. A bad record with
-valid ones after it is a hard error naming file and offset, unless the store is
-configured to skip it.
+last good record; the consume queues are rebuilt for what lies after the
+checkpoint, and so is the open key-index file (wholly if the machine itself
+crashed, from its last recorded position if only the process died). A queue
+found missing or behind what the checkpoint vouched for is rebuilt from the
+start of the log. A bad record with valid ones after it is a hard error naming
+file and offset, unless the store is configured to skip it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import structlog
 
 from broker.errors import CorruptRecordError
 from broker.store import scan
-from broker.store.checkpoint import Checkpoint
+from broker.store.checkpoint import Checkpoint, boot_id
 from broker.store.commitlog import CommitLog
 from broker.store.config import StoreConfig
 from broker.store.keyindex import KeyIndex, id_hash, key_hash
@@ -43,18 +44,23 @@ def recover(
     queues: QueueTable,
     index: KeyIndex,
     checkpoint: Checkpoint | None,
-    crashed: bool,
+    marker: str | None,
     config: StoreConfig,
 ) -> RecoveryReport:
-    """Validate the log tail and rebuild what is behind it; see the module docstring."""
+    """Validate the log tail and rebuild what is behind it; see the module docstring.
+
+    ``marker`` is the crash marker's boot id (None: the last shutdown was clean).
+    """
     commit_log.check_contiguous()
+    crashed = marker is not None
+    same_boot = bool(marker) and marker == boot_id()
     report = RecoveryReport(crashed=crashed)
     log_min, log_end = commit_log.min_offset, commit_log.end
     dispatched = max(checkpoint.dispatched, log_min) if checkpoint else log_min
     if dispatched > log_end:
         dispatched = commit_log.locate(log_end - 1).base if log_end > log_min else log_min
     behind = _behind(queues, checkpoint)
-    index_from = _keep_index(index, crashed, log_end, log_min)
+    index_from = _keep_index(index, crashed and not same_boot, log_end, log_min)
     start = min(dispatched, index_from, log_min if behind else log_end)
     report.replayed_from = start
 
@@ -115,10 +121,10 @@ def _behind(queues: QueueTable, checkpoint: Checkpoint | None) -> set[tuple[str,
     return behind
 
 
-def _keep_index(index: KeyIndex, crashed: bool, log_end: int, log_min: int) -> int:
+def _keep_index(index: KeyIndex, machine_crashed: bool, log_end: int, log_min: int) -> int:
     """Drop index files recovery cannot trust; return the log offset to re-index from."""
     for position, index_file in enumerate(index.files):
-        if (crashed and not index_file.sealed) or index_file.end_log_offset > log_end:
+        if (machine_crashed and not index_file.sealed) or index_file.end_log_offset > log_end:
             index.drop_from(position)
             break
     return max(index.end_log_offset or log_min, log_min)

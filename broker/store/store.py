@@ -76,17 +76,17 @@ class MessageStore:
             self._maintenance.start()
 
     def _open(self) -> RecoveryReport:
-        crashed = checkpoint.crashed(self.path)
+        marker = checkpoint.crash_marker(self.path)
         saved = checkpoint.load(self.path)
         self._log = CommitLog(self.path / "commitlog", self.config.segment_size,
                               fsync_on_roll=self.config.flush is not FlushPolicy.NONE)
         self._queues = QueueTable(self.path / "consumequeue", self.config.queue_file_entries)
         self._index = KeyIndex(self.path / "index", self.config.index_slots,
                                self.config.index_entries)
-        report = recover(self._log, self._queues, self._index, saved, crashed, self.config)
+        report = recover(self._log, self._queues, self._index, saved, marker, self.config)
         self._write_checkpoint(self._log.segments)
         checkpoint.mark_open(self.path)
-        log.info("store.opened", path=str(self.path), crashed=crashed, log_end=self._log.end,
+        log.info("store.opened", path=str(self.path), crashed=report.crashed, log_end=self._log.end,
                  queues=len(self._queues.places()))
         return report
 
@@ -253,7 +253,8 @@ class MessageStore:
         needed: dict[tuple[str, int], int] = {}
         for (topic, queue), queue_offset in (self._guard() if self._guard else {}).items():
             consume_queue = self._queues.get(topic, queue)
-            entry = consume_queue.get(queue_offset, 1) if consume_queue else []
+            first = max(queue_offset, self.min_offset(topic, queue))
+            entry = consume_queue.get(first, 1) if consume_queue else []
             if entry:
                 needed[(topic, queue)] = entry[0].log_offset
         return needed
@@ -271,9 +272,8 @@ class MessageStore:
             except (BrokerError, OSError) as exc:  # keep maintaining; the next tick retries
                 log.error("store.maintenance_failed", error=repr(exc))
 
-    def _flush_target(self) -> tuple[Segment, int]:
-        with self._writer:
-            return self._log.active, self._log.end
+    def _flush_target(self, end: int) -> Segment:
+        return self._log.locate(end - 1)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

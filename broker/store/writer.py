@@ -74,7 +74,7 @@ class BatchWriter:
                 index_entries.append((key_hash(topic_b, key_b), offset, size, store_ms))
             index_entries.append((id_hash(id_b), offset, size, store_ms))
             results.append(AppendResult(topic, queue, queue_offset, offset,
-                                        message_id or id_b.decode()))
+                                        message_id or id_b.decode(), size))
             offset += size
         commit_log.append(parts)
         for (topic, queue), (_, entries) in placed.items():

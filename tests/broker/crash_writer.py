@@ -17,12 +17,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from storetools import record_for  # noqa: E402
+from storetools import record_for
 
-from broker.store import MessageStore, StoreConfig  # noqa: E402
+from broker.store import MessageStore, StoreConfig
 
-CONFIG = dict(flush="sync", segment_size=64 * 1024, max_record_size=8 * 1024,
-              queue_file_entries=64, index_slots=64, index_entries=256, checkpoint_interval=0.05)
+CONFIG = StoreConfig(flush="sync", segment_size=64 * 1024, max_record_size=8 * 1024,
+                     queue_file_entries=64, index_slots=64, index_entries=256,
+                     checkpoint_interval=0.05)
 
 
 def produce(store: MessageStore, ack_fd: int, run: int, thread: int) -> None:
@@ -37,7 +38,7 @@ def produce(store: MessageStore, ack_fd: int, run: int, thread: int) -> None:
 
 def main() -> None:
     directory, ack_file, run, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    store = MessageStore(directory, StoreConfig(**CONFIG))  # type: ignore[arg-type]
+    store = MessageStore(directory, CONFIG)
     ack_fd = os.open(ack_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     workers = [threading.Thread(target=produce, args=(store, ack_fd, run, t), daemon=True)
                for t in range(threads)]

@@ -10,11 +10,11 @@ from broker.store import FakeClock, MessageStore, Record, StoreConfig, StoredMes
 
 def small_config(**overrides: object) -> StoreConfig:
     """A config with tiny files, so a few records roll segments, queue and index files."""
-    settings: dict[str, object] = dict(
-        flush="none", segment_size=16 * 1024, max_record_size=8 * 1024,
-        queue_file_entries=16, index_slots=16, index_entries=64,
-        checkpoint_interval=0, clock=FakeClock(),
-    )
+    settings: dict[str, object] = {
+        "flush": "none", "segment_size": 16 * 1024, "max_record_size": 8 * 1024,
+        "queue_file_entries": 16, "index_slots": 16, "index_entries": 64,
+        "checkpoint_interval": 0, "clock": FakeClock(),
+    }
     settings.update(overrides)
     return StoreConfig(**settings)  # type: ignore[arg-type]
 

@@ -26,7 +26,7 @@ from backends.transport import open_transport
 from backends.transport.base import Transport
 from backends.types import Failure, Message, OutgoingMessage, QueueRef
 
-TRANSPORTS = ["memory", "embedded"]
+TRANSPORTS = ["memory", "embedded", "redis"]
 VISIBILITY = 30.0
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,7 +98,7 @@ def test_keyed_messages_go_to_crc32_queue_with_contiguous_offsets(
     received = drain(transport, "g", unique)
     assert len(received) == 40
     for message in received:
-        assert message.queue == zlib.crc32(message.key.encode()) % 4
+        assert message.queue == zlib.crc32(str(message.key).encode()) % 4
     for queue in range(4):
         offsets = sorted(m.offset for m in received if m.queue == queue)
         assert offsets == list(range(len(offsets)))
@@ -341,6 +341,15 @@ def test_unknown_option_is_named() -> None:
         open_transport("memory://", colour="blue")
     with pytest.raises(ConfigurationError, match="visibility_timeout"):
         open_transport("memory://?visibility_timeout=-1")
+    with pytest.raises(ConfigurationError, match="no location"):
+        open_transport("memory://somewhere")
+
+
+def test_bad_embedded_options_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="synchronous='OFF'"):
+        open_transport(f"embedded://{tmp_path}?synchronous=OFF")
+    with pytest.raises(ConfigurationError, match="queues='x'"):
+        open_transport(f"embedded://{tmp_path}?queues=x")
 
 
 # embedded: durable, shared by processes

@@ -1,0 +1,201 @@
+"""How the Redis Streams transport lays out its data: keys, entries, and the Lua scripts.
+
+Each script is one atomic step on the server.
+
+Key layout under a namespace ``ns`` (``%s`` below is ``<group>:<topic>``):
+``ns:queues:<topic>`` queue count; ``ns:stream:<topic>:<queue>`` the queue
+(entry id ``0-<offset + 1>``, so offsets are contiguous from 0);
+``ns:head:<topic>:<queue>`` messages appended; ``ns:delayed:<topic>`` (sorted
+set of sequence numbers by due time) with one hash per delayed message;
+``ns:inflight:%s`` leases and ``ns:scheduled:%s`` redeliveries (sorted sets
+of ``<queue>:<offset>`` by due time); ``ns:state:%s`` the attempt, first
+failure and headers a nack stored; ``ns:%DLQ%<group>`` the dead-letter stream.
+The scripts name keys they build, so they suit a single Redis, not a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from backends.types import Message
+
+# ARGV: ns, topic, then per message: queue, id, key ("-" none, "+key"), headers, payload, published_at
+PUBLISH = """
+local ns, topic, heads = ARGV[1], ARGV[2], {}
+for i = 3, #ARGV, 6 do
+  local q = ARGV[i]
+  if not heads[q] then heads[q] = tonumber(redis.call('GET', ns .. ':head:' .. topic .. ':' .. q) or '0') end
+  heads[q] = heads[q] + 1
+  local fields = {'id', ARGV[i + 1], 'headers', ARGV[i + 3], 'payload', ARGV[i + 4],
+                  'published_at', ARGV[i + 5]}
+  if string.sub(ARGV[i + 2], 1, 1) == '+' then
+    table.insert(fields, 'key'); table.insert(fields, string.sub(ARGV[i + 2], 2))
+  end
+  redis.call('XADD', ns .. ':stream:' .. topic .. ':' .. q, '0-' .. heads[q], unpack(fields))
+end
+for q, head in pairs(heads) do redis.call('SET', ns .. ':head:' .. topic .. ':' .. q, head) end
+return 1
+"""
+
+# ARGV: ns, group, topic, queues, now, lease_until, max_messages, first queue
+# Returns {member, kind, stored state or false, entry fields} per claimed message.
+CLAIM = """
+local ns, group, topic = ARGV[1], ARGV[2], ARGV[3]
+local queues, now, lease = tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local limit, start = tonumber(ARGV[7]), tonumber(ARGV[8])
+local base = ':' .. group .. ':' .. topic
+local inflight, scheduled, state = ns .. ':inflight' .. base, ns .. ':scheduled' .. base, ns .. ':state' .. base
+local function stream(q) return ns .. ':stream:' .. topic .. ':' .. q end
+
+local delayed = ns .. ':delayed:' .. topic
+for _, seq in ipairs(redis.call('ZRANGEBYSCORE', delayed, '-inf', now)) do
+  local body = delayed .. ':' .. seq
+  local flat, fields, q = redis.call('HGETALL', body), {}, nil
+  for j = 1, #flat, 2 do
+    if flat[j] == 'queue' then q = flat[j + 1]
+    else table.insert(fields, flat[j]); table.insert(fields, flat[j + 1]) end
+  end
+  local n = redis.call('INCR', ns .. ':head:' .. topic .. ':' .. q)
+  redis.call('XADD', stream(q), '0-' .. n, unpack(fields))
+  redis.call('DEL', body)
+  redis.call('ZREM', delayed, seq)
+end
+
+local claimed = {}
+for _, source in ipairs({scheduled, inflight}) do
+  if #claimed < limit then
+    for _, member in ipairs(redis.call('ZRANGEBYSCORE', source, '-inf', now, 'LIMIT', 0, limit - #claimed)) do
+      redis.call('ZREM', source, member)
+      redis.call('ZADD', inflight, lease, member)
+      local q, offset = string.match(member, '(%d+):(%d+)')
+      local id = '0-' .. (tonumber(offset) + 1)
+      local entry = redis.call('XRANGE', stream(q), id, id)[1]
+      local kind = source == inflight and 'expired' or 'scheduled'
+      if entry then table.insert(claimed, {member, kind, redis.call('HGET', state, member), entry[2]}) end
+    end
+  end
+end
+
+for pass = 1, 2 do
+  for i = 0, queues - 1 do
+    local remaining = limit - #claimed
+    if remaining <= 0 then return claimed end
+    local q = (start + i) % queues
+    local share = remaining
+    if pass == 1 then share = math.ceil(remaining / (queues - i)) end
+    redis.pcall('XGROUP', 'CREATE', stream(q), group, '0', 'MKSTREAM')
+    local read = redis.call('XREADGROUP', 'GROUP', group, 'reliable', 'COUNT', share, 'NOACK',
+                            'STREAMS', stream(q), '>')
+    if read then
+      local leases = {}
+      for _, entry in ipairs(read[1][2]) do
+        local member = q .. ':' .. (tonumber(string.match(entry[1], '%d+-(%d+)')) - 1)
+        table.insert(leases, lease); table.insert(leases, member)
+        table.insert(claimed, {member, 'fresh', false, entry[2]})
+        if #leases >= 2000 then redis.call('ZADD', inflight, unpack(leases)); leases = {} end
+      end
+      if #leases > 0 then redis.call('ZADD', inflight, unpack(leases)) end
+    end
+  end
+end
+return claimed
+"""
+
+# ARGV: ns, group, topic, member, due_at, state JSON. Returns 0 if the message is already done.
+NACK = """
+local base = ':' .. ARGV[2] .. ':' .. ARGV[3]
+local inflight, scheduled = ARGV[1] .. ':inflight' .. base, ARGV[1] .. ':scheduled' .. base
+if redis.call('ZREM', inflight, ARGV[4]) + redis.call('ZREM', scheduled, ARGV[4]) == 0 then return 0 end
+redis.call('ZADD', scheduled, ARGV[5], ARGV[4])
+redis.call('HSET', ARGV[1] .. ':state' .. base, ARGV[4], ARGV[6])
+return 1
+"""
+
+# ARGV: ns, group, topic, member, then the dead-letter entry's fields. Returns 0 if already done.
+DEAD_LETTER = """
+local base = ':' .. ARGV[2] .. ':' .. ARGV[3]
+local inflight, scheduled = ARGV[1] .. ':inflight' .. base, ARGV[1] .. ':scheduled' .. base
+if redis.call('ZREM', inflight, ARGV[4]) + redis.call('ZREM', scheduled, ARGV[4]) == 0 then return 0 end
+redis.call('HDEL', ARGV[1] .. ':state' .. base, ARGV[4])
+redis.call('XADD', ARGV[1] .. ':%DLQ%' .. ARGV[2], '*', unpack(ARGV, 5))
+return 1
+"""
+
+
+class Keys:
+    """The key names of one namespace."""
+
+    def __init__(self, namespace: str) -> None:
+        self.ns = namespace
+
+    def queues(self, topic: str) -> str:
+        return f"{self.ns}:queues:{topic}"
+
+    def stream(self, topic: str, queue: int) -> str:
+        return f"{self.ns}:stream:{topic}:{queue}"
+
+    def head(self, topic: str, queue: int) -> str:
+        return f"{self.ns}:head:{topic}:{queue}"
+
+    def delayed(self, topic: str, seq: int | None = None) -> str:
+        return f"{self.ns}:delayed:{topic}" + ("" if seq is None else f":{seq}")
+
+    def group(self, kind: str, group: str, topic: str) -> str:
+        """``inflight``, ``scheduled`` or ``state`` of ``group`` on ``topic``."""
+        return f"{self.ns}:{kind}:{group}:{topic}"
+
+    def dead_letters(self, group: str) -> str:
+        return f"{self.ns}:%DLQ%{group}"
+
+
+def member(queue: int, offset: int) -> str:
+    """A message's name in the lease and redelivery sets."""
+    return f"{queue}:{offset}"
+
+
+def position(name: bytes) -> tuple[int, int]:
+    """``(queue, offset)`` of a member name."""
+    queue, offset = name.split(b":")
+    return int(queue), int(offset)
+
+
+def offset_of(entry_id: bytes) -> int:
+    """The offset of stream entry ``0-<offset + 1>``."""
+    return int(entry_id.split(b"-")[1]) - 1
+
+
+def entry(
+    id_: str, key: str | None, headers: Mapping[str, str], payload: bytes, published_at: float
+) -> dict[str, Any]:
+    """A message's fields as a stream entry stores them."""
+    fields: dict[str, Any] = {"id": id_, "headers": json.dumps(dict(headers)), "payload": payload}
+    fields["published_at"] = repr(published_at)
+    if key is not None:
+        fields["key"] = key
+    return fields
+
+
+def to_message(
+    fields: Mapping[str, bytes],
+    ref: tuple[str, int, int],
+    attempt: int = 1,
+    first_failure_at: float | None = None,
+    headers: dict[str, str] | None = None,
+) -> Message:
+    """A `Message` at ``ref`` (topic, queue, offset) from its entry's ``fields``."""
+    key = fields["key"].decode() if "key" in fields else None
+    if headers is None:
+        headers = json.loads(fields["headers"])
+    published_at = float(fields["published_at"])
+    return Message(
+        fields["id"].decode(),
+        *ref,
+        fields["payload"],
+        key,
+        headers,
+        attempt,
+        published_at,
+        first_failure_at,
+    )

@@ -1,0 +1,324 @@
+"""`redis://HOST:PORT/DB`: a transport on Redis Streams, one stream per topic queue.
+
+Publishing appends with ``XADD`` (entry id ``0-<offset + 1>``); a group's
+cursor is a Redis consumer group read with ``XREADGROUP ... NOACK``. Leases
+and scheduled redeliveries live in sorted sets scored by the injected clock,
+not in the stream's pending list: the visibility timeout then follows the
+same clock as delays (and tests), which ``XAUTOCLAIM``'s server-side idle
+time cannot. Every step that must be atomic is one Lua script (`redis_layout`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any
+
+import redis
+import structlog
+
+from backends.clock import SYSTEM_CLOCK, Clock
+from backends.errors import BackendUnavailableError, TransportError
+from backends.transport import redis_layout as layout
+from backends.transport.leasing import (
+    DEFAULT_QUEUES,
+    DEFAULT_VISIBILITY_TIMEOUT,
+    LeasingTransport,
+    new_message_id,
+    positive,
+)
+from backends.types import DeadLetter, Failure, Message, OutgoingMessage, QueueRef
+
+log = structlog.get_logger(__name__)
+OUTSTANDING = ("inflight", "scheduled")
+
+
+class RedisStreamsTransport(LeasingTransport):
+    """A `Transport` on one Redis server; ``namespace`` prefixes every key it writes."""
+
+    def __init__(
+        self,
+        url: str,
+        clock: Clock = SYSTEM_CLOCK,
+        *,
+        namespace: str = "reliable",
+        queues: int = DEFAULT_QUEUES,
+        visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT,
+        poll_interval: float = 0.05,
+    ) -> None:
+        super().__init__(
+            clock, queues, visibility_timeout, positive("poll_interval", poll_interval)
+        )
+        self._url, self._keys = url, layout.Keys(namespace)
+        # Any: redis-py's stubs type replies as bytes | str; without decode_responses they are bytes
+        self._redis: Any = redis.Redis.from_url(url)
+        self._scripts = {
+            name: self._redis.register_script(getattr(layout, name))
+            for name in ("PUBLISH", "CLAIM", "NACK", "DEAD_LETTER")
+        }
+        self._rotation = itertools.count()
+        self._queue_counts: dict[str, int] = {}
+
+    def ack(self, group: str, messages: Sequence[Message]) -> None:
+        self._check_open()
+        by_topic: dict[str, list[str]] = {}
+        for message in messages:
+            by_topic.setdefault(message.topic, []).append(
+                layout.member(message.queue, message.offset)
+            )
+        with self._errors() as client:
+            pipe = client.pipeline()
+            for topic, names in by_topic.items():
+                for kind in OUTSTANDING:
+                    pipe.zrem(self._keys.group(kind, group, topic), *names)
+                pipe.hdel(self._keys.group("state", group, topic), *names)
+            pipe.execute()
+
+    def nack(self, group: str, message: Message, delay: float) -> None:
+        self._check_open()
+        state: dict[str, Any] = {
+            "attempt": message.attempt,
+            "first_failure_at": message.first_failure_at,
+        }
+        state["headers"] = dict(message.headers)
+        due_at = repr(self._clock.time() + delay)
+        name = layout.member(message.queue, message.offset)
+        with self._errors():
+            self._scripts["NACK"](
+                args=[self._keys.ns, group, message.topic, name, due_at, json.dumps(state)]
+            )
+        self._signal()
+
+    def dead_letter(self, group: str, message: Message, failure: Failure) -> None:
+        self._check_open()
+        fields = layout.entry(
+            message.id, message.key, message.headers, message.payload, message.published_at
+        )
+        fields.update(
+            topic=message.topic,
+            queue=message.queue,
+            offset=message.offset,
+            attempt=message.attempt,
+            first_failure_at=json.dumps(message.first_failure_at),
+            failure=json.dumps(asdict(failure)),
+        )
+        flat = [part for pair in fields.items() for part in pair]
+        name = layout.member(message.queue, message.offset)
+        with self._errors():
+            done = self._scripts["DEAD_LETTER"](
+                args=[self._keys.ns, group, message.topic, name, *flat]
+            )
+        if done:
+            log.info(
+                "transport.dead_letter",
+                group=group,
+                topic=message.topic,
+                queue=message.queue,
+                offset=message.offset,
+                attempt=message.attempt,
+                error_type=failure.error_type,
+            )
+
+    def pending(self, group: str, topic: str) -> int:
+        self._check_open()
+        queues = self._queue_count(topic)
+        with self._errors() as client:
+            pipe = client.pipeline()
+            for queue in range(queues):
+                pipe.get(self._keys.head(topic, queue))
+                pipe.xinfo_groups(self._keys.stream(topic, queue))
+            for kind in OUTSTANDING:
+                pipe.zcard(self._keys.group(kind, group, topic))
+            pipe.zcard(self._keys.delayed(topic))
+            replies = pipe.execute(raise_on_error=False)
+        unread = 0
+        for head, groups in zip(replies[0 : 2 * queues : 2], replies[1 : 2 * queues : 2]):
+            groups = groups if isinstance(groups, list) else []  # no stream yet: an error reply
+            ours = [g for g in groups if g["name"] == group.encode()]
+            unread += int(head or 0) - (
+                layout.offset_of(ours[0]["last-delivered-id"]) + 1 if ours else 0
+            )
+        return unread + sum(replies[2 * queues :])
+
+    def next_due(self, group: str, topic: str) -> float | None:
+        self._check_open()
+        return self._earliest(group, topic, ("scheduled",))
+
+    def seek(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
+        """Move ``group``'s cursors; outstanding messages at or after a new cursor are read again."""
+        self._check_open()
+        with self._errors() as client:
+            for ref, offset in offsets.items():
+                if not 0 <= ref.queue < self._queue_count(ref.topic) or offset < 0:
+                    raise TransportError(f"cannot seek {ref} to offset {offset}: no such place")
+                stream = self._keys.stream(ref.topic, ref.queue)
+                offset = min(offset, int(client.get(self._keys.head(ref.topic, ref.queue)) or 0))
+                try:
+                    client.xgroup_create(stream, group, "0", mkstream=True)
+                except redis.ResponseError:
+                    pass  # the group exists
+                client.xgroup_setid(stream, group, f"0-{offset}")
+                self._forget(client, group, ref, offset)
+        self._signal()
+
+    def dead_letter_queue(self, group: str) -> list[Message]:
+        """The messages dead-lettered by ``group`` (``%DLQ%<group>``), oldest first."""
+        return [record.message for record in self.dead_letter_records(group)]
+
+    def dead_letter_records(self, group: str) -> list[DeadLetter]:
+        """``%DLQ%<group>`` with each message's failure, oldest first."""
+        self._check_open()
+        with self._errors() as client:
+            entries = client.xrange(self._keys.dead_letters(group))
+        records = []
+        for number, (_, raw) in enumerate(entries, start=1):
+            fields = {name.decode(): value for name, value in raw.items()}
+            ref = (fields["topic"].decode(), int(fields["queue"]), int(fields["offset"]))
+            message = layout.to_message(
+                fields, ref, int(fields["attempt"]), json.loads(fields["first_failure_at"])
+            )
+            failure = Failure(**json.loads(fields["failure"]))
+            records.append(DeadLetter(group, message, None, failure, id=number))
+        return records
+
+    def purge(self) -> None:
+        """Delete every key of this transport's namespace (tests, resets)."""
+        with self._errors() as client:
+            keys = list(client.scan_iter(match=f"{self._keys.ns}:*", count=1000))
+            for start in range(0, len(keys), 500):
+                client.delete(*keys[start : start + 500])
+        self._queue_counts.clear()
+
+    def close(self) -> None:
+        super().close()
+        self._redis.close()
+
+    # primitives of LeasingTransport
+
+    def _append(self, topic: str, messages: Sequence[OutgoingMessage], now: float) -> None:
+        queues = self._queue_count(topic, create=True)
+        ready: list[Any] = [self._keys.ns, topic]
+        with self._errors() as client:
+            pipe = client.pipeline()
+            for message in messages:
+                queue = self._router.queue_for(topic, message.key, queues)
+                id_ = message.message_id or new_message_id()
+                fields = layout.entry(id_, message.key, message.headers, message.payload, now)
+                if message.delay > 0:
+                    seq = client.incr(f"{self._keys.ns}:delayed-seq")
+                    pipe.hset(self._keys.delayed(topic, seq), mapping={**fields, "queue": queue})
+                    pipe.zadd(self._keys.delayed(topic), {str(seq): now + message.delay})
+                else:
+                    key = "-" if message.key is None else f"+{message.key}"
+                    ready += [
+                        queue,
+                        id_,
+                        key,
+                        fields["headers"],
+                        message.payload,
+                        fields["published_at"],
+                    ]
+            pipe.execute()
+            if len(ready) > 2:
+                self._scripts["PUBLISH"](args=ready)
+        self._signal()
+
+    def _claim(self, group: str, topic: str, max_messages: int, now: float) -> list[Message]:
+        queues = self._queue_count(topic)
+        if not queues:
+            return []
+        lease = repr(now + self._visibility_timeout)
+        args: list[Any] = [
+            self._keys.ns,
+            group,
+            topic,
+            queues,
+            repr(now),
+            lease,
+            max_messages,
+            next(self._rotation) % queues,
+        ]
+        with self._errors():
+            claimed = self._scripts["CLAIM"](args=args)
+        messages = []
+        for name, kind, state, flat in claimed:
+            queue, offset = layout.position(name)
+            fields = {flat[i].decode(): flat[i + 1] for i in range(0, len(flat), 2)}
+            stored = json.loads(state) if state else {}
+            attempt = stored.get("attempt", 1)
+            if kind == b"expired":
+                log.warning(
+                    "transport.lease_expired",
+                    group=group,
+                    topic=topic,
+                    queue=queue,
+                    offset=offset,
+                    attempt=attempt,
+                )
+            messages.append(
+                layout.to_message(
+                    fields,
+                    (topic, queue, offset),
+                    attempt,
+                    stored.get("first_failure_at"),
+                    stored.get("headers"),
+                )
+            )
+        return messages
+
+    def _wake_at(self, group: str, topic: str) -> float | None:
+        return self._earliest(group, topic, OUTSTANDING)
+
+    # helpers
+
+    def _queue_count(self, topic: str, create: bool = False) -> int:
+        """The number of queues of ``topic`` (0 while it does not exist); fixed once created."""
+        if topic in self._queue_counts:
+            return self._queue_counts[topic]
+        with self._errors() as client:
+            if create:
+                client.set(self._keys.queues(topic), self._queues, nx=True)
+            count = int(client.get(self._keys.queues(topic)) or 0)
+        if count:
+            self._queue_counts[topic] = count
+        return count
+
+    def _forget(self, client: Any, group: str, ref: QueueRef, offset: int) -> None:
+        """Drop ``group``'s outstanding messages of ``ref`` at or after ``offset``."""
+        for kind in OUTSTANDING:
+            key = self._keys.group(kind, group, ref.topic)
+            doomed = [
+                name
+                for name in client.zrange(key, 0, -1)
+                if layout.position(name)[0] == ref.queue and layout.position(name)[1] >= offset
+            ]
+            if doomed:
+                client.zrem(key, *doomed)
+                client.hdel(self._keys.group("state", group, ref.topic), *doomed)
+
+    def _earliest(self, group: str, topic: str, kinds: tuple[str, ...]) -> float | None:
+        self._check_open()
+        keys = [self._keys.group(kind, group, topic) for kind in kinds] + [
+            self._keys.delayed(topic)
+        ]
+        with self._errors() as client:
+            pipe = client.pipeline()
+            for key in keys:
+                pipe.zrange(key, 0, 0, withscores=True)
+            due = [score for reply in pipe.execute() for _, score in reply]
+        return min(due) if due else None
+
+    @contextmanager
+    def _errors(self) -> Iterator[Any]:
+        """The client, with Redis failures raised as the project's errors."""
+        try:
+            yield self._redis
+        except redis.ConnectionError as exc:
+            raise BackendUnavailableError(
+                f"Redis transport {self._url} is unreachable: {exc}"
+            ) from exc
+        except redis.RedisError as exc:
+            raise TransportError(f"Redis transport {self._url}: {exc}") from exc

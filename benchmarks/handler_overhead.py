@@ -1,0 +1,182 @@
+"""Messages per second of the handler framework next to hand-written loops, in one run.
+
+Workload (the same for every row): unique tokens plus 10% duplicates,
+shuffled, one INSERT per message into a table of the store's database.
+
+  (a) hand-written per-message loop: claim the token + insert, one transaction each
+  (b) the framework per message (`@app.handler`, memory transport)
+  (c) the framework in batch mode (`batch=500`)
+  (d) hand-written batched loop: bulk claim + bulk insert, one transaction per 500
+
+On SQLite (memory cache) and on PostgreSQL + Redis. The hand-written loops use
+the same durability settings as the store (SQLite: WAL, synchronous=FULL).
+
+    python -m benchmarks.handler_overhead [--per-message N] [--batch N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event, text
+
+from reliable import App, Message
+from reliable.settings import Settings
+
+BATCH = 500
+DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def workload(count: int, seed: int = 7) -> list[bytes]:
+    """``count`` messages: unique tokens plus 10% duplicates of them, shuffled."""
+    unique = [f"{uuid.uuid4().hex}" for _ in range(int(count / 1.1))]
+    rng = random.Random(seed)
+    messages = unique + rng.sample(unique, count - len(unique))
+    rng.shuffle(messages)
+    return [json.dumps({"token": t, "amount": 1}).encode() for t in messages]
+
+
+def engine_for(url: str) -> Engine:
+    engine = create_engine(url)
+    if engine.dialect.name == "sqlite":
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+            dbapi_connection.execute("pragma journal_mode=wal")
+            dbapi_connection.execute("pragma synchronous=full")
+    return engine
+
+
+def setup_tables(engine: Engine, table: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(text(f"create table {table} (token varchar(64), amount integer)"))
+        conn.execute(text(f"create table {table}_tokens (token varchar(64) primary key)"))
+
+
+CLAIM = "insert into {t}_tokens (token) values (:token) on conflict do nothing returning token"
+
+
+def hand_per_message(engine: Engine, table: str, payloads: list[bytes]) -> None:
+    claim, insert = text(CLAIM.format(t=table)), text(f"insert into {table} values (:token, :amount)")
+    for payload in payloads:
+        body = json.loads(payload)
+        with engine.begin() as conn:
+            if conn.execute(claim, {"token": body["token"]}).first() is not None:
+                conn.execute(insert, body)
+
+
+def hand_batched(engine: Engine, table: str, payloads: list[bytes]) -> None:
+    insert = text(f"insert into {table} values (:token, :amount)")
+    for start in range(0, len(payloads), BATCH):
+        bodies = {}
+        for payload in payloads[start : start + BATCH]:
+            body = json.loads(payload)
+            bodies.setdefault(body["token"], body)
+        with engine.begin() as conn:
+            if engine.dialect.name == "postgresql":
+                claimed = set(conn.execute(
+                    text(f"insert into {table}_tokens (token) select unnest(cast(:tokens as text[])) "
+                         "on conflict do nothing returning token"), {"tokens": list(bodies)}).scalars())
+            else:
+                values = ", ".join(f"(:t{i})" for i in range(len(bodies)))
+                claimed = set(conn.execute(
+                    text(f"insert into {table}_tokens (token) values {values} on conflict do nothing returning token"),
+                    {f"t{i}": t for i, t in enumerate(bodies)}).scalars())
+            if claimed:
+                conn.execute(insert, [bodies[t] for t in claimed])
+
+
+def framework(store: str, cache: str, table: str, payloads: list[bytes], batch: int | None) -> App:
+    env = {"RELIABLE_STORE__URL": store, "RELIABLE_CACHE__URL": cache, "RELIABLE_TRANSPORT__URL": "memory://",
+           "RELIABLE_LOG__LEVEL": "warning", "RELIABLE_WORKER__PREFETCH": str(BATCH)}
+    app = App(Settings.load(None, env=env))
+    insert = text(f"insert into {table} values (:token, :amount)")
+
+    if batch:
+        @app.handler("bench", group=table, token="body.token", batch=batch)
+        def handle_batch(msgs: list[Message], tx) -> None:
+            tx.execute(insert, [m.body for m in msgs])
+    else:
+        @app.handler("bench", group=table, token="body.token")
+        def handle(msg: Message, tx) -> None:
+            tx.execute(insert, msg.body)
+
+    app.publish_many("bench", payloads)
+    return app
+
+
+def timed(run: Callable[[], object], count: int) -> float:
+    started = time.perf_counter()
+    run()
+    return count / (time.perf_counter() - started)
+
+
+def check(engine: Engine, table: str, payloads: list[bytes]) -> None:
+    expected = len({json.loads(p)["token"] for p in payloads})
+    with engine.connect() as conn:
+        rows = conn.execute(text(f"select count(*), count(distinct token) from {table}")).one()
+    assert rows[0] == rows[1] == expected, f"{table}: {rows} rows, expected {expected} once each"
+
+
+def measure(label: str, store_url: str, cache_url: str, per_message: int, batched: int) -> dict[str, float]:
+    engine = engine_for(store_url)
+    small, large = workload(per_message), workload(batched)
+    rates: dict[str, float] = {}
+
+    def table() -> str:
+        name = f"bench_{uuid.uuid4().hex[:8]}"
+        setup_tables(engine, name)
+        return name
+
+    t = table()
+    rates["a"] = timed(lambda: hand_per_message(engine, t, small), len(small))
+    check(engine, t, small)
+    for key, payloads, batch in (("b", small, None), ("c", large, BATCH)):
+        t = table()
+        app = framework(store_url, cache_url, t, payloads, batch)
+        app.runtime  # open the backends outside the timing
+        rates[key] = timed(lambda: app.run(until_idle=True), len(payloads))
+        check(engine, t, payloads)
+        app.close()
+    t = table()
+    rates["d"] = timed(lambda: hand_batched(engine, t, large), len(large))
+    check(engine, t, large)
+    engine.dispose()
+    print(f"  {label}: " + ", ".join(f"({k}) {v:,.0f}" for k, v in rates.items()), flush=True)
+    return rates
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--per-message", type=int, default=3000, help="messages for (a) and (b)")
+    parser.add_argument("--batch", type=int, default=50000, help="messages for (c) and (d)")
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="reliable-bench-"))
+    print(f"workload: unique tokens + 10% duplicates; (a)/(b) {args.per_message} messages, "
+          f"(c)/(d) {args.batch} messages, batch {BATCH}", flush=True)
+    results = {
+        "SQLite + memory cache": measure("SQLite", f"sqlite:///{folder / 'bench.db'}", "memory://",
+                                         args.per_message, args.batch),
+        "PostgreSQL + Redis": measure("PostgreSQL+Redis", DATABASE_URL, REDIS_URL, args.per_message, args.batch),
+    }
+    print()
+    print("| backend | (a) hand loop | (b) framework | (c) framework batch | (d) hand batched "
+          "| (a)/(b) | (c)/(b) | (c)/(d) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for label, r in results.items():
+        print(f"| {label} | {r['a']:,.0f} | {r['b']:,.0f} | {r['c']:,.0f} | {r['d']:,.0f} "
+              f"| {r['a'] / r['b']:.2f}x | {r['c'] / r['b']:.1f}x | {r['c'] / r['d']:.2f} |")
+    print("\nmessages per second; targets: (a)/(b) <= 1.3x, (c)/(b) >= 10x, (c)/(d) >= 0.75, "
+          "(c) >= 20,000 on PostgreSQL + Redis")
+
+
+if __name__ == "__main__":
+    main()
