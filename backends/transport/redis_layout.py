@@ -19,6 +19,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from backends.transport.leasing import dead_letter_queue_name
 from backends.types import Message
 
 # ARGV: ns, topic, then per message: queue, id, key ("-" none, "+key"), headers, payload, published_at
@@ -147,7 +148,7 @@ class Keys:
         return f"{self.ns}:{kind}:{group}:{topic}"
 
     def dead_letters(self, group: str) -> str:
-        return f"{self.ns}:%DLQ%{group}"
+        return f"{self.ns}:{dead_letter_queue_name(group)}"
 
 
 def member(queue: int, offset: int) -> str:

@@ -152,7 +152,7 @@ class RedisStreamsTransport(LeasingTransport):
         self._check_open()
         with self._errors() as client:
             for ref, offset in offsets.items():
-                if not 0 <= ref.queue < self._queue_count(ref.topic) or offset < 0:
+                if not 0 <= ref.queue < self._queue_count(ref.topic, create=True) or offset < 0:
                     raise TransportError(f"cannot seek {ref} to offset {offset}: no such place")
                 stream = self._keys.stream(ref.topic, ref.queue)
                 offset = min(offset, int(client.get(self._keys.head(ref.topic, ref.queue)) or 0))

@@ -1,8 +1,11 @@
-"""Validating and encoding a `Record`'s fields before the writer lock is taken."""
+"""Validating and encoding a `Record`'s fields before the writer lock is taken.
+
+Everything that does not depend on the record's place in the log (its queue
+offset, log offset, store time, generated id) is encoded here, so the writer's
+loop only packs a header, joins three byte strings and computes a CRC.
+"""
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 from broker.errors import InvalidRecordError, RecordTooLargeError
 from broker.store import codec
@@ -10,51 +13,41 @@ from broker.store.queues import check_place, tag_hash
 from broker.store.record import Record
 
 GENERATED_ID_LENGTH = 24
-_checked_topics: dict[str, bytes] = {}
+MAX_FIELD = 65_535
+_topics: dict[str, bytes] = {}
 
-
-class Prepared(NamedTuple):
-    """A record's fields, validated and encoded to bytes."""
-
-    topic: str
-    topic_b: bytes
-    queue: int
-    message_id: str
-    key: bytes
-    tag: bytes
-    headers: bytes
-    body: bytes
-    attempt: int
-    tag_hash: int
+Prepared = tuple[str, bytes, int, str, bytes, bytes, int, int, int, int, int, int, int]
+"""(topic, topic bytes, queue, message id, id bytes, key+tag+headers+body, attempt,
+len(key), len(tag), len(headers), len(body), fixed length, tag hash)."""
 
 
 def prepare(record: Record, max_record_size: int) -> Prepared:
     """Validate ``record`` and encode its fields; raise a clear error naming what is wrong."""
-    topic_b = _checked_topics.get(record.topic) if type(record.topic) is str else None
-    if topic_b is None or not isinstance(record.queue, int) or not 0 <= record.queue <= 65_535:
-        check_place(record.topic, record.queue)
-        topic_b = _checked_topics.setdefault(record.topic, record.topic.encode())
-    body = record.body
+    topic, queue, body = record.topic, record.queue, record.body
+    topic_b = _topics.get(topic) if type(topic) is str else None
+    if topic_b is None or type(queue) is not int or not 0 <= queue <= MAX_FIELD:
+        check_place(topic, queue)
+        topic_b = _topics.setdefault(topic, topic.encode())
     if type(body) is not bytes:
-        if not isinstance(body, (bytes, bytearray, memoryview)):
-            raise InvalidRecordError(f"body of a record for {record.topic} must be bytes, "
+        if not isinstance(body, (bytearray, memoryview)):
+            raise InvalidRecordError(f"body of a record for {topic} must be bytes, "
                                      f"not {type(body).__name__}")
         body = bytes(body)
     try:
-        key, tag = record.key.encode(), record.tag.encode()
-        headers = codec.encode_headers(record.headers)
-        id_length = len(record.message_id.encode()) or GENERATED_ID_LENGTH
+        key, tag, message_id = record.key.encode(), record.tag.encode(), record.message_id.encode()
+        headers = codec.encode_headers(record.headers) if record.headers else b""
     except (AttributeError, TypeError, UnicodeEncodeError, ValueError) as exc:
-        raise InvalidRecordError(f"record for {record.topic}: bad key, tag, id or headers: "
-                                 f"{exc}") from exc
-    if max(len(key), len(tag), id_length) > 65_535:
-        raise InvalidRecordError(f"record for {record.topic}: key, tag and message id must be "
-                                 "at most 65535 bytes")
-    if not isinstance(record.attempt, int) or not 0 <= record.attempt < 2**32:
-        raise InvalidRecordError(f"attempt={record.attempt!r} must be an integer 0..2**32-1")
-    size = codec.FRAME_MIN + len(topic_b) + id_length + len(key) + len(tag) + len(headers) + len(body)
+        raise InvalidRecordError(f"record for {topic}: bad key, tag, id or headers: {exc}") from exc
+    if len(key) > MAX_FIELD or len(tag) > MAX_FIELD or len(message_id) > MAX_FIELD:
+        raise InvalidRecordError(f"record for {topic}: key, tag and message id must be at most "
+                                 f"{MAX_FIELD} bytes")
+    attempt = record.attempt
+    if type(attempt) is not int or not 0 <= attempt < 2**32:
+        raise InvalidRecordError(f"attempt={attempt!r} must be an integer 0..2**32-1")
+    fixed = codec.HEADER.size + len(topic_b) + len(key) + len(tag) + len(headers) + len(body)
+    size = codec.PREFIX.size + fixed + (len(message_id) or GENERATED_ID_LENGTH)
     if size > max_record_size:
-        raise RecordTooLargeError(f"record for {record.topic} is {size} bytes framed, above "
+        raise RecordTooLargeError(f"record for {topic} is {size} bytes framed, above "
                                   f"max_record_size={max_record_size}")
-    return Prepared(record.topic, topic_b, record.queue, record.message_id, key, tag, headers,
-                    body, record.attempt, tag_hash(record.tag))
+    return (topic, topic_b, queue, record.message_id, message_id, key + tag + headers + body,
+            attempt, len(key), len(tag), len(headers), len(body), fixed, tag_hash(record.tag))

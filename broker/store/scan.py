@@ -11,7 +11,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import NamedTuple
 
 from broker.store import codec
-from broker.store.codec import FrameError, FrameHead
+from broker.store.codec import FrameError
 from broker.store.commitlog import CommitLog
 from broker.store.segment import Segment
 
@@ -26,10 +26,14 @@ class Damage(NamedTuple):
     reason: str
 
 
+Frame = tuple[int, bytes, int, tuple[int, ...]]
+"""(log offset, buffer, position of the frame in the buffer, its validated header fields)."""
+
+
 def frames(
     log: CommitLog, start: int, max_size: int, chunk: int, on_damage: OnDamage
-) -> Iterator[tuple[int, FrameHead]]:
-    """Yield (log offset, head) of every valid frame from ``start``, reading ``chunk`` at a time."""
+) -> Iterator[Frame]:
+    """Yield every valid frame from ``start`` on, reading about ``chunk`` bytes at a time."""
     offset: int | None = start
     while offset is not None and offset < log.end:
         segment = log.locate(offset)
@@ -39,7 +43,7 @@ def frames(
 
 def _segment_frames(
     segment: Segment, position: int, max_size: int, chunk: int
-) -> Generator[tuple[int, FrameHead], None, int | Damage]:
+) -> Generator[Frame, None, int | Damage]:
     """Frames of one segment from ``position``; returns the next log offset or the damage."""
     data = b""
     data_at = position
@@ -56,7 +60,7 @@ def _segment_frames(
             data = data[index:] + segment.read(data_at + len(data), need)
             data_at = position
             continue
-        yield segment.base + position, codec.head(data, index, fields)
+        yield segment.base + position, data, index, fields
         position += codec.PREFIX.size + fields[0]
     return segment.end
 

@@ -43,22 +43,21 @@ class BatchWriter:
         placed: dict[tuple[str, int], list] = {}  # (topic, queue) -> [next offset, entries]
         index_entries: list[tuple[int, int, int, int]] = []
         results: list[AppendResult] = []
-        for topic, topic_b, queue, message_id, key_b, tag_b, headers_b, body, attempt, tag_h in (
-            prepared
-        ):
+        for (topic, topic_b, queue, message_id, id_b, tail, attempt, key_length, tag_length,
+             headers_length, body_length, fixed, tag_h) in prepared:
             place = placed.get((topic, queue))
             if place is None:
                 place = placed[(topic, queue)] = [self._queues.ensure(topic, queue).length, []]
             queue_offset = place[0]
             place[0] = queue_offset + 1
-            id_b = message_id.encode() if message_id else b"%s%016x" % (instance, offset)
-            length = (_HEADER_SIZE + len(topic_b) + len(id_b) + len(key_b) + len(tag_b)
-                      + len(headers_b) + len(body))
+            if not id_b:
+                id_b = b"%s%016x" % (instance, offset)
+            length = fixed + len(id_b)
             payload = b"".join((
                 _pack_header(length, _VERSION, queue, queue_offset, store_time, attempt,
-                             len(topic_b), len(id_b), len(key_b), len(tag_b), len(headers_b),
-                             len(body)),
-                topic_b, id_b, key_b, tag_b, headers_b, body,
+                             len(topic_b), len(id_b), key_length, tag_length, headers_length,
+                             body_length),
+                topic_b, id_b, tail,
             ))
             size = length + 6
             if size > room:
@@ -70,7 +69,8 @@ class BatchWriter:
             parts.append(_pack_prefix(_MAGIC, crc32c(payload)))
             parts.append(payload)
             place[1].append((offset, size, tag_h))
-            if key_b:
+            if key_length:
+                key_b = tail[:key_length]
                 index_entries.append((key_hash(topic_b, key_b), offset, size, store_ms))
             index_entries.append((id_hash(id_b), offset, size, store_ms))
             results.append(AppendResult(topic, queue, queue_offset, offset,

@@ -3,11 +3,12 @@
 For each micro-batch, in this order:
 
 1. find the run (the streaming query's id, see `fence.run_identity`);
-2. open a store transaction and fence the batch: a replay of a committed batch
+2. on the executors: one row per token, rows whose token is known dropped,
+   the optional ``validate`` step run, poison rows set aside (`batch.prepare`),
+   before any store lock is taken;
+3. open a store transaction and fence the batch: a replay of a committed batch
    is skipped (logged), a fresh checkpoint reusing the name is a
    `FenceConflictError`;
-3. on the executors: one row per token, rows whose token is known dropped,
-   the optional ``validate`` step run, poison rows set aside (`batch.prepare`);
 4. claim the surviving tokens and record the poison rows, in the transaction;
 5. call the user's function with the claimed rows, the batch id and the
    transaction; its store writes commit with the fence and the tokens;
@@ -159,11 +160,11 @@ class BatchWriter:
                 attempt += 1
 
     def _attempt(self, batch: _Batch, options: Resolved, attempt: int) -> BatchReport:
-        store = options.store
-        with store.transaction() as tx:
+        # The executors read the store before the batch transaction takes any lock (SQLite).
+        prepared = self._prepared(batch, options)
+        with options.store.transaction() as tx:
             if not open_batch(tx, self.name, batch.batch_id, batch.run_id):
                 return self._report(batch, BatchStatus.REPLAYED, attempt)
-            prepared = self._prepared(batch, options)
             claimed = (
                 tx.claim(self.name, prepared.tokens, options.token_ttl)
                 if prepared.tokens
@@ -259,10 +260,10 @@ class BatchWriter:
         """Fence the batch and move all its rows to the dead-letter table; no token is claimed."""
         assert self.dead_letters is not None
         error = {"error_type": type(exc).__name__, "error_message": _describe(exc)}
+        prepared = self._prepared(batch, options)
         with options.store.transaction() as tx:
             if not open_batch(tx, self.name, batch.batch_id, batch.run_id):
                 return self._report(batch, BatchStatus.REPLAYED, attempts)
-            prepared = self._prepared(batch, options)
             failed = [
                 {"token": token, "row_json": deadletters.row_json(row), **error}
                 for token, row in prepared.collect_rows()

@@ -328,6 +328,16 @@ def test_seek_moves_the_group_cursor(transport: Transport, unique: str) -> None:
     assert transport.pending("g", unique) == 0
 
 
+def test_seek_on_a_new_topic_starts_it_and_bad_places_are_named(
+    transport: Transport, unique: str
+) -> None:
+    transport.seek("g", {QueueRef(unique, 0): 7})
+    transport.publish(unique, [OutgoingMessage(b"{}", key="k")])
+    assert [m.offset for m in drain(transport, "g", unique)] == [0]
+    with pytest.raises(TransportError, match="no such place"):
+        transport.seek("g", {QueueRef(unique, 99): 0})
+
+
 # opening by URL
 
 

@@ -1,0 +1,91 @@
+"""The `reliable` command as a user runs it: run, dlq list/show/replay/purge, settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+APP_MODULE = '''
+import reliable
+from sqlalchemy import text
+
+app = reliable.App()
+
+@app.handler("payments", group="billing", token="body.payment_id", fatal=(ValueError,))
+def charge(msg, tx):
+    if msg.body["amount"] <= 0:
+        raise ValueError("amount must be positive")
+    tx.execute(text("create table if not exists charges (id text primary key)"))
+    tx.execute(text("insert into charges (id) values (:i)"), {"i": msg.body["payment_id"]})
+
+if __name__ == "__main__":
+    for p in ({"payment_id": "p-1", "amount": 10}, {"payment_id": "p-1", "amount": 10},
+              {"payment_id": "p-2", "amount": -1}):
+        app.publish("payments", p)
+'''
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "billing_app.py").write_text(APP_MODULE)
+    (tmp_path / "reliable.toml").write_text(
+        '[transport]\nurl = "embedded://./data/broker"\n'
+        '[store]\nurl = "sqlite:///./data/reliable.db"\n'
+        '[log]\nlevel = "warning"\nformat = "json"\n'
+    )
+    return tmp_path
+
+
+def reliable_cmd(project: Path, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("reliable", path=str(Path(sys.executable).parent)) or "reliable"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
+    return subprocess.run([exe, *args], cwd=project, env=env, capture_output=True, text=True, timeout=120, input=input)
+
+
+def test_run_then_inspect_replay_and_purge_dead_letters(project: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
+    env["RELIABLE_SETTINGS"] = str(project / "reliable.toml")
+    subprocess.run([sys.executable, "billing_app.py"], cwd=project, env=env, check=True, timeout=60)
+
+    run = reliable_cmd(project, "run", "billing_app:app", "--settings", "reliable.toml", "--until-idle")
+    assert run.returncode == 0, run.stderr
+    stats = json.loads(run.stdout.strip().splitlines()[-1])
+    assert (stats["processed"], stats["duplicate"], stats["dead_lettered"]) == (1, 1, 1)
+
+    listed = reliable_cmd(project, "dlq", "list", "billing", "--settings", "reliable.toml")
+    [letter] = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert letter["token"] == "p-2" and letter["error_type"] == "builtins.ValueError" and letter["attempts"] == 1
+
+    shown = json.loads(reliable_cmd(project, "dlq", "show", str(letter["id"]), "--settings", "reliable.toml").stdout)
+    assert json.loads(shown["payload"]) == {"payment_id": "p-2", "amount": -1}
+    assert "ValueError: amount must be positive" in shown["traceback"]
+
+    replayed = reliable_cmd(project, "dlq", "replay", "billing", "--settings", "reliable.toml")
+    assert "replayed 1" in replayed.stdout, replayed.stderr
+    rerun = reliable_cmd(project, "run", "billing_app:app", "--settings", "reliable.toml", "--until-idle")
+    assert json.loads(rerun.stdout.strip().splitlines()[-1])["dead_lettered"] == 1
+    [again] = [json.loads(x) for x in reliable_cmd(project, "dlq", "list", "billing", "--settings", "reliable.toml").stdout.splitlines()]
+    assert again["replays"] == 1
+
+    purged = reliable_cmd(project, "dlq", "purge", "billing", "--yes", "--settings", "reliable.toml")
+    assert "purged 1" in purged.stdout
+    assert reliable_cmd(project, "dlq", "list", "billing", "--settings", "reliable.toml").stdout == ""
+
+
+def test_bad_settings_are_reported_with_file_key_value_and_allowed(project: Path) -> None:
+    (project / "bad.toml").write_text('[commit]\nstrategy = "sometimes"\n')
+    result = reliable_cmd(project, "settings", "--settings", "bad.toml")
+    assert result.returncode == 2
+    assert "bad.toml" in result.stderr and "commit.strategy" in result.stderr and "'sometimes'" in result.stderr
+    assert "per_message" in result.stderr
+
+
+def test_run_rejects_a_target_that_is_not_an_app(project: Path) -> None:
+    result = reliable_cmd(project, "run", "billing_app:text")
+    assert result.returncode != 0 and "is not a reliable.App" in result.stderr
