@@ -23,7 +23,7 @@ from backends.transport import open_transport
 from backends.types import JSON, DeadLetter, OutgoingMessage, encode_body
 from reliable.commit import CommitStrategy, commit_strategy
 from reliable.deadletter import DeadLetters
-from reliable.errors import UnknownHandlerError
+from reliable.errors import StoreUnavailableError, UnknownHandlerError
 from reliable.handler import Handler, HandlerConfig
 from reliable.log import configure_logging
 from reliable.message import CONTENT_TYPE
@@ -32,6 +32,9 @@ from reliable.settings import Settings
 from reliable.worker import Worker
 
 log = structlog.get_logger("reliable.app")
+
+PURGE_INTERVAL = 3600.0
+"""Seconds between purges of expired token records by a running worker."""
 
 
 class App:
@@ -43,6 +46,7 @@ class App:
         self.handlers: dict[str, Handler] = {}
         self._runtime = runtime
         self._stop = threading.Event()
+        self._purged_at = float("-inf")
         self._lock = threading.Lock()
 
     @classmethod
@@ -78,7 +82,8 @@ class App:
         with self._lock:
             if self._runtime is None:
                 s = self.settings
-                configure_logging(s.log.level, s.log.format)
+                if not structlog.is_configured():  # leave an application's own logging alone
+                    configure_logging(s.log.level, s.log.format)
                 store = open_store(s.store.url, self.clock)
                 cache = None if s.cache.url == "none" else open_cache(s.cache.url, self.clock)
                 transport = open_transport(s.transport.url, self.clock, visibility_timeout=s.transport.visibility_timeout)
@@ -150,6 +155,7 @@ class App:
         log.info("worker_started", handlers=[w.handler.name for w in workers], until_idle=until_idle)
         try:
             while not self._stop.is_set():
+                self._purge_expired_tokens()
                 if self._cycle(workers, until_idle):
                     continue
                 if until_idle and not self._wait_for_due(workers):
@@ -163,6 +169,20 @@ class App:
     def stop(self) -> None:
         """Ask `run()` to finish the messages in hand and return."""
         self._stop.set()
+
+    def _purge_expired_tokens(self) -> None:
+        """Delete expired token records, at most once per `PURGE_INTERVAL` seconds."""
+        now = self.clock.time()
+        if now - self._purged_at < PURGE_INTERVAL:
+            return
+        self._purged_at = now
+        try:
+            deleted = self.runtime.store.purge_expired()
+        except StoreUnavailableError as exc:
+            log.warning("token_purge_failed", error=str(exc))
+            return
+        if deleted:
+            log.info("expired_tokens_purged", count=deleted)
 
     def _cycle(self, workers: list[Worker], until_idle: bool) -> bool:
         timeout = 0.0 if until_idle else max(w.handler.config.poll_timeout for w in workers) / len(workers)
@@ -239,7 +259,7 @@ class App:
 
     def dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:
         """The dead letters of ``group``, oldest first."""
-        return self.dead_letter_queue.list(group, limit)
+        return self.dead_letter_queue.page(group, limit)
 
     def replay_dead_letters(self, group: str, ids: Sequence[int] | None = None, *, max_replays: int = 3, force: bool = False) -> int:
         """Publish dead letters back to their topic and delete them; returns how many."""

@@ -30,7 +30,8 @@ class DeadLetters:
         self.store = store
         self.transport = transport
 
-    def list(self, group: str, limit: int = 100, after_id: int = 0) -> list[DeadLetter]:
+    def page(self, group: str, limit: int = 100, after_id: int = 0) -> list[DeadLetter]:
+        """Up to ``limit`` dead letters of ``group`` with id > ``after_id``, oldest first."""
         return self.store.dead_letters(group, limit=limit, after_id=after_id)
 
     def get(self, letter_id: int) -> DeadLetter | None:

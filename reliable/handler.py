@@ -19,7 +19,13 @@ from backends.types import Message
 from reliable.commit import STRATEGIES, CommitStrategy
 from reliable.errors import HandlerOptionError
 from reliable.idempotency import Token, TokenFunction
-from reliable.retry import Classifier, DelayLevels, InProcessRetry, RedeliveryPolicy, build_classifier
+from reliable.retry import (
+    Classifier,
+    DelayLevels,
+    InProcessRetry,
+    RedeliveryPolicy,
+    build_classifier,
+)
 
 Redelivery = RedeliveryPolicy | DelayLevels
 HandlerFunction = Callable[..., Any]

@@ -186,12 +186,7 @@ class EmbeddedTransport(LeasingTransport):
                 )
         self._signal()
 
-    def dead_letter_queue(self, group: str) -> list[Message]:
-        """The messages dead-lettered by ``group`` (``%DLQ%<group>``), oldest first."""
-        return [record.message for record in self.dead_letter_records(group)]
-
     def dead_letter_records(self, group: str) -> list[DeadLetter]:
-        """``%DLQ%<group>`` with each message's failure, oldest first."""
         self._check_open()
         rows = self._db.read(
             f"SELECT {MESSAGE_COLUMNS}, failure, seq FROM dead_letters WHERE grp = ? ORDER BY seq",

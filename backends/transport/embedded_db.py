@@ -79,6 +79,7 @@ class Database:
         self._local = threading.local()
         self._opened: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        self._writers: dict[int, threading.Lock] = {}  # per process: a fork gets a fresh one
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.write() as connection:
@@ -99,27 +100,32 @@ class Database:
 
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
-        """A ``BEGIN IMMEDIATE`` transaction: committed on exit, rolled back on error."""
-        connection = self.connection()
-        try:
-            connection.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise TransportError(
-                f"embedded broker {self.path}: cannot begin a write: {exc}"
-            ) from exc
-        try:
-            yield connection
-        except sqlite3.Error as exc:
-            connection.execute("ROLLBACK")
-            raise TransportError(f"embedded broker {self.path}: {exc}") from exc
-        except BaseException:
-            connection.execute("ROLLBACK")
-            raise
-        try:
-            connection.execute("COMMIT")
-        except sqlite3.Error as exc:
-            connection.execute("ROLLBACK")
-            raise TransportError(f"embedded broker {self.path}: commit failed: {exc}") from exc
+        """A ``BEGIN IMMEDIATE`` transaction: committed on exit, rolled back on error.
+
+        Threads of one process queue on a mutex first, so only writers in
+        other processes meet SQLite's (sleeping) busy handler.
+        """
+        with self._writers.setdefault(os.getpid(), threading.Lock()):
+            connection = self.connection()
+            try:
+                connection.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise TransportError(
+                    f"embedded broker {self.path}: cannot begin a write: {exc}"
+                ) from exc
+            try:
+                yield connection
+            except sqlite3.Error as exc:
+                connection.execute("ROLLBACK")
+                raise TransportError(f"embedded broker {self.path}: {exc}") from exc
+            except BaseException:
+                connection.execute("ROLLBACK")
+                raise
+            try:
+                connection.execute("COMMIT")
+            except sqlite3.Error as exc:
+                connection.execute("ROLLBACK")
+                raise TransportError(f"embedded broker {self.path}: commit failed: {exc}") from exc
 
     def read(self, sql: str, parameters: tuple = ()) -> list[tuple]:
         """Rows of one query, outside any write transaction."""

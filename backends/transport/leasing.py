@@ -4,7 +4,7 @@ A *leasing* transport hands each fetched message to one fetcher of a group
 for ``visibility_timeout`` seconds (its lease). A message neither acked,
 nacked nor dead-lettered before the lease ends is due again: the consumer is
 presumed dead. The public operations are written once here; a backend
-(memory, embedded) implements the private primitives.
+(memory, embedded, redis) implements the private primitives.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from enum import StrEnum
 from backends.clock import Clock, SystemClock
 from backends.errors import ConfigurationError, TransportError
 from backends.transport.base import Transport
-from backends.types import Message, OutgoingMessage
+from backends.types import DeadLetter, Message, OutgoingMessage
 
 DEFAULT_QUEUES = 4
 DEFAULT_VISIBILITY_TIMEOUT = 30.0
@@ -128,6 +128,14 @@ class LeasingTransport(Transport):
             if claimed or remaining <= 0:
                 return claimed
             remaining -= self._pause(group, topic, version, remaining, now)
+
+    def dead_letter_queue(self, group: str) -> list[Message]:
+        """The messages dead-lettered by ``group`` (``%DLQ%<group>``), oldest first, as given."""
+        return [record.message for record in self.dead_letter_records(group)]
+
+    @abstractmethod
+    def dead_letter_records(self, group: str) -> list[DeadLetter]:
+        """``%DLQ%<group>`` with each message's `Failure`, oldest first."""
 
     def close(self) -> None:
         self._closed = True

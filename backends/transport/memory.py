@@ -154,12 +154,7 @@ class MemoryTransport(LeasingTransport):
                     del progress.outstanding[position]
             self._signal()
 
-    def dead_letter_queue(self, group: str) -> list[Message]:
-        """The messages dead-lettered by ``group`` (``%DLQ%<group>``), oldest first."""
-        return [record.message for record in self.dead_letter_records(group)]
-
     def dead_letter_records(self, group: str) -> list[DeadLetter]:
-        """``%DLQ%<group>`` with each message's failure, oldest first."""
         with self._changed:
             return list(self._dead.get(group, []))
 

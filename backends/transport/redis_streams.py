@@ -164,12 +164,7 @@ class RedisStreamsTransport(LeasingTransport):
                 self._forget(client, group, ref, offset)
         self._signal()
 
-    def dead_letter_queue(self, group: str) -> list[Message]:
-        """The messages dead-lettered by ``group`` (``%DLQ%<group>``), oldest first."""
-        return [record.message for record in self.dead_letter_records(group)]
-
     def dead_letter_records(self, group: str) -> list[DeadLetter]:
-        """``%DLQ%<group>`` with each message's failure, oldest first."""
         self._check_open()
         with self._errors() as client:
             entries = client.xrange(self._keys.dead_letters(group))
@@ -187,7 +182,7 @@ class RedisStreamsTransport(LeasingTransport):
     def purge(self) -> None:
         """Delete every key of this transport's namespace (tests, resets)."""
         with self._errors() as client:
-            keys = list(client.scan_iter(match=f"{self._keys.ns}:*", count=1000))
+            keys = list(client.scan_iter(match=f"{self._keys.ns}:*", count=10_000))
             for start in range(0, len(keys), 500):
                 client.delete(*keys[start : start + 500])
         self._queue_counts.clear()

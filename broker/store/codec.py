@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgpack
 from crc32c import crc32c
@@ -33,19 +33,6 @@ MAGIC_BYTES = struct.pack("<H", MAGIC)
 
 class FrameError(ValueError):
     """A frame that is not a valid record (internal: callers name the file and offset)."""
-
-
-class FrameHead(NamedTuple):
-    """The fields of a frame needed to index it, without decoding headers or body."""
-
-    size: int
-    topic: str
-    queue: int
-    queue_offset: int
-    store_time: float
-    message_id: str
-    key: str
-    tag: str
 
 
 def encode(
@@ -105,23 +92,6 @@ def check(buf: Any, pos: int, max_size: int) -> tuple[int, ...] | None:
     if HEADER.size + sum(fields[6:]) != length:
         raise FrameError("field lengths do not add up")
     return fields
-
-
-def head(buf: Any, pos: int, fields: tuple[int, ...]) -> FrameHead:
-    """The indexable fields of a frame already validated by `check`."""
-    p = pos + FRAME_MIN
-    tl, il, kl, gl = fields[6:10]
-    view = memoryview(buf)
-    return FrameHead(
-        PREFIX.size + fields[0],
-        str(view[p : p + tl], "utf-8"),
-        fields[2],
-        fields[3],
-        fields[4],
-        str(view[p + tl : p + tl + il], "utf-8"),
-        str(view[p + tl + il : p + tl + il + kl], "utf-8"),
-        str(view[p + tl + il + kl : p + tl + il + kl + gl], "utf-8"),
-    )
 
 
 def decode(buf: Any, pos: int, fields: tuple[int, ...], log_offset: int) -> StoredMessage:

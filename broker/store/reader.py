@@ -56,7 +56,8 @@ def read_entries(
         for entry in entries[i:j]:
             message = _decode(data, entry.log_offset - first.log_offset, entry, segment, skip)
             if message is not None and (message.topic, message.queue) != place:
-                message = _reject(segment, entry, "record belongs to another queue", skip)
+                _reject(segment, entry, "record belongs to another queue", skip)
+                message = None
             if message is not None:
                 messages.append(message)
         i = j
@@ -85,7 +86,8 @@ def _decode(data: bytes, pos: int, entry: QueueEntry, segment: Segment, skip: bo
             raise FrameError("record queue offset differs from its consume-queue entry")
         return codec.decode(data, pos, fields, entry.log_offset)
     except FrameError as exc:
-        return _reject(segment, entry, str(exc), skip)
+        _reject(segment, entry, str(exc), skip)
+        return None
 
 
 def _reject(segment: Segment, entry: QueueEntry, reason: str, skip: bool) -> None:

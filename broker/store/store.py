@@ -225,11 +225,13 @@ class MessageStore:
         with self._writer:
             dispatched = self._log.end
             lengths = self._queues.lengths()
-            maps = [*self._queues.take_dirty(), *self._index.recent()]
+            queue_maps, index_files = self._queues.take_dirty(), self._index.recent()
         for segment in segments:
             segment.fsync()
-        for mapped in maps:
+        for mapped in queue_maps:
             mapped.flush()
+        for index_file in index_files:
+            index_file.flush()
         checkpoint.save(self.path, checkpoint.Checkpoint(dispatched, lengths))
         self._checkpointed = dispatched
 

@@ -178,3 +178,36 @@ def test_every_flush_policy_keeps_data_across_reopen(tmp_path: Path, policy: Flu
         assert len(read_all(store)) == 30
     with MessageStore(tmp_path / "s", config) as store:
         assert len(read_all(store)) == 30
+
+
+def test_readers_see_consistent_messages_while_writers_append(tmp_path: Path) -> None:
+    store = MessageStore(tmp_path / "s", small_config(flush=FlushPolicy.ASYNC,
+                                                      segment_size=64 * 1024))
+    problems: list[str] = []
+    done = threading.Event()
+
+    def write(thread: int) -> None:
+        for n in range(20):
+            store.append([record_for(f"{thread}-{n}-{i}", "t", thread) for i in range(5)])
+
+    def read(queue: int) -> None:
+        offset = 0
+        while not done.is_set() or offset < store.max_offset("t", queue):
+            for message in store.read("t", queue, offset, 16):
+                if message.queue_offset != offset or message.body != record_for(
+                        message.message_id).body:
+                    problems.append(f"{queue}@{offset}: {message.message_id}")
+                offset += 1
+
+    readers = [threading.Thread(target=read, args=(q,)) for q in (0, 1)]
+    writers = [threading.Thread(target=write, args=(t,)) for t in (0, 1)]
+    for thread in readers + writers:
+        thread.start()
+    for thread in writers:
+        thread.join()
+    done.set()
+    for thread in readers:
+        thread.join()
+    assert not problems
+    assert store.max_offset("t", 0) == store.max_offset("t", 1) == 100
+    store.close()

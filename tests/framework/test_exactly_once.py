@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from reliable import App, Message
+from reliable import Message
 from reliable.testing import test_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,7 +87,7 @@ def test_two_processes_sending_the_same_tokens(tmp_path, postgres_url, redis_url
     # each process has its own in-memory transport and receives all 300 tokens: every token twice overall
     procs = [_worker(effects_table, "publish", "300", "consume", env=env) for _ in range(2)]
     outputs = [p.communicate(timeout=240) for p in procs]
-    for p, (out, err) in zip(procs, outputs):
+    for p, (_, err) in zip(procs, outputs):
         assert p.returncode == 0, err
     stats = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert counts(postgres_url, effects_table) == {f"t{i}": 1 for i in range(300)}
@@ -117,6 +117,6 @@ def test_kill_9_mid_batch_loses_nothing_and_repeats_nothing(tmp_path, postgres_u
     assert kills >= 2  # the kills landed while work was in progress
 
     survivor = _worker(effects_table, "consume", "50", env=env)
-    out, err = survivor.communicate(timeout=240)
+    _out, err = survivor.communicate(timeout=240)
     assert survivor.returncode == 0, err
     assert counts(postgres_url, effects_table) == {f"t{i}": 1 for i in range(total)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -125,7 +126,7 @@ def test_redelivery_delays_follow_activemq(app: App, clock) -> None:
         delay += delay * (sign * rng.random())
         expected.append(delay)
         previous = delay
-    observed = [b - a for a, b in zip(seen_at, seen_at[1:])]
+    observed = [b - a for a, b in itertools.pairwise(seen_at)]
     assert len(seen_at) == 7  # first delivery + 6 redeliveries
     assert observed == pytest.approx(expected, abs=1e-3)
     [letter] = app.dead_letters("job")
@@ -145,7 +146,7 @@ def test_delay_levels_as_alternative(app: App, clock) -> None:
 
     app.publish("jobs", {"id": "x"})
     app.run(until_idle=True)
-    assert [round(b - a, 3) for a, b in zip(seen_at, seen_at[1:])] == [1.0, 5.0, 10.0]
+    assert [round(b - a, 3) for a, b in itertools.pairwise(seen_at)] == [1.0, 5.0, 10.0]
 
 
 def test_missing_token_and_undecodable_body_are_poison(app: App) -> None:

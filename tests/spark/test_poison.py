@@ -1,0 +1,108 @@
+"""Poison rows go to the dead-letter table while good rows commit; spent retries dead-letter a batch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import text
+
+from backends.clock import FakeClock
+from reliable.retry import RedeliveryPolicy
+from reliable.spark import BatchStatus, foreach_batch, insert_rows, read_dead_letters
+from reliable.testing import test_app
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = "order_id string, amount long, note string"
+
+
+def parse_order(row: dict) -> dict:
+    """The per-row validate step: amounts must be positive; amounts become cents."""
+    if row["amount"] is None or row["amount"] <= 0:
+        raise ValueError(f"amount must be positive, got {row['amount']}")
+    return {"order_id": row["order_id"], "cents": row["amount"] * 100}
+
+
+def checkpoint_of(tmp_path, query_id: str) -> str:
+    """A checkpoint folder as Spark leaves it: ``metadata`` holds the query id."""
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    (folder / "metadata").write_text(json.dumps({"id": query_id}) + "\n")
+    return str(folder)
+
+
+def test_poison_rows_land_in_the_dead_letter_table_while_good_rows_commit(spark, tmp_path, unique):
+    app = test_app(tmp_path)
+    table, dlq = unique, f"{unique}_dlq"
+    with app.store.transaction() as tx:
+        tx.execute(text(f"CREATE TABLE {table} (order_id TEXT, cents INTEGER)"))
+
+    @foreach_batch(
+        app,
+        name=table,
+        token="order_id",
+        validate=parse_order,
+        schema="order_id string, cents long",
+        dead_letters=dlq,
+        checkpoint_location=checkpoint_of(tmp_path, "query-1"),
+    )
+    def write(df, batch_id, tx):
+        insert_rows(df, tx, table)
+
+    batch = spark.createDataFrame(
+        [("a", 5, ""), ("b", -1, "refund?"), (None, 3, "no token"), ("c", 7, ""), ("b", -1, "dup")],
+        SCHEMA,
+    )
+    report = write(batch, 4)
+
+    assert (report.status, report.written, report.poison) == (BatchStatus.COMMITTED, 2, 2)
+    with app.store.transaction() as tx:
+        written = tx.execute(text(f"SELECT order_id, cents FROM {table} ORDER BY order_id")).all()
+    assert [tuple(row) for row in written] == [("a", 500), ("c", 700)]
+    letters = sorted(read_dead_letters(app.store, dlq, name=table), key=lambda d: d.error_type)
+    assert [(d.token, d.error_type, d.batch_id, d.run_id) for d in letters] == [
+        (None, "TokenMissingError", 4, "query-1"),
+        ("b", "ValueError", 4, "query-1"),
+    ]
+    assert letters[1].error_message == "amount must be positive, got -1"
+    assert letters[1].row["amount"] == -1 and letters[0].row["note"] == "no token"
+    assert app.store.known(table, ["a", "b", "c"]) == {"a", "c"}  # a poison row claims no token
+
+    assert write(batch, 4).status is BatchStatus.REPLAYED
+    assert len(read_dead_letters(app.store, dlq, name=table)) == 2  # not dead-lettered twice
+
+
+def test_spent_retries_dead_letter_the_whole_batch_with_backoff_on_the_clock(
+    spark, tmp_path, unique
+):
+    clock = FakeClock()
+    app = test_app(tmp_path, clock=clock)
+    policy = RedeliveryPolicy(initial_delay=1.0, multiplier=2.0, max_redeliveries=2)
+    attempts = []
+
+    @foreach_batch(
+        app,
+        name=unique,
+        token="order_id",
+        retry=policy,
+        dead_letters=f"{unique}_dlq",
+        on_retries_spent="dead_letter",
+        checkpoint_location=checkpoint_of(tmp_path, "query-1"),
+    )
+    def write(df, batch_id, tx):
+        attempts.append(df.count())
+        raise ConnectionError("sink is down")
+
+    report = write(spark.createDataFrame([("a", 1, ""), ("b", 2, ""), ("a", 1, "")], SCHEMA), 0)
+
+    assert report.status is BatchStatus.DEAD_LETTERED and report.attempts == 3
+    assert attempts == [2, 2, 2]
+    assert clock.sleeps == [1.0, 2.0]  # the redelivery policy's backoff, on the injected clock
+    letters = read_dead_letters(app.store, f"{unique}_dlq", name=unique)
+    assert sorted((d.token, d.scope, d.error_type) for d in letters) == [
+        ("a", "batch", "ConnectionError"),
+        ("b", "batch", "ConnectionError"),
+    ]
+    assert "sink is down" in letters[0].error_message
+    assert app.store.known(unique, ["a", "b"]) == set()  # left unclaimed: the rows can be replayed
