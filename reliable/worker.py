@@ -61,6 +61,7 @@ class Worker:
 
     def flush(self) -> None:
         self.strategy.flush(self._ack)
+        self.pipeline.guard.flush()
 
     def close(self) -> None:
         self.flush()

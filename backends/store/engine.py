@@ -28,6 +28,7 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 POSTGRES_POOL_SIZE = 16  # one connection per worker thread
 POSTGRES_MAX_OVERFLOW = 8
 POSTGRES_INSERT_PAGE = 5_000  # rows per multi-row INSERT of executemany (offsets)
+POSTGRES_RECYCLE_SECONDS = 1800
 SQLITE_CHUNK = 900  # tokens per IN (...) list: under SQLite's classic 999-parameter limit
 POSTGRES_CHUNK = 20_000
 
@@ -65,12 +66,15 @@ def build_engine(url: URL) -> Engine:
     if url.get_backend_name() == "sqlite":
         if url.database and not url.query.get("uri"):
             Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, pool_pre_ping=True, connect_args={"timeout": 30.0})
+        engine = create_engine(url, connect_args={"timeout": 30.0})
         _tune_sqlite(engine)
         return engine
+    # No pre-ping: it would cost a round trip per transaction. A connection that died
+    # idle fails its next transaction as StoreUnavailableError (the message is deferred,
+    # not lost), and SQLAlchemy then invalidates the pool; recycling bounds idle age.
     return create_engine(
         url,
-        pool_pre_ping=True,
+        pool_recycle=POSTGRES_RECYCLE_SECONDS,
         pool_size=POSTGRES_POOL_SIZE,
         max_overflow=POSTGRES_MAX_OVERFLOW,
         pool_timeout=30,

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import msgpack
 from crc32c import crc32c
 
-from broker.store.record import StoredMessage
+from broker.store.record import NO_HEADERS, StoredMessage
 
 MAGIC = 0xB7E5
 VERSION = 1
@@ -101,19 +102,18 @@ def decode(buf: Any, pos: int, fields: tuple[int, ...], log_offset: int) -> Stor
     view = memoryview(buf)
     q = p + tl + il + kl + gl
     try:
-        headers = msgpack.unpackb(view[q : q + hl], raw=False) if hl else {}
         return StoredMessage(
-            topic=str(view[p : p + tl], "utf-8"),
-            queue=fields[2],
-            queue_offset=fields[3],
-            log_offset=log_offset,
-            message_id=str(view[p + tl : p + tl + il], "utf-8"),
-            key=str(view[p + tl + il : p + tl + il + kl], "utf-8"),
-            tag=str(view[p + tl + il + kl : q], "utf-8"),
-            headers=headers,
-            body=bytes(view[q + hl : q + hl + bl]),
-            store_time=fields[4],
-            attempt=fields[5],
+            str(view[p : p + tl], "utf-8"),
+            fields[2],
+            fields[3],
+            log_offset,
+            str(view[p + tl : p + tl + il], "utf-8"),
+            str(view[p + tl + il : p + tl + il + kl], "utf-8"),
+            str(view[p + tl + il + kl : q], "utf-8") if gl else "",
+            MappingProxyType(msgpack.unpackb(view[q : q + hl], raw=False)) if hl else NO_HEADERS,
+            bytes(view[q + hl : q + hl + bl]),
+            fields[4],
+            fields[5],
         )
     except (UnicodeDecodeError, ValueError, msgpack.UnpackException) as exc:
         raise FrameError(f"undecodable fields: {exc}") from exc

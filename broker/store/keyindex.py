@@ -37,6 +37,20 @@ def id_hash(message_id: bytes) -> int:
     return crc32c(message_id, 0x1D)
 
 
+def offset_in_id(message_id: bytes) -> int | None:
+    """The log offset a store-made id names (8 hex digits of instance, 16 of offset), if any.
+
+    Ids the store makes say where their record is, as RocketMQ's offset message
+    ids do, so they need no index entry: a lookup reads the record and compares.
+    """
+    if len(message_id) != 24:
+        return None
+    try:
+        return int(message_id[8:], 16)
+    except ValueError:
+        return None
+
+
 class IndexFile:
     """One index file; a writer appends entries, readers walk chains concurrently."""
 

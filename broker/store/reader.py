@@ -77,6 +77,23 @@ def read_at(commit_log: CommitLog, log_offset: int, size: int, visible: int) -> 
     return _decode(data, 0, entry, segment, skip=True)
 
 
+def read_frame_at(commit_log: CommitLog, log_offset: int, visible: int) -> StoredMessage | None:
+    """The record starting at ``log_offset`` when its size is not known (None if none there)."""
+    if not commit_log.min_offset <= log_offset < visible:
+        return None
+    try:
+        segment = commit_log.locate(log_offset)
+        head = segment.read(log_offset - segment.base, codec.FRAME_MIN)
+    except StoreError:
+        return None
+    if len(head) < codec.FRAME_MIN or head[:2] != codec.MAGIC_BYTES:
+        return None
+    size = codec.PREFIX.size + codec.HEADER.unpack_from(head, codec.PREFIX.size)[0]
+    if log_offset + size > segment.end:
+        return None
+    return read_at(commit_log, log_offset, size, visible)
+
+
 def _decode(data: bytes, pos: int, entry: QueueEntry, segment: Segment, skip: bool) -> StoredMessage | None:
     try:
         fields = codec.check(data, pos, entry.size)

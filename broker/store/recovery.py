@@ -23,7 +23,7 @@ from broker.store import codec, scan
 from broker.store.checkpoint import Checkpoint, boot_id
 from broker.store.commitlog import CommitLog
 from broker.store.config import StoreConfig
-from broker.store.keyindex import KeyIndex, id_hash, key_hash
+from broker.store.keyindex import KeyIndex, id_hash, key_hash, offset_in_id
 from broker.store.queues import QueueTable
 from broker.store.segment import Segment
 
@@ -128,7 +128,9 @@ def _replay(
                 k = i + fields[7]
                 pending.append((key_hash(topic_b, data[k : k + fields[8]]), log_offset, size,
                                 store_ms))
-            pending.append((id_hash(data[i : i + fields[7]]), log_offset, size, store_ms))
+            id_b = data[i : i + fields[7]]
+            if offset_in_id(id_b) != log_offset:
+                pending.append((id_hash(id_b), log_offset, size, store_ms))
             if len(pending) >= 8192:
                 index.add_many(pending)
                 pending = []

@@ -27,10 +27,10 @@ from broker.store import checkpoint, retention
 from broker.store.commitlog import CommitLog
 from broker.store.config import FlushPolicy, StoreConfig
 from broker.store.flush import Flusher
-from broker.store.keyindex import KeyIndex, id_hash, key_hash
+from broker.store.keyindex import KeyIndex, id_hash, key_hash, offset_in_id
 from broker.store.prepare import Prepared, prepare
 from broker.store.queues import QueueTable
-from broker.store.reader import read_at, read_entries
+from broker.store.reader import read_at, read_entries, read_frame_at
 from broker.store.record import AppendResult, Record, StoredMessage
 from broker.store.recovery import RecoveryReport, recover
 from broker.store.segment import Segment
@@ -161,6 +161,11 @@ class MessageStore:
     def lookup_id(self, message_id: str) -> StoredMessage | None:
         """The message with ``message_id``, if the store still holds it."""
         self._check_open()
+        log_offset = offset_in_id(message_id.encode())
+        if log_offset is not None:
+            message = read_frame_at(self._log, log_offset, self._visible_end())
+            if message is not None and message.message_id == message_id:
+                return message
         found = self._lookup(id_hash(message_id.encode()), 0, FOREVER_MS, 1,
                              lambda m: m.message_id == message_id)
         return found[0] if found else None

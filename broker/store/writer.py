@@ -12,7 +12,7 @@ from crc32c import crc32c
 
 from broker.store import codec
 from broker.store.commitlog import CommitLog
-from broker.store.keyindex import KeyIndex, id_hash, key_hash
+from broker.store.keyindex import KeyIndex, id_hash, key_hash, offset_in_id
 from broker.store.prepare import Prepared
 from broker.store.queues import QueueTable
 from broker.store.record import AppendResult
@@ -72,7 +72,8 @@ class BatchWriter:
             if key_length:
                 key_b = tail[:key_length]
                 index_entries.append((key_hash(topic_b, key_b), offset, size, store_ms))
-            index_entries.append((id_hash(id_b), offset, size, store_ms))
+            if message_id and offset_in_id(id_b) != offset:
+                index_entries.append((id_hash(id_b), offset, size, store_ms))
             results.append(AppendResult(topic, queue, queue_offset, offset,
                                         message_id or id_b.decode(), size))
             offset += size

@@ -365,23 +365,27 @@ def test_bad_embedded_options_are_named(tmp_path: Path) -> None:
 # embedded: durable, shared by processes
 
 CHILD = """
-import json, sys, time
+import json, os, sys, time
 from pathlib import Path
 from backends.transport import open_transport
 
-path, topic, mode, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+path, topic, mode, count = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
 transport = open_transport(f"embedded://{path}", visibility_timeout=30.0)
 if mode == "hold":  # fetch, report, then wait to be killed
     print(json.dumps([m.id for m in transport.fetch("g", topic, count, 0)]), flush=True)
     time.sleep(60)
 print("ready", flush=True)
-while not Path(path, "go").exists():
+while not (path / "go").exists():
     time.sleep(0.002)
 received = []
 while messages := transport.fetch("g", topic, count, 0):
+    if not received:  # hold the first claim until the other process holds one too
+        (path / f"fetched-{os.getpid()}").touch()
+        deadline = time.monotonic() + 10
+        while len(list(path.glob("fetched-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.002)
     received += [m.id for m in messages]
     transport.ack("g", messages)
-    time.sleep(0.001)  # pace the loop so the other process gets its turns
 print(json.dumps(received), flush=True)
 """
 
