@@ -34,7 +34,7 @@ class Worker:
         self.watermark = OffsetWatermark() if runtime.transport.commits_offsets else None
         self.lanes = handler.config.concurrency
         self._pool = ThreadPoolExecutor(self.lanes, thread_name_prefix=f"reliable-{handler.name}") if self.lanes > 1 else None
-        if strategy.in_transaction:
+        if strategy.in_transaction and runtime.transport.commits_offsets:
             runtime.transport.seek(handler.group, runtime.store.load_offsets(handler.group))
 
     @property

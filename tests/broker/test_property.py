@@ -23,6 +23,9 @@ records = st.builds(
     body=st.binary(max_size=600),
     key=st.sampled_from(KEYS),
     headers=st.dictionaries(st.sampled_from(["x", "y"]), st.text(max_size=5), max_size=2),
+    tag=st.sampled_from(["", "red"]),
+    message_id=st.one_of(st.just(""), st.uuids().map(str)),
+    attempt=st.integers(0, 5),
 )
 
 
@@ -57,8 +60,8 @@ class StoreMachine(RuleBasedStateMachine):
     def read(self, topic: str, queue: int, start: int, count: int) -> None:
         expected = self.model.get((topic, queue), [])[start : start + count]
         got = self.store.read(topic, queue, start, count)
-        assert [(m.message_id, m.body, dict(m.headers), m.key) for m in got] == [
-            (i, r.body, dict(r.headers), r.key) for i, r in expected
+        assert [(m.message_id, m.body, dict(m.headers), m.key, m.tag, m.attempt) for m in got] == [
+            (i, r.body, dict(r.headers), r.key, r.tag, r.attempt) for i, r in expected
         ]
 
     @rule(topic=st.sampled_from(TOPICS), key=st.sampled_from(KEYS[1:]))

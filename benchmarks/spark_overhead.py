@@ -1,0 +1,200 @@
+"""Rows per second of a plain ``foreachBatch`` against the same function under ``@foreach_batch``.
+
+    .venv/bin/python -m benchmarks.spark_overhead [--batches 5] [--rows 100000] [--preload 1000000]
+
+Both queries stream the same Parquet files (one file per micro-batch, every
+token new) into a PostgreSQL table through ``insert_rows`` (the exactly-once
+sink: rows written in the batch transaction). The plain one opens its own
+transaction; the wrapped one gets the fence, the executor-side token check
+against a store already holding ``--preload`` tokens (bulk-loaded with COPY),
+the claim and the commit. A small warm-up query runs first so neither side
+pays for starting Spark's Python workers. Needs PostgreSQL at $DATABASE_URL
+(default postgresql+psycopg://postgres@127.0.0.1:5432/test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from sqlalchemy import text
+
+import reliable
+from backends.store.schema import tokens as token_table
+from reliable.spark import foreach_batch, insert_rows
+
+DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+SCHEMA = "order_id string, customer string, amount_cents long, note string"
+TTL = 30 * 86_400.0
+
+
+def write_files(folder: Path, prefix: str, batches: int, rows: int) -> None:
+    """``batches`` Parquet files of ``rows`` orders each, tokens ``<prefix>-<file>-<row>``."""
+    folder.mkdir(parents=True)
+    for number in range(batches):
+        ids = [f"{prefix}-{number}-{i}" for i in range(rows)]
+        table = pa.table(
+            {
+                "order_id": ids,
+                "customer": [f"customer-{i % 977}" for i in range(rows)],
+                "amount_cents": pa.array([(i * 37) % 100_000 for i in range(rows)], pa.int64()),
+                "note": ["benchmark order with a short note"] * rows,
+            }
+        )
+        path = folder / f"{number:04d}.parquet"
+        pq.write_table(table, path)
+        stamp = time.time() - 3600 + number  # the file source reads in modification-time order
+        os.utime(path, (stamp, stamp))
+
+
+def preload_tokens(app: Any, namespace: str, count: int) -> float:
+    """COPY ``count`` DONE tokens of ``namespace`` into the store; return the seconds it took."""
+    started = time.perf_counter()
+    now = app.clock.time()
+    raw = app.store.engine.raw_connection()
+    try:
+        with raw.cursor() as cursor:
+            columns = "namespace, token, state, created_at, expires_at"
+            with cursor.copy(f"COPY {token_table.name} ({columns}) FROM STDIN") as copy:
+                for i in range(count):
+                    copy.write_row((namespace, f"old-{i}", "done", now, now + TTL))
+        raw.commit()
+    finally:
+        raw.close()
+    return time.perf_counter() - started
+
+
+def stream(
+    spark: Any, source: Path, checkpoint: Path, batch_function: Callable[[Any, int], Any]
+) -> float:
+    """Seconds to stream every file of ``source`` through ``batch_function``."""
+    started = time.perf_counter()
+    query = (
+        spark.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(source))
+        .writeStream.foreachBatch(batch_function)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return time.perf_counter() - started
+
+
+def plain_writer(app: Any, table: str) -> Callable[[Any, int], None]:
+    def write(df: Any, batch_id: int) -> None:
+        with app.store.transaction() as tx:
+            insert_rows(df, tx, table)
+
+    return write
+
+
+def wrapped_writer(app: Any, table: str, name: str) -> Callable[[Any, int], Any]:
+    @foreach_batch(app, name=name, token="order_id", ttl=TTL)
+    def write(df: Any, batch_id: int, tx: Any) -> None:
+        insert_rows(df, tx, table)
+
+    return write
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=5)
+    parser.add_argument("--rows", type=int, default=100_000, help="rows per batch")
+    parser.add_argument(
+        "--preload", type=int, default=1_000_000, help="tokens already in the store"
+    )
+    args = parser.parse_args()
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    run = uuid.uuid4().hex[:8]
+    name, work = f"bench-{run}", Path(tempfile.mkdtemp(prefix="spark-overhead-"))
+    env = {
+        "RELIABLE_STORE__URL": DATABASE_URL,
+        "RELIABLE_CACHE__URL": "none",
+        "RELIABLE_TRANSPORT__URL": "memory://",
+        "RELIABLE_LOG__LEVEL": "warning",
+    }
+    app = reliable.App(reliable.Settings.load(None, env=env))
+    tables = {kind: f"bench_{kind}_{run}" for kind in ("warm", "plain", "wrapped")}
+    with app.store.transaction() as tx:
+        for table in tables.values():
+            tx.execute(
+                text(
+                    f"CREATE TABLE {table} (order_id TEXT, customer TEXT, amount_cents BIGINT, note TEXT)"
+                )
+            )
+    loaded = preload_tokens(app, name, args.preload)
+    write_files(work / "data", "new", args.batches, args.rows)
+    write_files(work / "warm", "warm", 2, 1_000)
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("reliable-spark-overhead")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        stream(spark, work / "warm", work / "ck-warm-plain", plain_writer(app, tables["warm"]))
+        stream(
+            spark,
+            work / "warm",
+            work / "ck-warm-wrapped",
+            wrapped_writer(app, tables["warm"], f"{name}-warm"),
+        )
+        plain = stream(spark, work / "data", work / "ck-plain", plain_writer(app, tables["plain"]))
+        wrapped = stream(
+            spark, work / "data", work / "ck-wrapped", wrapped_writer(app, tables["wrapped"], name)
+        )
+        with app.store.transaction() as tx:
+            written = {
+                kind: tx.execute(text(f"SELECT count(*) FROM {tables[kind]}")).scalar_one()
+                for kind in ("plain", "wrapped")
+            }
+    finally:
+        spark.stop()
+        with app.store.transaction() as tx:
+            for table in tables.values():
+                tx.execute(text(f"DROP TABLE IF EXISTS {table}"))
+            tx.execute(
+                token_table.delete().where(token_table.c.namespace.in_([name, f"{name}-warm"]))
+            )
+        shutil.rmtree(work, ignore_errors=True)
+
+    total = args.batches * args.rows
+    print(
+        f"\n{args.batches} batches x {args.rows:,} rows into PostgreSQL; store preloaded with "
+        f"{args.preload:,} tokens (COPY, {loaded:.1f} s)\n"
+    )
+    print(f"| {'foreachBatch':<28} | {'seconds':>8} | {'rows/s':>9} | {'rows written':>12} |")
+    print(f"|{'-' * 30}|{'-' * 10}:|{'-' * 11}:|{'-' * 14}:|")
+    for label, seconds, kind in (
+        ("plain", plain, "plain"),
+        ("@foreach_batch (reliable)", wrapped, "wrapped"),
+    ):
+        print(
+            f"| {label:<28} | {seconds:>8.1f} | {total / seconds:>9,.0f} | {written[kind]:>12,} |"
+        )
+    print(f"\noverhead: {(wrapped / plain - 1) * 100:.0f}% (target: at most 25%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
