@@ -92,6 +92,7 @@ def spark_session() -> Any:
         SparkSession.builder.master("local[2]")
         .appName("reliable-spark-orders")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .getOrCreate()
     )
@@ -172,12 +173,22 @@ def main() -> int:
     with app.store.transaction() as tx:
         tx.execute(text("CREATE TABLE orders (order_id TEXT, customer TEXT, amount_cents INTEGER)"))
     print(f"{FILES} files x {ORDERS_PER_FILE} orders, with duplicates and bad rows\n\nfirst run:")
-    child = subprocess.run(
-        [sys.executable, "-m", "examples.spark_orders", "--crash-after", str(CRASH_AFTER_BATCH)],
-        check=False,
-    )
+    with open(HOME / "first-run.log", "w") as errors:  # Spark's own noise when its driver dies
+        child = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "examples.spark_orders",
+                "--crash-after",
+                str(CRASH_AFTER_BATCH),
+            ],
+            stderr=errors,
+            check=False,
+        )
     if child.returncode != CRASH_EXIT_CODE:
-        print(f"the first run should have crashed, it exited with {child.returncode}")
+        print(
+            f"the first run should have crashed; it exited with {child.returncode}, see {errors.name}"
+        )
         return 1
     print("\nrestart from the same checkpoint:")
     run_query(crash_after=None)

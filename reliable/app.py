@@ -8,6 +8,7 @@ create its app at import time and a command line can still choose settings.
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,6 +33,9 @@ from reliable.settings import Settings
 from reliable.worker import Worker
 
 log = structlog.get_logger("reliable.app")
+
+OPTIMIZE_ACK_FRACTION = 0.65
+"""The batch commit strategy acks once this fraction of the prefetch is pending (ActiveMQ)."""
 
 PURGE_INTERVAL = 3600.0
 """Seconds between purges of expired token records by a running worker."""
@@ -236,7 +240,10 @@ class App:
     def _strategy(config: HandlerConfig) -> CommitStrategy:
         if isinstance(config.commit, CommitStrategy):
             return config.commit
-        return commit_strategy(config.commit, config.commit_batch_size, config.commit_interval)
+        # optimizeAck: never hold back more than ~65% of the prefetch window, so the
+        # broker keeps sending while acks are pending
+        size = min(config.commit_batch_size, max(1, math.ceil(OPTIMIZE_ACK_FRACTION * config.prefetch)))
+        return commit_strategy(config.commit, size, config.commit_interval)
 
     def _install_signals(self) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():

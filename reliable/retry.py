@@ -1,19 +1,18 @@
-"""Redelivery policies, exception classification and the in-process retry bridge to tenacity.
+"""Redelivery policies and the in-process retry bridge to tenacity.
 
 A failing message is first retried in process (`call_with_retry`: a few quick
 attempts through tenacity), then handed back to the transport with the delay a
 `Redelivery` strategy computes: ActiveMQ's `RedeliveryPolicy` (exponential,
-capped, jittered) or RocketMQ's `DelayLevels`. A `Classifier` decides which
-exceptions are worth retrying at all; the others make the message poison.
+capped, jittered) or RocketMQ's `DelayLevels`. Which exceptions are worth
+retrying at all is decided in `reliable.classify` (re-exported here, as are
+the durations of `reliable.durations`).
 """
 
 from __future__ import annotations
 
-import enum
 import math
 import random
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -26,31 +25,47 @@ from tenacity import (
 )
 
 from backends.clock import Clock
-from backends.errors import BodyDecodeError, ConfigurationError
-from reliable.errors import TokenMissingError
+from backends.errors import ConfigurationError
+from reliable.classify import (
+    POISON,
+    Classifier,
+    Rule,
+    Verdict,
+    build_classifier,
+    classify,
+    fatal_on,
+    retry_on,
+    when,
+)
+from reliable.durations import DURATION_HELP, parse_duration
+
+__all__ = [
+    "DURATION_HELP",
+    "NO_LIMIT",
+    "POISON",
+    "ROCKETMQ_DELAY_LEVELS",
+    "UNLIMITED",
+    "Check",
+    "Classifier",
+    "DelayLevels",
+    "InProcessRetry",
+    "Redelivery",
+    "RedeliveryPolicy",
+    "Rule",
+    "Verdict",
+    "build_classifier",
+    "call_with_retry",
+    "classify",
+    "fatal_on",
+    "parse_duration",
+    "retry_on",
+    "when",
+]
 
 T = TypeVar("T")
 
 UNLIMITED = -1
 """``max_redeliveries`` / ``max_delay`` value meaning "no limit" (ActiveMQ's -1)."""
-
-DURATION_HELP = "seconds as a number, or a number followed by ms, s, m, h or d (e.g. '30s', '5m', '2h')"
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(value: str | float) -> float:
-    """Seconds in ``value``: a number of seconds, or a string such as ``'500ms'``, ``'5m'``, ``'2h'``."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        match = _DURATION.match(value) if isinstance(value, str) else None
-        if match is None:
-            raise ConfigurationError(f"{value!r} is not a duration; expected {DURATION_HELP}")
-        seconds = float(match[1]) * _UNIT_SECONDS[match[2] or "s"]
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise ConfigurationError(f"{value!r} is not a duration; expected a finite number of seconds >= 0")
-    return seconds
 
 
 Check = tuple[Callable[[Any], bool], str]
@@ -216,118 +231,6 @@ class DelayLevels:
     def gives_up(self, attempt: int) -> bool:
         """True once ``attempt - 1`` redeliveries (RocketMQ's reconsumeTimes) reach the maximum."""
         return self.max_redeliveries != UNLIMITED and attempt - 1 >= self.max_redeliveries
-
-
-# -- classification -----------------------------------------------------------
-
-
-class Verdict(enum.Enum):
-    """What a failure deserves: another try, or the dead-letter queue."""
-
-    RETRY = "retry"
-    FATAL = "fatal"
-
-
-Classifier = Callable[[BaseException], "Verdict | None"]
-"""Any callable giving an exception a `Verdict`, or None for "no opinion"."""
-
-
-class Rule:
-    """A composable classifier: ``a | b`` asks ``a`` first, and ``b`` only when ``a`` has no opinion.
-
-    Any plain callable with the `Classifier` signature composes with a rule.
-    """
-
-    def __init__(self, *classifiers: Classifier, name: str = "") -> None:
-        self.classifiers = classifiers
-        self.name = name or " | ".join(map(repr, classifiers))
-
-    def __call__(self, exc: BaseException) -> Verdict | None:
-        for classifier in self.classifiers:
-            verdict = classifier(exc)
-            if verdict is not None:
-                return verdict
-        return None
-
-    def __or__(self, other: Classifier) -> Rule:
-        return Rule(self, other)
-
-    def __ror__(self, other: Classifier) -> Rule:
-        return Rule(other, self)
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-def _on_types(types: Sequence[type[BaseException]], verdict: Verdict, option: str) -> Rule:
-    for kind in types:
-        if not (isinstance(kind, type) and issubclass(kind, BaseException)):
-            raise ConfigurationError(f"{option}: {kind!r} is not allowed; expected exception classes")
-    kinds = tuple(types)
-    name = f"{option}({', '.join(kind.__name__ for kind in kinds)})"
-    return Rule(lambda exc: verdict if kinds and isinstance(exc, kinds) else None, name=name)
-
-
-def fatal_on(*types: type[BaseException]) -> Rule:
-    """FATAL for instances of ``types``, no opinion otherwise."""
-    return _on_types(types, Verdict.FATAL, "fatal_on")
-
-
-def retry_on(*types: type[BaseException]) -> Rule:
-    """RETRY for instances of ``types``, no opinion otherwise."""
-    return _on_types(types, Verdict.RETRY, "retry_on")
-
-
-def when(predicate: Callable[[BaseException], bool], verdict: Verdict) -> Rule:
-    """``verdict`` when ``predicate(exc)`` is true, no opinion otherwise."""
-    if not callable(predicate) or not isinstance(verdict, Verdict):
-        raise ConfigurationError(f"when({predicate!r}, {verdict!r}) is not allowed; expected a callable and a Verdict")
-    return Rule(lambda exc: verdict if predicate(exc) else None, name=f"when({predicate!r}, {verdict.name})")
-
-
-def _always(verdict: Verdict) -> Rule:
-    return Rule(lambda exc: verdict, name=f"always({verdict.name})")
-
-
-POISON: tuple[type[BaseException], ...] = (BodyDecodeError, TokenMissingError)
-"""Failures `reliable` itself detects in the message: no retry can fix them."""
-
-
-def classify(exc: BaseException, classifier: Classifier | None = None) -> Verdict:
-    """The verdict on ``exc``: poison detected by `reliable` is FATAL whatever the classifier
-    says; otherwise the classifier's opinion; with no opinion, RETRY."""
-    if isinstance(exc, POISON):
-        return Verdict.FATAL
-    verdict = classifier(exc) if classifier is not None else None
-    if verdict is None:
-        return Verdict.RETRY
-    if not isinstance(verdict, Verdict):
-        raise ConfigurationError(f"classifier {classifier!r} returned {verdict!r}; expected a Verdict or None") from exc
-    return verdict
-
-
-def build_classifier(
-    fatal: Sequence[type[BaseException]] = (),
-    retry_on: Sequence[type[BaseException]] | None = None,
-    predicate: Callable[[BaseException], bool] | None = None,
-) -> Rule:
-    """The classifier behind the handler options, asked in this order:
-
-    * ``fatal``: these exceptions are FATAL;
-    * ``retry_on``: these exceptions are RETRY; when given (even empty), every
-      other exception is FATAL, unless ``predicate`` is given too;
-    * ``predicate``: decides every exception the lists do not name: true is
-      RETRY, false is FATAL (tenacity's ``retry_if_exception``).
-    Without ``retry_on`` and ``predicate`` everything not ``fatal`` is RETRY.
-    """
-    rules = [_on_types(tuple(fatal), Verdict.FATAL, "fatal")]
-    if retry_on is not None:
-        rules.append(_on_types(tuple(retry_on), Verdict.RETRY, "retry_on"))
-    if predicate is not None:
-        rules.append(when(predicate, Verdict.RETRY) | _always(Verdict.FATAL))
-    elif retry_on is not None:
-        rules.append(_always(Verdict.FATAL))
-    return Rule(*rules)
 
 
 # -- in-process retry ---------------------------------------------------------

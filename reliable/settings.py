@@ -9,19 +9,16 @@ sections for one handler (``for_handler``). Every problem is reported at load
 time as a `SettingsError` naming the file (or variable), key, value and what
 is allowed.
 
-The environment is read here rather than by pydantic-settings because its env
-source only reads ``os.environ`` and cannot tell which variable a bad value
-came from; pydantic does the validation.
+This module holds the models; reading the file and the environment lives in
+`reliable.settings_loader`, turning validation errors into those messages in
+`reliable.settings_errors` (their public names are re-exported here).
 """
 
 from __future__ import annotations
 
-import difflib
-import json
 import os
 import re
-import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -36,26 +33,44 @@ from pydantic import (
 )
 
 from backends.errors import ConfigurationError
-from reliable.retry import (
-    DelayLevels,
-    InProcessRetry,
-    RedeliveryPolicy,
-    parse_duration,
+from reliable.durations import parse_duration
+from reliable.retry import DelayLevels, InProcessRetry, RedeliveryPolicy
+from reliable.settings_errors import Origin, SettingsError, describe
+from reliable.settings_loader import (
+    DEFAULT_FILE,
+    ENV_PREFIX,
+    SETTINGS_ENV,
+    apply_env,
+    deep_merge,
+    find_file,
+    read_toml,
 )
 
-ENV_PREFIX = "RELIABLE_"
-SETTINGS_ENV = "RELIABLE_SETTINGS"
-DEFAULT_FILE = "reliable.toml"
-
-
-class SettingsError(ConfigurationError):
-    """Raised when the settings file or an environment override cannot be read or is invalid."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        self.problems = tuple(problems)
-        text = self.problems[0] if len(self.problems) == 1 else "invalid settings:\n  " + "\n  ".join(problems)
-        super().__init__(text)
-
+__all__ = [
+    "DEFAULT_FILE",
+    "ENV_PREFIX",
+    "SETTINGS_ENV",
+    "AtLeastOne",
+    "BrokerSettings",
+    "CacheSettings",
+    "CacheUrl",
+    "Cap",
+    "CommitSettings",
+    "Limit",
+    "LogLevel",
+    "LogSettings",
+    "Port",
+    "PositiveSeconds",
+    "RetrySettings",
+    "Seconds",
+    "Section",
+    "Settings",
+    "SettingsError",
+    "StoreSettings",
+    "TransportSettings",
+    "Url",
+    "WorkerSettings",
+]
 
 # -- value types: each names what it allows, in the words errors use ----------------
 
@@ -220,17 +235,18 @@ class Settings(Section):
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     handlers: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
-    _origin: _Origin = PrivateAttr(default_factory=lambda: _Origin(None))
+    _origin: Origin = PrivateAttr(default_factory=lambda: Origin(None))
+
 
     @classmethod
     def load(cls, path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
         """The settings from ``path`` (else $RELIABLE_SETTINGS, else ./reliable.toml, else defaults)
         with the environment's overrides; every handler's overrides are checked too."""
         environ = os.environ if env is None else env
-        file = _find_file(path, environ)
-        data = _read_toml(file) if file is not None else {}
-        origin = _Origin(str(file) if file is not None else None)
-        _apply_env(data, environ, origin)
+        file = find_file(path, environ)
+        data = read_toml(file) if file is not None else {}
+        origin = Origin(str(file) if file is not None else None)
+        apply_env(data, environ, origin, set(Settings.model_fields))
         settings = _validate(data, origin, ())
         problems: list[str] = []
         for name in settings.handlers:
@@ -248,153 +264,15 @@ class Settings(Section):
         if "handlers" in overrides:
             where = self._origin.source(("handlers", name, "handlers"))
             raise SettingsError([f"{where}: handlers.{name}.handlers is not allowed; handler tables do not nest"])
-        data = _deep_merge(self.model_dump(exclude={"handlers"}), overrides)
+        data = deep_merge(self.model_dump(exclude={"handlers"}), overrides)
         return _validate(data, self._origin, ("handlers", name))
 
 
-# -- loading -----------------------------------------------------------------------
-
-
-class _Origin:
-    """Where values came from: the file, or the environment variable that set a key."""
-
-    def __init__(self, file: str | None) -> None:
-        self.file = file
-        self.variables: dict[tuple[str, ...], str] = {}
-
-    def source(self, loc: tuple[str, ...]) -> str:
-        for end in range(len(loc), 0, -1):
-            if loc[:end] in self.variables:
-                return f"environment variable {self.variables[loc[:end]]}"
-        return self.file or "settings"
-
-
-def _find_file(path: str | Path | None, environ: Mapping[str, str]) -> Path | None:
-    if path is None and environ.get(SETTINGS_ENV):
-        path = environ[SETTINGS_ENV]
-        if not Path(path).is_file():
-            raise SettingsError([f"{path}: settings file not found (named by {SETTINGS_ENV})"])
-    if path is None:
-        return Path(DEFAULT_FILE) if Path(DEFAULT_FILE).is_file() else None
-    if not Path(path).is_file():
-        raise SettingsError([f"{path}: settings file not found"])
-    return Path(path)
-
-
-def _read_toml(file: Path) -> dict[str, Any]:
-    try:
-        with file.open("rb") as stream:
-            return tomllib.load(stream)
-    except tomllib.TOMLDecodeError as exc:
-        text = str(exc)
-        where = re.search(r"\(at line (\d+), column (\d+)\)", text)
-        reason = re.sub(r"\s*\(at [^)]*\)$", "", text)
-        at = f" at line {where[1]}, column {where[2]}" if where else ""
-        raise SettingsError([f"{file}: invalid TOML{at}: {reason}"]) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SettingsError([f"{file}: cannot read the settings file: {exc}"]) from exc
-
-
-def _apply_env(data: dict[str, Any], environ: Mapping[str, str], origin: _Origin) -> None:
-    """Set each ``RELIABLE_SECTION__KEY`` on ``data``; variables naming no section are ignored."""
-    sections = set(Settings.model_fields)
-    for variable, value in sorted(environ.items()):
-        upper = variable.upper()
-        if not upper.startswith(ENV_PREFIX) or upper == SETTINGS_ENV:
-            continue
-        parts = variable[len(ENV_PREFIX):].lower().split("__")
-        if parts[0] not in sections or len(parts) < 2:
-            continue
-        node: dict[str, Any] = data
-        loc: tuple[str, ...] = ()
-        for part in parts[:-1]:
-            key = _same_key(node, part)
-            if not isinstance(node.get(key), dict):
-                node[key] = {}
-            node, loc = node[key], (*loc, key)
-        key = _same_key(node, parts[-1])
-        node[key] = _env_value(value)
-        origin.variables[(*loc, key)] = variable
-
-
-def _same_key(node: Mapping[str, Any], part: str) -> str:
-    """The existing key ``part`` names, ignoring case (handler names may have capitals)."""
-    return next((key for key in node if key.lower() == part), part)
-
-
-def _env_value(value: str) -> Any:
-    if value.lstrip().startswith(("[", "{")):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
-
-
-def _deep_merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in overrides.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def _validate(data: Mapping[str, Any], origin: _Origin, prefix: tuple[str, ...]) -> Settings:
+def _validate(data: Mapping[str, Any], origin: Origin, prefix: tuple[str, ...]) -> Settings:
+    """``data`` as `Settings` remembering ``origin``; errors are located under key ``prefix``."""
     try:
         settings = Settings.model_validate(data)
     except ValidationError as exc:
-        raise SettingsError([_describe(error, origin, prefix) for error in exc.errors()]) from exc
+        raise SettingsError([describe(error, origin, prefix, Settings) for error in exc.errors()]) from exc
     settings._origin = origin
     return settings
-
-
-def _describe(error: Any, origin: _Origin, prefix: tuple[str, ...]) -> str:
-    relative = tuple(f"[{part}]" if isinstance(part, int) else part for part in error["loc"])
-    loc = prefix + relative
-    key = ".".join(loc).replace(".[", "[")
-    where = origin.source(loc)
-    if error["type"] == "extra_forbidden":
-        allowed = _allowed_keys(relative[:-1])
-        guess = difflib.get_close_matches(relative[-1], allowed, n=1)
-        table = f" in [{'.'.join(loc[:-1])}]" if len(loc) > 1 else ""
-        hint = f"; did you mean {guess[0]!r}?" if guess else ""
-        return f"{where}: unknown key {key}{hint} (allowed{table}: {', '.join(allowed)})"
-    value = error["input"]
-    shown = str(value).lower() if isinstance(value, bool) else repr(value)  # as TOML writes it
-    shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    return f"{where}: {key} = {shown} is not allowed; expected {_expected(error)}"
-
-
-def _allowed_keys(loc: tuple[str, ...]) -> list[str]:
-    model: type[BaseModel] = Settings
-    for part in loc:
-        field = model.model_fields.get(part)
-        annotation = field.annotation if field is not None else None
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return []
-        model = annotation
-    return list(model.model_fields)
-
-
-_EXPECTED = {
-    "int": "an integer",
-    "float": "a number",
-    "finite": "a finite number",
-    "bool": "true or false",
-    "string": "a string",
-    "list": "a list",
-    "dict": "a table",
-    "model": "a table",
-}
-
-
-def _expected(error: Any) -> str:
-    kind, ctx = error["type"], error.get("ctx") or {}
-    if kind == "literal_error":
-        return "one of " + ", ".join(re.findall(r"'([^']*)'", str(ctx.get("expected", ""))))
-    if kind == "value_error":
-        return str(ctx.get("error", error["msg"]))
-    family = kind.split("_")[0]
-    return _EXPECTED.get(family, error["msg"][:1].lower() + error["msg"][1:])

@@ -38,7 +38,8 @@ class ConsumeQueue:
         directory.mkdir(parents=True, exist_ok=True)
         paths = sorted(directory.glob("*" + SUFFIX))
         # files keep the size they were made with, whatever the current config says
-        self.per_file = paths[0].stat().st_size // ENTRY.size if paths else entries_per_file
+        sizes = [size for size in (path.stat().st_size for path in paths) if size]
+        self.per_file = sizes[0] // ENTRY.size if sizes else entries_per_file
         self._files: dict[int, mmap.mmap] = {}
         self._dirty: set[int] = set()
         for path in paths:
@@ -120,6 +121,18 @@ class ConsumeQueue:
             offset -= 1
         if offset < self.length:
             self.truncate(offset)
+
+    def first_offset(self, log_min: int) -> int:
+        """The lowest queue offset whose entry points at or above ``log_min`` (bisection)."""
+        low, high = self.min_file_offset, self.length
+        while low < high:
+            middle = (low + high) // 2
+            entry = self.get(middle, 1)
+            if entry and entry[0].log_offset >= log_min:
+                high = middle
+            else:
+                low = middle + 1
+        return low
 
     def drop_files_below(self, log_min: int) -> int:
         """Delete whole files whose every entry points below ``log_min``; return how many."""

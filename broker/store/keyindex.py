@@ -58,7 +58,8 @@ class IndexFile:
         self.path = path
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            if os.fstat(fd).st_size < HEADER.size:
+            header = os.pread(fd, HEADER.size, 0)
+            if len(header) < HEADER.size or not HEADER.unpack(header)[6]:  # new, or torn at birth
                 size = HEADER.size + slots * SLOT.size + capacity * ENTRY.size
                 os.ftruncate(fd, size)
                 os.pwrite(fd, HEADER.pack(0, 0, begin_log_offset, begin_log_offset,

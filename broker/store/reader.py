@@ -9,7 +9,7 @@ the store skips corrupt records, a logged gap. A wrong body is never returned.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import structlog
 
@@ -62,6 +62,28 @@ def read_entries(
                 messages.append(message)
         i = j
     return messages
+
+
+def lookup(
+    commit_log: CommitLog,
+    candidates: Iterable[tuple[int, int, int]],
+    visible: int,
+    max_count: int,
+    matches: Callable[[StoredMessage], bool],
+) -> list[StoredMessage]:
+    """Up to ``max_count`` intact records among index ``candidates`` that ``matches`` accepts."""
+    seen: set[int] = set()
+    found: list[StoredMessage] = []
+    for log_offset, size, _ in candidates:
+        if len(found) >= max_count:
+            break
+        if log_offset in seen:
+            continue
+        seen.add(log_offset)
+        message = read_at(commit_log, log_offset, size, visible)
+        if message is not None and matches(message):
+            found.append(message)
+    return found
 
 
 def read_at(commit_log: CommitLog, log_offset: int, size: int, visible: int) -> StoredMessage | None:

@@ -30,7 +30,7 @@ from broker.store.flush import Flusher
 from broker.store.keyindex import KeyIndex, id_hash, key_hash, offset_in_id
 from broker.store.prepare import Prepared, prepare
 from broker.store.queues import QueueTable
-from broker.store.reader import read_at, read_entries, read_frame_at
+from broker.store.reader import lookup, read_entries, read_frame_at
 from broker.store.record import AppendResult, Record, StoredMessage
 from broker.store.recovery import RecoveryReport, recover
 from broker.store.segment import Segment
@@ -64,7 +64,6 @@ class MessageStore:
             raise
         self._batch_writer = BatchWriter(self._log, self._queues, self._index, self._instance)
         self._visible = self._log.end
-        self._checkpointed = self._log.end
         self._flusher = Flusher(self.config.flush, self.config.flush_interval,
                                 self.config.flush_bytes, self._flush_target, self._log.end)
         self._stop = threading.Event()
@@ -84,7 +83,8 @@ class MessageStore:
         self._index = KeyIndex(self.path / "index", self.config.index_slots,
                                self.config.index_entries)
         report = recover(self._log, self._queues, self._index, saved, marker, self.config)
-        self._write_checkpoint(self._log.segments)
+        self._checkpointed = self._log.min_offset - 1  # the first checkpoint fsyncs every segment
+        self._write_checkpoint()
         checkpoint.mark_open(self.path)
         log.info("store.opened", path=str(self.path), crashed=report.crashed, log_end=self._log.end,
                  queues=len(self._queues.places()))
@@ -172,19 +172,8 @@ class MessageStore:
 
     def _lookup(self, hashed: int, begin_ms: int, end_ms: int, max_count: int,
                 matches: Callable[[StoredMessage], bool]) -> list[StoredMessage]:
-        seen: set[int] = set()
-        found: list[StoredMessage] = []
-        visible = self._visible_end()
-        for log_offset, size, _ in self._index.find(hashed, begin_ms, end_ms):
-            if len(found) >= max_count:
-                break
-            if log_offset in seen:
-                continue
-            seen.add(log_offset)
-            message = read_at(self._log, log_offset, size, visible)
-            if message is not None and matches(message):
-                found.append(message)
-        return found
+        candidates = self._index.find(hashed, begin_ms, end_ms)
+        return lookup(self._log, candidates, self._visible_end(), max_count, matches)
 
     def max_offset(self, topic: str, queue: int) -> int:
         """The queue offset the next message of (topic, queue) will get."""
@@ -194,17 +183,7 @@ class MessageStore:
     def min_offset(self, topic: str, queue: int) -> int:
         """The lowest queue offset of (topic, queue) whose message retention has kept."""
         consume_queue = self._queues.get(topic, queue)
-        if consume_queue is None:
-            return 0
-        low, high, log_min = consume_queue.min_file_offset, consume_queue.length, self._log.min_offset
-        while low < high:
-            middle = (low + high) // 2
-            entry = consume_queue.get(middle, 1)
-            if entry and entry[0].log_offset >= log_min:
-                high = middle
-            else:
-                low = middle + 1
-        return low
+        return consume_queue.first_offset(self._log.min_offset) if consume_queue else 0
 
     def queues(self) -> list[tuple[str, int]]:
         """Every (topic, queue) that has ever held a message."""
@@ -220,16 +199,14 @@ class MessageStore:
 
     def checkpoint(self) -> None:
         """Flush the consume queues and log, then record how far recovery may trust them."""
-        with self._writer:
-            if self._closed:
-                return
-            segments = [s for s in self._log.segments if s.end > self._checkpointed]
-        self._write_checkpoint(segments)
+        if not self._closed:
+            self._write_checkpoint()
 
-    def _write_checkpoint(self, segments: list[Segment]) -> None:
+    def _write_checkpoint(self) -> None:
         with self._writer:
             dispatched = self._log.end
             lengths = self._queues.lengths()
+            segments = [s for s in self._log.segments if s.end > self._checkpointed]
             queue_maps, index_files = self._queues.take_dirty(), self._index.recent()
         for segment in segments:
             segment.fsync()
@@ -299,8 +276,7 @@ class MessageStore:
             self._maintenance.join()
         self._flusher.stop()
         if clean and self._failure is None:
-            segments = [s for s in self._log.segments if s.end > self._checkpointed]
-            self._write_checkpoint(segments)
+            self._write_checkpoint()
             checkpoint.mark_closed(self.path)
         self._release()
         log.info("store.closed", path=str(self.path), clean=clean)

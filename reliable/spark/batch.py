@@ -120,6 +120,8 @@ def parse_schema(schema: StructType | str | None) -> StructType | None:
             parsed = StructType.fromDDL(schema)
         except Exception as exc:
             raise ConfigurationError(f"schema={schema!r} is not a valid DDL schema: {exc}") from exc
+        if not isinstance(parsed, StructType):
+            raise ConfigurationError(f"schema={schema!r} is not a struct of columns")
         return parsed
     raise ConfigurationError(
         f"schema={schema!r} is not allowed; expected a StructType or DDL string"

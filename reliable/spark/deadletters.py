@@ -128,7 +128,7 @@ def row_json(row: Mapping[str, Any]) -> str:
     return json.dumps(dict(row), default=str, ensure_ascii=False, separators=(",", ":"))
 
 
-def _fields(mapping: Mapping[str, Any]) -> dict[str, Any]:
+def _fields(mapping: Any) -> dict[str, Any]:
     return {key: mapping[key] for key in RowDeadLetter.__dataclass_fields__}
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from pyspark.sql import DataFrame
-from sqlalchemy import Table, column, table
+from sqlalchemy import Table, TableClause, column, table
 
 from reliable.spark import deadletters
 from reliable.spark.deadletters import RowDeadLetter
@@ -30,9 +30,10 @@ def insert_rows(
     ``target`` is a SQLAlchemy `Table` or the name of an existing table whose
     columns are named like ``df``'s.
     """
-    if isinstance(target, str):
-        target = table(target, *(column(name) for name in df.columns))
-    statement = target.insert()
+    into = (
+        table(target, *(column(name) for name in df.columns)) if isinstance(target, str) else target
+    )
+    statement = into.insert()
     written = 0
     for batch in df.toArrow().to_batches(max_chunksize=chunk_rows):
         rows = batch.to_pylist()

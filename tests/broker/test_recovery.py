@@ -179,3 +179,17 @@ def test_unreadable_checkpoint_is_a_hard_error(tmp_path: Path) -> None:
     (tmp_path / "s" / CHECKPOINT).write_text("{not json")
     with pytest.raises(CorruptStoreError, match="checkpoint"):
         MessageStore(tmp_path / "s", small_config())
+
+
+def test_files_torn_at_birth_by_a_kill_are_recreated(tmp_path: Path) -> None:
+    placed = build(tmp_path / "s")
+    (tmp_path / "s" / "index" / f"{placed[-1].log_offset:020d}.idx").touch()
+    (tmp_path / "s" / "index" / f"{placed[-1].log_offset + 1:020d}.idx").write_bytes(bytes(4096))
+    (tmp_path / "s" / "consumequeue" / "orders" / "9").mkdir()
+    (tmp_path / "s" / "consumequeue" / "orders" / "9" / f"{0:020d}.cq").touch()
+    (tmp_path / "s" / MARKER).write_text("another boot")
+    with MessageStore(tmp_path / "s", small_config()) as store:
+        assert len(stored_ids(store)) == len(placed)
+        assert store.lookup_key("orders", "key-m59", 0, 2e9)[0].message_id == "m59"
+        store.append([record_for("nine", "orders", 9)])
+        assert store.read("orders", 9, 0, 5)[0].message_id == "nine"

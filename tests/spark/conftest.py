@@ -29,6 +29,7 @@ def spark() -> Iterator[Any]:
         pyspark_sql.SparkSession.builder.master("local[2]")
         .appName("reliable-tests")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
