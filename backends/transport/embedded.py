@@ -29,6 +29,7 @@ from backends.transport.leasing import (
     DEFAULT_VISIBILITY_TIMEOUT,
     DeliveryState,
     LeasingTransport,
+    log_dead_letter,
     new_message_id,
     positive,
 )
@@ -146,15 +147,7 @@ class EmbeddedTransport(LeasingTransport):
                     json.dumps(asdict(failure)),
                 ),
             )
-        log.info(
-            "transport.dead_letter",
-            group=group,
-            topic=message.topic,
-            queue=message.queue,
-            offset=message.offset,
-            attempt=message.attempt,
-            error_type=failure.error_type,
-        )
+        log_dead_letter(group, message, failure)
 
     def pending(self, group: str, topic: str) -> int:
         self._check_open()

@@ -17,10 +17,12 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from enum import StrEnum
 
+import structlog
+
 from backends.clock import Clock, SystemClock
 from backends.errors import ConfigurationError, TransportError
 from backends.transport.base import Transport
-from backends.types import DeadLetter, Message, OutgoingMessage
+from backends.types import DeadLetter, Failure, Message, OutgoingMessage
 
 DEFAULT_QUEUES = 4
 DEFAULT_VISIBILITY_TIMEOUT = 30.0
@@ -39,6 +41,19 @@ class DeliveryState(StrEnum):
 def dead_letter_queue_name(group: str) -> str:
     """The name of ``group``'s dead-letter queue."""
     return f"%DLQ%{group}"
+
+
+def log_dead_letter(group: str, message: Message, failure: Failure) -> None:
+    """The POISON ack, logged the same way by every transport."""
+    structlog.get_logger("backends.transport").info(
+        "transport.dead_letter",
+        group=group,
+        topic=message.topic,
+        queue=message.queue,
+        offset=message.offset,
+        attempt=message.attempt,
+        error_type=failure.error_type,
+    )
 
 
 def new_message_id() -> str:

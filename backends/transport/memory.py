@@ -24,6 +24,7 @@ from backends.transport.leasing import (
     DEFAULT_VISIBILITY_TIMEOUT,
     DeliveryState,
     LeasingTransport,
+    log_dead_letter,
     new_message_id,
 )
 from backends.types import DeadLetter, Failure, Message, OutgoingMessage, QueueRef
@@ -115,15 +116,7 @@ class MemoryTransport(LeasingTransport):
                 return
             dead = self._dead.setdefault(group, [])
             dead.append(DeadLetter(group, message, None, failure, id=len(dead) + 1))
-        log.info(
-            "transport.dead_letter",
-            group=group,
-            topic=message.topic,
-            queue=message.queue,
-            offset=message.offset,
-            attempt=message.attempt,
-            error_type=failure.error_type,
-        )
+        log_dead_letter(group, message, failure)
 
     def pending(self, group: str, topic: str) -> int:
         with self._changed:

@@ -27,6 +27,7 @@ from backends.transport.leasing import (
     DEFAULT_QUEUES,
     DEFAULT_VISIBILITY_TIMEOUT,
     LeasingTransport,
+    log_dead_letter,
     new_message_id,
     positive,
 )
@@ -112,15 +113,7 @@ class RedisStreamsTransport(LeasingTransport):
                 args=[self._keys.ns, group, message.topic, name, *flat]
             )
         if done:
-            log.info(
-                "transport.dead_letter",
-                group=group,
-                topic=message.topic,
-                queue=message.queue,
-                offset=message.offset,
-                attempt=message.attempt,
-                error_type=failure.error_type,
-            )
+            log_dead_letter(group, message, failure)
 
     def pending(self, group: str, topic: str) -> int:
         self._check_open()
