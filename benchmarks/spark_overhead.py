@@ -92,20 +92,24 @@ def stream(
     return time.perf_counter() - started
 
 
-def plain_writer(app: Any, table: str) -> Callable[[Any, int], None]:
+def plain_writer(app: Any, table: str, seconds: list[float]) -> Callable[[Any, int], None]:
     def write(df: Any, batch_id: int) -> None:
+        started = time.perf_counter()
         with app.store.transaction() as tx:
             insert_rows(df, tx, table)
+        seconds.append(time.perf_counter() - started)
 
     return write
 
 
-def wrapped_writer(app: Any, table: str, name: str) -> Callable[[Any, int], Any]:
+def wrapped_writer(
+    app: Any, table: str, name: str, reports: list[Any]
+) -> Callable[[Any, int], Any]:
     @foreach_batch(app, name=name, token="order_id", ttl=TTL)
     def write(df: Any, batch_id: int, tx: Any) -> None:
         insert_rows(df, tx, table)
 
-    return write
+    return lambda df, batch_id: reports.append(write(df, batch_id))
 
 
 def main() -> int:
@@ -152,17 +156,16 @@ def main() -> int:
     )
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        stream(spark, work / "warm", work / "ck-warm-plain", plain_writer(app, tables["warm"]))
-        stream(
-            spark,
-            work / "warm",
-            work / "ck-warm-wrapped",
-            wrapped_writer(app, tables["warm"], f"{name}-warm"),
-        )
-        plain = stream(spark, work / "data", work / "ck-plain", plain_writer(app, tables["plain"]))
-        wrapped = stream(
-            spark, work / "data", work / "ck-wrapped", wrapped_writer(app, tables["wrapped"], name)
-        )
+        plain_batches: list[float] = []
+        reports: list[Any] = []
+        warm_plain = plain_writer(app, tables["warm"], [])
+        stream(spark, work / "warm", work / "ck-warm-plain", warm_plain)
+        warm_wrapped = wrapped_writer(app, tables["warm"], f"{name}-warm", [])
+        stream(spark, work / "warm", work / "ck-warm-wrapped", warm_wrapped)
+        plain_writes = plain_writer(app, tables["plain"], plain_batches)
+        plain = stream(spark, work / "data", work / "ck-plain", plain_writes)
+        wrapped_writes = wrapped_writer(app, tables["wrapped"], name, reports)
+        wrapped = stream(spark, work / "data", work / "ck-wrapped", wrapped_writes)
         with app.store.transaction() as tx:
             written = {
                 kind: tx.execute(text(f"SELECT count(*) FROM {tables[kind]}")).scalar_one()
@@ -192,7 +195,18 @@ def main() -> int:
         print(
             f"| {label:<28} | {seconds:>8.1f} | {total / seconds:>9,.0f} | {written[kind]:>12,} |"
         )
-    print(f"\noverhead: {(wrapped / plain - 1) * 100:.0f}% (target: at most 25%)")
+    print(
+        f"\noverhead: {(wrapped / plain - 1) * 100:.0f}% (target: at most 25%); "
+        f"load average during the run: {os.getloadavg()[1]:.1f} on {os.cpu_count()} CPUs"
+    )
+    phases = {
+        phase: sum(r.seconds.get(phase, 0.0) for r in reports) / len(reports)
+        for phase in ("prepare", "claim", "function")
+    }
+    print(
+        f"per batch: plain function {sum(plain_batches) / len(plain_batches):.2f} s; wrapped: "
+        + ", ".join(f"{phase} {value:.2f} s" for phase, value in phases.items())
+    )
     return 0
 
 

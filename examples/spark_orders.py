@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,7 @@ def make_orders() -> set[str]:
 
 def spark_session() -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable  # Spark's Python workers run in this venv
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
     from pyspark.sql import SparkSession
 
     session = (

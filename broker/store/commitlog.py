@@ -18,7 +18,7 @@ from broker.store.segment import SUFFIX, Segment, segment_name
 
 
 class CommitLog:
-    """The segments of one store directory, and the batch being appended to them."""
+    """The segments of one store directory, oldest first; the last one takes appends."""
 
     def __init__(self, directory: Path, segment_size: int, fsync_on_roll: bool) -> None:
         self.directory = directory

@@ -27,9 +27,15 @@ ENTRY = struct.Struct("<IQIqI")  # hash, log offset, size, store time ms, previo
 SUFFIX = ".idx"
 
 
+_topic_seeds: dict[bytes, int] = {}
+
+
 def key_hash(topic: bytes, key: bytes) -> int:
     """The index hash of a message key within its topic."""
-    return crc32c(key, crc32c(topic + b"\x00"))
+    seed = _topic_seeds.get(topic)
+    if seed is None:
+        seed = _topic_seeds.setdefault(topic, crc32c(topic + b"\x00"))
+    return crc32c(key, seed)
 
 
 def id_hash(message_id: bytes) -> int:

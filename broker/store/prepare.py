@@ -7,13 +7,16 @@ loop only packs a header, joins three byte strings and computes a CRC.
 
 from __future__ import annotations
 
+from crc32c import crc32c
+
 from broker.errors import InvalidRecordError, RecordTooLargeError
 from broker.store import codec
-from broker.store.queues import check_place, tag_hash
+from broker.store.queues import check_place
 from broker.store.record import Record
 
 GENERATED_ID_LENGTH = 24
 MAX_FIELD = 65_535
+_HEADER_SIZE, _PREFIX_SIZE = codec.HEADER.size, codec.PREFIX.size
 _topics: dict[str, bytes] = {}
 
 Prepared = tuple[str, bytes, int, str, bytes, bytes, int, int, int, int, int, int, int]
@@ -38,16 +41,20 @@ def prepare(record: Record, max_record_size: int) -> Prepared:
         headers = codec.encode_headers(record.headers) if record.headers else b""
     except (AttributeError, TypeError, UnicodeEncodeError, ValueError) as exc:
         raise InvalidRecordError(f"record for {topic}: bad key, tag, id or headers: {exc}") from exc
-    if len(key) > MAX_FIELD or len(tag) > MAX_FIELD or len(message_id) > MAX_FIELD:
+    key_length, tag_length, id_length = len(key), len(tag), len(message_id)
+    if key_length > MAX_FIELD or tag_length > MAX_FIELD or id_length > MAX_FIELD:
         raise InvalidRecordError(f"record for {topic}: key, tag and message id must be at most "
                                  f"{MAX_FIELD} bytes")
     attempt = record.attempt
     if type(attempt) is not int or not 0 <= attempt < 2**32:
         raise InvalidRecordError(f"attempt={attempt!r} must be an integer 0..2**32-1")
-    fixed = codec.HEADER.size + len(topic_b) + len(key) + len(tag) + len(headers) + len(body)
-    size = codec.PREFIX.size + fixed + (len(message_id) or GENERATED_ID_LENGTH)
+    headers_length, body_length = len(headers), len(body)
+    fixed = (_HEADER_SIZE + len(topic_b) + key_length + tag_length + headers_length
+             + body_length)
+    size = _PREFIX_SIZE + fixed + (id_length or GENERATED_ID_LENGTH)
     if size > max_record_size:
         raise RecordTooLargeError(f"record for {topic} is {size} bytes framed, above "
                                   f"max_record_size={max_record_size}")
     return (topic, topic_b, queue, record.message_id, message_id, key + tag + headers + body,
-            attempt, len(key), len(tag), len(headers), len(body), fixed, tag_hash(record.tag))
+            attempt, key_length, tag_length, headers_length, body_length, fixed,
+            crc32c(tag) if tag_length else 0)

@@ -23,6 +23,7 @@ from broker.store import codec, scan
 from broker.store.checkpoint import Checkpoint, boot_id
 from broker.store.commitlog import CommitLog
 from broker.store.config import StoreConfig
+from broker.store.consumequeue import ConsumeQueue
 from broker.store.keyindex import KeyIndex, id_hash, key_hash, offset_in_id
 from broker.store.queues import QueueTable
 from broker.store.segment import Segment
@@ -107,29 +108,32 @@ def _replay(
 
     Works on the raw frame bytes: this loop is what a full rebuild spends its time in.
     """
-    topics: dict[bytes, str] = {}
+    consume_queues: dict[tuple[bytes, int], ConsumeQueue] = {}
     pending: list[tuple[int, int, int, int]] = []
-    replayed = 0
+    replayed, prefix_size, frame_min = 0, codec.PREFIX.size, codec.FRAME_MIN
     for log_offset, data, position, fields in frames:
         replayed += 1
-        size = codec.PREFIX.size + fields[0]
-        p = position + codec.FRAME_MIN
-        topic_b = data[p : p + fields[6]]
+        length, _, queue, queue_offset, store_time, _, tl, il, kl, gl, _, _ = fields
+        size = prefix_size + length
+        p = position + frame_min
+        topic_b = data[p : p + tl]
         if log_offset >= dispatched or behind:
-            topic = topics.get(topic_b) or topics.setdefault(topic_b, topic_b.decode())
-            if log_offset >= dispatched or (topic, fields[2]) in behind:
-                g = p + fields[6] + fields[7] + fields[8]
-                tag_h = crc32c(data[g : g + fields[9]]) if fields[9] else 0
-                queues.ensure(topic, fields[2]).put(fields[3], log_offset, size, tag_h)
+            consume_queue = consume_queues.get((topic_b, queue))
+            if consume_queue is None:
+                consume_queue = queues.ensure(topic_b.decode(), queue)
+                consume_queues[(topic_b, queue)] = consume_queue
+            if log_offset >= dispatched or (consume_queue.topic, queue) in behind:
+                g = p + tl + il + kl
+                consume_queue.put(queue_offset, log_offset, size,
+                                  crc32c(data[g : g + gl]) if gl else 0)
         if log_offset >= index_from:
-            store_ms = int(fields[4] * 1000)
-            i = p + fields[6]
-            if fields[8]:
-                k = i + fields[7]
-                pending.append((key_hash(topic_b, data[k : k + fields[8]]), log_offset, size,
+            store_ms = int(store_time * 1000)
+            i = p + tl
+            if kl:
+                pending.append((key_hash(topic_b, data[i + il : i + il + kl]), log_offset, size,
                                 store_ms))
-            id_b = data[i : i + fields[7]]
-            if offset_in_id(id_b) != log_offset:
+            id_b = data[i : i + il]
+            if il != 24 or offset_in_id(id_b) != log_offset:
                 pending.append((id_hash(id_b), log_offset, size, store_ms))
             if len(pending) >= 8192:
                 index.add_many(pending)

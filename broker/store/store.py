@@ -98,7 +98,8 @@ class MessageStore:
         if not records:
             return []
         self._check_disk()
-        prepared = [prepare(record, self.config.max_record_size) for record in records]
+        max_size = self.config.max_record_size
+        prepared = [prepare(record, max_size) for record in records]
         with self._writer:
             self._check_open()
             try:
@@ -134,7 +135,11 @@ class MessageStore:
     # -- reading ---------------------------------------------------------------------------
 
     def read(self, topic: str, queue: int, queue_offset: int, max_count: int = 32) -> list[StoredMessage]:
-        """Up to ``max_count`` messages of (topic, queue) from ``queue_offset`` on."""
+        """Up to ``max_count`` messages of (topic, queue) from ``queue_offset`` on.
+
+        Messages retention removed are left out: the first one returned may then
+        have a higher queue offset than asked for (see `min_offset`).
+        """
         self._check_open()
         if queue_offset < 0 or max_count < 0:
             raise InvalidRequestError(
@@ -144,6 +149,8 @@ class MessageStore:
         consume_queue = self._queues.get(topic, queue)
         if consume_queue is None or not max_count:
             return []
+        if queue_offset < consume_queue.min_file_offset + consume_queue.per_file:
+            queue_offset = max(queue_offset, consume_queue.first_offset(self._log.min_offset))
         entries = consume_queue.get(queue_offset, max_count)
         return read_entries(self._log, entries, (topic, queue), self._visible_end(),
                             self.config.read_chunk, self.config.skip_corrupt)

@@ -1,31 +1,45 @@
 """The driver's view of one micro-batch after the executors prepared it.
 
-`prepare` repartitions the batch by token, runs the `RowPipeline` on the
-executors through ``mapInArrow`` and caches the result, then collects only
-what the driver needs for the batch transaction: the surviving tokens (to
-claim) and the poison rows (to dead-letter). The rows themselves stay on the
-executors; `PreparedBatch.rows` hands the user's function the good rows whose
-tokens the transaction actually claimed.
+`prepare` runs the `RowPipeline` on the executors through ``mapInArrow``
+(no shuffle) and caches the result, then collects only what the driver needs
+for the batch transaction: the tokens and row ids of the surviving rows and
+the poison rows. A token several tasks passed on keeps its first row (lowest
+row id); the other copies are dropped. `PreparedBatch.rows` hands the user's
+function the good rows whose tokens the transaction actually claimed; the
+rows themselves never leave the executors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from backends.errors import ConfigurationError
-from reliable.spark.rows import ERROR, ERROR_TYPE, MARKERS, ROW_JSON, TOKEN, RowPipeline, Validate
+from reliable.spark.rows import (
+    ERROR,
+    ERROR_TYPE,
+    MARKERS,
+    ROW_ID,
+    ROW_JSON,
+    TOKEN,
+    RowPipeline,
+    Validate,
+)
 from reliable.spark.tokens import KnownTokens
 
-ISIN_LIMIT = 1_000  # lost tokens filtered with IN (...); more go through an anti-join
+ISIN_LIMIT = 1_000  # values filtered with IN (...); more go through a broadcast anti-join
+
+BatchFunction = Callable[[DataFrame, int, Any], Any]
+"""The user's function: the batch's new, valid rows, the batch id and the store transaction."""
 
 
 @dataclass
@@ -35,6 +49,7 @@ class PreparedBatch:
     frame: DataFrame
     tokens: list[str]
     poison: list[dict[str, Any]] = field(default_factory=list)
+    copies: list[int] = field(default_factory=list)  # row ids of duplicate copies to drop
 
     def rows(self, claimed: set[str] | None = None) -> DataFrame:
         """The good rows, without the markers; only those whose token is in ``claimed`` if given.
@@ -42,26 +57,23 @@ class PreparedBatch:
         A token the executors saw as new but the claim did not get was
         recorded meanwhile by a concurrent writer: its row is dropped.
         """
-        good = self.frame.where(F.col(ERROR_TYPE).isNull())
-        lost = [] if claimed is None else [t for t in self.tokens if t not in claimed]
-        if len(lost) > ISIN_LIMIT:
-            spark = self.frame.sparkSession
-            lost_frame = spark.createDataFrame([(t,) for t in lost], f"{TOKEN} string")
-            good = good.join(F.broadcast(lost_frame), TOKEN, "left_anti")
-        elif lost:
-            good = good.where(~F.col(TOKEN).isin(lost))
-        return good.drop(*MARKERS)
+        return self._good(claimed).drop(*MARKERS)
 
     def collect_rows(self) -> list[tuple[str, dict[str, Any]]]:
         """Every good row with its token, on the driver (only for dead-lettering a whole batch)."""
-        good = self.frame.where(F.col(ERROR_TYPE).isNull()).drop(ERROR_TYPE, ERROR, ROW_JSON)
-        table = good.toArrow()
+        table = self._good(None).drop(ROW_ID, ERROR_TYPE, ERROR, ROW_JSON).toArrow()
         tokens = table.column(TOKEN).to_pylist()
         return list(zip(tokens, table.drop_columns([TOKEN]).to_pylist(), strict=True))
 
     def release(self) -> None:
         """Drop the cached rows."""
         self.frame.unpersist()
+
+    def _good(self, claimed: set[str] | None) -> DataFrame:
+        good = self.frame.where(F.col(ERROR_TYPE).isNull())
+        lost = [] if claimed is None else [t for t in self.tokens if t not in claimed]
+        good = _without(good, TOKEN, lost, f"{TOKEN} string")
+        return _without(good, ROW_ID, self.copies, f"{ROW_ID} long")
 
 
 def prepare(
@@ -72,7 +84,7 @@ def prepare(
     validate: Validate | None = None,
     schema: StructType | None = None,
 ) -> PreparedBatch:
-    """Run the row pipeline on the executors and collect tokens and poison rows."""
+    """Run the row pipeline on the executors; collect tokens, duplicate copies and poison rows."""
     if token not in df.columns:
         raise ConfigurationError(
             f"token={token!r} is not a column of the batch; columns: {', '.join(df.columns)}"
@@ -80,25 +92,50 @@ def prepare(
     output = output_schema(schema if schema is not None else df.schema)
     timezone = df.sparkSession.conf.get("spark.sql.session.timeZone")
     pipeline = RowPipeline(token, known, to_arrow_schema(output, timezone=timezone), validate)
-    frame = df.repartition(F.col(token)).mapInArrow(pipeline, output)
-    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+    frame = df.mapInArrow(pipeline, output).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        markers = frame.select(TOKEN, ERROR_TYPE, ERROR, ROW_JSON).toArrow()
+        markers = frame.select(TOKEN, ROW_ID, ERROR_TYPE, ERROR, ROW_JSON).toArrow()
     except BaseException:
         frame.unpersist()
         raise
-    good = pc.is_null(markers.column(ERROR_TYPE))
-    tokens = markers.filter(good).column(TOKEN).to_pylist()
-    poison = [
-        {
-            "token": row[TOKEN],
-            "row_json": row[ROW_JSON],
-            "error_type": row[ERROR_TYPE],
-            "error_message": row[ERROR],
-        }
-        for row in markers.filter(pc.invert(good)).to_pylist()
-    ]
-    return PreparedBatch(frame, tokens, poison)
+    is_good = pc.is_null(markers.column(ERROR_TYPE))
+    tokens, copies = _first_rows(markers.filter(is_good).select([TOKEN, ROW_ID]))
+    poison = _one_per_token(markers.filter(pc.invert(is_good)).to_pylist(), set(tokens))
+    return PreparedBatch(frame, tokens, poison, copies)
+
+
+def _one_per_token(rows: list[dict[str, Any]], good: set[str]) -> list[dict[str, Any]]:
+    """Poison rows as dead-letter fields: one per token, none for a token another task passed."""
+    kept: list[dict[str, Any]] = []
+    for row in rows:
+        token = row[TOKEN]
+        if token is not None:
+            if token in good:
+                continue
+            good.add(token)
+        kept.append({"token": token, "row_json": row[ROW_JSON], "error_type": row[ERROR_TYPE],
+                     "error_message": row[ERROR]})  # fmt: skip
+    return kept
+
+
+def _first_rows(good: pa.Table) -> tuple[list[str], list[int]]:
+    """The distinct tokens, and the row ids of every copy but the first of a token."""
+    firsts = good.group_by(TOKEN).aggregate([(ROW_ID, "min")])
+    if firsts.num_rows == good.num_rows:  # no token came from two tasks
+        return good.column(TOKEN).to_pylist(), []
+    keep = firsts.column(f"{ROW_ID}_min")
+    copies = good.filter(pc.invert(pc.is_in(good.column(ROW_ID), value_set=keep)))
+    return firsts.column(TOKEN).to_pylist(), copies.column(ROW_ID).to_pylist()
+
+
+def _without(frame: DataFrame, column: str, values: Sequence[Any], ddl: str) -> DataFrame:
+    """``frame`` without the rows whose ``column`` is one of ``values``."""
+    if not values:
+        return frame
+    if len(values) <= ISIN_LIMIT:
+        return frame.where(~F.col(column).isin(list(values)))
+    excluded = frame.sparkSession.createDataFrame([(v,) for v in values], ddl)
+    return frame.join(F.broadcast(excluded), column, "left_anti")
 
 
 def output_schema(data: StructType) -> StructType:
@@ -107,7 +144,9 @@ def output_schema(data: StructType) -> StructType:
     if clash:
         raise ConfigurationError(f"columns {clash} are reserved for reliable's own markers")
     fields = [StructField(f.name, f.dataType, True) for f in data.fields]
-    fields += [StructField(name, StringType(), True) for name in MARKERS]
+    fields += [
+        StructField(name, LongType() if name == ROW_ID else StringType(), True) for name in MARKERS
+    ]
     return StructType(fields)
 
 
@@ -115,18 +154,10 @@ def parse_schema(schema: StructType | str | None) -> StructType | None:
     """A validated-row schema given as a `StructType` or a DDL string."""
     if schema is None or isinstance(schema, StructType):
         return schema
-    if isinstance(schema, str):
-        try:
-            parsed = StructType.fromDDL(schema)
-        except Exception as exc:
-            raise ConfigurationError(f"schema={schema!r} is not a valid DDL schema: {exc}") from exc
-        if not isinstance(parsed, StructType):
-            raise ConfigurationError(f"schema={schema!r} is not a struct of columns")
-        return parsed
-    raise ConfigurationError(
-        f"schema={schema!r} is not allowed; expected a StructType or DDL string"
-    )
-
-
-BatchFunction = Callable[[DataFrame, int, Any], Any]
-"""The user's function: the batch's new, valid rows, the batch id and the store transaction."""
+    try:
+        parsed = StructType.fromDDL(schema)
+    except Exception as exc:
+        raise ConfigurationError(f"schema={schema!r} is not a valid DDL schema: {exc}") from exc
+    if not isinstance(parsed, StructType):
+        raise ConfigurationError(f"schema={schema!r} is not a struct of columns")
+    return parsed

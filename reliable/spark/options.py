@@ -1,20 +1,98 @@
-"""The wrapper's effective options: decorator arguments over the app's settings.
+"""The wrapper's options: checked when the decorator runs, resolved against the app on the first batch.
 
-Resolved on the first batch, not at decoration time, so a module can decorate
-its batch function before the app's backends are opened. Only ``app.store``,
-``app.cache``, ``app.settings`` and ``app.clock`` are used.
+Resolving late lets a module decorate its batch function before the app's
+backends are opened. Only ``app.store``, ``app.cache``, ``app.settings`` and
+``app.clock`` are used.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Literal
+
+from pyspark.sql.types import StructType
 
 from backends.clock import Clock
 from backends.errors import ConfigurationError
-from reliable.retry import DelayLevels, RedeliveryPolicy
+from reliable.retry import Classifier, DelayLevels, RedeliveryPolicy, build_classifier
+from reliable.spark import deadletters
+from reliable.spark.rows import Validate
 
 DEFAULT_TOKEN_TTL = 7 * 86_400.0
+OnRetriesSpent = Literal["fail", "dead_letter"]
+Redelivery = RedeliveryPolicy | DelayLevels
+
+
+@dataclass(frozen=True)
+class WriterOptions:
+    """What the decorator was given, checked (`ConfigurationError` names the culprit)."""
+
+    OPTIONS: ClassVar[frozenset[str]] = frozenset({
+        "name", "token", "retry", "fatal", "retry_on", "dead_letters", "validate", "schema",
+        "on_retries_spent", "checkpoint_location", "ttl", "store_url",
+    })  # fmt: skip
+    name: str
+    token: str
+    retry: Redelivery | None
+    classifier: Classifier
+    dead_letters: str | None
+    validate: Validate | None
+    schema: StructType | str | None
+    on_retries_spent: OnRetriesSpent
+    checkpoint_location: str | None
+    ttl: float | None
+    store_url: str | None
+
+    @classmethod
+    def check(
+        cls,
+        *,
+        name: str,
+        token: str,
+        retry: Redelivery | None = None,
+        fatal: tuple[type[BaseException], ...] = (),
+        retry_on: tuple[type[BaseException], ...] | None = None,
+        dead_letters: str | None = None,
+        validate: Validate | None = None,
+        schema: StructType | str | None = None,
+        on_retries_spent: OnRetriesSpent = "fail",
+        checkpoint_location: str | None = None,
+        ttl: float | None = None,
+        store_url: str | None = None,
+    ) -> WriterOptions:
+        _require(isinstance(name, str) and bool(name.strip()), "name", name, "a non-empty string")
+        _require(isinstance(token, str) and bool(token.strip()), "token", token, "a column name")
+        _require(
+            retry is None or isinstance(retry, RedeliveryPolicy | DelayLevels),
+            "retry",
+            retry,
+            "a RedeliveryPolicy or DelayLevels",
+        )
+        _require(
+            on_retries_spent in ("fail", "dead_letter"),
+            "on_retries_spent",
+            on_retries_spent,
+            "'fail' or 'dead_letter'",
+        )
+        _require(validate is None or callable(validate), "validate", validate, "a callable")
+        _require(
+            schema is None or isinstance(schema, StructType | str),
+            "schema",
+            schema,
+            "a StructType or a DDL string",
+        )
+        _require(
+            ttl is None or (isinstance(ttl, int | float) and ttl > 0), "ttl", ttl, "seconds > 0"
+        )
+        if (validate is not None or on_retries_spent == "dead_letter") and dead_letters is None:
+            raise ConfigurationError(
+                f"foreach_batch {name!r}: validate= and on_retries_spent='dead_letter' need "
+                "dead_letters='<table>' to put refused rows in"
+            )
+        table = None if dead_letters is None else deadletters.table_for(dead_letters).name
+        classifier = build_classifier(fatal=tuple(fatal), retry_on=retry_on)
+        return cls(name, token, retry, classifier, table, validate, schema, on_retries_spent,
+                   checkpoint_location, ttl, store_url)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -26,30 +104,22 @@ class Resolved:
     clock: Clock
     store_url: str
     cache_url: str | None
-    retry: RedeliveryPolicy | DelayLevels | None
+    retry: Redelivery | None
     token_ttl: float
     cache_ttl: float
 
 
-def resolve(
-    app: Any,
-    name: str,
-    *,
-    retry: RedeliveryPolicy | DelayLevels | None,
-    ttl: float | None,
-    store_url: str | None,
-) -> Resolved:
-    """Options for wrapper ``name``: explicit ones first, then ``[handlers.<name>]`` settings."""
-    settings = _for_handler(getattr(app, "settings", None), name)
-    url = store_url or _get(settings, "store", "url")
+def resolve(app: Any, options: WriterOptions) -> Resolved:
+    """Explicit options first, then the app's ``[handlers.<name>]`` settings, then defaults."""
+    settings = _for_handler(getattr(app, "settings", None), options.name)
+    url = options.store_url or _get(settings, "store", "url")
     if not url:
         raise ConfigurationError(
-            f"foreach_batch {name!r}: the executors need the store's URL; give store_url= or "
-            "settings with [store] url"
+            f"foreach_batch {options.name!r}: the executors need the store's URL; give "
+            "store_url= or settings with [store] url"
         )
-    token_ttl = (
-        ttl if ttl is not None else _get(settings, "store", "token_ttl") or DEFAULT_TOKEN_TTL
-    )
+    ttl = options.ttl or _get(settings, "store", "token_ttl") or DEFAULT_TOKEN_TTL
+    retry = options.retry
     if retry is None:
         policy = getattr(_get(settings, "retry"), "policy", None)
         retry = policy() if callable(policy) else None
@@ -61,19 +131,21 @@ def resolve(
         store_url=str(url),
         cache_url=None if cache_url in (None, "none") else str(cache_url),
         retry=retry,
-        token_ttl=float(token_ttl),
-        cache_ttl=float(_get(settings, "cache", "ttl") or token_ttl),
+        token_ttl=float(ttl),
+        cache_ttl=float(_get(settings, "cache", "ttl") or ttl),
     )
+
+
+def _require(ok: bool, option: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ConfigurationError(
+            f"foreach_batch: {option}={value!r} is not allowed; expected {allowed}"
+        )
 
 
 def _for_handler(settings: Any, name: str) -> Any:
     for_handler = getattr(settings, "for_handler", None)
-    if callable(for_handler):
-        try:
-            return for_handler(name)
-        except (KeyError, LookupError):
-            return settings
-    return settings
+    return for_handler(name) if callable(for_handler) else settings
 
 
 def _get(settings: Any, *path: str) -> Any:

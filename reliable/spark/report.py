@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -17,7 +17,12 @@ class BatchStatus(enum.Enum):
 
 @dataclass(frozen=True)
 class BatchReport:
-    """One batch's outcome; ``lost`` counts rows whose token a concurrent writer claimed first."""
+    """One batch's outcome.
+
+    ``lost`` counts rows whose token a concurrent writer claimed first;
+    ``seconds`` times the phases of the last attempt (``prepare`` on the
+    executors, ``claim``, ``function``: the user's function) on the app's clock.
+    """
 
     name: str
     batch_id: int
@@ -27,6 +32,7 @@ class BatchReport:
     written: int = 0
     lost: int = 0
     poison: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def fields(self) -> dict[str, Any]:
         """The report as log fields."""

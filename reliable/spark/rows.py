@@ -1,23 +1,25 @@
 """The executor-side row pipeline: one row per token, new tokens only, validated rows.
 
-`RowPipeline` is the function given to ``mapInArrow`` after the batch was
-repartitioned by token (so every copy of a token reaches the same task). For
-each Arrow record batch it
+`RowPipeline` is the function given to ``mapInArrow``; each task runs it over
+its partition of the micro-batch, without a shuffle. For each Arrow record
+batch it
 
 1. sets aside rows without a token (poison: `TokenMissingError`);
-2. keeps the first row of each token seen by the task (duplicates in the batch);
+2. keeps the first row of each token seen by the task (duplicates in the task);
 3. drops rows whose token the cache or store already knows (`KnownTokens`);
 4. runs the optional per-row ``validate`` step; a row that raises is poison.
 
-Good rows and poison rows leave in one output, told apart by marker columns
-(the token, and for poison the error and the row as JSON), so the driver can
-cache the result once and read both without computing the batch twice.
+Every row that leaves gets a row id unique in the batch (partition id and
+position), so the driver can keep one row of a token that several tasks
+passed on. Good rows and poison rows leave in one output, told apart by
+marker columns (the token, the row id, and for poison the error and the row
+as JSON), so the driver caches the result once and reads both from it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -27,20 +29,34 @@ from reliable.spark.deadletters import row_json
 from reliable.spark.tokens import KnownTokens
 
 TOKEN = "_reliable_token"
+ROW_ID = "_reliable_row_id"
 ERROR_TYPE = "_reliable_error_type"
 ERROR = "_reliable_error"
 ROW_JSON = "_reliable_row"
-MARKERS = (TOKEN, ERROR_TYPE, ERROR, ROW_JSON)
+MARKERS = (TOKEN, ROW_ID, ERROR_TYPE, ERROR, ROW_JSON)
+PARTITION_SHIFT = 40  # row id = partition id << 40 | position of the row in its partition
 
 Validate = Callable[[dict[str, Any]], Mapping[str, Any]]
 """A per-row step: the row as a dict in, the row to write out; raising makes the row poison."""
+
+Key = tuple[str, int]  # (token, row id)
 
 
 @dataclass(frozen=True)
 class _Poison:
     token: str | None
+    row_id: int
     row: Mapping[str, Any]
     error: BaseException
+
+
+@dataclass
+class _Task:
+    """What one task remembers across the record batches of its partition."""
+
+    base: int
+    offset: int = 0
+    seen: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -57,26 +73,32 @@ class RowPipeline:
     validate: Validate | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        seen: set[str] = set()  # tokens this task has already passed on or dropped
-        for batch in batches:
-            yield from self._process(batch, seen)
+        from pyspark import TaskContext
 
-    def _process(self, batch: pa.RecordBatch, seen: set[str]) -> Iterator[pa.RecordBatch]:
+        context = TaskContext.get()
+        task = _Task(base=(context.partitionId() if context else 0) << PARTITION_SHIFT)
+        for batch in batches:
+            yield from self._process(batch, task)
+            task.offset += batch.num_rows
+
+    def _process(self, batch: pa.RecordBatch, task: _Task) -> Iterator[pa.RecordBatch]:
         first: list[tuple[int, str]] = []
         poison: list[_Poison] = []
         for index, value in enumerate(batch.column(self.token).to_pylist()):
             if value is None:
                 error = TokenMissingError(f"the token column {self.token!r} is null")
-                poison.append(_Poison(None, _row(batch, index), error))
+                poison.append(
+                    _Poison(None, task.base + task.offset + index, _row(batch, index), error)
+                )
                 continue
             token = str(value)
-            if token not in seen:
-                seen.add(token)
+            if token not in task.seen:
+                task.seen.add(token)
                 first.append((index, token))
         fresh = self.known.new([token for _, token in first]) if first else set()
         keep = [(index, token) for index, token in first if token in fresh]
         if keep:
-            good, refused = self._use(batch, keep)
+            good, refused = self._use(batch, keep, task.base + task.offset)
             poison.extend(refused)
             if good is not None:
                 yield good
@@ -84,58 +106,58 @@ class RowPipeline:
             yield self._poison_batch(poison)
 
     def _use(
-        self, batch: pa.RecordBatch, keep: list[tuple[int, str]]
+        self, batch: pa.RecordBatch, keep: list[tuple[int, str]], first_id: int
     ) -> tuple[pa.RecordBatch | None, list[_Poison]]:
         rows = batch.take(pa.array([index for index, _ in keep], pa.int64()))
-        tokens = [token for _, token in keep]
+        keys = [(token, first_id + index) for index, token in keep]
         if self.validate is None:
-            columns = [rows.column(field.name) for field in self._data_fields()]
-            return self._good_batch(columns, tokens), []
-        return self._validated(rows.to_pylist(), tokens)
+            columns = [rows.column(f.name) for f in self._data_fields()]
+            return self._good_batch(columns, keys), []
+        return self._validated(rows.to_pylist(), keys)
 
     def _validated(
-        self, rows: list[dict[str, Any]], tokens: list[str]
+        self, rows: list[dict[str, Any]], keys: list[Key]
     ) -> tuple[pa.RecordBatch | None, list[_Poison]]:
         assert self.validate is not None
-        good: list[Mapping[str, Any]] = []
-        good_tokens: list[str] = []
+        good: list[tuple[Mapping[str, Any], Key, dict[str, Any]]] = []
         poison: list[_Poison] = []
-        for row, token in zip(rows, tokens, strict=True):
+        for row, key in zip(rows, keys, strict=True):
             try:
                 out = self.validate(dict(row))
                 if not isinstance(out, Mapping):
                     raise TypeError(f"validate returned {type(out).__name__}, expected a mapping")
             except Exception as exc:  # noqa: BLE001 - any error makes the row poison, not the batch
-                poison.append(_Poison(token, row, exc))
+                poison.append(_Poison(key[0], key[1], row, exc))
                 continue
-            good.append(out)
-            good_tokens.append(token)
-        if not good:
-            return None, poison
+            good.append((out, key, row))
         data = pa.schema(self._data_fields())
         try:
-            table = pa.Table.from_pylist(good, schema=data)
+            table = pa.Table.from_pylist([out for out, _, _ in good], schema=data)
         except (pa.ArrowException, TypeError, ValueError):  # find the rows Arrow refuses
-            table, good_tokens, refused = _convert_each(good, good_tokens, rows, tokens, data)
+            table, good, refused = _convert_each(good, data)
             poison.extend(refused)
         if table.num_rows == 0:
             return None, poison
         columns = [table.column(i).combine_chunks() for i in range(table.num_columns)]
-        return self._good_batch(columns, good_tokens), poison
+        return self._good_batch(columns, [key for _, key, _ in good]), poison
 
     def _data_fields(self) -> list[pa.Field]:
-        return [field for field in self.schema if field.name not in MARKERS]
+        return [f for f in self.schema if f.name not in MARKERS]
 
-    def _good_batch(self, columns: list[pa.Array], tokens: list[str]) -> pa.RecordBatch:
-        none = pa.nulls(len(tokens), pa.string())
-        arrays = [*columns, pa.array(tokens, pa.string()), none, none, none]
-        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+    def _good_batch(self, columns: list[pa.Array], keys: list[Key]) -> pa.RecordBatch:
+        none = pa.nulls(len(keys), pa.string())
+        tokens = pa.array([token for token, _ in keys], pa.string())
+        ids = pa.array([row_id for _, row_id in keys], pa.int64())
+        return pa.RecordBatch.from_arrays(
+            [*columns, tokens, ids, none, none, none], schema=self.schema
+        )
 
     def _poison_batch(self, poison: list[_Poison]) -> pa.RecordBatch:
         n = len(poison)
-        arrays = [pa.nulls(n, field.type) for field in self._data_fields()]
+        arrays = [pa.nulls(n, f.type) for f in self._data_fields()]
         arrays += [
             pa.array([p.token for p in poison], pa.string()),
+            pa.array([p.row_id for p in poison], pa.int64()),
             pa.array([type(p.error).__name__ for p in poison], pa.string()),
             pa.array([str(p.error) for p in poison], pa.string()),
             pa.array([row_json(p.row) for p in poison], pa.string()),
@@ -148,22 +170,17 @@ def _row(batch: pa.RecordBatch, index: int) -> dict[str, Any]:
 
 
 def _convert_each(
-    good: list[Mapping[str, Any]],
-    good_tokens: list[str],
-    rows: list[dict[str, Any]],
-    tokens: list[str],
-    schema: pa.Schema,
-) -> tuple[pa.Table, list[str], list[_Poison]]:
+    good: list[tuple[Mapping[str, Any], Key, dict[str, Any]]], schema: pa.Schema
+) -> tuple[pa.Table, list[tuple[Mapping[str, Any], Key, dict[str, Any]]], list[_Poison]]:
     """Convert validated rows one by one; a row Arrow cannot hold in ``schema`` is poison."""
-    originals = {token: row for row, token in zip(rows, tokens, strict=True)}
     tables: list[pa.Table] = []
-    kept: list[str] = []
+    kept: list[tuple[Mapping[str, Any], Key, dict[str, Any]]] = []
     refused: list[_Poison] = []
-    for out, token in zip(good, good_tokens, strict=True):
+    for out, key, row in good:
         try:
             tables.append(pa.Table.from_pylist([out], schema=schema))
-            kept.append(token)
+            kept.append((out, key, row))
         except (pa.ArrowException, TypeError, ValueError) as exc:
-            refused.append(_Poison(token, originals[token], exc))
+            refused.append(_Poison(key[0], key[1], row, exc))
     table = pa.concat_tables(tables) if tables else schema.empty_table()
     return table, kept, refused

@@ -23,7 +23,7 @@ CHUNK_ROWS = 10_000
 
 
 def insert_rows(
-    df: DataFrame, tx: Any, target: str | Table, *, chunk_rows: int = CHUNK_ROWS
+    df: DataFrame, tx: Any, target: str | Table | TableClause, *, chunk_rows: int = CHUNK_ROWS
 ) -> int:
     """Insert every row of ``df`` into ``target`` in the batch transaction ``tx``; return how many.
 

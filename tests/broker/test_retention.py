@@ -45,6 +45,7 @@ def test_expired_segments_are_deleted_but_never_the_active_one(tmp_path: Path) -
             first = store.min_offset("orders", queue)
             assert first > 0
             assert store.read("orders", queue, first, 1)[0].queue_offset == first
+            assert store.read("orders", queue, 0, 1)[0].queue_offset == first
         clock.advance(10_000)
         store.clean()
         assert len(segments(tmp_path / "s")) == 1  # the active segment stays

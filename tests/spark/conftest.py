@@ -32,7 +32,6 @@ def spark() -> Iterator[Any]:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
-        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -38,19 +38,21 @@ def test_a_batch_rerun_with_the_same_id_changes_nothing(spark, tmp_path, unique)
         calls.append(batch_id)
         insert_rows(df, tx, unique)
 
-    batch = spark.createDataFrame(
-        [("a", 1, ""), ("b", 2, ""), ("a", 1, "again")], "order_id string, amount long, note string"
-    )
+    # 1 000 tokens, each in three rows spread over three tasks: 2 000 copies to drop
+    rows = [(f"o{i % 1000:04d}", i, "") for i in range(3000)]
+    batch = spark.createDataFrame(rows, "order_id string, amount long, note string").repartition(3)
     with as_query(spark, "run-1"):
         first = write(batch, 0)
         again = write(batch, 0)
 
-    assert first.status is BatchStatus.COMMITTED and first.written == 2
+    assert first.status is BatchStatus.COMMITTED and first.written == 1000
     assert again.status is BatchStatus.REPLAYED
     assert calls == [0]  # the replay never reached the user's function
     with app.store.transaction() as tx:
-        rows = tx.execute(text(f"SELECT order_id FROM {unique} ORDER BY order_id")).scalars().all()
-    assert rows == ["a", "b"]
+        written = (
+            tx.execute(text(f"SELECT order_id FROM {unique} ORDER BY order_id")).scalars().all()
+        )
+    assert written == [f"o{i:04d}" for i in range(1000)]  # each token once
 
     with as_query(spark, "run-2"), pytest.raises(FenceConflictError, match="fresh checkpoint"):
         write(batch, 0)  # a fresh checkpoint (new query id) reusing the name

@@ -21,7 +21,8 @@ def parse_order(row: dict) -> dict:
     """The per-row validate step: amounts must be positive; amounts become cents."""
     if row["amount"] is None or row["amount"] <= 0:
         raise ValueError(f"amount must be positive, got {row['amount']}")
-    return {"order_id": row["order_id"], "cents": row["amount"] * 100}
+    cents = "a lot" if row["note"] == "not a number" else row["amount"] * 100  # Arrow refuses it
+    return {"order_id": row["order_id"], "cents": cents}
 
 
 def checkpoint_of(tmp_path, query_id: str) -> str:
@@ -51,26 +52,37 @@ def test_poison_rows_land_in_the_dead_letter_table_while_good_rows_commit(spark,
         insert_rows(df, tx, table)
 
     batch = spark.createDataFrame(
-        [("a", 5, ""), ("b", -1, "refund?"), (None, 3, "no token"), ("c", 7, ""), ("b", -1, "dup")],
+        [
+            ("a", 5, ""),
+            ("b", -1, "refund?"),
+            (None, 3, "no token"),
+            ("c", 7, ""),
+            ("b", -1, "dup"),
+            ("d", 9, "not a number"),
+        ],
         SCHEMA,
     )
     report = write(batch, 4)
 
-    assert (report.status, report.written, report.poison) == (BatchStatus.COMMITTED, 2, 2)
+    assert (report.status, report.written, report.poison) == (BatchStatus.COMMITTED, 2, 3)
     with app.store.transaction() as tx:
         written = tx.execute(text(f"SELECT order_id, cents FROM {table} ORDER BY order_id")).all()
     assert [tuple(row) for row in written] == [("a", 500), ("c", 700)]
-    letters = sorted(read_dead_letters(app.store, dlq, name=table), key=lambda d: d.error_type)
-    assert [(d.token, d.error_type, d.batch_id, d.run_id) for d in letters] == [
-        (None, "TokenMissingError", 4, "query-1"),
-        ("b", "ValueError", 4, "query-1"),
-    ]
-    assert letters[1].error_message == "amount must be positive, got -1"
-    assert letters[1].row["amount"] == -1 and letters[0].row["note"] == "no token"
-    assert app.store.known(table, ["a", "b", "c"]) == {"a", "c"}  # a poison row claims no token
+    letters = {d.token: d for d in read_dead_letters(app.store, dlq, name=table)}
+    assert {(d.batch_id, d.run_id, d.scope) for d in letters.values()} == {(4, "query-1", "row")}
+    assert (
+        letters[None].error_type == "TokenMissingError" and letters[None].row["note"] == "no token"
+    )
+    assert letters["b"].error_type == "ValueError"  # once, though the batch held it twice
+    assert letters["b"].error_message == "amount must be positive, got -1"
+    assert letters["b"].row["amount"] == -1
+    assert letters["d"].error_type.startswith(
+        "Arrow"
+    )  # validate returned what the schema cannot hold
+    assert app.store.known(table, ["a", "b", "c", "d"]) == {"a", "c"}  # poison claims no token
 
     assert write(batch, 4).status is BatchStatus.REPLAYED
-    assert len(read_dead_letters(app.store, dlq, name=table)) == 2  # not dead-lettered twice
+    assert len(read_dead_letters(app.store, dlq, name=table)) == 3  # not dead-lettered twice
 
 
 def test_spent_retries_dead_letter_the_whole_batch_with_backoff_on_the_clock(

@@ -1,4 +1,5 @@
-"""On PostgreSQL: duplicates within and across batches are written once; a failed try leaves nothing."""
+"""On PostgreSQL (and a Redis cache the executors ask first): duplicates are written once;
+a failed try leaves nothing."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ pytestmark = pytest.mark.spark
 
 
 def test_duplicate_tokens_across_and_within_batches_are_written_once(
-    spark, tmp_path, postgres_url, unique
+    spark, tmp_path, postgres_url, redis_url, unique
 ):
     clock = FakeClock()
-    app = test_app(tmp_path, clock=clock, store=postgres_url)
+    app = test_app(tmp_path, clock=clock, store=postgres_url, cache=redis_url)
     with app.store.transaction() as tx:
         tx.execute(text(f"CREATE TABLE {unique} (order_id TEXT, amount BIGINT, note TEXT)"))
     source = tmp_path / "in"
@@ -70,3 +71,4 @@ def test_duplicate_tokens_across_and_within_batches_are_written_once(
         tx.execute(text(f"DROP TABLE {unique}"))
     assert [tuple(row) for row in rows] == [(f"o{i}", 1) for i in range(1, 7)]
     assert app.store.known(unique, [f"o{i}" for i in range(1, 8)]) == {f"o{i}" for i in range(1, 7)}
+    assert app.cache.seen(unique, ["o1", "o6", "o7"]) == {"o1", "o6"}  # filled after each commit
