@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from typing import Any
 
 import msgpack
 
 from backends.errors import BodyDecodeError
 
+_UNDECODED = object()
 CONTENT_TYPE = "content-type"
 JSON = "application/json"
 MSGPACK = "application/msgpack"
@@ -60,9 +60,13 @@ class Message:
     def ref(self) -> QueueRef:
         return QueueRef(self.topic, self.queue)
 
-    @cached_property
+    @property
     def body(self) -> Any:
-        return decode_body(self.payload, self.headers.get(CONTENT_TYPE, JSON))
+        # cached by hand: functools.cached_property takes a lock per access on Python 3.11
+        cached = self.__dict__.get("_body", _UNDECODED)
+        if cached is _UNDECODED:
+            cached = self.__dict__["_body"] = decode_body(self.payload, self.headers.get(CONTENT_TYPE, JSON))
+        return cached
 
     def next_attempt(self, failed_at: float) -> Message:
         """The message as it is redelivered after failing at ``failed_at``."""

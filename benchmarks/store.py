@@ -151,7 +151,7 @@ def write_log(directory: Path, megabytes: int) -> int:
     commit_log = CommitLog(directory / "commitlog", config.segment_size, fsync_on_roll=False)
     queues = QueueTable(directory / "scratch", 1 << 16)
     writer = BatchWriter(commit_log, queues, _NoIndex(), b"bench000")  # type: ignore[arg-type]
-    batch = [prepare(r, config.max_record_size) for r in records(1000)]
+    batch = prepare(records(1000), config.max_record_size)
     count, target = 0, megabytes * 1024 * 1024
     while commit_log.end < target:
         writer.write(batch, time.time())

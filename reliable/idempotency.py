@@ -8,6 +8,7 @@ handler's transaction. A cache that is down degrades to the store alone.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -91,15 +92,64 @@ def _body_path(parts: list[str]) -> TokenFunction:
     return extract
 
 
+class CacheFiller:
+    """Writes committed tokens to the cache behind the pipeline, on a background thread.
+
+    Tokens are queued; once `fill_batch` are queued they are sent in one call
+    while the pipeline goes on with the next messages. A duplicate that arrives
+    before its token reaches the cache is still caught by the store's claim:
+    the cache is only ever a shortcut.
+    """
+
+    def __init__(self, fill: Callable[[list[str]], None], fill_batch: int = 256) -> None:
+        self._fill = fill
+        self._fill_batch = fill_batch
+        self._unfilled: list[str] = []
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[list[str] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def add(self, tokens: Sequence[str]) -> None:
+        with self._lock:
+            self._unfilled.extend(tokens)
+            if len(self._unfilled) < self._fill_batch:
+                return
+            batch, self._unfilled = self._unfilled, []
+        self._send(batch)
+
+    def flush(self) -> None:
+        """Send what is queued and wait until the cache has it all (idle, shutdown)."""
+        with self._lock:
+            batch, self._unfilled = self._unfilled, []
+        if batch:
+            self._send(batch)
+        self._queue.join()
+
+    def close(self) -> None:
+        self.flush()
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _send(self, batch: list[str]) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="reliable-cache-fill", daemon=True)
+            self._thread.start()
+        self._queue.put(batch)
+
+    def _run(self) -> None:
+        while (batch := self._queue.get()) is not None:
+            try:
+                self._fill(batch)
+            finally:
+                self._queue.task_done()
+        self._queue.task_done()
+
+
 @dataclass
 class Guard:
-    """The cache and store checks of one group's tokens.
-
-    Cache fills are written behind: tokens committed one by one are sent to the
-    cache in groups of `fill_batch` (and on `flush`), so the per-message path
-    pays no extra round trip. A duplicate arriving before the fill is still
-    caught by the store's claim: the cache is only ever a shortcut.
-    """
+    """The cache and store checks of one group's tokens (cache fills are written behind)."""
 
     namespace: str
     store: Store
@@ -107,9 +157,10 @@ class Guard:
     cache_ttl: float
     token_ttl: float
     on_cache_down: Callable[[], None] = lambda: None
-    fill_batch: int = 256
-    _unfilled: list[str] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    filler: CacheFiller = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.filler = CacheFiller(self._fill)
 
     def cached(self, tokens: Sequence[str]) -> set[str]:
         """Tokens the cache has seen; an empty set when the cache is down (logged)."""
@@ -130,21 +181,16 @@ class Guard:
         return tx.claim(self.namespace, tokens, self.token_ttl) if tokens else set()
 
     def remember(self, tokens: Sequence[str]) -> None:
-        """Queue committed tokens for the cache; fill it once `fill_batch` are queued."""
-        if self.cache is None or not tokens:
-            return
-        with self._lock:
-            self._unfilled.extend(tokens)
-            if len(self._unfilled) < self.fill_batch:
-                return
-            batch, self._unfilled = self._unfilled, []
-        self._fill(batch)
+        """Queue committed tokens for the cache (written behind, see `CacheFiller`)."""
+        if self.cache is not None and tokens:
+            self.filler.add(tokens)
 
     def flush(self) -> None:
-        """Send the queued tokens to the cache now (idle, shutdown)."""
-        with self._lock:
-            batch, self._unfilled = self._unfilled, []
-        self._fill(batch)
+        """Wait until every committed token is in the cache."""
+        self.filler.flush()
+
+    def close(self) -> None:
+        self.filler.close()
 
     def _fill(self, tokens: list[str]) -> None:
         if self.cache is None or not tokens:

@@ -107,9 +107,7 @@ class Pipeline:
             if token is not None:
                 first_of[token] = i
             candidates.append((i, message, token))
-        tokens = [t for _, _, t in candidates if t is not None]
-        seen = self.guard.cached(tokens)
-        seen |= self.guard.known([t for t in tokens if t not in seen])
+        seen = self.guard.cached([t for _, _, t in candidates if t is not None])
         fresh = []
         for i, message, token in candidates:
             if token is not None and token in seen:

@@ -66,6 +66,7 @@ class Worker:
     def close(self) -> None:
         self.flush()
         self.strategy.close()
+        self.pipeline.guard.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
 

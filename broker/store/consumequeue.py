@@ -62,24 +62,22 @@ class ConsumeQueue:
         if queue_offset >= self.length:
             self.length = queue_offset + 1
 
-    def put_many(self, entries: list[tuple[int, int, int]]) -> None:
-        """Append (log offset, size, tag hash) entries at the end of the queue."""
-        data = b"".join([ENTRY.pack(*entry) for entry in entries])
-        queue_offset, done = self.length, 0
-        while done < len(entries):
+    def put_packed(self, data: bytes) -> None:
+        """Append already packed entries (16 bytes each) at the end of the queue."""
+        size = ENTRY.size
+        queue_offset, done, total = self.length, 0, len(data) // size
+        while done < total:
             base = queue_offset - queue_offset % self.per_file
             mapped = self._files.get(base)
             if mapped is None:
                 mapped = self._files[base] = self._map(self.directory / f"{base:020d}{SUFFIX}")
-            count = min(len(entries) - done, base + self.per_file - queue_offset)
-            position = (queue_offset - base) * ENTRY.size
-            mapped[position : position + count * ENTRY.size] = data[
-                done * ENTRY.size : (done + count) * ENTRY.size
-            ]
+            taken = min(total - done, base + self.per_file - queue_offset)
+            position = (queue_offset - base) * size
+            mapped[position : position + taken * size] = data[done * size : (done + taken) * size]
             self._dirty.add(base)
-            done += count
-            queue_offset += count
-            self.length = queue_offset
+            done += taken
+            queue_offset += taken
+        self.length = queue_offset
 
     def get(self, queue_offset: int, count: int) -> list[QueueEntry]:
         """Up to ``count`` entries from ``queue_offset`` (stops at an empty slot or the end)."""

@@ -15,6 +15,8 @@ import mmap
 import os
 import struct
 from collections.abc import Iterator
+from itertools import repeat
+from operator import itemgetter
 from pathlib import Path
 
 from crc32c import crc32c
@@ -25,17 +27,24 @@ HEADER = struct.Struct("<qqQQIIII")  # begin ms, end ms, begin/end log offset, c
 SLOT = struct.Struct("<I")
 ENTRY = struct.Struct("<IQIqI")  # hash, log offset, size, store time ms, previous entry number
 SUFFIX = ".idx"
+_SLOTS_AT = HEADER.size
+_first = itemgetter(0)
 
 
 _topic_seeds: dict[bytes, int] = {}
 
 
-def key_hash(topic: bytes, key: bytes) -> int:
-    """The index hash of a message key within its topic."""
+def topic_seed(topic: bytes) -> int:
+    """The CRC32C seed a topic gives its keys' hashes (cached: there are few topics)."""
     seed = _topic_seeds.get(topic)
     if seed is None:
         seed = _topic_seeds.setdefault(topic, crc32c(topic + b"\x00"))
-    return crc32c(key, seed)
+    return seed
+
+
+def key_hash(topic: bytes, key: bytes) -> int:
+    """The index hash of a message key within its topic."""
+    return crc32c(key, topic_seed(topic))
 
 
 def id_hash(message_id: bytes) -> int:
@@ -87,22 +96,32 @@ class IndexFile:
         return self.count >= self.capacity
 
     def add_many(self, entries: list[tuple[int, int, int, int]]) -> int:
-        """Add (hash, log offset, size, store ms) entries until full; return how many fit."""
-        mapped, slots, entries_at = self._map, self.slots, self._entries
-        count = self.count
-        take = entries[: self.capacity - count]
-        unpack_slot, pack_slot, pack_entry = SLOT.unpack_from, SLOT.pack_into, ENTRY.pack_into
-        begin_ms, end_ms = self.begin_ms, self.end_ms
-        for hashed, log_offset, size, store_ms in take:
-            slot = HEADER.size + (hashed % slots) * 4
-            pack_entry(mapped, entries_at + count * ENTRY.size, hashed, log_offset, size,
-                       store_ms, unpack_slot(mapped, slot)[0])
-            count += 1
-            pack_slot(mapped, slot, count)
-            end_ms = max(end_ms, store_ms)
-            if store_ms < begin_ms or count == 1:
-                begin_ms = store_ms
-        self.begin_ms, self.end_ms, self.count = begin_ms, end_ms, count
+        """Add (hash, log offset, size, store ms) entries until full; return how many fit.
+
+        Entries are written first, then the slot heads, so a concurrent reader never
+        follows a slot to an entry not yet written.
+        """
+        take = entries[: self.capacity - self.count]
+        if not take:
+            return 0
+        hashes, offsets, sizes, times = zip(*take)
+        mapped, first = self._map, self.count + 1
+        numbers = range(first, first + len(take))
+        slots = list(map(_SLOTS_AT.__add__, map(SLOT.size.__mul__, map(self.slots.__rmod__,
+                                                                      hashes))))
+        previous = list(map(_first, map(SLOT.unpack_from, repeat(mapped), slots)))
+        if len(set(slots)) < len(slots):  # chains within the batch: link them in order
+            heads = dict(zip(slots, previous))
+            for position, (slot, number) in enumerate(zip(slots, numbers)):
+                previous[position], heads[slot] = heads[slot], number
+        at = self._entries + self.count * ENTRY.size
+        data = b"".join(map(ENTRY.pack, hashes, offsets, sizes, times, previous))
+        mapped[at : at + len(data)] = data
+        newest = dict(zip(slots, numbers))
+        list(map(SLOT.pack_into, repeat(mapped), newest, newest.values()))
+        self.begin_ms = min(times) if self.count == 0 else min(self.begin_ms, *times)
+        self.end_ms = max(self.end_ms, *times)
+        self.count += len(take)
         return len(take)
 
     def advance(self, end_log_offset: int) -> None:

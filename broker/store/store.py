@@ -98,8 +98,7 @@ class MessageStore:
         if not records:
             return []
         self._check_disk()
-        max_size = self.config.max_record_size
-        prepared = [prepare(record, max_size) for record in records]
+        prepared = prepare(records, self.config.max_record_size)
         with self._writer:
             self._check_open()
             try:
@@ -113,7 +112,7 @@ class MessageStore:
             self._flusher.wait(end)
         return results
 
-    def _write(self, prepared: list[Prepared]) -> list[AppendResult]:
+    def _write(self, prepared: Prepared) -> list[AppendResult]:
         results = self._batch_writer.write(prepared, self.config.clock.time())
         self._visible = end = self._log.end
         self._flusher.wrote(end)

@@ -1,26 +1,36 @@
-"""`BatchWriter`: turns a batch of prepared records into frames, consume-queue and index entries.
+"""`BatchWriter`: turns a prepared batch into frames, consume-queue and index entries.
 
 This is the hot path of `MessageStore.append` (run under the writer lock), so
-it works batch-wise: one ``pwrite`` per batch (per segment), one slice
-assignment per consume-queue file, one pass over the key index, and no
-per-record method calls in the loop.
+it works column-wise, like `prepare`: log offsets are a running sum of the
+sizes, queue offsets come from one counter per (topic, queue), and headers,
+CRCs, frames, consume-queue entries and results are each built by one ``map``
+over the batch. The batch is written with one ``pwrite`` (per segment), each
+consume queue gets one slice assignment, the key index one pass.
 """
 
 from __future__ import annotations
+
+from itertools import accumulate, chain, compress, count, repeat
+from operator import itemgetter
 
 from crc32c import crc32c
 
 from broker.store import codec
 from broker.store.commitlog import CommitLog
-from broker.store.keyindex import KeyIndex, id_hash, key_hash, offset_in_id
+from broker.store.consumequeue import ENTRY
+from broker.store.keyindex import KeyIndex, offset_in_id
 from broker.store.prepare import Prepared
 from broker.store.queues import QueueTable
 from broker.store.record import AppendResult
 
-_HEADER_SIZE = codec.HEADER.size
 _pack_header = codec.HEADER.pack
 _pack_prefix = codec.PREFIX.pack
+_pack_entry = ENTRY.pack
 _MAGIC, _VERSION = codec.MAGIC, codec.VERSION
+_new_result = tuple.__new__
+_log_offset = itemgetter(1)
+
+Place = tuple[str, int]
 
 
 class BatchWriter:
@@ -31,55 +41,90 @@ class BatchWriter:
         self._log = commit_log
         self._queues = queues
         self._index = index
-        self._instance = instance
+        self._id_format = instance + b"%016x"
 
-    def write(self, prepared: list[Prepared], store_time: float) -> list[AppendResult]:
-        """Append ``prepared`` stamped with ``store_time``; return where each record landed."""
-        commit_log, instance = self._log, self._instance
-        store_ms = int(store_time * 1000)
-        offset = commit_log.end
+    def write(self, batch: Prepared, store_time: float) -> list[AppendResult]:
+        """Append ``batch`` stamped with ``store_time``; return where each record landed."""
+        sizes = batch.sizes
+        offsets = list(accumulate(sizes, initial=self._log.end))
+        end = offsets.pop()
+        ids = self._ids(batch, offsets)
+        places = list(zip(batch.topics, batch.queues))
+        starts = {place: self._queues.ensure(*place).length for place in set(places)}
+        counters = {place: count(start) for place, start in starts.items()}
+        queue_offsets = list(map(next, map(counters.__getitem__, places)))
+        heads = map(_pack_header, batch.lengths, repeat(_VERSION), batch.queues, queue_offsets,
+                    repeat(store_time), batch.attempts, map(len, batch.topics_b), map(len, ids),
+                    map(len, batch.keys), map(len, batch.tags), map(len, batch.headers),
+                    map(len, batch.bodies))
+        payloads = list(map(b"".join, zip(heads, batch.topics_b, ids, batch.keys, batch.tags,
+                                          batch.headers, batch.bodies)))
+        prefixes = map(_pack_prefix, repeat(_MAGIC), map(crc32c, payloads))
+        self._append(list(chain.from_iterable(zip(prefixes, payloads))), sizes, end)
+        self._dispatch(places, queue_offsets, starts,
+                       list(map(_pack_entry, offsets, sizes, batch.tag_hashes)))
+        self._index_batch(batch, ids, offsets, int(store_time * 1000))
+        self._index.advance(end)
+        message_ids = (batch.message_ids if not batch.generated
+                       else [given or made.decode() for given, made in zip(batch.message_ids, ids)])
+        return list(map(_new_result, repeat(AppendResult), zip(
+            batch.topics, batch.queues, queue_offsets, offsets, message_ids, sizes)))
+
+    def _ids(self, batch: Prepared, offsets: list[int]) -> list[bytes]:
+        """The records' ids, made from their log offsets where the producer gave none."""
+        if not batch.generated:
+            return batch.ids
+        made = map(self._id_format.__mod__, offsets)
+        if not any(batch.ids):
+            return list(made)
+        return [given or new for given, new in zip(batch.ids, made)]
+
+    def _append(self, parts: list[bytes], sizes: list[int], end: int) -> None:
+        """Write the frames (``parts``: prefix, payload, ...), rolling segments where needed."""
+        commit_log = self._log
         room = commit_log.room()
-        parts: list[bytes] = []
-        placed: dict[tuple[str, int], list] = {}  # (topic, queue) -> [next offset, entries]
-        index_entries: list[tuple[int, int, int, int]] = []
-        results: list[AppendResult] = []
-        for (topic, topic_b, queue, message_id, id_b, tail, attempt, key_length, tag_length,
-             headers_length, body_length, fixed, tag_h) in prepared:
-            place = placed.get((topic, queue))
-            if place is None:
-                place = placed[(topic, queue)] = [self._queues.ensure(topic, queue).length, []]
-            queue_offset = place[0]
-            place[0] = queue_offset + 1
-            if not id_b:
-                id_b = b"%s%016x" % (instance, offset)
-            length = fixed + len(id_b)
-            payload = b"".join((
-                _pack_header(length, _VERSION, queue, queue_offset, store_time, attempt,
-                             len(topic_b), len(id_b), key_length, tag_length, headers_length,
-                             body_length),
-                topic_b, id_b, tail,
-            ))
-            size = length + 6
-            if size > room:
-                commit_log.append(parts)
-                parts = []
+        if end - commit_log.end <= room:
+            commit_log.append(parts)
+            return
+        first = 0
+        for number, size in enumerate(sizes):
+            if size > room:  # a record never spans two segments
+                commit_log.append(parts[2 * first : 2 * number])
                 commit_log.roll()
-                room = commit_log.segment_size
+                room, first = commit_log.segment_size, number
             room -= size
-            parts.append(_pack_prefix(_MAGIC, crc32c(payload)))
-            parts.append(payload)
-            place[1].append((offset, size, tag_h))
-            if key_length:
-                key_b = tail[:key_length]
-                index_entries.append((key_hash(topic_b, key_b), offset, size, store_ms))
-            if message_id and offset_in_id(id_b) != offset:
-                index_entries.append((id_hash(id_b), offset, size, store_ms))
-            results.append(AppendResult(topic, queue, queue_offset, offset,
-                                        message_id or id_b.decode(), size))
-            offset += size
-        commit_log.append(parts)
-        for (topic, queue), (_, entries) in placed.items():
-            self._queues.ensure(topic, queue).put_many(entries)
-        self._index.add_many(index_entries)
-        self._index.advance(offset)
-        return results
+        commit_log.append(parts[2 * first :])
+
+    def _dispatch(self, places: list[Place], queue_offsets: list[int], starts: dict[Place, int],
+                  entries: list[bytes]) -> None:
+        """Write each consume queue's new entries with one slice assignment."""
+        if len(starts) == 1:
+            [place] = starts
+            self._queues.ensure(*place).put_packed(b"".join(entries))
+            return
+        in_queue_order = sorted(range(len(places)), key=places.__getitem__)  # stable
+        data = b"".join(map(entries.__getitem__, in_queue_order))
+        lasts = dict(zip(places, queue_offsets))
+        position = 0
+        for place in sorted(lasts):
+            taken = (lasts[place] + 1 - starts[place]) * ENTRY.size
+            self._queues.ensure(*place).put_packed(data[position : position + taken])
+            position += taken
+
+    def _index_batch(self, batch: Prepared, ids: list[bytes], offsets: list[int],
+                     store_ms: int) -> None:
+        """Index keys, and the ids producers gave (store-made ids say where they are)."""
+        sizes = batch.sizes
+        entries = list(zip(batch.key_hashes, compress(offsets, batch.keyed),
+                           compress(sizes, batch.keyed), repeat(store_ms)))
+        if batch.id_hashes:
+            named = batch.named
+            entries.extend(
+                (hashed, offset, size, store_ms) for hashed, offset, size, id_b in zip(
+                    batch.id_hashes, compress(offsets, named), compress(sizes, named),
+                    compress(ids, named))
+                if offset_in_id(id_b) != offset
+            )
+            entries.sort(key=_log_offset)  # index files cover log ranges in order
+        if entries:
+            self._index.add_many(entries)

@@ -34,7 +34,7 @@ def test_the_batch_writer_lays_frames_out_as_the_codec_does(tmp_path) -> None:
                          b"abcd")
     record = Record("orders", 3, b"body", key="key", tag="tag", headers={"h": "v"},
                     message_id="id-1", attempt=2)
-    [placed] = writer.write([prepare(record, 1 << 20)], 1.5)
+    [placed] = writer.write(prepare([record], 1 << 20), 1.5)
     written = log.active.read(0, 1 << 20)
     assert written == codec.encode(b"orders", 3, 0, 1.5, 2, b"id-1", b"key", b"tag",
                                    codec.encode_headers({"h": "v"}), b"body")
