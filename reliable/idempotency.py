@@ -1,9 +1,10 @@
 """Idempotency: a token per message, checked in the cache, then claimed in the store.
 
-`Token` turns a message into its token. `Guard` does the three checks of the
-pipeline in bulk: the cache (one round trip), the store's known tokens (one
-query, batch mode), and the claim under the unique index inside the
-handler's transaction. A cache that is down degrades to the store alone.
+`Token` turns a message into its token. `Guard` does the checks of the
+pipeline in bulk: the cache (one round trip), then the claim under the unique
+index inside the handler's transaction (one statement for a whole batch,
+which records the new tokens and reveals the known ones), then the cache fill
+(written behind). A cache that is down degrades to the store alone.
 """
 
 from __future__ import annotations
@@ -171,10 +172,6 @@ class Guard:
         except CacheUnavailableError as exc:
             self._cache_down("seen", exc)
             return set()
-
-    def known(self, tokens: Sequence[str]) -> set[str]:
-        """Tokens the store has recorded as done (one query)."""
-        return self.store.known(self.namespace, tokens) if tokens else set()
 
     def claim(self, tx: Transaction, tokens: Sequence[str]) -> set[str]:
         """Claim ``tokens`` in ``tx``; the ones not returned are duplicates."""

@@ -92,7 +92,7 @@ def prepare(records: Sequence[Record], max_record_size: int) -> Prepared:
                                   f"max_record_size={max_record_size}")
     keyed = list(map(bool, key_lengths))
     named = list(map(bool, ids_b))
-    seeds = map(topic_seed, compress(topics_b, keyed))
+    seeds = map({t: topic_seed(t) for t in set(topics_b)}.__getitem__, compress(topics_b, keyed))
     return Prepared(
         topics, queues, message_ids, attempts, topics_b, ids_b, keys_b, tags_b, headers_b,
         bodies, lengths, sizes,

@@ -66,6 +66,7 @@ class BatchWriter:
         self._index_batch(batch, ids, offsets, int(store_time * 1000))
         self._index.advance(end)
         message_ids = (batch.message_ids if not batch.generated
+                       else list(map(bytes.decode, ids)) if not any(batch.ids)
                        else [given or made.decode() for given, made in zip(batch.message_ids, ids)])
         return list(map(_new_result, repeat(AppendResult), zip(
             batch.topics, batch.queues, queue_offsets, offsets, message_ids, sizes)))
