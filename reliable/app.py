@@ -156,6 +156,7 @@ class App:
         workers = [self._worker(h) for h in self._select(handlers)]
         restore = self._install_signals()
         self._stop.clear()
+        self._purged_at = self.clock.time()  # first purge one interval in: starting stays fast
         log.info("worker_started", handlers=[w.handler.name for w in workers], until_idle=until_idle)
         try:
             while not self._stop.is_set():
@@ -174,19 +175,22 @@ class App:
         """Ask `run()` to finish the messages in hand and return."""
         self._stop.set()
 
+    def purge_expired_tokens(self) -> int:
+        """Delete expired token records now (a running worker does it every `PURGE_INTERVAL`)."""
+        deleted = self.runtime.store.purge_expired()
+        if deleted:
+            log.info("expired_tokens_purged", count=deleted)
+        return deleted
+
     def _purge_expired_tokens(self) -> None:
-        """Delete expired token records, at most once per `PURGE_INTERVAL` seconds."""
         now = self.clock.time()
         if now - self._purged_at < PURGE_INTERVAL:
             return
         self._purged_at = now
         try:
-            deleted = self.runtime.store.purge_expired()
+            self.purge_expired_tokens()
         except StoreUnavailableError as exc:
             log.warning("token_purge_failed", error=str(exc))
-            return
-        if deleted:
-            log.info("expired_tokens_purged", count=deleted)
 
     def _cycle(self, workers: list[Worker], until_idle: bool) -> bool:
         timeout = 0.0 if until_idle else max(w.handler.config.poll_timeout for w in workers) / len(workers)

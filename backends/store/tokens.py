@@ -39,6 +39,10 @@ def claim(
     if not batch:
         return set()
     expires_at = now + ttl
+    if connection.dialect.name == "postgresql" and len(batch) == 1:  # the per-message path
+        parameters = {"namespace": namespace, "token": batch[0], "state": state, "now": now,
+                      "expires_at": expires_at}
+        return set(connection.execute(_POSTGRES_CLAIM_ONE, parameters).scalars())
     if connection.dialect.name == "postgresql":
         parameters = {
             "namespace": namespace,
@@ -161,6 +165,16 @@ _POSTGRES_CLAIM = _on_conflict_reclaim(
             bindparam("now", type_=Double),
             bindparam("expires_at", type_=Double),
         ),
+    )
+)
+_POSTGRES_CLAIM_ONE = _on_conflict_reclaim(
+    postgresql.insert(tokens).values(
+        namespace=bindparam("namespace", type_=String),
+        token=bindparam("token", type_=String),
+        state=bindparam("state", type_=String),
+        result=null(),
+        created_at=bindparam("now", type_=Double),
+        expires_at=bindparam("expires_at", type_=Double),
     )
 )
 _POSTGRES_KNOWN = select(tokens.c.token).where(

@@ -79,6 +79,24 @@ class ConsumeQueue:
             queue_offset += taken
         self.length = queue_offset
 
+    def file_for(self, first: int, last: int) -> tuple[mmap.mmap, int] | None:
+        """The file (and its first queue offset) holding entries ``first..last``, if one does.
+
+        The writer packs entries straight into it, then calls `extend`.
+        """
+        base = first - first % self.per_file
+        if last >= base + self.per_file:
+            return None
+        mapped = self._files.get(base)
+        if mapped is None:
+            mapped = self._files[base] = self._map(self.directory / f"{base:020d}{SUFFIX}")
+        return mapped, base
+
+    def extend(self, length: int) -> None:
+        """Entries up to ``length`` were written into the file `file_for` gave."""
+        self._dirty.add((length - 1) - (length - 1) % self.per_file)
+        self.length = length
+
     def get(self, queue_offset: int, count: int) -> list[QueueEntry]:
         """Up to ``count`` entries from ``queue_offset`` (stops at an empty slot or the end)."""
         entries: list[QueueEntry] = []

@@ -14,7 +14,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
@@ -95,18 +95,20 @@ class IndexFile:
     def full(self) -> bool:
         return self.count >= self.capacity
 
-    def add_many(self, entries: list[tuple[int, int, int, int]]) -> int:
-        """Add (hash, log offset, size, store ms) entries until full; return how many fit.
+    def add_many(self, hashes: Sequence[int], offsets: Sequence[int], sizes: Sequence[int],
+                 times: Sequence[int]) -> int:
+        """Add entries (hash, log offset, size, store ms: one column each) until full.
 
-        Entries are written first, then the slot heads, so a concurrent reader never
-        follows a slot to an entry not yet written.
+        Returns how many fit. Entries are written first, then the slot heads, so a
+        concurrent reader never follows a slot to an entry not yet written.
         """
-        take = entries[: self.capacity - self.count]
-        if not take:
+        room = self.capacity - self.count
+        if len(hashes) > room:
+            hashes, offsets, sizes, times = hashes[:room], offsets[:room], sizes[:room], times[:room]
+        if not hashes:
             return 0
-        hashes, offsets, sizes, times = zip(*take)
         mapped, first = self._map, self.count + 1
-        numbers = range(first, first + len(take))
+        numbers = range(first, first + len(hashes))
         slots = list(map(_SLOTS_AT.__add__, map(SLOT.size.__mul__, map(self.slots.__rmod__,
                                                                       hashes))))
         previous = list(map(_first, map(SLOT.unpack_from, repeat(mapped), slots)))
@@ -121,8 +123,8 @@ class IndexFile:
         list(map(SLOT.pack_into, repeat(mapped), newest, newest.values()))
         self.begin_ms = min(times) if self.count == 0 else min(self.begin_ms, *times)
         self.end_ms = max(self.end_ms, *times)
-        self.count += len(take)
-        return len(take)
+        self.count += len(hashes)
+        return len(hashes)
 
     def advance(self, end_log_offset: int) -> None:
         """Record that every record before ``end_log_offset`` is indexed (header only)."""
@@ -180,12 +182,14 @@ class KeyIndex:
         """Every record before this log offset is indexed (None: no file yet)."""
         return self.files[-1].end_log_offset if self.files else None
 
-    def add_many(self, entries: list[tuple[int, int, int, int]]) -> None:
-        """Index (hash, log offset, size, store ms) entries, starting new files as they fill."""
-        while entries:
+    def add_many(self, hashes: Sequence[int], offsets: Sequence[int], sizes: Sequence[int],
+                 times: Sequence[int]) -> None:
+        """Index entries (one column per field), starting new files as they fill."""
+        while hashes:
             if not self.files or self.files[-1].full:
-                self._start(entries[0][1])
-            entries = entries[self.files[-1].add_many(entries) :]
+                self._start(offsets[0])
+            done = self.files[-1].add_many(hashes, offsets, sizes, times)
+            hashes, offsets, sizes, times = hashes[done:], offsets[done:], sizes[done:], times[done:]
 
     def advance(self, end_log_offset: int) -> None:
         if self.files:

@@ -48,6 +48,11 @@ class Prepared(NamedTuple):
     tags: list[bytes]
     headers: list[bytes]
     bodies: list[bytes]
+    topic_lengths: list[int]
+    key_lengths: list[int]
+    tag_lengths: list[int]
+    header_lengths: list[int]
+    body_lengths: list[int]
     lengths: list[int]  # the frame's length field: header through body
     sizes: list[int]  # the framed size in the log
     tag_hashes: list[int]
@@ -82,9 +87,10 @@ def prepare(records: Sequence[Record], max_record_size: int) -> Prepared:
                                  f"most {MAX_FIELD} bytes")
     if generated:
         id_lengths = [n or GENERATED_ID_LENGTH for n in id_lengths]
+    topic_lengths = list(map(len, topics_b))
+    header_lengths, body_lengths = list(map(len, headers_b)), list(map(len, bodies))
     lengths = list(map(codec.HEADER.size.__add__, map(sum, zip(
-        map(len, topics_b), id_lengths, key_lengths, tag_lengths, map(len, headers_b),
-        map(len, bodies)))))
+        topic_lengths, id_lengths, key_lengths, tag_lengths, header_lengths, body_lengths))))
     sizes = list(map(codec.PREFIX.size.__add__, lengths))
     if max(sizes) > max_record_size:
         size, topic = next((s, t) for s, t in zip(sizes, topics) if s > max_record_size)
@@ -95,7 +101,8 @@ def prepare(records: Sequence[Record], max_record_size: int) -> Prepared:
     seeds = map({t: topic_seed(t) for t in set(topics_b)}.__getitem__, compress(topics_b, keyed))
     return Prepared(
         topics, queues, message_ids, attempts, topics_b, ids_b, keys_b, tags_b, headers_b,
-        bodies, lengths, sizes,
+        bodies, topic_lengths, key_lengths, tag_lengths, header_lengths, body_lengths,
+        lengths, sizes,
         [crc32c(tag) if tag else 0 for tag in tags_b] if any(tag_lengths) else [0] * len(tags_b),
         generated, keyed, list(map(crc32c, compress(keys_b, keyed), seeds)),
         named, list(map(id_hash, compress(ids_b, named))),

@@ -109,7 +109,8 @@ def _replay(
     Works on the raw frame bytes: this loop is what a full rebuild spends its time in.
     """
     consume_queues: dict[tuple[bytes, int], ConsumeQueue] = {}
-    pending: list[tuple[int, int, int, int]] = []
+    pending: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
+    hashes, offsets, sizes, times = pending
     replayed, prefix_size, frame_min = 0, codec.PREFIX.size, codec.FRAME_MIN
     for log_offset, data, position, fields in frames:
         replayed += 1
@@ -130,15 +131,21 @@ def _replay(
             store_ms = int(store_time * 1000)
             i = p + tl
             if kl:
-                pending.append((key_hash(topic_b, data[i + il : i + il + kl]), log_offset, size,
-                                store_ms))
+                hashes.append(key_hash(topic_b, data[i + il : i + il + kl]))
+                offsets.append(log_offset)
+                sizes.append(size)
+                times.append(store_ms)
             id_b = data[i : i + il]
             if il != 24 or offset_in_id(id_b) != log_offset:
-                pending.append((id_hash(id_b), log_offset, size, store_ms))
-            if len(pending) >= 8192:
-                index.add_many(pending)
-                pending = []
-    index.add_many(pending)
+                hashes.append(id_hash(id_b))
+                offsets.append(log_offset)
+                sizes.append(size)
+                times.append(store_ms)
+            if len(hashes) >= 8192:
+                index.add_many(*pending)
+                pending = ([], [], [], [])
+                hashes, offsets, sizes, times = pending
+    index.add_many(*pending)
     return replayed
 
 

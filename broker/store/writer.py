@@ -10,14 +10,15 @@ consume queue gets one slice assignment, the key index one pass.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import accumulate, chain, compress, count, repeat
-from operator import itemgetter
+from operator import itemgetter, sub
 
 from crc32c import crc32c
 
 from broker.store import codec
 from broker.store.commitlog import CommitLog
-from broker.store.consumequeue import ENTRY
+from broker.store.consumequeue import ENTRY, ConsumeQueue
 from broker.store.keyindex import KeyIndex, offset_in_id
 from broker.store.prepare import Prepared
 from broker.store.queues import QueueTable
@@ -26,11 +27,12 @@ from broker.store.record import AppendResult
 _pack_header = codec.HEADER.pack
 _pack_prefix = codec.PREFIX.pack
 _pack_entry = ENTRY.pack
+_pack_entry_into = ENTRY.pack_into
 _MAGIC, _VERSION = codec.MAGIC, codec.VERSION
 _new_result = tuple.__new__
-_log_offset = itemgetter(1)
+_log_offset_first = itemgetter(0)
 
-Place = tuple[str, int]
+Place = tuple[str, int] | int
 
 
 class BatchWriter:
@@ -42,6 +44,7 @@ class BatchWriter:
         self._queues = queues
         self._index = index
         self._id_format = instance + b"%016x"
+        self._by_topic: dict[str, dict[int, ConsumeQueue]] = {}
 
     def write(self, batch: Prepared, store_time: float) -> list[AppendResult]:
         """Append ``batch`` stamped with ``store_time``; return where each record landed."""
@@ -49,20 +52,19 @@ class BatchWriter:
         offsets = list(accumulate(sizes, initial=self._log.end))
         end = offsets.pop()
         ids = self._ids(batch, offsets)
-        places = list(zip(batch.topics, batch.queues))
-        starts = {place: self._queues.ensure(*place).length for place in set(places)}
+        places, queues = self._places(batch)
+        starts = {place: consume_queue.length for place, consume_queue in queues.items()}
         counters = {place: count(start) for place, start in starts.items()}
         queue_offsets = list(map(next, map(counters.__getitem__, places)))
         heads = map(_pack_header, batch.lengths, repeat(_VERSION), batch.queues, queue_offsets,
-                    repeat(store_time), batch.attempts, map(len, batch.topics_b), map(len, ids),
-                    map(len, batch.keys), map(len, batch.tags), map(len, batch.headers),
-                    map(len, batch.bodies))
+                    repeat(store_time), batch.attempts, batch.topic_lengths, map(len, ids),
+                    batch.key_lengths, batch.tag_lengths, batch.header_lengths,
+                    batch.body_lengths)
         payloads = list(map(b"".join, zip(heads, batch.topics_b, ids, batch.keys, batch.tags,
                                           batch.headers, batch.bodies)))
         prefixes = map(_pack_prefix, repeat(_MAGIC), map(crc32c, payloads))
         self._append(list(chain.from_iterable(zip(prefixes, payloads))), sizes, end)
-        self._dispatch(places, queue_offsets, starts,
-                       list(map(_pack_entry, offsets, sizes, batch.tag_hashes)))
+        self._dispatch(places, queue_offsets, queues, starts, offsets, sizes, batch.tag_hashes)
         self._index_batch(batch, ids, offsets, int(store_time * 1000))
         self._index.advance(end)
         message_ids = (batch.message_ids if not batch.generated
@@ -70,6 +72,23 @@ class BatchWriter:
                        else [given or made.decode() for given, made in zip(batch.message_ids, ids)])
         return list(map(_new_result, repeat(AppendResult), zip(
             batch.topics, batch.queues, queue_offsets, offsets, message_ids, sizes)))
+
+    def _places(self, batch: Prepared) -> tuple[Sequence[Place], dict[Place, ConsumeQueue]]:
+        """Each record's place and the consume queue of every place in the batch.
+
+        A place is the queue number when the whole batch goes to one topic (the
+        common case: cheaper to hash), else (topic, queue).
+        """
+        topics = set(batch.topics)
+        if len(topics) == 1:
+            [topic] = topics
+            known = self._by_topic.setdefault(topic, {})
+            places: Sequence[Place] = batch.queues
+            for queue in set(places).difference(known):
+                known[queue] = self._queues.ensure(topic, queue)
+            return places, {queue: known[queue] for queue in set(places)}
+        places = list(zip(batch.topics, batch.queues))
+        return places, {place: self._queues.ensure(*place) for place in set(places)}
 
     def _ids(self, batch: Prepared, offsets: list[int]) -> list[bytes]:
         """The records' ids, made from their log offsets where the producer gave none."""
@@ -96,36 +115,45 @@ class BatchWriter:
             room -= size
         commit_log.append(parts[2 * first :])
 
-    def _dispatch(self, places: list[Place], queue_offsets: list[int], starts: dict[Place, int],
-                  entries: list[bytes]) -> None:
-        """Write each consume queue's new entries with one slice assignment."""
-        if len(starts) == 1:
-            [place] = starts
-            self._queues.ensure(*place).put_packed(b"".join(entries))
-            return
-        in_queue_order = sorted(range(len(places)), key=places.__getitem__)  # stable
-        data = b"".join(map(entries.__getitem__, in_queue_order))
+    def _dispatch(self, places: Sequence[Place], queue_offsets: list[int],
+                  queues: dict[Place, ConsumeQueue], starts: dict[Place, int], offsets: list[int],
+                  sizes: list[int], tag_hashes: list[int]) -> None:
+        """Pack each record's consume-queue entry straight into its queue's mapped file."""
         lasts = dict(zip(places, queue_offsets))
-        position = 0
-        for place in sorted(lasts):
-            taken = (lasts[place] + 1 - starts[place]) * ENTRY.size
-            self._queues.ensure(*place).put_packed(data[position : position + taken])
-            position += taken
+        files = {place: queue.file_for(starts[place], lasts[place])
+                 for place, queue in queues.items()}
+        if None in files.values():  # a queue's entries cross into its next file
+            for place, queue in queues.items():
+                mine = [index for index, other in enumerate(places) if other == place]
+                queue.put_packed(b"".join(map(_pack_entry, map(offsets.__getitem__, mine),
+                                              map(sizes.__getitem__, mine),
+                                              map(tag_hashes.__getitem__, mine))))
+            return
+        bases = {place: base for place, (_, base) in files.items()}  # type: ignore[misc]
+        maps = {place: mapped for place, (mapped, _) in files.items()}  # type: ignore[misc]
+        positions = map(ENTRY.size.__mul__, map(sub, queue_offsets, map(bases.__getitem__, places)))
+        list(map(_pack_entry_into, map(maps.__getitem__, places), positions, offsets, sizes,
+                 tag_hashes))
+        for place, queue in queues.items():
+            queue.extend(lasts[place] + 1)
 
     def _index_batch(self, batch: Prepared, ids: list[bytes], offsets: list[int],
                      store_ms: int) -> None:
         """Index keys, and the ids producers gave (store-made ids say where they are)."""
-        sizes = batch.sizes
-        entries = list(zip(batch.key_hashes, compress(offsets, batch.keyed),
-                           compress(sizes, batch.keyed), repeat(store_ms)))
+        sizes, keyed = batch.sizes, batch.keyed
+        hashes = batch.key_hashes
+        if len(hashes) == len(offsets):
+            entries = [hashes, offsets, sizes]
+        else:
+            entries = [hashes, list(compress(offsets, keyed)), list(compress(sizes, keyed))]
         if batch.id_hashes:
             named = batch.named
-            entries.extend(
-                (hashed, offset, size, store_ms) for hashed, offset, size, id_b in zip(
+            merged = sorted(chain(zip(entries[1], entries[2], hashes), (
+                (offset, size, hashed) for hashed, offset, size, id_b in zip(
                     batch.id_hashes, compress(offsets, named), compress(sizes, named),
                     compress(ids, named))
                 if offset_in_id(id_b) != offset
-            )
-            entries.sort(key=_log_offset)  # index files cover log ranges in order
-        if entries:
-            self._index.add_many(entries)
+            )), key=_log_offset_first)  # index files cover log ranges in order
+            entries = [[e[2] for e in merged], [e[0] for e in merged], [e[1] for e in merged]]
+        if entries[0]:
+            self._index.add_many(entries[0], entries[1], entries[2], [store_ms] * len(entries[0]))
