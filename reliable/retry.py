@@ -271,20 +271,33 @@ def call_with_retry(
     Waits go through ``clock.sleep``. The last exception propagates unchanged;
     a FATAL one, or a `BaseException` that is not an `Exception`, at once.
     ``on_retry(exc, attempt)`` runs before each wait, with the failed call's number.
+    The first call runs without tenacity (the common case costs nothing); only
+    after a retryable failure do the remaining calls go through `Retrying`.
     """
 
     def retryable(exc: BaseException) -> bool:
         return isinstance(exc, Exception) and classify(exc, classifier) is Verdict.RETRY
 
+    try:
+        return fn()
+    except Exception as exc:
+        if policy.attempts == 1 or not retryable(exc):
+            raise
+        if on_retry is not None:
+            on_retry(exc, 1)
+    clock.sleep(min(policy.initial_wait, policy.max_wait))
+
     def before_sleep(state: RetryCallState) -> None:
         if on_retry is not None and state.outcome is not None:
             exc = state.outcome.exception()
             assert exc is not None
-            on_retry(exc, state.attempt_number)
+            on_retry(exc, state.attempt_number + 1)  # numbered from the first call
 
     retrying = Retrying(
-        stop=stop_after_attempt(policy.attempts),
-        wait=wait_exponential(multiplier=policy.initial_wait, exp_base=policy.multiplier, max=policy.max_wait),
+        stop=stop_after_attempt(policy.attempts - 1),
+        wait=wait_exponential(
+            multiplier=policy.initial_wait * policy.multiplier, exp_base=policy.multiplier, max=policy.max_wait
+        ),
         retry=retry_if_exception(retryable),
         sleep=clock.sleep,
         before_sleep=before_sleep,

@@ -38,6 +38,7 @@ class StoreConfig:
     max_record_size: int = 4 * 1024 * 1024
     flush_interval: float = 0.05
     flush_bytes: int = 4 * 1024 * 1024
+    group_commit_wait: float = 0.005
     checkpoint_interval: float = 1.0
     queue_file_entries: int = 300_000
     index_slots: int = 65_536
@@ -66,7 +67,8 @@ class StoreConfig:
         _at_least("index_slots", self.index_slots, 1)
         _at_least("index_entries", self.index_entries, 2)
         _at_least("read_chunk", self.read_chunk, 4096)
-        for name in ("flush_interval", "checkpoint_interval", "retention", "retention_interval"):
+        for name in ("flush_interval", "group_commit_wait", "checkpoint_interval", "retention",
+                     "retention_interval"):
             if getattr(self, name) < 0:
                 raise BrokerConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
         if not 0 < self.clean_at <= self.force_at <= self.refuse_at <= 1:

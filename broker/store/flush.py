@@ -1,11 +1,12 @@
-"""`Flusher`: the thread that fsyncs the commit log, and group commit for `sync` appends.
+"""`Flusher`: fsyncs the commit log and tracks how far the fsyncs reach.
 
 Writers write under the store's lock and tell the flusher how far the log now
-reaches. Under `sync` they then wait for a flushed offset at or past their own:
-the flusher takes the current end, runs one fsync (other producers keep
-writing meanwhile), and wakes every waiter it covered — many producers, one
-fsync. Under `async` it fsyncs every ``interval`` seconds or ``flush_bytes``
-bytes; under `none` it never runs.
+reaches. Under `sync` the group committer calls `sync` right after writing a
+generation, on its own thread: one write, one fsync, then the whole generation
+is woken (no hand-over to another thread, so no wait for the GIL between the
+fsync and the ack). Under `async` the flusher's thread fsyncs every
+``interval`` seconds or ``flush_bytes`` bytes; under `none` nothing fsyncs
+(checkpoints still do).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable
 
 import structlog
 
-from broker.errors import StoreClosedError, StoreError
+from broker.errors import StoreError
 from broker.store.config import FlushPolicy
 from broker.store.segment import Segment
 
@@ -27,7 +28,7 @@ when the log rolled past them)."""
 
 
 class Flusher:
-    """Tracks written and flushed log offsets; owns the fsync thread."""
+    """Tracks written and flushed log offsets; owns the `async` fsync thread."""
 
     def __init__(
         self, policy: FlushPolicy, interval: float, flush_bytes: int, target: FlushTarget, end: int
@@ -38,13 +39,11 @@ class Flusher:
         self._interval = interval
         self._flush_bytes = flush_bytes
         self._target = target
-        lock = threading.Lock()
-        self._cond = threading.Condition(lock)  # the flusher waits here for work
-        self._flushed = threading.Condition(lock)  # producers wait here for their fsync
+        self._cond = threading.Condition(threading.Lock())  # the thread waits here for work
         self._stopping = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        if policy is not FlushPolicy.NONE:
+        if policy is FlushPolicy.ASYNC:
             self._thread = threading.Thread(target=self._run, name="store-flusher", daemon=True)
             self._thread.start()
 
@@ -52,36 +51,36 @@ class Flusher:
         """The log now reaches ``end`` in the operating system's hands."""
         with self._cond:
             self.written = end
-            if self.policy is FlushPolicy.SYNC or end - self.flushed >= self._flush_bytes:
+            if self._thread is not None and end - self.flushed >= self._flush_bytes:
                 self._cond.notify()
 
-    def wait(self, end: int) -> None:
-        """Block until an fsync has covered ``end`` (the ack of a `sync` append)."""
+    def sync(self, end: int) -> None:
+        """Fsync the log up to ``end`` now (the caller's thread); raise `StoreError` if it fails."""
+        if self._error is not None:
+            raise _fsync_error(self._error)
+        if self.flushed >= end:
+            return
+        try:
+            self._target(end).fsync()
+        except (OSError, StoreError) as exc:
+            log.error("store.fsync_failed", error=repr(exc))
+            self._error = exc
+            raise _fsync_error(exc) from exc
         with self._cond:
-            while self.flushed < end:
-                if self._error is not None:
-                    raise StoreError("the commit log could not be fsynced") from self._error
-                if self._stopping:
-                    raise StoreClosedError("the store closed before the append was flushed")
-                self._flushed.wait()
+            self.flushed = max(self.flushed, end)
 
     def stop(self) -> None:
         """Flush what is left and end the thread."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-            self._flushed.notify_all()
         if self._thread is not None:
             self._thread.join()
 
     def _run(self) -> None:
-        sync = self.policy is FlushPolicy.SYNC
         while True:
             with self._cond:
-                if sync:
-                    while not self._stopping and self.written <= self.flushed:
-                        self._cond.wait()
-                elif not self._stopping and self.written - self.flushed < self._flush_bytes:
+                if not self._stopping and self.written - self.flushed < self._flush_bytes:
                     self._cond.wait(self._interval)
                 if self.written <= self.flushed:
                     if self._stopping:
@@ -89,14 +88,12 @@ class Flusher:
                     continue
                 end = self.written
             try:
-                self._target(end).fsync()
-            except (OSError, StoreError) as exc:  # handed to every waiting producer
-                log.error("store.fsync_failed", error=repr(exc))
-                with self._cond:
-                    self._error = exc
-                    self._stopping = True
-                    self._flushed.notify_all()
-                return
-            with self._cond:
-                self.flushed = max(self.flushed, end)
-                self._flushed.notify_all()
+                self.sync(end)
+            except StoreError:
+                return  # logged; `async` appends go on, checkpoints fsync too
+
+
+def _fsync_error(cause: BaseException) -> StoreError:
+    error = StoreError("the commit log could not be fsynced")
+    error.__cause__ = cause
+    return error

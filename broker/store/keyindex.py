@@ -14,9 +14,8 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import sys
 from collections.abc import Iterator, Sequence
-from itertools import repeat
-from operator import itemgetter
 from pathlib import Path
 
 from crc32c import crc32c
@@ -27,8 +26,26 @@ HEADER = struct.Struct("<qqQQIIII")  # begin ms, end ms, begin/end log offset, c
 SLOT = struct.Struct("<I")
 ENTRY = struct.Struct("<IQIqI")  # hash, log offset, size, store time ms, previous entry number
 SUFFIX = ".idx"
-_SLOTS_AT = HEADER.size
-_first = itemgetter(0)
+
+
+class _PackedHeads:
+    """Slot heads read and written through `struct` (hosts that are not little endian)."""
+
+    def __init__(self, mapped: mmap.mmap) -> None:
+        self._map = mapped
+
+    def __getitem__(self, slot: int) -> int:
+        return int(SLOT.unpack_from(self._map, HEADER.size + slot * SLOT.size)[0])
+
+    def __setitem__(self, slot: int, number: int) -> None:
+        SLOT.pack_into(self._map, HEADER.size + slot * SLOT.size, number)
+
+
+def _slot_heads(mapped: mmap.mmap, slots: int) -> memoryview | _PackedHeads:
+    """The slot table as an array of u32 (a direct view where the host is little endian)."""
+    if sys.byteorder == "little":
+        return memoryview(mapped)[HEADER.size : HEADER.size + slots * SLOT.size].cast("I")
+    return _PackedHeads(mapped)
 
 
 _topic_seeds: dict[bytes, int] = {}
@@ -85,6 +102,7 @@ class IndexFile:
         (self.begin_ms, self.end_ms, self.begin_log_offset, self.end_log_offset,
          self.count, self.capacity, self.slots, self.sealed) = HEADER.unpack_from(self._map, 0)
         self._entries = HEADER.size + self.slots * SLOT.size
+        self._heads = _slot_heads(self._map, self.slots)
         while not self.sealed and self.count < self.capacity and self._entry(self.count)[2]:
             self.count += 1  # entries a killed writer added after its last header update
 
@@ -107,20 +125,19 @@ class IndexFile:
             hashes, offsets, sizes, times = hashes[:room], offsets[:room], sizes[:room], times[:room]
         if not hashes:
             return 0
-        mapped, first = self._map, self.count + 1
+        mapped, heads, first = self._map, self._heads, self.count + 1
         numbers = range(first, first + len(hashes))
-        slots = list(map(_SLOTS_AT.__add__, map(SLOT.size.__mul__, map(self.slots.__rmod__,
-                                                                      hashes))))
-        previous = list(map(_first, map(SLOT.unpack_from, repeat(mapped), slots)))
+        slots = list(map(self.slots.__rmod__, hashes))
+        previous = list(map(heads.__getitem__, slots))
         if len(set(slots)) < len(slots):  # chains within the batch: link them in order
-            heads = dict(zip(slots, previous))
+            latest = dict(zip(slots, previous))
             for position, (slot, number) in enumerate(zip(slots, numbers)):
-                previous[position], heads[slot] = heads[slot], number
+                previous[position], latest[slot] = latest[slot], number
         at = self._entries + self.count * ENTRY.size
         data = b"".join(map(ENTRY.pack, hashes, offsets, sizes, times, previous))
         mapped[at : at + len(data)] = data
         newest = dict(zip(slots, numbers))
-        list(map(SLOT.pack_into, repeat(mapped), newest, newest.values()))
+        list(map(heads.__setitem__, newest, newest.values()))
         self.begin_ms = min(times) if self.count == 0 else min(self.begin_ms, *times)
         self.end_ms = max(self.end_ms, *times)
         self.count += len(hashes)
@@ -157,6 +174,8 @@ class IndexFile:
         self._map.flush()
 
     def close(self) -> None:
+        if isinstance(self._heads, memoryview):
+            self._heads.release()
         self._map.close()
 
     def delete(self) -> None:

@@ -1,9 +1,10 @@
 """`MessageStore`: the facade over commit log, consume queues, key index and recovery.
 
-One writer lock serialises appends (encode, write, dispatch to the consume
-queues and the key index); readers never take it. A flusher thread fsyncs the
-log (group commit under `sync`), a maintenance thread writes checkpoints and
-runs retention.
+One writer lock serialises writes (write, dispatch to the consume queues and
+the key index); readers never take it. Under `sync`, a committer thread
+encodes and writes every waiting producer's records as one batch (group
+commit); a flusher thread fsyncs the log, a maintenance thread writes
+checkpoints and runs retention.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from broker.store import checkpoint, retention
 from broker.store.commitlog import CommitLog
 from broker.store.config import FlushPolicy, StoreConfig
 from broker.store.flush import Flusher
+from broker.store.groupcommit import GroupCommit
 from broker.store.keyindex import KeyIndex, id_hash, key_hash, offset_in_id
 from broker.store.prepare import Prepared, prepare
 from broker.store.queues import QueueTable
@@ -66,6 +68,10 @@ class MessageStore:
         self._visible = self._log.end
         self._flusher = Flusher(self.config.flush, self.config.flush_interval,
                                 self.config.flush_bytes, self._flush_target, self._log.end)
+        self._group: GroupCommit | None = None
+        if self.config.flush is FlushPolicy.SYNC:
+            self._group = GroupCommit(self._check_disk, self._commit, self._flusher.sync,
+                                      self.config.max_record_size, self.config.group_commit_wait)
         self._stop = threading.Event()
         self._retention_due = threading.Event()
         self._maintenance: threading.Thread | None = None
@@ -97,26 +103,24 @@ class MessageStore:
         self._check_open()
         if not records:
             return []
+        if self._group is not None:  # checks the disk once per generation
+            return self._group.append(records)
         self._check_disk()
-        prepared = prepare(records, self.config.max_record_size)
+        return self._commit(prepare(records, self.config.max_record_size))[0]
+
+    def _commit(self, prepared: Prepared) -> tuple[list[AppendResult], int]:
+        """Write a prepared batch under the writer lock; return its results and the log end."""
         with self._writer:
             self._check_open()
             try:
-                results = self._write(prepared)
+                results = self._batch_writer.write(prepared, self.config.clock.time())
             except BaseException as exc:
                 self._failure = exc
                 log.error("store.append_failed", error=repr(exc))
                 raise StoreError(f"append to {self.path} failed; reopen the store") from exc
-            end = self._visible
-        if self.config.flush is FlushPolicy.SYNC:
-            self._flusher.wait(end)
-        return results
-
-    def _write(self, prepared: Prepared) -> list[AppendResult]:
-        results = self._batch_writer.write(prepared, self.config.clock.time())
-        self._visible = end = self._log.end
-        self._flusher.wrote(end)
-        return results
+            self._visible = end = self._log.end
+            self._flusher.wrote(end)
+        return results, end
 
     def _check_disk(self) -> None:
         usage = self.config.disk_usage(self.path)
@@ -280,6 +284,8 @@ class MessageStore:
         self._stop.set()
         if self._maintenance is not None:
             self._maintenance.join()
+        if self._group is not None:
+            self._group.stop()
         self._flusher.stop()
         if clean and self._failure is None:
             self._write_checkpoint()

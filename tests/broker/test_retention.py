@@ -75,9 +75,12 @@ def test_disk_thresholds_respect_what_groups_need_until_forced(tmp_path: Path) -
         assert len(segments(tmp_path / "s")) == 1
 
 
-def test_writes_are_refused_at_the_refuse_threshold_and_reads_go_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", ["none", "sync"])  # sync checks once per generation
+def test_writes_are_refused_at_the_refuse_threshold_and_reads_go_on(
+    tmp_path: Path, policy: str
+) -> None:
     disk = Disk()
-    with MessageStore(tmp_path / "s", small_config(disk_usage=disk)) as store:
+    with MessageStore(tmp_path / "s", small_config(disk_usage=disk, flush=policy)) as store:
         fill(store, count=4)
         disk.usage = 0.93
         with pytest.raises(DiskFullError, match=r"93\.0% full.*refuse_at=90%"):

@@ -211,3 +211,37 @@ def test_readers_see_consistent_messages_while_writers_append(tmp_path: Path) ->
     assert not problems
     assert store.max_offset("t", 0) == store.max_offset("t", 1) == 100
     store.close()
+
+
+def test_group_commit_gives_each_producer_its_own_results_or_error(tmp_path: Path) -> None:
+    store = MessageStore(tmp_path / "s", small_config(flush=FlushPolicy.SYNC,
+                                                      segment_size=1 << 20))
+    problems: list[str] = []
+    refused: list[int] = []
+    start = threading.Barrier(12)
+
+    def produce(thread: int) -> None:
+        start.wait()
+        for n in range(20):
+            batch = [record_for(f"{thread}-{n}-{i}", "t", thread % 3) for i in range(3)]
+            if thread % 4 == 0 and n % 5 == 0:
+                batch[1] = Record("bad/topic", 0, b"x")
+                with pytest.raises(InvalidRecordError, match="bad/topic"):
+                    store.append(batch)
+                refused.append(thread)
+                continue
+            placed = store.append(batch)
+            if [p.message_id for p in placed] != [r.message_id for r in batch]:
+                problems.append(f"{thread}-{n}: {[p.message_id for p in placed]}")
+
+    threads = [threading.Thread(target=produce, args=(t,)) for t in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not problems
+    assert len(refused) == 3 * 4
+    stored = [m.message_id for m in read_all(store)]
+    assert len(stored) == (12 * 20 - 12) * 3 == len(set(stored))
+    assert not any(m.topic == "bad/topic" for m in read_all(store))
+    store.close()

@@ -1,0 +1,155 @@
+"""`GroupCommit`: `sync` appends from many producers, encoded, written and fsynced together.
+
+A producer hands its records over and waits. One committer thread takes
+everything queued (a *generation*), validates and encodes it as a single batch,
+writes it with one system call, fsyncs, and only then wakes the generation's
+producers. Before taking a generation it waits briefly (``group_commit_wait``)
+for the producers of the previous one to come back, so that one fsync covers
+them all and the committer does not fight them for the GIL. A batch with a bad
+record is re-encoded producer by producer, so only the producer that sent it
+gets the error.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from broker.errors import StoreClosedError
+from broker.store.prepare import Prepared, prepare
+from broker.store.record import AppendResult, Record
+
+Commit = Callable[[Prepared], tuple[list[AppendResult], int]]
+"""Writes a prepared batch (under the store's writer lock); returns where each record landed
+and the log end after it."""
+
+
+class Generation:
+    """The producers whose records one committer pass wrote; woken together after the fsync."""
+
+    def __init__(self) -> None:
+        self.batches: list[Sequence[Record]] = []
+        self.results: list[list[AppendResult] | BaseException] = []  # one per batch
+        self.error: BaseException | None = None
+        self._done = threading.Lock()
+        self._done.acquire()
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """Wake every producer of the generation (with ``error``, if the flush failed)."""
+        if error is not None and self.error is None:
+            self.error = error
+        self._done.release()
+
+    def wait(self) -> None:
+        """Sleep until `finish`; then wake the next producer of the generation.
+
+        Producers wake one after another, each passing the lock on, rather than
+        all at once: only one or two threads at a time then compete for the GIL.
+        """
+        self._done.acquire()
+        self._done.release()
+
+
+class GroupCommit:
+    """Queues `sync` appends and commits them a generation at a time on its own thread."""
+
+    def __init__(self, check: Callable[[], None], commit: Commit, flush: Callable[[int], None],
+                 max_record_size: int, gather: float) -> None:
+        self._check = check  # raises if the store may not take appends now (a full disk)
+        self._commit = commit
+        self._flush = flush  # fsyncs the log up to an offset, or raises
+        self._max_record_size = max_record_size
+        self._lock = threading.Condition(threading.Lock())
+        self._queued = Generation()
+        self._expected = 1  # producers the last generation held: worth waiting for again
+        self._gather = gather  # the longest wait for them
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="store-committer", daemon=True)
+        self._thread.start()
+
+    def append(self, records: Sequence[Record]) -> list[AppendResult]:
+        """Append ``records``; return once an fsync covers them (or raise what went wrong)."""
+        with self._lock:
+            if self._stopping:
+                raise StoreClosedError("the store is closing")
+            generation = self._queued
+            position = len(generation.batches)
+            generation.batches.append(records)
+            if position == 0 or position + 1 >= self._expected:
+                self._lock.notify()
+        generation.wait()
+        result = generation.results[position] if position < len(generation.results) else None
+        if isinstance(result, BaseException):
+            raise result
+        if generation.error is not None or result is None:
+            raise generation.error or StoreClosedError("the store closed before the append")
+        return result
+
+    def stop(self) -> None:
+        """Commit what is queued, then end the thread."""
+        with self._lock:
+            self._stopping = True
+            self._lock.notify()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queued.batches and not self._stopping:
+                    self._lock.wait()
+                self._lock.wait_for(self._gathered, self._gather)
+                generation, self._queued = self._queued, Generation()
+                self._expected = len(generation.batches)
+                stopping = self._stopping
+            if generation.batches:
+                self._commit_generation(generation)
+            if stopping:
+                return
+
+    def _gathered(self) -> bool:
+        """Whether every producer of the last generation is back, or the store is stopping.
+
+        Waiting for them (at most ``gather`` seconds) keeps generations whole: the
+        producers are all asleep while the committer works, so it never waits for
+        the GIL, and one fsync covers them all.
+        """
+        return len(self._queued.batches) >= self._expected or self._stopping
+
+    def _commit_generation(self, generation: Generation) -> None:
+        batches, spans = generation.batches, list[slice | BaseException]()
+        start = 0
+        for batch in batches:
+            spans.append(slice(start, start + len(batch)))
+            start += len(batch)
+        records = [record for batch in batches for record in batch]
+        try:
+            self._check()
+        except Exception as exc:  # noqa: BLE001 - handed to the producers, never lost
+            generation.finish(exc)
+            return
+        try:
+            prepared = prepare(records, self._max_record_size)
+        except Exception:  # noqa: BLE001 - find the bad batches; commit the good ones together
+            records = []
+            spans = [self._validate(batch, records) for batch in batches]
+            prepared = prepare(records, self._max_record_size) if records else None
+        try:
+            results: list[AppendResult] = []
+            if prepared is not None:
+                results, end = self._commit(prepared)
+                self._flush(end)
+        except BaseException as exc:  # the store is now failed: every producer hears of it
+            generation.finish(exc)
+            return
+        generation.results = [span if isinstance(span, BaseException) else results[span]
+                              for span in spans]
+        generation.finish()
+
+    def _validate(self, batch: Sequence[Record], good: list[Record]) -> slice | BaseException:
+        """The error of a bad batch, or where the good one goes once added to ``good``."""
+        try:
+            prepare(batch, self._max_record_size)
+        except Exception as exc:  # noqa: BLE001 - this producer's error, raised in its thread
+            return exc
+        good.extend(batch)
+        return slice(len(good) - len(batch), len(good))
