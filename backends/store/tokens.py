@@ -39,10 +39,11 @@ def claim(
     if not batch:
         return set()
     expires_at = now + ttl
-    if connection.dialect.name == "postgresql" and len(batch) == 1:  # the per-message path
+    if len(batch) == 1:  # the per-message path: a plain one-row INSERT
         parameters = {"namespace": namespace, "token": batch[0], "state": state, "now": now,
                       "expires_at": expires_at}
-        return set(connection.execute(_POSTGRES_CLAIM_ONE, parameters).scalars())
+        one = _POSTGRES_CLAIM_ONE if connection.dialect.name == "postgresql" else _SQLITE_CLAIM_ONE
+        return set(connection.execute(one, parameters).scalars())
     if connection.dialect.name == "postgresql":
         parameters = {
             "namespace": namespace,
@@ -167,16 +168,15 @@ _POSTGRES_CLAIM = _on_conflict_reclaim(
         ),
     )
 )
-_POSTGRES_CLAIM_ONE = _on_conflict_reclaim(
-    postgresql.insert(tokens).values(
-        namespace=bindparam("namespace", type_=String),
-        token=bindparam("token", type_=String),
-        state=bindparam("state", type_=String),
-        result=null(),
-        created_at=bindparam("now", type_=Double),
-        expires_at=bindparam("expires_at", type_=Double),
-    )
-)
+_ONE_ROW = {
+    "namespace": bindparam("namespace", type_=String),
+    "token": bindparam("token", type_=String),
+    "state": bindparam("state", type_=String),
+    "result": null(),
+    "created_at": bindparam("now", type_=Double),
+    "expires_at": bindparam("expires_at", type_=Double),
+}
+_POSTGRES_CLAIM_ONE = _on_conflict_reclaim(postgresql.insert(tokens).values(**_ONE_ROW))
 _POSTGRES_KNOWN = select(tokens.c.token).where(
     tokens.c.namespace == bindparam("namespace", type_=String),
     tokens.c.token == any_(_TOKEN_ARRAY),
@@ -201,6 +201,7 @@ _SQLITE_CLAIM = _on_conflict_reclaim(
         ).where(true()),
     )
 )
+_SQLITE_CLAIM_ONE = _on_conflict_reclaim(sqlite.insert(tokens).values(**_ONE_ROW))
 _SQLITE_KNOWN = select(tokens.c.token).where(
     tokens.c.namespace == bindparam("namespace", type_=String),
     tokens.c.token.in_(select(_SQLITE_TOKENS.c.value)),
