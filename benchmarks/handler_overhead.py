@@ -3,6 +3,10 @@
 Workload (the same for every row): unique tokens plus 10% duplicates,
 shuffled, one INSERT per message into a table of the store's database.
 
+Every loop consumes the same in-memory transport (fetch 500, ack), so the
+transport's own cost is the same on both sides and the difference is the
+framework's.
+
   (a) hand-written per-message loop: claim the token + insert, one transaction each
   (b) the framework per message (`@app.handler`, memory transport)
   (c) the framework in batch mode (`batch=500`)
@@ -31,6 +35,8 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, event, text
 
 from backends.store import open_store
+from backends.transport import MemoryTransport
+from backends.types import OutgoingMessage
 from reliable import App, Message
 from reliable.settings import Settings
 
@@ -70,24 +76,35 @@ TOKEN_COLUMNS = "namespace, token, state, created_at, expires_at"
 TTL = 7 * 86400.0
 
 
-def hand_per_message(engine: Engine, table: str, payloads: list[bytes]) -> None:
+def loaded_transport(topic: str, payloads: list[bytes]) -> MemoryTransport:
+    """The same in-memory transport the framework consumes from, holding ``payloads``."""
+    transport = MemoryTransport()
+    transport.publish(topic, [OutgoingMessage(p) for p in payloads])
+    return transport
+
+
+def hand_per_message(engine: Engine, table: str, source: MemoryTransport) -> None:
+    """Fetch, then per message: one transaction claiming the token and inserting; ack."""
     claim = text(f"insert into reliable_tokens ({TOKEN_COLUMNS}) values (:ns, :token, 'done', :now, :exp) "
                  "on conflict do nothing returning token")
     insert = text(f"insert into {table} values (:token, :amount)")
-    for payload in payloads:
-        body = json.loads(payload)
-        now = time.time()
-        with engine.begin() as conn:
-            if conn.execute(claim, {"ns": table, "token": body["token"], "now": now, "exp": now + TTL}).first():
-                conn.execute(insert, body)
+    while messages := source.fetch(table, "bench", BATCH, 0):
+        for message in messages:
+            body = json.loads(message.payload)
+            now = time.time()
+            with engine.begin() as conn:
+                if conn.execute(claim, {"ns": table, "token": body["token"], "now": now, "exp": now + TTL}).first():
+                    conn.execute(insert, body)
+            source.ack(table, [message])
 
 
-def hand_batched(engine: Engine, table: str, payloads: list[bytes]) -> None:
+def hand_batched(engine: Engine, table: str, source: MemoryTransport) -> None:
+    """Fetch 500, one transaction: bulk claim, bulk insert of the claimed; ack the 500."""
     insert = text(f"insert into {table} values (:token, :amount)")
-    for start in range(0, len(payloads), BATCH):
+    while messages := source.fetch(table, "bench", BATCH, 0):
         bodies = {}
-        for payload in payloads[start : start + BATCH]:
-            body = json.loads(payload)
+        for message in messages:
+            body = json.loads(message.payload)
             bodies.setdefault(body["token"], body)
         now = time.time()
         with engine.begin() as conn:
@@ -104,6 +121,7 @@ def hand_batched(engine: Engine, table: str, payloads: list[bytes]) -> None:
             claimed = set(conn.execute(statement, parameters).scalars())
             if claimed:
                 conn.execute(insert, [bodies[t] for t in claimed])
+        source.ack(table, messages)
 
 
 def framework(store: str, cache: str, table: str, payloads: list[bytes], batch: int | None) -> App:
@@ -155,7 +173,7 @@ def measure(label: str, store_url: str, cache_url: str, per_message: int, batche
     for _ in range(repeats):
         small, large = workload(per_message), workload(batched)
         t = table()
-        runs["a"].append(timed(partial(hand_per_message, engine, t, small), len(small)))
+        runs["a"].append(timed(partial(hand_per_message, engine, t, loaded_transport("bench", small)), len(small)))
         check(engine, t, small)
         for key, payloads, batch in (("b", small, None), ("c", large, BATCH)):
             t = table()
@@ -164,7 +182,7 @@ def measure(label: str, store_url: str, cache_url: str, per_message: int, batche
             check(engine, t, payloads)
             app.close()
         t = table()
-        runs["d"].append(timed(partial(hand_batched, engine, t, large), len(large)))
+        runs["d"].append(timed(partial(hand_batched, engine, t, loaded_transport("bench", large)), len(large)))
         check(engine, t, large)
     engine.dispose()
     rates = {key: statistics.median(values) for key, values in runs.items()}

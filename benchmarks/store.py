@@ -156,7 +156,7 @@ def write_log(directory: Path, megabytes: int) -> int:
     count, target = 0, megabytes * 1024 * 1024
     while commit_log.end < target:
         writer.write(batch, time.time())
-        count += len(batch)
+        count += len(batch.sizes)
     for segment in commit_log.segments:
         segment.fsync()
     commit_log.close()
