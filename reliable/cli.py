@@ -54,6 +54,24 @@ def run(target: str, settings_path: str | None, handlers: tuple[str, ...], until
     click.echo(json.dumps(app.stats(), sort_keys=True))
 
 
+@cli.command()
+@click.argument("topic")
+@click.argument("body")
+@click.option("--key", help="the message key (orders the messages of one key)")
+@click.option("--id", "message_id", help="the message id (default: a new uuid)")
+@click.option("--settings", "settings_path", type=click.Path(dir_okay=False), help=SETTINGS_HELP)
+def publish(topic: str, body: str, key: str | None, message_id: str | None, settings_path: str | None) -> None:
+    """Publish BODY (JSON text) to TOPIC."""
+    try:
+        value = json.loads(body)
+    except ValueError as exc:
+        raise click.BadParameter(f"BODY is not JSON: {exc}") from exc
+    app = App(Settings.load(settings_path))
+    app.publish(topic, value, key=key, message_id=message_id)
+    app.close()
+    click.echo(f"published to {topic}")
+
+
 @cli.group()
 def dlq() -> None:
     """Inspect, replay and purge dead letters."""

@@ -78,6 +78,16 @@ def test_run_then_inspect_replay_and_purge_dead_letters(project: Path) -> None:
     assert reliable_cmd(project, "dlq", "list", "billing", "--settings", "reliable.toml").stdout == ""
 
 
+def test_publish_from_the_shell_then_run(project: Path) -> None:
+    published = reliable_cmd(project, "publish", "payments", '{"payment_id": "p-7", "amount": 3}',
+                             "--settings", "reliable.toml")
+    assert published.returncode == 0, published.stderr
+    bad = reliable_cmd(project, "publish", "payments", "{not json", "--settings", "reliable.toml")
+    assert bad.returncode != 0 and "BODY is not JSON" in bad.stderr
+    run = reliable_cmd(project, "run", "billing_app:app", "--settings", "reliable.toml", "--until-idle")
+    assert json.loads(run.stdout.strip().splitlines()[-1])["processed"] == 1, run.stderr
+
+
 def test_bad_settings_are_reported_with_file_key_value_and_allowed(project: Path) -> None:
     (project / "bad.toml").write_text('[commit]\nstrategy = "sometimes"\n')
     result = reliable_cmd(project, "settings", "--settings", "bad.toml")
