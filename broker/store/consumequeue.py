@@ -15,6 +15,8 @@ import struct
 from pathlib import Path
 from typing import NamedTuple
 
+from broker.store.files import flush_mapped
+
 ENTRY = struct.Struct("<QII")
 SUFFIX = ".cq"
 
@@ -163,14 +165,15 @@ class ConsumeQueue:
             dropped += 1
         return dropped
 
-    def take_dirty(self) -> list[mmap.mmap]:
+    def take_dirty(self) -> list[tuple[Path, mmap.mmap]]:
         """The files written since the last call; the caller flushes them (writer lock held)."""
         dirty, self._dirty = self._dirty, set()
-        return [self._files[base] for base in dirty if base in self._files]
+        return [(self.directory / f"{base:020d}{SUFFIX}", self._files[base])
+                for base in dirty if base in self._files]
 
     def close(self) -> None:
-        for mapped in self.take_dirty():
-            mapped.flush()
+        for path, mapped in self.take_dirty():
+            flush_mapped(path, mapped)
         files, self._files = self._files, {}
         for mapped in files.values():
             mapped.close()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import mmap
 import os
+import sys
 from pathlib import Path
 
 
@@ -26,3 +28,25 @@ def atomic_write(path: Path, data: bytes) -> None:
         os.close(fd)
     os.replace(temporary, path)
     fsync_directory(path.parent)
+
+
+def flush_mapped(path: Path, mapped: mmap.mmap) -> None:
+    """Force the changes made through ``mapped`` (a map of ``path``) to disk.
+
+    On Linux ``msync(MS_SYNC)`` is an fsync of the file, so the file is fsynced
+    instead: ``os.fsync`` lets other threads run meanwhile, ``mmap.flush()``
+    holds the GIL for the whole write-back (tens of milliseconds every
+    checkpoint, during which no producer could run). A file retention has just
+    deleted needs no flush.
+    """
+    if sys.platform != "linux":
+        mapped.flush()
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -127,6 +127,7 @@ class GroupCommit:
         except Exception as exc:  # noqa: BLE001 - handed to the producers, never lost
             generation.finish(exc)
             return
+        prepared: Prepared | None
         try:
             prepared = prepare(records, self._max_record_size)
         except Exception:  # noqa: BLE001 - find the bad batches; commit the good ones together

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from crc32c import crc32c
 
-from broker.store.files import fsync_directory
+from broker.store.files import flush_mapped, fsync_directory
 
 HEADER = struct.Struct("<qqQQIIII")  # begin ms, end ms, begin/end log offset, count, cap, slots, sealed
 SLOT = struct.Struct("<I")
@@ -171,7 +171,7 @@ class IndexFile:
         self.flush()
 
     def flush(self) -> None:
-        self._map.flush()
+        flush_mapped(self.path, self._map)
 
     def close(self) -> None:
         if isinstance(self._heads, memoryview):

@@ -47,7 +47,7 @@ class Prepared(NamedTuple):
     keys: list[bytes]
     tags: list[bytes]
     headers: list[bytes]
-    bodies: list[bytes]
+    bodies: Sequence[bytes]
     topic_lengths: list[int]
     key_lengths: list[int]
     tag_lengths: list[int]

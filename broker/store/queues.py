@@ -66,7 +66,7 @@ class QueueTable:
         """Queue lengths keyed as the checkpoint keeps them."""
         return {f"{q.topic}/{q.queue}": q.length for q in self}
 
-    def take_dirty(self) -> list[mmap.mmap]:
+    def take_dirty(self) -> list[tuple[Path, mmap.mmap]]:
         """Every consume-queue file written since the last call (writer lock held)."""
         return [mapped for consume_queue in self for mapped in consume_queue.take_dirty()]
 

@@ -27,6 +27,7 @@ from broker.errors import (
 from broker.store import checkpoint, retention
 from broker.store.commitlog import CommitLog
 from broker.store.config import FlushPolicy, StoreConfig
+from broker.store.files import flush_mapped
 from broker.store.flush import Flusher
 from broker.store.groupcommit import GroupCommit
 from broker.store.keyindex import KeyIndex, id_hash, key_hash, offset_in_id
@@ -220,8 +221,8 @@ class MessageStore:
             queue_maps, index_files = self._queues.take_dirty(), self._index.recent()
         for segment in segments:
             segment.fsync()
-        for mapped in queue_maps:
-            mapped.flush()
+        for path, mapped in queue_maps:
+            flush_mapped(path, mapped)
         for index_file in index_files:
             index_file.flush()
         checkpoint.save(self.path, checkpoint.Checkpoint(dispatched, lengths))

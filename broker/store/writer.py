@@ -83,12 +83,12 @@ class BatchWriter:
         if len(topics) == 1:
             [topic] = topics
             known = self._by_topic.setdefault(topic, {})
-            places: Sequence[Place] = batch.queues
-            for queue in set(places).difference(known):
+            numbers = set(batch.queues)
+            for queue in numbers.difference(known):
                 known[queue] = self._queues.ensure(topic, queue)
-            return places, {queue: known[queue] for queue in set(places)}
-        places = list(zip(batch.topics, batch.queues))
-        return places, {place: self._queues.ensure(*place) for place in set(places)}
+            return batch.queues, {queue: known[queue] for queue in numbers}
+        pairs = list(zip(batch.topics, batch.queues))
+        return pairs, {pair: self._queues.ensure(*pair) for pair in set(pairs)}
 
     def _ids(self, batch: Prepared, offsets: list[int]) -> list[bytes]:
         """The records' ids, made from their log offsets where the producer gave none."""
