@@ -165,9 +165,12 @@ def measure(label: str, store_url: str, cache_url: str, per_message: int, batche
     engine = engine_for(store_url)
     runs: dict[str, list[float]] = {"a": [], "b": [], "c": [], "d": []}
 
+    created: list[str] = []
+
     def table() -> str:
         name = f"bench_{uuid.uuid4().hex[:8]}"
         setup_tables(engine, name)
+        created.append(name)
         return name
 
     for _ in range(repeats):
@@ -184,6 +187,10 @@ def measure(label: str, store_url: str, cache_url: str, per_message: int, batche
         t = table()
         runs["d"].append(timed(partial(hand_batched, engine, t, loaded_transport("bench", large)), len(large)))
         check(engine, t, large)
+    with engine.begin() as conn:  # leave the shared database as it was
+        for name in created:
+            conn.execute(text(f"drop table {name}"))
+            conn.execute(text("delete from reliable_tokens where namespace = :ns"), {"ns": name})
     engine.dispose()
     rates = {key: statistics.median(values) for key, values in runs.items()}
     print(f"  {label}: " + ", ".join(f"({k}) {v:,.0f}" for k, v in rates.items()), flush=True)

@@ -55,10 +55,36 @@ def amqp_url() -> str:
     return require_service("RabbitMQ", AMQP_URL, 5672)
 
 
+_UNIQUE_NAMES: list[str] = []
+
+
 @pytest.fixture
 def unique() -> str:
     """A fresh name for a group, topic or namespace, so tests never see each other's data."""
-    return f"t{uuid.uuid4().hex[:12]}"
+    name = f"t{uuid.uuid4().hex[:12]}"
+    _UNIQUE_NAMES.append(name)
+    return name
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _forget_test_rows() -> Iterator[None]:
+    """After the run, delete what tests left in the shared PostgreSQL tables under their names."""
+    yield
+    if not _UNIQUE_NAMES or not _reachable(DATABASE_URL, 5432):
+        return
+    from sqlalchemy import create_engine, inspect, text
+
+    engine = create_engine(DATABASE_URL)
+    try:
+        tables = set(inspect(engine).get_table_names())
+        with engine.begin() as conn:
+            for table, column in (("reliable_tokens", "namespace"), ("reliable_dead_letters", '"group"'),
+                                  ("reliable_offsets", '"group"')):
+                if table in tables:
+                    conn.execute(text(f"delete from {table} where {column} = any(:names)"),
+                                 {"names": _UNIQUE_NAMES})
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture
