@@ -14,13 +14,17 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import structlog
 
 from backends.cache import open_cache
+from backends.cache.base import Cache
 from backends.clock import SYSTEM_CLOCK, Clock
 from backends.store import open_store
+from backends.store.base import Store
 from backends.transport import open_transport
+from backends.transport.base import Transport
 from backends.types import JSON, DeadLetter, OutgoingMessage, encode_body
 from reliable.commit import CommitStrategy, commit_strategy
 from reliable.deadletter import DeadLetters
@@ -33,6 +37,15 @@ from reliable.settings import Settings
 from reliable.worker import Worker
 
 log = structlog.get_logger("reliable.app")
+
+
+def redact(url: str) -> str:
+    """``url`` with its password replaced, for logs."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
 
 OPTIMIZE_ACK_FRACTION = 0.65
 """The batch commit strategy acks once this fraction of the prefetch is pending (ActiveMQ)."""
@@ -92,19 +105,20 @@ class App:
                 cache = None if s.cache.url == "none" else open_cache(s.cache.url, self.clock)
                 transport = open_transport(s.transport.url, self.clock, visibility_timeout=s.transport.visibility_timeout)
                 self._runtime = Runtime(transport=transport, store=store, cache=cache, clock=self.clock)
-                log.info("backends_opened", transport=s.transport.url, store=s.store.url, cache=s.cache.url)
+                log.info("backends_opened", transport=redact(s.transport.url), store=redact(s.store.url),
+                         cache=redact(s.cache.url))
             return self._runtime
 
     @property
-    def store(self) -> Any:
+    def store(self) -> Store:
         return self.runtime.store
 
     @property
-    def cache(self) -> Any:
+    def cache(self) -> Cache | None:
         return self.runtime.cache
 
     @property
-    def transport(self) -> Any:
+    def transport(self) -> Transport:
         return self.runtime.transport
 
     def stats(self) -> dict[str, int]:

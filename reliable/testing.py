@@ -54,4 +54,7 @@ test_app.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
 
 def dead_letter_queue(app: App, group: str) -> list[Message]:
     """The messages the transport moved to ``%DLQ%<group>`` (memory transport)."""
-    return list(app.transport.dead_letter_queue(group))
+    transport = app.transport
+    if not hasattr(transport, "dead_letter_queue"):
+        raise TypeError(f"{type(transport).__name__} does not expose its dead-letter queue")
+    return list(transport.dead_letter_queue(group))

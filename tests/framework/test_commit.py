@@ -26,7 +26,10 @@ def test_watermark_commits_only_the_contiguous_prefix() -> None:
 def test_batch_strategy_acks_by_size_and_by_interval() -> None:
     acked: list[list[int]] = []
     strategy = Batch(size=3, interval=10.0)
-    ack = lambda ms: acked.append([m.offset for m in ms])
+
+    def ack(ms: list[Message]) -> None:
+        acked.append([m.offset for m in ms])
+
     strategy.done([message(0), message(1)], ack, now=100.0)
     assert acked == []
     strategy.done([message(2)], ack, now=101.0)
