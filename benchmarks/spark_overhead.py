@@ -32,6 +32,7 @@ from sqlalchemy import text
 import reliable
 from backends.store.schema import tokens as token_table
 from reliable.spark import foreach_batch, insert_rows
+from reliable.spark.session import local_session
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 SCHEMA = "order_id string, customer string, amount_cents long, note string"
@@ -121,9 +122,6 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
     run = uuid.uuid4().hex[:8]
     name, work = f"bench-{run}", Path(tempfile.mkdtemp(prefix="spark-overhead-"))
     env = {
@@ -145,16 +143,7 @@ def main() -> int:
     write_files(work / "data", "new", args.batches, args.rows)
     write_files(work / "warm", "warm", 2, 1_000)
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("reliable-spark-overhead")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session("reliable-spark-overhead", **{"spark.driver.memory": "2g"})
     try:
         plain_batches: list[float] = []
         reports: list[Any] = []

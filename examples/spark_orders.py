@@ -30,6 +30,7 @@ from sqlalchemy import text
 
 import reliable
 from reliable.spark import BatchStatus, foreach_batch, insert_rows, read_dead_letters
+from reliable.spark.session import local_session
 
 HOME = Path(".reliable/spark-example")
 SOURCE, CHECKPOINT = HOME / "in", HOME / "checkpoint"
@@ -86,20 +87,8 @@ def make_orders() -> set[str]:
 
 
 def spark_session() -> Any:
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # Spark's Python workers run in this venv
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("reliable-spark-orders")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    return session
+    return local_session("reliable-spark-orders")
 
 
 def run_query(crash_after: int | None) -> None:

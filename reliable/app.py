@@ -28,7 +28,7 @@ from backends.transport.base import Transport
 from backends.types import JSON, DeadLetter, OutgoingMessage, encode_body
 from reliable.commit import CommitStrategy, commit_strategy
 from reliable.deadletter import DeadLetters
-from reliable.errors import StoreUnavailableError, UnknownHandlerError
+from reliable.errors import HandlerOptionError, StoreUnavailableError, UnknownHandlerError
 from reliable.handler import Handler, HandlerConfig
 from reliable.log import configure_logging
 from reliable.message import CONTENT_TYPE
@@ -85,7 +85,7 @@ class App:
         def register(func: Callable[..., Any]) -> Handler:
             handler = Handler(func, topic, **options)
             if handler.name in self.handlers:
-                raise UnknownHandlerError(f"a handler named {handler.name!r} is already registered")
+                raise HandlerOptionError(f"a handler named {handler.name!r} is already registered; pass name=")
             self.handlers[handler.name] = handler
             return handler
 
@@ -219,9 +219,8 @@ class App:
         if all(w.pending() == 0 for w in workers):
             return False
         dues = [d for w in workers if (d := w.next_due()) is not None]
-        now = self.clock.time()
-        wait = min(dues) - now if dues else 0.05
-        self.clock.sleep(min(max(wait, 0.0), 1.0) if dues else wait)
+        # nothing scheduled: a message is in flight elsewhere (its lease may expire): poll soon
+        self.clock.sleep(min(max(min(dues) - self.clock.time(), 0.0), 1.0) if dues else 0.05)
         return True
 
     def _select(self, names: Sequence[str] | None) -> list[Handler]:

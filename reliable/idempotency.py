@@ -19,7 +19,7 @@ import structlog
 
 from backends.cache.base import Cache
 from backends.errors import CacheUnavailableError
-from backends.store.base import Store, Transaction
+from backends.store.base import Transaction
 from backends.types import Message
 from reliable.errors import HandlerOptionError, TokenMissingError
 
@@ -153,7 +153,6 @@ class Guard:
     """The cache and store checks of one group's tokens (cache fills are written behind)."""
 
     namespace: str
-    store: Store
     cache: Cache | None
     cache_ttl: float
     token_ttl: float

@@ -44,7 +44,6 @@ class Pipeline:
         self.offsets_in_transaction = offsets_in_transaction
         self.guard = Guard(
             namespace=handler.group,
-            store=runtime.store,
             cache=runtime.cache,
             cache_ttl=self.config.cache_ttl,
             token_ttl=self.config.token_ttl,

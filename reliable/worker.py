@@ -39,8 +39,7 @@ class Worker:
 
     @property
     def fetch_size(self) -> int:
-        config = self.handler.config
-        return (self.handler.batch or 1) * self.lanes if self.handler.batch else config.prefetch
+        return self.handler.batch * self.lanes if self.handler.batch else self.handler.config.prefetch
 
     def poll(self, timeout: float) -> int:
         """One fetch-and-process cycle; returns how many messages were fetched."""

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from reliable.spark.session import local_session
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """local[2], two shuffle partitions, no UI: one per test run (it takes seconds to start)."""
-    pyspark_sql = pytest.importorskip("pyspark.sql")
+    pytest.importorskip("pyspark.sql")
     # Spark's Python workers import the test modules' functions (validate steps) by name.
     paths = [
         str(ROOT),
@@ -24,17 +25,7 @@ def spark() -> Iterator[Any]:
         *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)),
     ]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # workers run in this venv
-    session = (
-        pyspark_sql.SparkSession.builder.master("local[2]")
-        .appName("reliable-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_session("reliable-tests", **{"spark.default.parallelism": "2"})
     yield session
     session.stop()
 
