@@ -1,8 +1,9 @@
 """Benchmark of the broker's message store (issue 4).
 
 Measures, in one run and on one disk: the raw fsync rate and raw buffered
-write rate of the machine, `sync` appends with 1, 8 and 64 concurrent producer
-threads (group commit; 1, 10 or 32 records per append call, as each row says),
+write rate of the machine, `sync` appends with 1, 8 and 64 concurrent producers (group commit; 1, 10
+or 32 records per append call, as each row says), as threads calling
+`append` and as asyncio tasks awaiting `append_async`,
 `async` and `none` appends (batches of 100 records per call), reads, and
 recovery of a large log. Bodies are 256 bytes. Prints a Markdown table and the
 load average before and after (other processes share the machine).
@@ -14,6 +15,7 @@ load average before and after (other processes share the machine).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
 import os
@@ -119,6 +121,32 @@ def appends(directory: Path, policy: FlushPolicy, producers: int, batch: int, se
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - start
+    store.close()
+    return rate(sum(counts), elapsed)
+
+
+def async_appends(directory: Path, producers: int, batch: int, seconds: float) -> float:
+    """`sync` appends from ``producers`` asyncio tasks on one event loop (as the broker's server
+    runs its connections): each awaits `MessageStore.append_async`."""
+    store = MessageStore(directory, StoreConfig(flush=FlushPolicy.SYNC))
+    counts = [0] * producers
+    stop = asyncio.Event()
+
+    async def produce(index: int) -> None:
+        batch_records = records(batch, index)
+        while not stop.is_set():
+            await store.append_async(batch_records)
+            counts[index] += batch
+
+    async def run() -> float:
+        tasks = [asyncio.create_task(produce(i)) for i in range(producers)]
+        start = time.perf_counter()
+        await asyncio.sleep(seconds)
+        stop.set()
+        await asyncio.gather(*tasks)
+        return time.perf_counter() - start
+
+    elapsed = asyncio.run(run())
     store.close()
     return rate(sum(counts), elapsed)
 
@@ -230,6 +258,16 @@ def main() -> None:
                                 batch, args.seconds)
             per_fsync = value * args.seconds / max(count[0], 1)
             rows.append((f"append sync, {producers} producers, {batch} record(s)/call",
+                         f"{value:,.0f} msg/s",
+                         f"{value / fsyncs:.1f}x raw fsync ({fsyncs:,.0f}/s just before); "
+                         f"{per_fsync:.1f} records per fsync"))
+        for producers, batch in ((1, 1), (8, 1), (64, 1), (64, 10)):
+            fsyncs = raw_fsync(root, args.seconds)
+            with counting_fsyncs() as count:
+                value = async_appends(root / f"async-tasks{producers}-{batch}", producers, batch,
+                                      args.seconds)
+            per_fsync = value * args.seconds / max(count[0], 1)
+            rows.append((f"append sync, {producers} asyncio tasks, {batch} record(s)/call",
                          f"{value:,.0f} msg/s",
                          f"{value / fsyncs:.1f}x raw fsync ({fsyncs:,.0f}/s just before); "
                          f"{per_fsync:.1f} records per fsync"))

@@ -8,10 +8,16 @@ for the producers of the previous one to come back, so that one fsync covers
 them all and the committer does not fight them for the GIL. A batch with a bad
 record is re-encoded producer by producer, so only the producer that sent it
 gets the error.
+
+Producers are threads (`append`, which blocks) or asyncio tasks
+(`append_async`, which awaits): a generation wakes its tasks with one
+call into each event loop, so many concurrent producers on one loop (the
+broker's server) cost a task switch each rather than a thread switch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Sequence
 
@@ -31,6 +37,7 @@ class Generation:
         self.batches: list[Sequence[Record]] = []
         self.results: list[list[AppendResult] | BaseException] = []  # one per batch
         self.error: BaseException | None = None
+        self.tasks: dict[asyncio.AbstractEventLoop, list[tuple[int, asyncio.Future[list[AppendResult]]]]] = {}
         self._done = threading.Lock()
         self._done.acquire()
 
@@ -39,6 +46,30 @@ class Generation:
         if error is not None and self.error is None:
             self.error = error
         self._done.release()
+        for loop, futures in self.tasks.items():
+            try:
+                loop.call_soon_threadsafe(self._resolve, futures)
+            except RuntimeError:  # the loop closed: nobody is waiting there any more
+                pass
+
+    def outcome(self, position: int) -> list[AppendResult]:
+        """Where the records of batch ``position`` landed, or raise why they did not."""
+        result = self.results[position] if position < len(self.results) else None
+        if isinstance(result, BaseException):
+            raise result
+        if self.error is not None or result is None:
+            raise self.error or StoreClosedError("the store closed before the append")
+        return result
+
+    def _resolve(self, futures: list[tuple[int, asyncio.Future[list[AppendResult]]]]) -> None:
+        """Complete the futures of one event loop's producers (runs on that loop)."""
+        for position, future in futures:
+            if future.done():  # cancelled: the records are written all the same
+                continue
+            try:
+                future.set_result(self.outcome(position))
+            except BaseException as exc:  # noqa: BLE001 - the producer's to raise
+                future.set_exception(exc)
 
     def wait(self) -> None:
         """Sleep until `finish`; then wake the next producer of the generation.
@@ -69,21 +100,31 @@ class GroupCommit:
 
     def append(self, records: Sequence[Record]) -> list[AppendResult]:
         """Append ``records``; return once an fsync covers them (or raise what went wrong)."""
+        generation, position = self._enqueue(records)
+        generation.wait()
+        return generation.outcome(position)
+
+    async def append_async(self, records: Sequence[Record]) -> list[AppendResult]:
+        """`append` for a task on a running event loop: awaits the fsync instead of blocking."""
+        future: asyncio.Future[list[AppendResult]] = asyncio.get_running_loop().create_future()
+        self._enqueue(records, future)
+        return await future
+
+    def _enqueue(self, records: Sequence[Record],
+                 future: asyncio.Future[list[AppendResult]] | None = None,
+                 ) -> tuple[Generation, int]:
+        """Add ``records`` to the next generation; wake the committer when it is worth it."""
         with self._lock:
             if self._stopping:
                 raise StoreClosedError("the store is closing")
             generation = self._queued
             position = len(generation.batches)
             generation.batches.append(records)
+            if future is not None:
+                generation.tasks.setdefault(future.get_loop(), []).append((position, future))
             if position == 0 or position + 1 >= self._expected:
                 self._lock.notify()
-        generation.wait()
-        result = generation.results[position] if position < len(generation.results) else None
-        if isinstance(result, BaseException):
-            raise result
-        if generation.error is not None or result is None:
-            raise generation.error or StoreClosedError("the store closed before the append")
-        return result
+        return generation, position
 
     def stop(self) -> None:
         """Commit what is queued, then end the thread."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from pathlib import Path
 
@@ -245,3 +246,81 @@ def test_group_commit_gives_each_producer_its_own_results_or_error(tmp_path: Pat
     assert len(stored) == (12 * 20 - 12) * 3 == len(set(stored))
     assert not any(m.topic == "bad/topic" for m in read_all(store))
     store.close()
+
+
+def test_async_producers_share_fsyncs_and_are_acked_only_after_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fsynced: list[int] = []
+    real_fsync = Segment.fsync
+
+    def counting_fsync(self: Segment) -> None:
+        end = self.end
+        real_fsync(self)
+        fsynced.append(end)
+
+    monkeypatch.setattr(Segment, "fsync", counting_fsync)
+    store = MessageStore(tmp_path / "s", small_config(flush=FlushPolicy.SYNC,
+                                                      segment_size=1 << 20))
+    early: list[int] = []
+
+    async def produce(task: int) -> None:
+        for n in range(25):
+            [placed] = await store.append_async([record_for(f"{task}-{n}", "t", task % 4)])
+            if max(fsynced, default=-1) < placed.log_offset + placed.size:
+                early.append(placed.log_offset)
+
+    async def main() -> None:
+        await asyncio.gather(*(produce(task) for task in range(32)))
+
+    asyncio.run(main())
+    assert not early, "an async append returned before an fsync covered it"
+    assert len(fsynced) < 32 * 25 / 4, "tasks on one loop should share fsyncs"
+    stored = read_all(store)
+    assert sorted(m.message_id for m in stored) == sorted(
+        f"{task}-{n}" for task in range(32) for n in range(25))
+    assert all(m.body == record_for(m.message_id).body for m in stored)
+    store.close()
+
+
+def test_async_append_gives_each_task_its_own_result_or_error(tmp_path: Path) -> None:
+    store = MessageStore(tmp_path / "s", small_config(flush=FlushPolicy.SYNC))
+
+    async def main() -> list[object]:
+        good = store.append_async([record_for("good")])
+        bad = store.append_async([record_for("fine"), Record("bad/topic", 0, b"x")])
+        return await asyncio.gather(good, bad, return_exceptions=True)
+
+    placed, error = asyncio.run(main())
+    assert isinstance(placed, list) and placed[0].message_id == "good"
+    assert isinstance(error, InvalidRecordError) and "bad/topic" in str(error)
+    assert [m.message_id for m in read_all(store)] == ["good"]
+    store.close()
+
+
+def test_cancelled_async_append_still_lands_and_closed_store_refuses(tmp_path: Path) -> None:
+    store = MessageStore(tmp_path / "s", small_config(flush=FlushPolicy.SYNC))
+
+    async def main() -> None:
+        task = asyncio.create_task(store.append_async([record_for("cancelled")]))
+        await asyncio.sleep(0)  # queued with the committer
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await store.append_async([record_for("after")])  # the committer carried on
+
+    asyncio.run(main())
+    assert sorted(m.message_id for m in read_all(store)) == ["after", "cancelled"]
+    store.close()
+    with pytest.raises(StoreClosedError):
+        asyncio.run(store.append_async([record_for("late")]))
+
+
+@pytest.mark.parametrize("policy", [FlushPolicy.ASYNC, FlushPolicy.NONE])
+def test_async_append_writes_inline_without_group_commit(tmp_path: Path,
+                                                         policy: FlushPolicy) -> None:
+    with MessageStore(tmp_path / "s", small_config(flush=policy)) as store:
+        placed = asyncio.run(store.append_async([record_for("a"), record_for("b")]))
+        assert [p.queue_offset for p in placed] == [0, 1]
+        assert asyncio.run(store.append_async([])) == []
+        assert [m.message_id for m in read_all(store)] == ["a", "b"]
