@@ -34,7 +34,7 @@ from reliable.spark.rows import (
     RowPipeline,
     Validate,
 )
-from reliable.spark.tokens import KnownTokens
+from reliable.spark.tokens import CachedTokens
 
 ISIN_LIMIT = 1_000  # values filtered with IN (...); more go through a broadcast anti-join
 
@@ -54,8 +54,8 @@ class PreparedBatch:
     def rows(self, claimed: set[str] | None = None) -> DataFrame:
         """The good rows, without the markers; only those whose token is in ``claimed`` if given.
 
-        A token the executors saw as new but the claim did not get was
-        recorded meanwhile by a concurrent writer: its row is dropped.
+        A token the claim did not get was already recorded (by an earlier
+        batch, or a concurrent writer): its row is dropped.
         """
         return self._good(claimed).drop(*MARKERS)
 
@@ -71,8 +71,8 @@ class PreparedBatch:
 
     def _good(self, claimed: set[str] | None) -> DataFrame:
         good = self.frame.where(F.col(ERROR_TYPE).isNull())
-        lost = [] if claimed is None else [t for t in self.tokens if t not in claimed]
-        good = _without(good, TOKEN, lost, f"{TOKEN} string")
+        known = [] if claimed is None else [t for t in self.tokens if t not in claimed]
+        good = _without(good, TOKEN, known, f"{TOKEN} string")
         return _without(good, ROW_ID, self.copies, f"{ROW_ID} long")
 
 
@@ -80,7 +80,7 @@ def prepare(
     df: DataFrame,
     *,
     token: str,
-    known: KnownTokens,
+    cached: CachedTokens | None = None,
     validate: Validate | None = None,
     schema: StructType | None = None,
 ) -> PreparedBatch:
@@ -91,7 +91,7 @@ def prepare(
         )
     output = output_schema(schema if schema is not None else df.schema)
     timezone = df.sparkSession.conf.get("spark.sql.session.timeZone")
-    pipeline = RowPipeline(token, known, to_arrow_schema(output, timezone=timezone), validate)
+    pipeline = RowPipeline(token, to_arrow_schema(output, timezone=timezone), cached, validate)
     frame = df.mapInArrow(pipeline, output).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         markers = frame.select(TOKEN, ROW_ID, ERROR_TYPE, ERROR, ROW_JSON).toArrow()

@@ -17,6 +17,7 @@ from backends.errors import ConfigurationError
 from reliable.retry import Classifier, DelayLevels, RedeliveryPolicy, build_classifier
 from reliable.spark import deadletters
 from reliable.spark.rows import Validate
+from reliable.spark.tokens import shared_cache_url
 
 DEFAULT_TOKEN_TTL = 7 * 86_400.0
 OnRetriesSpent = Literal["fail", "dead_letter"]
@@ -29,7 +30,7 @@ class WriterOptions:
 
     OPTIONS: ClassVar[frozenset[str]] = frozenset({
         "name", "token", "retry", "fatal", "retry_on", "dead_letters", "validate", "schema",
-        "on_retries_spent", "checkpoint_location", "ttl", "store_url",
+        "on_retries_spent", "checkpoint_location", "ttl",
     })  # fmt: skip
     name: str
     token: str
@@ -41,7 +42,6 @@ class WriterOptions:
     on_retries_spent: OnRetriesSpent
     checkpoint_location: str | None
     ttl: float | None
-    store_url: str | None
 
     @classmethod
     def check(
@@ -58,7 +58,6 @@ class WriterOptions:
         on_retries_spent: OnRetriesSpent = "fail",
         checkpoint_location: str | None = None,
         ttl: float | None = None,
-        store_url: str | None = None,
     ) -> WriterOptions:
         _require(isinstance(name, str) and bool(name.strip()), "name", name, "a non-empty string")
         _require(isinstance(token, str) and bool(token.strip()), "token", token, "a column name")
@@ -92,7 +91,7 @@ class WriterOptions:
         table = None if dead_letters is None else deadletters.table_for(dead_letters).name
         classifier = build_classifier(fatal=tuple(fatal), retry_on=retry_on)
         return cls(name, token, retry, classifier, table, validate, schema, on_retries_spent,
-                   checkpoint_location, ttl, store_url)  # fmt: skip
+                   checkpoint_location, ttl)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -102,8 +101,7 @@ class Resolved:
     store: Any
     cache: Any
     clock: Clock
-    store_url: str
-    cache_url: str | None
+    cache_url: str | None  # a cache the executors can share (Redis), else None
     retry: Redelivery | None
     token_ttl: float
     cache_ttl: float
@@ -112,12 +110,6 @@ class Resolved:
 def resolve(app: Any, options: WriterOptions) -> Resolved:
     """Explicit options first, then the app's ``[handlers.<name>]`` settings, then defaults."""
     settings = _for_handler(getattr(app, "settings", None), options.name)
-    url = options.store_url or _get(settings, "store", "url")
-    if not url:
-        raise ConfigurationError(
-            f"foreach_batch {options.name!r}: the executors need the store's URL; give "
-            "store_url= or settings with [store] url"
-        )
     ttl = options.ttl or _get(settings, "store", "token_ttl") or DEFAULT_TOKEN_TTL
     retry = options.retry
     if retry is None:
@@ -128,8 +120,7 @@ def resolve(app: Any, options: WriterOptions) -> Resolved:
         store=app.store,
         cache=getattr(app, "cache", None),
         clock=app.clock,
-        store_url=str(url),
-        cache_url=None if cache_url in (None, "none") else str(cache_url),
+        cache_url=shared_cache_url(None if cache_url is None else str(cache_url)),
         retry=retry,
         token_ttl=float(ttl),
         cache_ttl=float(_get(settings, "cache", "ttl") or ttl),

@@ -19,7 +19,9 @@ class BatchStatus(enum.Enum):
 class BatchReport:
     """One batch's outcome.
 
-    ``lost`` counts rows whose token a concurrent writer claimed first;
+    ``duplicates`` counts rows the claim found already recorded (by an
+    earlier batch or a concurrent writer; rows dropped earlier, as copies
+    within the batch or known to the cache, are not counted);
     ``seconds`` times the phases of the last attempt (``prepare`` on the
     executors, ``claim``, ``function``: the user's function) on the app's clock.
     """
@@ -30,7 +32,7 @@ class BatchReport:
     status: BatchStatus
     attempts: int
     written: int = 0
-    lost: int = 0
+    duplicates: int = 0
     poison: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
 

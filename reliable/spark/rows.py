@@ -6,7 +6,8 @@ batch it
 
 1. sets aside rows without a token (poison: `TokenMissingError`);
 2. keeps the first row of each token seen by the task (duplicates in the task);
-3. drops rows whose token the cache or store already knows (`KnownTokens`);
+3. drops rows whose token the shared cache already knows (`CachedTokens`, when
+   the app has a Redis cache; the driver's claim finds the rest);
 4. runs the optional per-row ``validate`` step; a row that raises is poison.
 
 Every row that leaves gets a row id unique in the batch (partition id and
@@ -26,7 +27,7 @@ import pyarrow as pa
 
 from reliable.errors import TokenMissingError
 from reliable.spark.deadletters import row_json
-from reliable.spark.tokens import KnownTokens
+from reliable.spark.tokens import CachedTokens
 
 TOKEN = "_reliable_token"
 ROW_ID = "_reliable_row_id"
@@ -68,8 +69,8 @@ class RowPipeline:
     """
 
     token: str
-    known: KnownTokens
     schema: pa.Schema
+    cached: CachedTokens | None = None
     validate: Validate | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -95,8 +96,10 @@ class RowPipeline:
             if token not in task.seen:
                 task.seen.add(token)
                 first.append((index, token))
-        fresh = self.known.new([token for _, token in first]) if first else set()
-        keep = [(index, token) for index, token in first if token in fresh]
+        keep = first
+        if self.cached is not None and first:
+            fresh = self.cached.new([token for _, token in first])
+            keep = [(index, token) for index, token in first if token in fresh]
         if keep:
             good, refused = self._use(batch, keep, task.base + task.offset)
             poison.extend(refused)

@@ -1,11 +1,12 @@
-"""Executor-side token checks: which tokens of a batch are new, asked in bulk.
+"""Executor-side cache check: which tokens of a batch the shared cache already knows.
 
-Runs inside Spark's Python workers. Each worker process opens the store (and a
-shared cache) by URL once and keeps it for the tasks it runs afterwards. The
-check is read-only: nothing is recorded here. The driver claims the surviving
-tokens in the batch transaction, which is the only place a token becomes
-known, so a crash between this check and that commit loses nothing and
-records nothing.
+Runs inside Spark's Python workers, and only when the app has a shared cache
+(Redis): each worker process opens it by URL once and keeps it for the tasks
+it runs afterwards. The check is a shortcut that spares known rows the
+``validate`` step and the claim. It never decides on its own: the store is
+not read here, because the claim on the driver (``INSERT ... ON CONFLICT ...
+RETURNING``) both records the new tokens and reveals every known one in the
+batch transaction, so a separate store read would only repeat it.
 """
 
 from __future__ import annotations
@@ -17,50 +18,24 @@ from urllib.parse import urlsplit
 import structlog
 
 from backends.cache.base import Cache
-from backends.clock import SYSTEM_CLOCK, SystemClock
+from backends.clock import SYSTEM_CLOCK
 from backends.errors import CacheUnavailableError
-from backends.store.base import Store
 
 log = structlog.get_logger("reliable.spark")
 
 SHARED_CACHE_SCHEMES = ("redis", "rediss")
 """Caches worth asking from an executor: a per-process memory cache never holds the driver's tokens."""
 
-
-class AsOfClock(SystemClock):
-    """The system clock, except that ``time()`` is the batch's start time on the driver.
-
-    Executors judge token expiry exactly as the driver's clock does, even when
-    the driver runs on a fake clock in tests.
-    """
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def time(self) -> float:
-        return self.now
+_CACHES: dict[str, Cache] = {}
 
 
-_STORES: dict[str, tuple[Store, AsOfClock]] = {}
-_CACHES: dict[str, Cache | None] = {}
+def shared_cache_url(url: str | None) -> str | None:
+    """``url`` if executors can share it (Redis), else None."""
+    return url if url and urlsplit(url).scheme in SHARED_CACHE_SCHEMES else None
 
 
-def executor_store(url: str, as_of: float) -> Store:
-    """This worker process's store for ``url``, its clock set to ``as_of``."""
-    entry = _STORES.get(url)
-    if entry is None:
-        from backends.store import open_store
-
-        clock = AsOfClock()
-        entry = _STORES[url] = (open_store(url, clock), clock)
-    entry[1].now = as_of
-    return entry[0]
-
-
-def executor_cache(url: str | None) -> Cache | None:
-    """This worker process's cache for ``url``; None when there is none worth asking."""
-    if not url or urlsplit(url).scheme not in SHARED_CACHE_SCHEMES:
-        return None
+def executor_cache(url: str) -> Cache:
+    """This worker process's cache for ``url``."""
     if url not in _CACHES:
         from backends.cache import open_cache
 
@@ -69,26 +44,17 @@ def executor_cache(url: str | None) -> Cache | None:
 
 
 @dataclass(frozen=True)
-class KnownTokens:
-    """Asks the cache, then the store, which tokens of ``namespace`` are already recorded."""
+class CachedTokens:
+    """Asks the shared cache, in bulk, which tokens of ``namespace`` are already recorded."""
 
-    store_url: str
+    cache_url: str
     namespace: str
-    as_of: float
-    cache_url: str | None = None
 
     def new(self, tokens: Sequence[str]) -> set[str]:
-        """The tokens (distinct) that neither the cache nor the store knows."""
-        remaining = list(tokens)
-        cache = executor_cache(self.cache_url)
-        if cache is not None and remaining:
-            try:
-                seen = cache.seen(self.namespace, remaining)
-            except CacheUnavailableError as exc:  # degrade to the store alone
-                log.warning("spark.cache.unavailable", namespace=self.namespace, error=str(exc))
-                seen = set()
-            remaining = [token for token in remaining if token not in seen]
-        if not remaining:
-            return set()
-        known = executor_store(self.store_url, self.as_of).known(self.namespace, remaining)
-        return {token for token in remaining if token not in known}
+        """The tokens the cache does not know (all of them when the cache is down)."""
+        try:
+            seen = executor_cache(self.cache_url).seen(self.namespace, tokens)
+        except CacheUnavailableError as exc:  # degrade: the claim still finds every known token
+            log.warning("spark.cache.unavailable", namespace=self.namespace, error=str(exc))
+            return set(tokens)
+        return {token for token in tokens if token not in seen}

@@ -3,13 +3,15 @@
 For each micro-batch, in this order:
 
 1. find the run (the streaming query's id, see `fence.run_identity`);
-2. on the executors: one row per token, rows whose token is known dropped,
-   the optional ``validate`` step run, poison rows set aside (`batch.prepare`),
-   before any store lock is taken;
+2. on the executors: one row per token, rows whose token the shared cache
+   knows dropped, the optional ``validate`` step run, poison rows set aside
+   (`batch.prepare`), before any store lock is taken;
 3. open a store transaction and fence the batch: a replay of a committed batch
    is skipped (logged), a fresh checkpoint reusing the name is a
    `FenceConflictError`;
-4. claim the surviving tokens and record the poison rows, in the transaction;
+4. claim the surviving tokens (the claim records the new ones and reveals
+   the known ones, whose rows are dropped) and record the poison rows whose
+   token is not known, in the transaction;
 5. call the user's function with the claimed rows, the batch id and the
    transaction; its store writes commit with the fence and the tokens;
 6. commit, then fill the cache. A failure rolls everything back and is retried
@@ -36,7 +38,7 @@ from reliable.spark.batch import BatchFunction, PreparedBatch, parse_schema, pre
 from reliable.spark.fence import open_batch, run_identity
 from reliable.spark.options import Resolved, WriterOptions, resolve
 from reliable.spark.report import BatchReport, BatchStatus
-from reliable.spark.tokens import KnownTokens
+from reliable.spark.tokens import CachedTokens
 
 log = structlog.get_logger("reliable.spark")
 
@@ -48,7 +50,6 @@ class _Batch:
     df: DataFrame
     batch_id: int
     run_id: str
-    as_of: float
     prepared: PreparedBatch | None = None
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -69,7 +70,7 @@ class BatchWriter:
     def __call__(self, df: DataFrame, batch_id: int) -> BatchReport:
         env = self._env()
         run_id = run_identity(df, self.options.checkpoint_location)
-        batch = _Batch(df, int(batch_id), run_id, env.clock.time())
+        batch = _Batch(df, int(batch_id), run_id)
         try:
             return self._with_retries(batch, env)
         finally:
@@ -97,8 +98,8 @@ class BatchWriter:
                 attempt += 1
 
     def _attempt(self, batch: _Batch, env: Resolved, attempt: int) -> BatchReport:
-        # The executors read the store before the batch transaction takes any lock (SQLite).
         prepared = self._prepared(batch, env)
+        poison = self._poison(prepared, env)  # read before the transaction takes a lock (SQLite)
         with env.store.transaction() as tx:
             if not open_batch(tx, self.name, batch.batch_id, batch.run_id):
                 return self._report(batch, BatchStatus.REPLAYED, attempt)
@@ -106,39 +107,45 @@ class BatchWriter:
             claimed = (
                 tx.claim(self.name, prepared.tokens, env.token_ttl) if prepared.tokens else set()
             )
-            self._record_poison(tx, batch, prepared, env)
+            self._record_poison(tx, batch, poison, env)
             batch.seconds["claim"] = env.clock.time() - started
             self.func(prepared.rows(claimed), batch.batch_id, tx)
             batch.seconds["function"] = env.clock.time() - started - batch.seconds["claim"]
         self._remember(env, claimed)
-        lost = len(prepared.tokens) - len(claimed)
-        report = self._report(batch, BatchStatus.COMMITTED, attempt, len(claimed), lost,
-                              len(prepared.poison))  # fmt: skip
+        duplicates = len(prepared.tokens) - len(claimed)
+        report = self._report(batch, BatchStatus.COMMITTED, attempt, len(claimed), duplicates,
+                              len(poison))  # fmt: skip
         log.info("spark.batch.committed", **report.fields())
         return report
 
     def _prepared(self, batch: _Batch, env: Resolved) -> PreparedBatch:
         if batch.prepared is None:
             started = env.clock.time()
-            known = KnownTokens(env.store_url, self.name, batch.as_of, env.cache_url)
+            cached = CachedTokens(env.cache_url, self.name) if env.cache_url else None
             schema = parse_schema(self.options.schema)
-            batch.prepared = prepare(batch.df, token=self.options.token, known=known,
+            batch.prepared = prepare(batch.df, token=self.options.token, cached=cached,
                                      validate=self.options.validate, schema=schema)  # fmt: skip
             batch.seconds["prepare"] = env.clock.time() - started
         return batch.prepared
 
+    def _poison(self, prepared: PreparedBatch, env: Resolved) -> list[dict[str, Any]]:
+        """The poison rows to dead-letter: not those whose token is already recorded (a bad
+        copy of a row processed before is a duplicate, not poison)."""
+        known = env.store.known(self.name, [p["token"] for p in prepared.poison if p["token"]])
+        return [p for p in prepared.poison if p["token"] not in known]
+
     def _record_poison(
-        self, tx: Any, batch: _Batch, prepared: PreparedBatch, env: Resolved
+        self, tx: Any, batch: _Batch, poison: list[dict[str, Any]], env: Resolved
     ) -> None:
-        if not prepared.poison:
+        if not poison:
             return
         table = self.options.dead_letters
         if table is None:
             raise TokenMissingError(
-                f"foreach_batch {self.name!r}: {len(prepared.poison)} rows of batch {batch.batch_id} "
+                f"foreach_batch {self.name!r}: {len(poison)} rows of batch {batch.batch_id} "
                 f"have no {self.options.token!r} and there is no dead_letters table to put them in"
             )
-        letters = deadletters.letters_from(prepared.poison, name=self.name, batch_id=batch.batch_id,
+        letters = deadletters.letters_from(poison, name=self.name, batch_id=batch.batch_id,
                                            run_id=batch.run_id, failed_at=env.clock.time())  # fmt: skip
         deadletters.record(tx.connection, table, letters)
         log.warning("spark.batch.poison", name=self.name, batch_id=batch.batch_id,
@@ -175,8 +182,11 @@ class BatchWriter:
         assert self.options.dead_letters is not None
         prepared = self._prepared(batch, env)
         error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        rows = prepared.collect_rows()
+        known = env.store.known(self.name, [token for token, _ in rows])  # duplicates stay out
         failed = [{"token": token, "row_json": deadletters.row_json(row), "error_type": type(exc).__name__,
-                   "error_message": error} for token, row in prepared.collect_rows()]  # fmt: skip
+                   "error_message": error} for token, row in rows if token not in known]  # fmt: skip
+        poison = self._poison(prepared, env)
         letters = deadletters.letters_from(failed, name=self.name, batch_id=batch.batch_id,
                                            run_id=batch.run_id, failed_at=env.clock.time(),
                                            scope=deadletters.BATCH)  # fmt: skip
@@ -184,9 +194,9 @@ class BatchWriter:
             if not open_batch(tx, self.name, batch.batch_id, batch.run_id):
                 return self._report(batch, BatchStatus.REPLAYED, attempts)
             deadletters.record(tx.connection, self.options.dead_letters, letters)
-            self._record_poison(tx, batch, prepared, env)
-        poison = len(letters) + len(prepared.poison)
-        return self._report(batch, BatchStatus.DEAD_LETTERED, attempts, poison=poison)
+            self._record_poison(tx, batch, poison, env)
+        return self._report(batch, BatchStatus.DEAD_LETTERED, attempts,
+                            poison=len(letters) + len(poison))
 
     # -- helpers --------------------------------------------------------------
 
@@ -200,9 +210,9 @@ class BatchWriter:
         return self._resolved
 
     def _report(self, batch: _Batch, status: BatchStatus, attempts: int, written: int = 0,
-                lost: int = 0, poison: int = 0) -> BatchReport:  # fmt: skip
+                duplicates: int = 0, poison: int = 0) -> BatchReport:  # fmt: skip
         return BatchReport(self.name, batch.batch_id, batch.run_id, status, attempts, written,
-                           lost, poison, dict(batch.seconds))  # fmt: skip
+                           duplicates, poison, dict(batch.seconds))  # fmt: skip
 
 
 def foreach_batch(app: Any, **options: Any) -> Callable[[BatchFunction], BatchWriter]:
@@ -213,7 +223,7 @@ def foreach_batch(app: Any, **options: Any) -> Callable[[BatchFunction], BatchWr
     column), ``retry``, ``fatal``, ``retry_on``, ``dead_letters`` (table
     name), ``validate``, ``schema`` (of the validated rows),
     ``on_retries_spent`` (``"fail"`` or ``"dead_letter"``),
-    ``checkpoint_location``, ``ttl``, ``store_url``.
+    ``checkpoint_location``, ``ttl``.
     """
     unknown = sorted(set(options) - WriterOptions.OPTIONS)
     if unknown:

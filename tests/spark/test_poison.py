@@ -84,6 +84,19 @@ def test_poison_rows_land_in_the_dead_letter_table_while_good_rows_commit(spark,
     assert write(batch, 4).status is BatchStatus.REPLAYED
     assert len(read_dead_letters(app.store, dlq, name=table)) == 3  # not dead-lettered twice
 
+    later = spark.createDataFrame(
+        [("a", -1, "a bad copy of a written row"), ("c", 7, ""), ("e", 2, ""), ("b", 4, "fixed")],
+        SCHEMA,
+    )
+    report = write(later, 5)
+    # a and c were written by batch 4: duplicates, even the bad copy of a (not poison);
+    # b was poison, so its token was never recorded and the corrected row goes through
+    assert (report.written, report.duplicates, report.poison) == (2, 1, 0)
+    with app.store.transaction() as tx:
+        written = tx.execute(text(f"SELECT order_id FROM {table} ORDER BY order_id")).scalars()
+        assert list(written) == ["a", "b", "c", "e"]
+    assert len(read_dead_letters(app.store, dlq, name=table)) == 3
+
 
 def test_spent_retries_dead_letter_the_whole_batch_with_backoff_on_the_clock(
     spark, tmp_path, unique
