@@ -71,9 +71,13 @@ class PreparedBatch:
 
     def _good(self, claimed: set[str] | None) -> DataFrame:
         good = self.frame.where(F.col(ERROR_TYPE).isNull())
-        known = [] if claimed is None else [t for t in self.tokens if t not in claimed]
-        good = _without(good, TOKEN, known, f"{TOKEN} string")
-        return _without(good, ROW_ID, self.copies, f"{ROW_ID} long")
+        if claimed is not None and len(claimed) < len(self.tokens):
+            known = [t for t in self.tokens if t not in claimed]
+            if len(claimed) < len(known):  # fewer rows to keep than to drop: select those
+                good = _matching(good, TOKEN, sorted(claimed), pa.string(), keep=True)
+            else:
+                good = _matching(good, TOKEN, known, pa.string(), keep=False)
+        return _matching(good, ROW_ID, self.copies, pa.int64(), keep=False)
 
 
 def prepare(
@@ -128,14 +132,22 @@ def _first_rows(good: pa.Table) -> tuple[list[str], list[int]]:
     return firsts.column(TOKEN).to_pylist(), copies.column(ROW_ID).to_pylist()
 
 
-def _without(frame: DataFrame, column: str, values: Sequence[Any], ddl: str) -> DataFrame:
-    """``frame`` without the rows whose ``column`` is one of ``values``."""
+def _matching(
+    frame: DataFrame, column: str, values: Sequence[Any], kind: pa.DataType, *, keep: bool
+) -> DataFrame:
+    """``frame``'s rows whose ``column`` is one of ``values`` (``keep``), or the other rows.
+
+    Up to `ISIN_LIMIT` values go into an ``IN (...)`` filter; more travel as an
+    Arrow table and are broadcast to a semi- or anti-join.
+    """
     if not values:
-        return frame
+        return frame.where(F.lit(False)) if keep else frame
     if len(values) <= ISIN_LIMIT:
-        return frame.where(~F.col(column).isin(list(values)))
-    excluded = frame.sparkSession.createDataFrame([(v,) for v in values], ddl)
-    return frame.join(F.broadcast(excluded), column, "left_anti")
+        matches = F.col(column).isin(list(values))
+        return frame.where(matches if keep else ~matches)
+    table = pa.table({column: pa.array(values, kind)})
+    listed = frame.sparkSession.createDataFrame(table)
+    return frame.join(F.broadcast(listed), column, "left_semi" if keep else "left_anti")
 
 
 def output_schema(data: StructType) -> StructType:

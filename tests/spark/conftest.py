@@ -17,7 +17,6 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """local[2], two shuffle partitions, no UI: one per test run (it takes seconds to start)."""
-    pytest.importorskip("pyspark.sql")
     # Spark's Python workers import the test modules' functions (validate steps) by name.
     paths = [
         str(ROOT),

@@ -56,3 +56,31 @@ def test_a_batch_rerun_with_the_same_id_changes_nothing(spark, tmp_path, unique)
 
     with as_query(spark, "run-2"), pytest.raises(FenceConflictError, match="fresh checkpoint"):
         write(batch, 0)  # a fresh checkpoint (new query id) reusing the name
+
+
+def test_rows_of_known_tokens_are_dropped_however_many_there_are(spark, tmp_path, unique):
+    """Known tokens are filtered by IN, a broadcast anti-join or a broadcast semi-join on the
+    claimed ones, whichever is smaller; every path must keep exactly the new rows."""
+    app = test_app(tmp_path)
+    with app.store.transaction() as tx:
+        tx.execute(text(f"CREATE TABLE {unique} (order_id TEXT, amount INTEGER, note TEXT)"))
+
+    @foreach_batch(app, name=unique, token="order_id")
+    def write(df, batch_id, tx):
+        insert_rows(df, tx, unique)
+
+    def batch(first: int, last: int) -> Any:
+        rows = [(f"o{i:05d}", i, "") for i in range(first, last)]
+        return spark.createDataFrame(rows, "order_id string, amount long, note string")
+
+    seen = 0
+    with as_query(spark, "run-1"):
+        for batch_id, last in enumerate((1000, 2500, 2501, 3600, 7300, 7300)):
+            # 1000 known / 1500 new (IN), 2500 / 1 (keep by IN), 2501 / 1099 (keep by a
+            # broadcast semi-join), 3600 / 3700 (broadcast anti-join), 7300 / 0 (nothing)
+            report = write(batch(0, last), batch_id)
+            assert (report.written, report.duplicates) == (last - seen, seen), batch_id
+            seen = last
+    with app.store.transaction() as tx:
+        written = tx.execute(text(f"SELECT order_id FROM {unique} ORDER BY order_id")).scalars()
+        assert list(written) == [f"o{i:05d}" for i in range(7300)]
