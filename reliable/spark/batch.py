@@ -1,10 +1,11 @@
 """The driver's view of one micro-batch after the executors prepared it.
 
-`prepare` runs the `RowPipeline` on the executors through ``mapInArrow``
-(no shuffle) and caches the result, then collects only what the driver needs
-for the batch transaction: the tokens and row ids of the surviving rows and
-the poison rows. A token several tasks passed on keeps its first row (lowest
-row id); the other copies are dropped. `PreparedBatch.rows` hands the user's
+`prepare` marks every row on the executors (token and row id; with a
+``validate`` step, the `RowPipeline` through ``mapInArrow``, no shuffle) and
+caches the result, then collects only what the driver needs for the batch
+transaction: the tokens and row ids of the good rows and the poison rows.
+A token several rows hold keeps its first row (lowest row id); the other
+copies are dropped. `PreparedBatch.rows` hands the user's
 function the good rows whose tokens the transaction actually claimed; the
 rows themselves never leave the executors.
 """
@@ -24,6 +25,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from backends.errors import ConfigurationError
+from reliable.spark.deadletters import row_json
 from reliable.spark.rows import (
     ERROR,
     ERROR_TYPE,
@@ -33,8 +35,8 @@ from reliable.spark.rows import (
     TOKEN,
     RowPipeline,
     Validate,
+    missing_token,
 )
-from reliable.spark.tokens import CachedTokens
 
 ISIN_LIMIT = 1_000  # values filtered with IN (...); more go through a broadcast anti-join
 
@@ -84,28 +86,52 @@ def prepare(
     df: DataFrame,
     *,
     token: str,
-    cached: CachedTokens | None = None,
     validate: Validate | None = None,
     schema: StructType | None = None,
 ) -> PreparedBatch:
-    """Run the row pipeline on the executors; collect tokens, duplicate copies and poison rows."""
+    """Mark (and validate) the rows on the executors; collect tokens, duplicate copies and poison.
+
+    Every row gets its token (the column cast to a string) and a row id unique
+    in the batch, on the JVM side. Without ``validate`` the rows never leave
+    the JVM; with it they go through `RowPipeline` (``mapInArrow``).
+    """
     if token not in df.columns:
         raise ConfigurationError(
             f"token={token!r} is not a column of the batch; columns: {', '.join(df.columns)}"
         )
-    output = output_schema(schema if schema is not None else df.schema)
-    timezone = df.sparkSession.conf.get("spark.sql.session.timeZone")
-    pipeline = RowPipeline(token, to_arrow_schema(output, timezone=timezone), cached, validate)
-    frame = df.mapInArrow(pipeline, output).persist(StorageLevel.MEMORY_AND_DISK)
+    output = output_schema(df.schema)  # refuses data columns named like the markers
+    if schema is not None:
+        output = output_schema(schema)
+    marked = df.select("*", df[token].cast("string").alias(TOKEN),
+                       F.monotonically_increasing_id().alias(ROW_ID))  # fmt: skip
+    if validate is None:
+        missing = F.col(TOKEN).isNull()
+        frame = marked.select("*", F.when(missing, F.lit("TokenMissingError")).alias(ERROR_TYPE),
+                              F.when(missing, F.lit(str(missing_token(token)))).alias(ERROR),
+                              F.lit(None).cast("string").alias(ROW_JSON))  # fmt: skip
+    else:
+        timezone = df.sparkSession.conf.get("spark.sql.session.timeZone")
+        pipeline = RowPipeline(token, to_arrow_schema(output, timezone=timezone), validate)
+        frame = marked.mapInArrow(pipeline, output)
+    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         markers = frame.select(TOKEN, ROW_ID, ERROR_TYPE, ERROR, ROW_JSON).toArrow()
+        is_good = pc.is_null(markers.column(ERROR_TYPE))
+        tokens, copies = _first_rows(markers.filter(is_good).select([TOKEN, ROW_ID]))
+        poison = markers.filter(pc.invert(is_good)).to_pylist()
+        if validate is None and poison:  # rows without a token: their JSON, made here
+            poison = _with_rows(frame, poison)
     except BaseException:
         frame.unpersist()
         raise
-    is_good = pc.is_null(markers.column(ERROR_TYPE))
-    tokens, copies = _first_rows(markers.filter(is_good).select([TOKEN, ROW_ID]))
-    poison = _one_per_token(markers.filter(pc.invert(is_good)).to_pylist(), set(tokens))
-    return PreparedBatch(frame, tokens, poison, copies)
+    return PreparedBatch(frame, tokens, _one_per_token(poison, set(tokens)), copies)
+
+
+def _with_rows(frame: DataFrame, poison: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Poison markers with their rows as JSON (collected: only the poison rows)."""
+    table = frame.where(F.col(ERROR_TYPE).isNotNull()).drop(TOKEN, ERROR_TYPE, ERROR, ROW_JSON)
+    rows = {row.pop(ROW_ID): row for row in table.toArrow().to_pylist()}
+    return [{**marker, ROW_JSON: row_json(rows[marker[ROW_ID]])} for marker in poison]
 
 
 def _one_per_token(rows: list[dict[str, Any]], good: set[str]) -> list[dict[str, Any]]:

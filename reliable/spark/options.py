@@ -17,7 +17,6 @@ from backends.errors import ConfigurationError
 from reliable.retry import Classifier, DelayLevels, RedeliveryPolicy, build_classifier
 from reliable.spark import deadletters
 from reliable.spark.rows import Validate
-from reliable.spark.tokens import shared_cache_url
 
 DEFAULT_TOKEN_TTL = 7 * 86_400.0
 OnRetriesSpent = Literal["fail", "dead_letter"]
@@ -101,7 +100,6 @@ class Resolved:
     store: Any
     cache: Any
     clock: Clock
-    cache_url: str | None  # a cache the executors can share (Redis), else None
     retry: Redelivery | None
     token_ttl: float
     cache_ttl: float
@@ -115,12 +113,10 @@ def resolve(app: Any, options: WriterOptions) -> Resolved:
     if retry is None:
         policy = getattr(_get(settings, "retry"), "policy", None)
         retry = policy() if callable(policy) else None
-    cache_url = _get(settings, "cache", "url")
     return Resolved(
         store=app.store,
         cache=getattr(app, "cache", None),
         clock=app.clock,
-        cache_url=shared_cache_url(None if cache_url is None else str(cache_url)),
         retry=retry,
         token_ttl=float(ttl),
         cache_ttl=float(_get(settings, "cache", "ttl") or ttl),

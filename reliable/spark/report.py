@@ -19,9 +19,9 @@ class BatchStatus(enum.Enum):
 class BatchReport:
     """One batch's outcome.
 
-    ``duplicates`` counts rows the claim found already recorded (by an
-    earlier batch or a concurrent writer; rows dropped earlier, as copies
-    within the batch or known to the cache, are not counted);
+    ``duplicates`` counts tokens already recorded (known to the cache, or
+    found by the claim: an earlier batch or a concurrent writer recorded
+    them); copies of a token within the batch are not counted;
     ``seconds`` times the phases of the last attempt (``prepare`` on the
     executors, ``claim``, ``function``: the user's function) on the app's clock.
     """

@@ -1,33 +1,31 @@
-"""The executor-side row pipeline: one row per token, new tokens only, validated rows.
+"""The executor-side ``validate`` step: one row per token, validated, poison set aside.
 
-`RowPipeline` is the function given to ``mapInArrow``; each task runs it over
-its partition of the micro-batch, without a shuffle. For each Arrow record
-batch it
+Every row of a batch is first marked on the JVM side (`batch.prepare`): its
+token (the token column cast to a string) and a row id unique in the batch.
+Without a ``validate`` step that is all; with one, `RowPipeline` is the
+function given to ``mapInArrow`` and each task runs it over its partition,
+without a shuffle. For each Arrow record batch it
 
 1. sets aside rows without a token (poison: `TokenMissingError`);
-2. keeps the first row of each token seen by the task (duplicates in the task);
-3. drops rows whose token the shared cache already knows (`CachedTokens`, when
-   the app has a Redis cache; the driver's claim finds the rest);
-4. runs the optional per-row ``validate`` step; a row that raises is poison.
+2. keeps the first row of each token seen by the task (the driver drops the
+   copies other tasks passed on, by row id);
+3. runs ``validate`` on each kept row; a row that raises is poison.
 
-Every row that leaves gets a row id unique in the batch (partition id and
-position), so the driver can keep one row of a token that several tasks
-passed on. Good rows and poison rows leave in one output, told apart by
-marker columns (the token, the row id, and for poison the error and the row
-as JSON), so the driver caches the result once and reads both from it.
+Good rows and poison rows leave in one output, told apart by marker columns
+(for poison the error and the row as JSON), so the driver caches the result
+once and reads both from it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from reliable.errors import TokenMissingError
 from reliable.spark.deadletters import row_json
-from reliable.spark.tokens import CachedTokens
 
 TOKEN = "_reliable_token"
 ROW_ID = "_reliable_row_id"
@@ -35,12 +33,16 @@ ERROR_TYPE = "_reliable_error_type"
 ERROR = "_reliable_error"
 ROW_JSON = "_reliable_row"
 MARKERS = (TOKEN, ROW_ID, ERROR_TYPE, ERROR, ROW_JSON)
-PARTITION_SHIFT = 40  # row id = partition id << 40 | position of the row in its partition
 
 Validate = Callable[[dict[str, Any]], Mapping[str, Any]]
 """A per-row step: the row as a dict in, the row to write out; raising makes the row poison."""
 
 Key = tuple[str, int]  # (token, row id)
+
+
+def missing_token(column: str) -> TokenMissingError:
+    """The error of a row whose token column is null."""
+    return TokenMissingError(f"the token column {column!r} is null")
 
 
 @dataclass(frozen=True)
@@ -51,77 +53,50 @@ class _Poison:
     error: BaseException
 
 
-@dataclass
-class _Task:
-    """What one task remembers across the record batches of its partition."""
-
-    base: int
-    offset: int = 0
-    seen: set[str] = field(default_factory=set)
-
-
 @dataclass(frozen=True)
 class RowPipeline:
-    """``mapInArrow`` function: record batches in, good rows and poison rows (marked) out.
+    """``mapInArrow`` function: marked record batches in, good and poison rows (marked) out.
 
-    ``schema`` is the Arrow schema of the output: the data columns followed by
-    the `MARKERS`.
+    The input holds the data columns followed by `TOKEN` and `ROW_ID`;
+    ``schema`` is the Arrow schema of the output: the validated data columns
+    followed by the `MARKERS`.
     """
 
-    token: str
+    token: str  # the token column's name, for error messages
     schema: pa.Schema
-    cached: CachedTokens | None = None
-    validate: Validate | None = None
+    validate: Validate
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
-        task = _Task(base=(context.partitionId() if context else 0) << PARTITION_SHIFT)
+        seen: set[str] = set()  # tokens this task has passed on
         for batch in batches:
-            yield from self._process(batch, task)
-            task.offset += batch.num_rows
+            yield from self._process(batch, seen)
 
-    def _process(self, batch: pa.RecordBatch, task: _Task) -> Iterator[pa.RecordBatch]:
-        first: list[tuple[int, str]] = []
+    def _process(self, batch: pa.RecordBatch, seen: set[str]) -> Iterator[pa.RecordBatch]:
+        data = batch.select([name for name in batch.schema.names if name not in (TOKEN, ROW_ID)])
+        row_ids = batch.column(ROW_ID).to_pylist()
+        keep: list[int] = []
+        keys: list[Key] = []
         poison: list[_Poison] = []
-        for index, value in enumerate(batch.column(self.token).to_pylist()):
-            if value is None:
-                error = TokenMissingError(f"the token column {self.token!r} is null")
-                poison.append(
-                    _Poison(None, task.base + task.offset + index, _row(batch, index), error)
-                )
-                continue
-            token = str(value)
-            if token not in task.seen:
-                task.seen.add(token)
-                first.append((index, token))
-        keep = first
-        if self.cached is not None and first:
-            fresh = self.cached.new([token for _, token in first])
-            keep = [(index, token) for index, token in first if token in fresh]
+        for index, token in enumerate(batch.column(TOKEN).to_pylist()):
+            if token is None:
+                poison.append(_Poison(None, row_ids[index], _row(data, index),
+                                      missing_token(self.token)))  # fmt: skip
+            elif token not in seen:
+                seen.add(token)
+                keep.append(index)
+                keys.append((token, row_ids[index]))
         if keep:
-            good, refused = self._use(batch, keep, task.base + task.offset)
+            rows = data.take(pa.array(keep, pa.int64())).to_pylist()
+            good, refused = self._validated(rows, keys)
             poison.extend(refused)
             if good is not None:
                 yield good
         if poison:
             yield self._poison_batch(poison)
 
-    def _use(
-        self, batch: pa.RecordBatch, keep: list[tuple[int, str]], first_id: int
-    ) -> tuple[pa.RecordBatch | None, list[_Poison]]:
-        rows = batch.take(pa.array([index for index, _ in keep], pa.int64()))
-        keys = [(token, first_id + index) for index, token in keep]
-        if self.validate is None:
-            columns = [rows.column(f.name) for f in self._data_fields()]
-            return self._good_batch(columns, keys), []
-        return self._validated(rows.to_pylist(), keys)
-
     def _validated(
         self, rows: list[dict[str, Any]], keys: list[Key]
     ) -> tuple[pa.RecordBatch | None, list[_Poison]]:
-        assert self.validate is not None
         good: list[tuple[Mapping[str, Any], Key, dict[str, Any]]] = []
         poison: list[_Poison] = []
         for row, key in zip(rows, keys, strict=True):

@@ -3,15 +3,17 @@
 For each micro-batch, in this order:
 
 1. find the run (the streaming query's id, see `fence.run_identity`);
-2. on the executors: one row per token, rows whose token the shared cache
-   knows dropped, the optional ``validate`` step run, poison rows set aside
-   (`batch.prepare`), before any store lock is taken;
+2. on the executors: every row marked with its token and a row id, the
+   optional ``validate`` step run, poison rows set aside (`batch.prepare`);
+   the driver collects the tokens (not the rows) and drops the copies of a
+   token, before any store lock is taken;
 3. open a store transaction and fence the batch: a replay of a committed batch
    is skipped (logged), a fresh checkpoint reusing the name is a
    `FenceConflictError`;
-4. claim the surviving tokens (the claim records the new ones and reveals
-   the known ones, whose rows are dropped) and record the poison rows whose
-   token is not known, in the transaction;
+4. claim the tokens the cache does not know (the claim records the new ones
+   and reveals the known ones; the rows of every known token are dropped on
+   the executors) and record the poison rows whose token is not known, in the
+   transaction;
 5. call the user's function with the claimed rows, the batch id and the
    transaction; its store writes commit with the fence and the tokens;
 6. commit, then fill the cache. A failure rolls everything back and is retried
@@ -38,7 +40,6 @@ from reliable.spark.batch import BatchFunction, PreparedBatch, parse_schema, pre
 from reliable.spark.fence import open_batch, run_identity
 from reliable.spark.options import Resolved, WriterOptions, resolve
 from reliable.spark.report import BatchReport, BatchStatus
-from reliable.spark.tokens import CachedTokens
 
 log = structlog.get_logger("reliable.spark")
 
@@ -99,14 +100,14 @@ class BatchWriter:
 
     def _attempt(self, batch: _Batch, env: Resolved, attempt: int) -> BatchReport:
         prepared = self._prepared(batch, env)
-        poison = self._poison(prepared, env)  # read before the transaction takes a lock (SQLite)
+        # read before the transaction takes a lock (SQLite)
+        poison = self._poison(prepared, env)
+        unseen = self._not_in_cache(env, prepared.tokens)
         with env.store.transaction() as tx:
             if not open_batch(tx, self.name, batch.batch_id, batch.run_id):
                 return self._report(batch, BatchStatus.REPLAYED, attempt)
             started = env.clock.time()
-            claimed = (
-                tx.claim(self.name, prepared.tokens, env.token_ttl) if prepared.tokens else set()
-            )
+            claimed = tx.claim(self.name, unseen, env.token_ttl) if unseen else set()
             self._record_poison(tx, batch, poison, env)
             batch.seconds["claim"] = env.clock.time() - started
             self.func(prepared.rows(claimed), batch.batch_id, tx)
@@ -121,9 +122,8 @@ class BatchWriter:
     def _prepared(self, batch: _Batch, env: Resolved) -> PreparedBatch:
         if batch.prepared is None:
             started = env.clock.time()
-            cached = CachedTokens(env.cache_url, self.name) if env.cache_url else None
             schema = parse_schema(self.options.schema)
-            batch.prepared = prepare(batch.df, token=self.options.token, cached=cached,
+            batch.prepared = prepare(batch.df, token=self.options.token,
                                      validate=self.options.validate, schema=schema)  # fmt: skip
             batch.seconds["prepare"] = env.clock.time() - started
         return batch.prepared
@@ -150,6 +150,17 @@ class BatchWriter:
         deadletters.record(tx.connection, table, letters)
         log.warning("spark.batch.poison", name=self.name, batch_id=batch.batch_id,
                     rows=len(letters), dead_letters=table)  # fmt: skip
+
+    def _not_in_cache(self, env: Resolved, tokens: list[str]) -> list[str]:
+        """The tokens the cache does not know (a shortcut: the claim finds every known one)."""
+        if env.cache is None or not tokens:
+            return tokens
+        try:
+            seen = env.cache.seen(self.name, tokens)
+        except CacheUnavailableError as exc:  # degrade to the store alone
+            log.warning("spark.cache.unavailable", name=self.name, error=str(exc))
+            return tokens
+        return [token for token in tokens if token not in seen] if seen else tokens
 
     def _remember(self, env: Resolved, claimed: set[str]) -> None:
         if env.cache is None or not claimed:

@@ -98,6 +98,31 @@ def test_poison_rows_land_in_the_dead_letter_table_while_good_rows_commit(spark,
     assert len(read_dead_letters(app.store, dlq, name=table)) == 3
 
 
+def test_rows_without_a_token_are_dead_lettered_without_a_validate_step(spark, tmp_path, unique):
+    app = test_app(tmp_path)
+    table, dlq = unique, f"{unique}_dlq"
+    with app.store.transaction() as tx:
+        tx.execute(text(f"CREATE TABLE {table} (order_id TEXT, amount INTEGER, note TEXT)"))
+
+    @foreach_batch(app, name=table, token="order_id", dead_letters=dlq,
+                   checkpoint_location=checkpoint_of(tmp_path, "query-1"))  # fmt: skip
+    def write(df, batch_id, tx):
+        insert_rows(df, tx, table)
+
+    rows = [("a", 1, ""), (None, 2, "no token"), ("a", 3, "copy"), (None, 4, "none either")]
+    report = write(spark.createDataFrame(rows, SCHEMA).repartition(2), 0)
+
+    assert (report.written, report.poison) == (1, 2)
+    with app.store.transaction() as tx:
+        assert tx.execute(text(f"SELECT order_id FROM {table}")).scalars().all() == ["a"]
+    letters = read_dead_letters(app.store, dlq, name=table)
+    assert sorted((d.token, d.error_type, d.row["amount"], d.row["note"]) for d in letters) == [
+        (None, "TokenMissingError", 2, "no token"),
+        (None, "TokenMissingError", 4, "none either"),
+    ]
+    assert letters[0].error_message == "the token column 'order_id' is null"
+
+
 def test_spent_retries_dead_letter_the_whole_batch_with_backoff_on_the_clock(
     spark, tmp_path, unique
 ):
