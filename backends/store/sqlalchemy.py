@@ -54,14 +54,24 @@ def _guarded(method: Callable[P, R]) -> Callable[P, R]:
 class SqlTransaction(Transaction):
     """One database transaction on a pooled connection; see `Transaction`."""
 
-    def __init__(self, connection: Connection, clock: Clock) -> None:
+    def __init__(self, connection: Connection, clock: Clock, conflicted: set[str]) -> None:
         self.connection = connection
         self._clock = clock
+        self._conflicted = conflicted  # the store's: namespaces whose last large claim met a known token
 
     @_guarded
     def claim(self, namespace: str, tokens: Sequence[str], ttl: float) -> set[str]:
         batch = sorted(set(tokens))  # one lock order for every transaction: no deadlocks
-        return records.claim(self.connection, namespace, batch, self._clock.time(), ttl)
+        now = self._clock.time()
+        large = len(batch) >= records.COPY_CLAIM_MIN and self.connection.dialect.name == "postgresql"
+        if large and namespace not in self._conflicted:
+            if records.claim_by_copy(self.connection, namespace, batch, now, ttl):
+                return set(batch)
+            self._conflicted.add(namespace)  # claim the usual way until a batch is all new
+        claimed = records.claim(self.connection, namespace, batch, now, ttl)
+        if large and len(claimed) == len(batch):
+            self._conflicted.discard(namespace)
+        return claimed
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -97,6 +107,7 @@ class SqlStore(Store):
         self._clock = clock
         self._tables_ready = False
         self._tables_lock = threading.Lock()
+        self._conflicted: set[str] = set()  # see SqlTransaction.claim
 
     def __repr__(self) -> str:
         return f"SqlStore({self.url.render_as_string(hide_password=True)!r})"
@@ -107,7 +118,7 @@ class SqlStore(Store):
     def transaction(self) -> Iterator[SqlTransaction]:
         connection = self._begin()
         try:
-            yield SqlTransaction(connection, self._clock)
+            yield SqlTransaction(connection, self._clock, self._conflicted)
         except BaseException:
             self._rollback_quietly(connection)
             connection.close()

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Double, String, any_, bindparam, delete, func, null, select, true
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
 
 from backends.store.base import LeaseOutcome, TokenState
 from backends.store.engine import chunk_size, chunks, upsert
@@ -61,6 +62,46 @@ def claim(
         "expires_at": expires_at,
     }
     return set(connection.execute(_SQLITE_CLAIM, parameters).scalars())
+
+
+COPY_CLAIM_MIN = 5_000
+"""Batches at least this large are first claimed with ``COPY`` on PostgreSQL (see `claim_by_copy`)."""
+
+_COPY = "COPY reliable_tokens (namespace, token, state, created_at, expires_at) FROM STDIN"
+
+
+def claim_by_copy(
+    connection: Connection, namespace: str, batch: Sequence[str], now: float, ttl: float
+) -> bool:
+    """Claim all of ``batch`` with one ``COPY`` (PostgreSQL); False if any token has a row.
+
+    ``COPY`` inserts about twice as fast as ``INSERT ... ON CONFLICT`` but
+    cannot skip a conflict: a token with any row (done, leased, expired, or
+    being inserted by a concurrent twin that then commits) fails it with a
+    unique violation. It runs in a savepoint, so a failure rolls back to where
+    it started and the caller claims the batch the usual way.
+    """
+    import psycopg  # the postgres extra; only reached on PostgreSQL
+
+    nested = connection.begin_nested()
+    try:
+        driver = connection.connection.driver_connection
+        assert driver is not None
+        expires_at = now + ttl
+        with driver.cursor() as cursor, cursor.copy(_COPY) as copy:
+            for token in batch:
+                copy.write_row((namespace, token, DONE, now, expires_at))
+    except psycopg.errors.UniqueViolation:
+        nested.rollback()
+        return False
+    except psycopg.Error as exc:  # as SQLAlchemy would raise it: outages are recognised
+        nested.rollback()
+        raise DBAPIError.instance(_COPY, None, exc, psycopg.Error) from exc
+    except BaseException:
+        nested.rollback()
+        raise
+    nested.commit()
+    return True
 
 
 def known(connection: Connection, namespace: str, batch: Sequence[str], now: float) -> set[str]:

@@ -19,6 +19,7 @@ from backends.errors import (
     UnsupportedURLError,
 )
 from backends.store import SqlStore, Store, TokenState, open_store
+from backends.store.tokens import COPY_CLAIM_MIN
 from backends.types import DeadLetter, Failure, Message, QueueRef
 
 TTL = 3600.0
@@ -81,6 +82,51 @@ class TestClaim:
         with store.transaction() as tx:
             assert tx.claim(unique, batch, TTL) == set()
         assert store.forget(unique, batch) == 2500
+
+    def test_claims_of_copy_size_batches_agree_with_the_unique_index(
+        self, store: Store, unique: str, fake_clock: FakeClock
+    ) -> None:
+        """On PostgreSQL a batch of COPY_CLAIM_MIN tokens or more is first COPYed in; a single
+        known, expired or leased token makes it fall back. Every outcome must match the claim."""
+        size = COPY_CLAIM_MIN
+        first = [f"a-{i:05d}" for i in range(size)]
+        with store.transaction() as tx:
+            assert tx.claim(unique, first + first[:10], TTL) == set(first)  # all new
+        second = [f"b-{i:05d}" for i in range(size)]
+        with store.transaction() as tx:  # one known token in the middle
+            assert tx.claim(unique, [*second, first[size // 2]], TTL) == set(second)
+        third = [f"c-{i:05d}" for i in range(size)]
+        with store.transaction() as tx:
+            assert tx.claim(unique, third, TTL) == set(third)  # all new again
+        with store.transaction() as tx:
+            tx.claim(unique, ["short-lived"], 10)
+        assert store.lease(unique, "leased", 1000).acquired
+        fake_clock.advance(11)
+        fourth = [f"d-{i:05d}" for i in range(size)]
+        with store.transaction() as tx:  # an expired token is reclaimed, a live lease is not
+            assert tx.claim(unique, [*fourth, "short-lived", "leased"], TTL) == {
+                *fourth, "short-lived"}
+        with pytest.raises(Boom), store.transaction() as tx:
+            tx.claim(unique, [f"e-{i:05d}" for i in range(size)], TTL)
+            raise Boom  # rolled back: nothing of it stays
+        assert store.known(unique, ["e-00000", "e-04999"]) == set()
+        everything = first + second + third + fourth + ["short-lived"]
+        assert store.known(unique, everything) == set(everything)
+
+    def test_concurrent_copy_size_claims_take_each_token_once(
+        self, store: Store, unique: str
+    ) -> None:
+        tokens = [f"t-{i:05d}" for i in range(2 * COPY_CLAIM_MIN)]
+        claimed: list[set[str]] = []
+
+        def work(start: int) -> None:  # overlapping halves: the middle third is contended
+            part = tokens[start : start + COPY_CLAIM_MIN + COPY_CLAIM_MIN // 2]
+            with store.transaction() as tx:
+                claimed.append(tx.claim(unique, part, TTL))
+
+        _run_threads([functools.partial(work, 0), functools.partial(work, COPY_CLAIM_MIN // 2)])
+        assert sum(len(part) for part in claimed) == len(set().union(*claimed))
+        assert set().union(*claimed) == set(tokens[: 2 * COPY_CLAIM_MIN])
 
     def test_forget_allows_a_new_claim(self, store: Store, unique: str) -> None:
         with store.transaction() as tx:
@@ -407,3 +453,35 @@ def test_sqlite_parent_directory_is_created(tmp_path: Path, unique: str) -> None
         assert tx.claim(unique, ["a"], TTL) == {"a"}
     assert (tmp_path / "nested" / "dir" / "store.db").exists()
     store.close()
+
+
+def test_postgresql_claims_large_all_new_batches_with_copy(
+    postgres_url: str, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The COPY path is taken for a large batch, given up after a conflict, and retried once a
+    batch is all new again (the outcomes themselves are the contract tests above)."""
+    from backends.store import tokens as records
+
+    outcomes: list[bool] = []
+    real = records.claim_by_copy
+
+    def spy(*args: object) -> bool:
+        outcomes.append(real(*args))  # type: ignore[arg-type]
+        return outcomes[-1]
+
+    monkeypatch.setattr(records, "claim_by_copy", spy)
+    store = open_store(postgres_url)
+    batch = [f"p-{i:05d}" for i in range(COPY_CLAIM_MIN)]
+    try:
+        size = len(batch)
+        for expected, tokens, new in (
+            ([True], batch, size),  # all new: COPY
+            ([True, False], [batch[0], *(t + "x" for t in batch[1:])], size - 1),  # one known
+            ([True, False], [t + "y" for t in batch], size),  # all new, after a conflict: INSERT
+            ([True, False, True], [t + "z" for t in batch], size),  # then COPY again
+        ):
+            with store.transaction() as tx:
+                assert len(tx.claim(unique, tokens, TTL)) == new
+            assert outcomes == expected
+    finally:
+        store.close()
