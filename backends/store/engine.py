@@ -62,7 +62,7 @@ def parse_store_url(url: str) -> URL:
 
 
 def build_engine(url: URL) -> Engine:
-    """An engine tuned for ``url``'s database (pool, pre-ping, SQLite locking)."""
+    """An engine tuned for ``url``'s database (pool, SQLite locking)."""
     if url.get_backend_name() == "sqlite":
         if url.database and not url.query.get("uri"):
             Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
