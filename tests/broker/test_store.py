@@ -137,18 +137,24 @@ def test_bad_config_names_the_setting() -> None:
         StoreConfig(segment_size=8192, max_record_size=16384)
 
 
-def test_sync_acks_only_after_fsync_and_producers_share_fsyncs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    fsynced: list[int] = []
+@pytest.fixture
+def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The log offset each segment fsync covered, in order (Segment.fsync counted)."""
+    ends: list[int] = []
     real_fsync = Segment.fsync
 
     def counting_fsync(self: Segment) -> None:
         end = self.end
         real_fsync(self)
-        fsynced.append(end)
+        ends.append(end)
 
     monkeypatch.setattr(Segment, "fsync", counting_fsync)
+    return ends
+
+
+def test_sync_acks_only_after_fsync_and_producers_share_fsyncs(
+    tmp_path: Path, fsynced: list[int]
+) -> None:
     store = MessageStore(tmp_path / "s", small_config(flush=FlushPolicy.SYNC,
                                                       segment_size=1 << 20))
     early: list[int] = []
@@ -249,17 +255,8 @@ def test_group_commit_gives_each_producer_its_own_results_or_error(tmp_path: Pat
 
 
 def test_async_producers_share_fsyncs_and_are_acked_only_after_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fsynced: list[int]
 ) -> None:
-    fsynced: list[int] = []
-    real_fsync = Segment.fsync
-
-    def counting_fsync(self: Segment) -> None:
-        end = self.end
-        real_fsync(self)
-        fsynced.append(end)
-
-    monkeypatch.setattr(Segment, "fsync", counting_fsync)
     store = MessageStore(tmp_path / "s", small_config(flush=FlushPolicy.SYNC,
                                                       segment_size=1 << 20))
     early: list[int] = []
