@@ -105,9 +105,9 @@ def prepare(
     marked = df.select("*", df[token].cast("string").alias(TOKEN),
                        F.monotonically_increasing_id().alias(ROW_ID))  # fmt: skip
     if validate is None:
-        missing = F.col(TOKEN).isNull()
-        frame = marked.select("*", F.when(missing, F.lit("TokenMissingError")).alias(ERROR_TYPE),
-                              F.when(missing, F.lit(str(missing_token(token)))).alias(ERROR),
+        missing, error = F.col(TOKEN).isNull(), missing_token(token)
+        frame = marked.select("*", F.when(missing, F.lit(type(error).__name__)).alias(ERROR_TYPE),
+                              F.when(missing, F.lit(str(error))).alias(ERROR),
                               F.lit(None).cast("string").alias(ROW_JSON))  # fmt: skip
     else:
         timezone = df.sparkSession.conf.get("spark.sql.session.timeZone")
