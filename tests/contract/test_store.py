@@ -433,17 +433,21 @@ class TestOpening:
             assert connection.execute(select(func.count()).select_from(text("reliable_fences")))
 
 
-def test_connection_lost_mid_transaction_is_unavailable(postgres_url: str, unique: str) -> None:
+@pytest.mark.parametrize("size", [1, COPY_CLAIM_MIN], ids=["one-token", "copy-size"])
+def test_connection_lost_mid_transaction_is_unavailable(
+    postgres_url: str, unique: str, size: int
+) -> None:
     store = open_store(postgres_url)
+    batch = [f"a-{i}" for i in range(size)]
     with pytest.raises(StoreUnavailableError), store.transaction() as tx:
         pid = tx.execute(text("SELECT pg_backend_pid()")).scalar_one()
         killer = SqlStore(postgres_url)
         with killer.engine.connect() as connection:
             connection.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
         killer.close()
-        tx.claim(unique, ["a"], TTL)
+        tx.claim(unique, batch, TTL)
     with store.transaction() as tx:  # the pool recovers with a fresh connection
-        assert tx.claim(unique, ["a"], TTL) == {"a"}
+        assert tx.claim(unique, batch, TTL) == set(batch)
     store.close()
 
 
