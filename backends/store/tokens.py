@@ -67,7 +67,7 @@ def claim(
 COPY_CLAIM_MIN = 5_000
 """Batches at least this large are first claimed with ``COPY`` on PostgreSQL (see `claim_by_copy`)."""
 
-_COPY = "COPY reliable_tokens (namespace, token, state, created_at, expires_at) FROM STDIN"
+_COPY = f"COPY {tokens.name} (namespace, token, state, created_at, expires_at) FROM STDIN"
 
 
 def claim_by_copy(

@@ -117,13 +117,10 @@ class MessageStore:
         concurrent producers. Under `async` and `none` the write runs inline (it
         only reaches the page cache).
         """
+        if self._group is None or not records:  # nothing to wait for
+            return self.append(records)
         self._check_open()
-        if not records:
-            return []
-        if self._group is not None:
-            return await self._group.append_async(records)
-        self._check_disk()
-        return self._commit(prepare(records, self.config.max_record_size))[0]
+        return await self._group.append_async(records)
 
     def _commit(self, prepared: Prepared) -> tuple[list[AppendResult], int]:
         """Write a prepared batch under the writer lock; return its results and the log end."""

@@ -99,9 +99,7 @@ def prepare(
         raise ConfigurationError(
             f"token={token!r} is not a column of the batch; columns: {', '.join(df.columns)}"
         )
-    output = output_schema(df.schema)  # refuses data columns named like the markers
-    if schema is not None:
-        output = output_schema(schema)
+    output_schema(df.schema)  # refuses data columns named like the markers
     marked = df.select("*", df[token].cast("string").alias(TOKEN),
                        F.monotonically_increasing_id().alias(ROW_ID))  # fmt: skip
     if validate is None:
@@ -110,6 +108,7 @@ def prepare(
                               F.when(missing, F.lit(str(error))).alias(ERROR),
                               F.lit(None).cast("string").alias(ROW_JSON))  # fmt: skip
     else:
+        output = output_schema(schema if schema is not None else df.schema)
         timezone = df.sparkSession.conf.get("spark.sql.session.timeZone")
         pipeline = RowPipeline(token, to_arrow_schema(output, timezone=timezone), validate)
         frame = marked.mapInArrow(pipeline, output)
