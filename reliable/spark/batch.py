@@ -1,13 +1,17 @@
 """The driver's view of one micro-batch after the executors prepared it.
 
-`prepare` marks every row on the executors (token and row id; with a
-``validate`` step, the `RowPipeline` through ``mapInArrow``, no shuffle) and
-caches the result, then collects only what the driver needs for the batch
-transaction: the tokens and row ids of the good rows and the poison rows.
-A token several rows hold keeps its first row (lowest row id); the other
-copies are dropped. `PreparedBatch.rows` hands the user's
-function the good rows whose tokens the transaction actually claimed; the
-rows themselves never leave the executors.
+`prepare` marks every row on the executors with its token (with a
+``validate`` step, through the `RowPipeline` in ``mapInArrow``, no shuffle)
+and collects only what the driver needs for the batch transaction: the
+distinct tokens of the good rows and the poison rows. `PreparedBatch.rows`
+hands the user's function the good rows whose tokens the transaction
+actually claimed, one row per token; the rows themselves never leave the
+executors.
+
+The batch is read twice: once for its tokens, once by the user's function.
+It is cached in between unless reading it again is known to give the same
+rows (see `rereadable`), so the tokens claimed and the rows handed over are
+the same rows.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from py4j.protocol import Py4JError
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+from pyspark.sql.types import StringType, StructField, StructType
 
 from backends.errors import ConfigurationError
 from reliable.spark.deadletters import row_json
@@ -30,7 +35,6 @@ from reliable.spark.rows import (
     ERROR,
     ERROR_TYPE,
     MARKERS,
-    ROW_ID,
     ROW_JSON,
     TOKEN,
     RowPipeline,
@@ -46,15 +50,17 @@ BatchFunction = Callable[[DataFrame, int, Any], Any]
 
 @dataclass
 class PreparedBatch:
-    """A batch de-duplicated and validated on the executors, cached until `release`."""
+    """A batch marked (and validated) on the executors, with its tokens and poison on the driver."""
 
-    frame: DataFrame
-    tokens: list[str]
+    frame: DataFrame  # the rows and their markers; cached until `release` when ``cached``
+    cached: bool
+    good: Column | None  # the filter of the rows that are not poison; None: the batch has none
+    tokens: list[str]  # the distinct tokens of the good rows
     poison: list[dict[str, Any]] = field(default_factory=list)
-    copies: list[int] = field(default_factory=list)  # row ids of duplicate copies to drop
+    copies: bool = False  # some token is held by more than one good row
 
     def rows(self, claimed: set[str] | None = None) -> DataFrame:
-        """The good rows, without the markers; only those whose token is in ``claimed`` if given.
+        """The good rows, one per token, without the markers; only those of ``claimed`` if given.
 
         A token the claim did not get was already recorded (by an earlier
         batch, or a concurrent writer): its row is dropped.
@@ -63,23 +69,24 @@ class PreparedBatch:
 
     def collect_rows(self) -> list[tuple[str, dict[str, Any]]]:
         """Every good row with its token, on the driver (only for dead-lettering a whole batch)."""
-        table = self._good(None).drop(ROW_ID, ERROR_TYPE, ERROR, ROW_JSON).toArrow()
+        table = self._good(None).drop(ERROR_TYPE, ERROR, ROW_JSON).toArrow()
         tokens = table.column(TOKEN).to_pylist()
         return list(zip(tokens, table.drop_columns([TOKEN]).to_pylist(), strict=True))
 
     def release(self) -> None:
         """Drop the cached rows."""
-        self.frame.unpersist()
+        if self.cached:
+            self.frame.unpersist()
 
     def _good(self, claimed: set[str] | None) -> DataFrame:
-        good = self.frame.where(F.col(ERROR_TYPE).isNull())
+        good = self.frame if self.good is None else self.frame.where(self.good)
         if claimed is not None and len(claimed) < len(self.tokens):
             known = [t for t in self.tokens if t not in claimed]
             if len(claimed) < len(known):  # fewer rows to keep than to drop: select those
-                good = _matching(good, TOKEN, sorted(claimed), pa.string(), keep=True)
+                good = _matching(good, TOKEN, sorted(claimed), keep=True)
             else:
-                good = _matching(good, TOKEN, known, pa.string(), keep=False)
-        return _matching(good, ROW_ID, self.copies, pa.int64(), keep=False)
+                good = _matching(good, TOKEN, known, keep=False)
+        return good.dropDuplicates([TOKEN]) if self.copies else good
 
 
 def prepare(
@@ -88,49 +95,76 @@ def prepare(
     token: str,
     validate: Validate | None = None,
     schema: StructType | None = None,
+    cache: bool = False,
 ) -> PreparedBatch:
-    """Mark (and validate) the rows on the executors; collect tokens, duplicate copies and poison.
+    """Mark (and validate) the rows on the executors; collect the tokens and the poison rows.
 
-    Every row gets its token (the column cast to a string) and a row id unique
-    in the batch, on the JVM side. Without ``validate`` the rows never leave
-    the JVM; with it they go through `RowPipeline` (``mapInArrow``).
+    Every row gets its token (the column cast to a string) on the JVM side.
+    Without ``validate`` the rows never leave the JVM and the only poison is a
+    row without a token; with it they go through `RowPipeline`
+    (``mapInArrow``), which adds the error markers. The marked rows are cached
+    when ``cache`` is set, when there is a ``validate`` step (it runs once) or
+    when the batch is not `rereadable`.
     """
     if token not in df.columns:
         raise ConfigurationError(
             f"token={token!r} is not a column of the batch; columns: {', '.join(df.columns)}"
         )
     output_schema(df.schema)  # refuses data columns named like the markers
-    marked = df.select("*", df[token].cast("string").alias(TOKEN),
-                       F.monotonically_increasing_id().alias(ROW_ID))  # fmt: skip
+    frame = df.select("*", df[token].cast("string").alias(TOKEN))
     if validate is None:
-        missing, error = F.col(TOKEN).isNull(), missing_token(token)
-        frame = marked.select("*", F.when(missing, F.lit(type(error).__name__)).alias(ERROR_TYPE),
-                              F.when(missing, F.lit(str(error))).alias(ERROR),
-                              F.lit(None).cast("string").alias(ROW_JSON))  # fmt: skip
+        good = F.col(TOKEN).isNotNull()
     else:
         output = output_schema(schema if schema is not None else df.schema)
         timezone = df.sparkSession.conf.get("spark.sql.session.timeZone")
         pipeline = RowPipeline(token, to_arrow_schema(output, timezone=timezone), validate)
-        frame = marked.mapInArrow(pipeline, output)
-    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+        frame, good = frame.mapInArrow(pipeline, output), F.col(ERROR_TYPE).isNull()
+    cached = cache or validate is not None or not rereadable(df)
+    if cached:
+        frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        markers = frame.select(TOKEN, ROW_ID, ERROR_TYPE, ERROR, ROW_JSON).toArrow()
-        is_good = pc.is_null(markers.column(ERROR_TYPE))
-        tokens, copies = _first_rows(markers.filter(is_good).select([TOKEN, ROW_ID]))
-        poison = markers.filter(pc.invert(is_good)).to_pylist()
-        if validate is None and poison:  # rows without a token: their JSON, made here
-            poison = _with_rows(frame, poison)
+        if validate is None:
+            markers = frame.select(TOKEN).toArrow()
+            is_good = pc.is_valid(markers.column(TOKEN))
+            poison = [] if pc.all(is_good).as_py() else _missing_tokens(frame, token)
+        else:
+            markers = frame.select(TOKEN, ERROR_TYPE, ERROR, ROW_JSON).toArrow()
+            is_good = pc.is_null(markers.column(ERROR_TYPE))
+            poison = markers.filter(pc.invert(is_good)).to_pylist()
+        good_tokens = markers.column(TOKEN).filter(is_good)
+        tokens = pc.unique(good_tokens).to_pylist()
     except BaseException:
-        frame.unpersist()
+        if cached:
+            frame.unpersist()
         raise
-    return PreparedBatch(frame, tokens, _one_per_token(poison, set(tokens)), copies)
+    return PreparedBatch(frame, cached, good if poison else None, tokens,
+                         _one_per_token(poison, set(tokens)), len(tokens) < len(good_tokens))  # fmt: skip
 
 
-def _with_rows(frame: DataFrame, poison: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Poison markers with their rows as JSON (collected: only the poison rows)."""
-    table = frame.where(F.col(ERROR_TYPE).isNotNull()).drop(TOKEN, ERROR_TYPE, ERROR, ROW_JSON)
-    rows = {row.pop(ROW_ID): row for row in table.toArrow().to_pylist()}
-    return [{**marker, ROW_JSON: row_json(rows[marker[ROW_ID]])} for marker in poison]
+def rereadable(df: DataFrame) -> bool:
+    """Whether reading ``df`` again gives the same rows in the same order.
+
+    Spark tracks this for its own task retries as the output deterministic
+    level of the batch's RDD: ``DETERMINATE`` when every step from the source
+    is row by row (a streaming source gives a micro-batch the same rows on
+    every read, as Spark's replays already require). A shuffle, a stateful
+    operator or an order-sensitive step after them makes it ``UNORDERED`` or
+    ``INDETERMINATE``. A Python UDF that returns something else on every call
+    is not tracked: pass ``cache=True`` for such a batch.
+    """
+    try:
+        level = df._jdf.queryExecution().toRdd().outputDeterministicLevel().toString()
+    except (AttributeError, Py4JError):  # not a classic JVM DataFrame: cache, the safe side
+        return False
+    return str(level) == "DETERMINATE"
+
+
+def _missing_tokens(frame: DataFrame, token: str) -> list[dict[str, Any]]:
+    """The rows without a token, as poison markers with the row as JSON (collected: only those)."""
+    error = missing_token(token)
+    table = frame.where(F.col(TOKEN).isNull()).drop(TOKEN).toArrow()
+    return [{TOKEN: None, ERROR_TYPE: type(error).__name__, ERROR: str(error),
+             ROW_JSON: row_json(row)} for row in table.to_pylist()]  # fmt: skip
 
 
 def _one_per_token(rows: list[dict[str, Any]], good: set[str]) -> list[dict[str, Any]]:
@@ -147,19 +181,7 @@ def _one_per_token(rows: list[dict[str, Any]], good: set[str]) -> list[dict[str,
     return kept
 
 
-def _first_rows(good: pa.Table) -> tuple[list[str], list[int]]:
-    """The distinct tokens, and the row ids of every copy but the first of a token."""
-    firsts = good.group_by(TOKEN).aggregate([(ROW_ID, "min")])
-    if firsts.num_rows == good.num_rows:  # no token came from two tasks
-        return good.column(TOKEN).to_pylist(), []
-    keep = firsts.column(f"{ROW_ID}_min")
-    copies = good.filter(pc.invert(pc.is_in(good.column(ROW_ID), value_set=keep)))
-    return firsts.column(TOKEN).to_pylist(), copies.column(ROW_ID).to_pylist()
-
-
-def _matching(
-    frame: DataFrame, column: str, values: Sequence[Any], kind: pa.DataType, *, keep: bool
-) -> DataFrame:
+def _matching(frame: DataFrame, column: str, values: Sequence[str], *, keep: bool) -> DataFrame:
     """``frame``'s rows whose ``column`` is one of ``values`` (``keep``), or the other rows.
 
     Up to `ISIN_LIMIT` values go into an ``IN (...)`` filter; more travel as an
@@ -170,7 +192,7 @@ def _matching(
     if len(values) <= ISIN_LIMIT:
         matches = F.col(column).isin(list(values))
         return frame.where(matches if keep else ~matches)
-    table = pa.table({column: pa.array(values, kind)})
+    table = pa.table({column: pa.array(values, pa.string())})
     listed = frame.sparkSession.createDataFrame(table)
     return frame.join(F.broadcast(listed), column, "left_semi" if keep else "left_anti")
 
@@ -181,9 +203,7 @@ def output_schema(data: StructType) -> StructType:
     if clash:
         raise ConfigurationError(f"columns {clash} are reserved for reliable's own markers")
     fields = [StructField(f.name, f.dataType, True) for f in data.fields]
-    fields += [
-        StructField(name, LongType() if name == ROW_ID else StringType(), True) for name in MARKERS
-    ]
+    fields += [StructField(name, StringType(), True) for name in MARKERS]
     return StructType(fields)
 
 

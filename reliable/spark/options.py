@@ -29,7 +29,7 @@ class WriterOptions:
 
     OPTIONS: ClassVar[frozenset[str]] = frozenset({
         "name", "token", "retry", "fatal", "retry_on", "dead_letters", "validate", "schema",
-        "on_retries_spent", "checkpoint_location", "ttl",
+        "on_retries_spent", "checkpoint_location", "ttl", "cache",
     })  # fmt: skip
     name: str
     token: str
@@ -41,6 +41,7 @@ class WriterOptions:
     on_retries_spent: OnRetriesSpent
     checkpoint_location: str | None
     ttl: float | None
+    cache: bool
 
     @classmethod
     def check(
@@ -57,6 +58,7 @@ class WriterOptions:
         on_retries_spent: OnRetriesSpent = "fail",
         checkpoint_location: str | None = None,
         ttl: float | None = None,
+        cache: bool = False,
     ) -> WriterOptions:
         _require(isinstance(name, str) and bool(name.strip()), "name", name, "a non-empty string")
         _require(isinstance(token, str) and bool(token.strip()), "token", token, "a column name")
@@ -82,6 +84,7 @@ class WriterOptions:
         _require(
             ttl is None or (isinstance(ttl, int | float) and ttl > 0), "ttl", ttl, "seconds > 0"
         )
+        _require(isinstance(cache, bool), "cache", cache, "True or False")
         if (validate is not None or on_retries_spent == "dead_letter") and dead_letters is None:
             raise ConfigurationError(
                 f"foreach_batch {name!r}: validate= and on_retries_spent='dead_letter' need "
@@ -90,7 +93,7 @@ class WriterOptions:
         table = None if dead_letters is None else deadletters.table_for(dead_letters).name
         classifier = build_classifier(fatal=tuple(fatal), retry_on=retry_on)
         return cls(name, token, retry, classifier, table, validate, schema, on_retries_spent,
-                   checkpoint_location, ttl)  # fmt: skip
+                   checkpoint_location, ttl, cache)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ class BatchReport:
 
     ``duplicates`` counts tokens already recorded (known to the cache, or
     found by the claim: an earlier batch or a concurrent writer recorded
-    them); copies of a token within the batch are not counted;
-    ``seconds`` times the phases of the last attempt (``prepare`` on the
+    them); copies of a token within the batch are not counted; ``cached``
+    tells whether the rows were cached between the token read and the
+    function (see `batch.prepare`); ``seconds`` times the phases of the last attempt (``prepare`` on the
     executors, ``claim``, ``function``: the user's function) on the app's clock.
     """
 
@@ -34,6 +35,7 @@ class BatchReport:
     written: int = 0
     duplicates: int = 0
     poison: int = 0
+    cached: bool = False
     seconds: dict[str, float] = field(default_factory=dict)
 
     def fields(self) -> dict[str, Any]:

@@ -1,14 +1,14 @@
 """The executor-side ``validate`` step: one row per token, validated, poison set aside.
 
-Every row of a batch is first marked on the JVM side (`batch.prepare`): its
-token (the token column cast to a string) and a row id unique in the batch.
-Without a ``validate`` step that is all; with one, `RowPipeline` is the
-function given to ``mapInArrow`` and each task runs it over its partition,
-without a shuffle. For each Arrow record batch it
+Every row of a batch is first marked on the JVM side (`batch.prepare`) with
+its token (the token column cast to a string). Without a ``validate`` step
+that is all; with one, `RowPipeline` is the function given to ``mapInArrow``
+and each task runs it over its partition, without a shuffle. For each Arrow
+record batch it
 
 1. sets aside rows without a token (poison: `TokenMissingError`);
-2. keeps the first row of each token seen by the task (the driver drops the
-   copies other tasks passed on, by row id);
+2. keeps the first row of each token seen by the task (copies that other
+   tasks passed on are dropped later, by token);
 3. runs ``validate`` on each kept row; a row that raises is poison.
 
 Good rows and poison rows leave in one output, told apart by marker columns
@@ -28,16 +28,13 @@ from reliable.errors import TokenMissingError
 from reliable.spark.deadletters import row_json
 
 TOKEN = "_reliable_token"
-ROW_ID = "_reliable_row_id"
 ERROR_TYPE = "_reliable_error_type"
 ERROR = "_reliable_error"
 ROW_JSON = "_reliable_row"
-MARKERS = (TOKEN, ROW_ID, ERROR_TYPE, ERROR, ROW_JSON)
+MARKERS = (TOKEN, ERROR_TYPE, ERROR, ROW_JSON)
 
 Validate = Callable[[dict[str, Any]], Mapping[str, Any]]
 """A per-row step: the row as a dict in, the row to write out; raising makes the row poison."""
-
-Key = tuple[str, int]  # (token, row id)
 
 
 def missing_token(column: str) -> TokenMissingError:
@@ -48,7 +45,6 @@ def missing_token(column: str) -> TokenMissingError:
 @dataclass(frozen=True)
 class _Poison:
     token: str | None
-    row_id: int
     row: Mapping[str, Any]
     error: BaseException
 
@@ -57,7 +53,7 @@ class _Poison:
 class RowPipeline:
     """``mapInArrow`` function: marked record batches in, good and poison rows (marked) out.
 
-    The input holds the data columns followed by `TOKEN` and `ROW_ID`;
+    The input holds the data columns followed by `TOKEN`;
     ``schema`` is the Arrow schema of the output: the validated data columns
     followed by the `MARKERS`.
     """
@@ -72,22 +68,20 @@ class RowPipeline:
             yield from self._process(batch, seen)
 
     def _process(self, batch: pa.RecordBatch, seen: set[str]) -> Iterator[pa.RecordBatch]:
-        data = batch.select([name for name in batch.schema.names if name not in (TOKEN, ROW_ID)])
-        row_ids = batch.column(ROW_ID).to_pylist()
+        data = batch.select([name for name in batch.schema.names if name != TOKEN])
         keep: list[int] = []
-        keys: list[Key] = []
+        tokens: list[str] = []
         poison: list[_Poison] = []
         for index, token in enumerate(batch.column(TOKEN).to_pylist()):
             if token is None:
-                poison.append(_Poison(None, row_ids[index], _row(data, index),
-                                      missing_token(self.token)))  # fmt: skip
+                poison.append(_Poison(None, _row(data, index), missing_token(self.token)))
             elif token not in seen:
                 seen.add(token)
                 keep.append(index)
-                keys.append((token, row_ids[index]))
+                tokens.append(token)
         if keep:
             rows = data.take(pa.array(keep, pa.int64())).to_pylist()
-            good, refused = self._validated(rows, keys)
+            good, refused = self._validated(rows, tokens)
             poison.extend(refused)
             if good is not None:
                 yield good
@@ -95,19 +89,19 @@ class RowPipeline:
             yield self._poison_batch(poison)
 
     def _validated(
-        self, rows: list[dict[str, Any]], keys: list[Key]
+        self, rows: list[dict[str, Any]], tokens: list[str]
     ) -> tuple[pa.RecordBatch | None, list[_Poison]]:
-        good: list[tuple[Mapping[str, Any], Key, dict[str, Any]]] = []
+        good: list[tuple[Mapping[str, Any], str, dict[str, Any]]] = []
         poison: list[_Poison] = []
-        for row, key in zip(rows, keys, strict=True):
+        for row, token in zip(rows, tokens, strict=True):
             try:
                 out = self.validate(dict(row))
                 if not isinstance(out, Mapping):
                     raise TypeError(f"validate returned {type(out).__name__}, expected a mapping")
             except Exception as exc:  # noqa: BLE001 - any error makes the row poison, not the batch
-                poison.append(_Poison(key[0], key[1], row, exc))
+                poison.append(_Poison(token, row, exc))
                 continue
-            good.append((out, key, row))
+            good.append((out, token, row))
         data = pa.schema(self._data_fields())
         try:
             table = pa.Table.from_pylist([out for out, _, _ in good], schema=data)
@@ -117,25 +111,21 @@ class RowPipeline:
         if table.num_rows == 0:
             return None, poison
         columns = [table.column(i).combine_chunks() for i in range(table.num_columns)]
-        return self._good_batch(columns, [key for _, key, _ in good]), poison
+        return self._good_batch(columns, [token for _, token, _ in good]), poison
 
     def _data_fields(self) -> list[pa.Field]:
         return [f for f in self.schema if f.name not in MARKERS]
 
-    def _good_batch(self, columns: list[pa.Array], keys: list[Key]) -> pa.RecordBatch:
-        none = pa.nulls(len(keys), pa.string())
-        tokens = pa.array([token for token, _ in keys], pa.string())
-        ids = pa.array([row_id for _, row_id in keys], pa.int64())
-        return pa.RecordBatch.from_arrays(
-            [*columns, tokens, ids, none, none, none], schema=self.schema
-        )
+    def _good_batch(self, columns: list[pa.Array], tokens: list[str]) -> pa.RecordBatch:
+        none = pa.nulls(len(tokens), pa.string())
+        marked = [*columns, pa.array(tokens, pa.string()), none, none, none]
+        return pa.RecordBatch.from_arrays(marked, schema=self.schema)
 
     def _poison_batch(self, poison: list[_Poison]) -> pa.RecordBatch:
         n = len(poison)
         arrays = [pa.nulls(n, f.type) for f in self._data_fields()]
         arrays += [
             pa.array([p.token for p in poison], pa.string()),
-            pa.array([p.row_id for p in poison], pa.int64()),
             pa.array([type(p.error).__name__ for p in poison], pa.string()),
             pa.array([str(p.error) for p in poison], pa.string()),
             pa.array([row_json(p.row) for p in poison], pa.string()),
@@ -148,17 +138,17 @@ def _row(batch: pa.RecordBatch, index: int) -> dict[str, Any]:
 
 
 def _convert_each(
-    good: list[tuple[Mapping[str, Any], Key, dict[str, Any]]], schema: pa.Schema
-) -> tuple[pa.Table, list[tuple[Mapping[str, Any], Key, dict[str, Any]]], list[_Poison]]:
+    good: list[tuple[Mapping[str, Any], str, dict[str, Any]]], schema: pa.Schema
+) -> tuple[pa.Table, list[tuple[Mapping[str, Any], str, dict[str, Any]]], list[_Poison]]:
     """Convert validated rows one by one; a row Arrow cannot hold in ``schema`` is poison."""
     tables: list[pa.Table] = []
-    kept: list[tuple[Mapping[str, Any], Key, dict[str, Any]]] = []
+    kept: list[tuple[Mapping[str, Any], str, dict[str, Any]]] = []
     refused: list[_Poison] = []
-    for out, key, row in good:
+    for out, token, row in good:
         try:
             tables.append(pa.Table.from_pylist([out], schema=schema))
-            kept.append((out, key, row))
+            kept.append((out, token, row))
         except (pa.ArrowException, TypeError, ValueError) as exc:
-            refused.append(_Poison(key[0], key[1], row, exc))
+            refused.append(_Poison(token, row, exc))
     table = pa.concat_tables(tables) if tables else schema.empty_table()
     return table, kept, refused

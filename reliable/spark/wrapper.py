@@ -3,10 +3,10 @@
 For each micro-batch, in this order:
 
 1. find the run (the streaming query's id, see `fence.run_identity`);
-2. on the executors: every row marked with its token and a row id, the
-   optional ``validate`` step run, poison rows set aside (`batch.prepare`);
-   the driver collects the tokens (not the rows) and drops the copies of a
-   token, before any store lock is taken;
+2. on the executors: every row marked with its token, the optional
+   ``validate`` step run, poison rows set aside, the rows cached unless
+   reading them again gives the same rows (`batch.prepare`); the driver
+   collects the tokens (not the rows), before any store lock is taken;
 3. open a store transaction and fence the batch: a replay of a committed batch
    is skipped (logged), a fresh checkpoint reusing the name is a
    `FenceConflictError`;
@@ -124,7 +124,8 @@ class BatchWriter:
             started = env.clock.time()
             schema = parse_schema(self.options.schema)
             batch.prepared = prepare(batch.df, token=self.options.token,
-                                     validate=self.options.validate, schema=schema)  # fmt: skip
+                                     validate=self.options.validate, schema=schema,
+                                     cache=self.options.cache)  # fmt: skip
             batch.seconds["prepare"] = env.clock.time() - started
         return batch.prepared
 
@@ -222,8 +223,9 @@ class BatchWriter:
 
     def _report(self, batch: _Batch, status: BatchStatus, attempts: int, written: int = 0,
                 duplicates: int = 0, poison: int = 0) -> BatchReport:  # fmt: skip
+        cached = batch.prepared is not None and batch.prepared.cached
         return BatchReport(self.name, batch.batch_id, batch.run_id, status, attempts, written,
-                           duplicates, poison, dict(batch.seconds))  # fmt: skip
+                           duplicates, poison, cached, dict(batch.seconds))  # fmt: skip
 
 
 def foreach_batch(app: Any, **options: Any) -> Callable[[BatchFunction], BatchWriter]:
@@ -234,7 +236,8 @@ def foreach_batch(app: Any, **options: Any) -> Callable[[BatchFunction], BatchWr
     column), ``retry``, ``fatal``, ``retry_on``, ``dead_letters`` (table
     name), ``validate``, ``schema`` (of the validated rows),
     ``on_retries_spent`` (``"fail"`` or ``"dead_letter"``),
-    ``checkpoint_location``, ``ttl``.
+    ``checkpoint_location``, ``ttl``, ``cache`` (always cache the batch's
+    rows between the token read and the function; see `batch.rereadable`).
     """
     unknown = sorted(set(options) - WriterOptions.OPTIONS)
     if unknown:

@@ -11,6 +11,7 @@ from sqlalchemy import text
 
 from reliable.errors import FenceConflictError
 from reliable.spark import BatchStatus, foreach_batch, insert_rows
+from reliable.spark.batch import prepare
 from reliable.spark.fence import QUERY_ID_PROPERTY
 from reliable.testing import test_app
 
@@ -46,6 +47,7 @@ def test_a_batch_rerun_with_the_same_id_changes_nothing(spark, tmp_path, unique)
         again = write(batch, 0)
 
     assert first.status is BatchStatus.COMMITTED and first.written == 1000
+    assert first.cached  # after a shuffle a second read may order the rows differently
     assert again.status is BatchStatus.REPLAYED
     assert calls == [0]  # the replay never reached the user's function
     with app.store.transaction() as tx:
@@ -84,3 +86,24 @@ def test_rows_of_known_tokens_are_dropped_however_many_there_are(spark, tmp_path
     with app.store.transaction() as tx:
         written = tx.execute(text(f"SELECT order_id FROM {unique} ORDER BY order_id")).scalars()
         assert list(written) == [f"o{i:05d}" for i in range(7300)]
+
+
+def test_rows_are_cached_only_when_a_second_read_could_differ(spark):
+    rows = spark.createDataFrame(
+        [("a", 1, ""), ("b", 2, ""), ("a", 3, "")], "order_id string, amount long, note string"
+    )
+    cases = {
+        "read again": (rows, {}),
+        "after a shuffle": (rows.repartition(2), {}),
+        "asked for": (rows, {"cache": True}),
+        "validated once": (rows, {"validate": dict}),
+    }
+    cached = {}
+    for case, (frame, options) in cases.items():
+        prepared = prepare(frame, token="order_id", **options)
+        cached[case] = prepared.cached
+        assert sorted(prepared.tokens) == ["a", "b"] and prepared.copies, case
+        assert sorted(r.order_id for r in prepared.rows().collect()) == ["a", "b"], case
+        prepared.release()
+    assert cached == {"read again": False, "after a shuffle": True, "asked for": True,
+                      "validated once": True}  # fmt: skip

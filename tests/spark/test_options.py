@@ -19,6 +19,7 @@ pytestmark = pytest.mark.spark
         ({"token": "id", "on_retries_spent": "ignore"}, "on_retries_spent='ignore'"),
         ({"token": "id", "dead_letters": "drop table;"}, "dead_letters='drop table;'"),
         ({"token": "id", "retry": 3}, "retry=3"),
+        ({"token": "id", "cache": "yes"}, "cache=.yes. is not allowed; expected True or False"),
     ],
 )
 def test_bad_options_are_refused_at_decoration_time(options, message):

@@ -156,3 +156,29 @@ def test_spent_retries_dead_letter_the_whole_batch_with_backoff_on_the_clock(
     ]
     assert "sink is down" in letters[0].error_message
     assert app.store.known(unique, ["a", "b"]) == set()  # left unclaimed: the rows can be replayed
+
+def test_a_bad_copy_in_one_task_does_not_reach_the_function_when_another_task_passed_the_token(
+    spark, tmp_path, unique
+):
+    app = test_app(tmp_path)
+    table = unique
+    with app.store.transaction() as tx:
+        tx.execute(text(f"CREATE TABLE {table} (order_id TEXT, cents INTEGER)"))
+
+    @foreach_batch(app, name=table, token="order_id", validate=parse_order,
+                   schema="order_id string, cents long", dead_letters=f"{unique}_dlq",
+                   checkpoint_location=checkpoint_of(tmp_path, "query-1"))  # fmt: skip
+    def write(df, batch_id, tx):
+        insert_rows(df, tx, table)
+
+    tasks = [("e", -2, "bad copy"), ("f", 1, ""), ("e", 4, "good copy"), ("g", 2, "")]
+    batch = spark.createDataFrame(spark.sparkContext.parallelize(tasks, 2), SCHEMA)  # 2 per task
+    report = write(batch, 0)
+
+    # the bad copy is not poison (its token was passed on), and its row, which carries
+    # no data, is not handed to the function either
+    assert (report.written, report.poison) == (3, 0)
+    with app.store.transaction() as tx:
+        written = tx.execute(text(f"SELECT order_id, cents FROM {table} ORDER BY order_id")).all()
+    assert [tuple(row) for row in written] == [("e", 400), ("f", 100), ("g", 200)]
+    assert read_dead_letters(app.store, f"{unique}_dlq", name=table) == []
