@@ -137,8 +137,10 @@ def prepare(
         if cached:
             frame.unpersist()
         raise
-    return PreparedBatch(frame, cached, good if poison else None, tokens,
-                         _one_per_token(poison, set(tokens)), len(tokens) < len(good_tokens))  # fmt: skip
+    if not poison:  # the common case: no filter, nothing to dead-letter
+        return PreparedBatch(frame, cached, None, tokens, [], len(tokens) < len(good_tokens))
+    return PreparedBatch(frame, cached, good, tokens, _one_per_token(poison, set(tokens)),
+                         len(tokens) < len(good_tokens))  # fmt: skip
 
 
 def rereadable(df: DataFrame) -> bool:
