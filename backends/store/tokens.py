@@ -87,10 +87,13 @@ def claim_by_copy(
     try:
         driver = connection.connection.driver_connection
         assert driver is not None
-        expires_at = now + ttl
         with driver.cursor() as cursor, cursor.copy(_COPY) as copy:
-            for token in batch:
-                copy.write_row((namespace, token, DONE, now, expires_at))
+            data = copy_rows(namespace, batch, now, now + ttl)
+            if data is not None:
+                copy.write(data)
+            else:  # a NUL in a token: let the driver refuse it, as the INSERT would
+                for token in batch:
+                    copy.write_row((namespace, token, DONE, now, now + ttl))
     except psycopg.errors.UniqueViolation:
         nested.rollback()
         return False
@@ -102,6 +105,27 @@ def claim_by_copy(
         raise
     nested.commit()
     return True
+
+
+_COPY_ESCAPES = (("\\", "\\\\"), ("\t", "\\t"), ("\n", "\\n"), ("\r", "\\r"))
+
+
+def copy_rows(namespace: str, batch: Sequence[str], now: float, expires_at: float) -> str | None:
+    """The ``COPY`` text of ``batch``'s DONE rows, built in a few passes over one string.
+
+    Per row, ``write_row`` costs more than PostgreSQL's own insert of it; here
+    the tokens are joined with NUL (which no PostgreSQL text can hold), escaped
+    for the text format all at once, and the NULs replaced by the rest of a row
+    and the start of the next. None when a token holds a NUL.
+    """
+    body = "\0".join(batch)
+    if body.count("\0") != len(batch) - 1:
+        return None
+    for plain, escaped in _COPY_ESCAPES:
+        body = body.replace(plain, escaped)
+        namespace = namespace.replace(plain, escaped)
+    start, end = f"{namespace}\t", f"\t{DONE}\t{now!r}\t{expires_at!r}\n"
+    return start + body.replace("\0", end + start) + end
 
 
 def known(connection: Connection, namespace: str, batch: Sequence[str], now: float) -> set[str]:

@@ -132,7 +132,9 @@ def prepare(
             is_good = pc.is_null(markers.column(ERROR_TYPE))
             poison = markers.filter(pc.invert(is_good)).to_pylist()
         good_tokens = markers.column(TOKEN).filter(is_good)
-        tokens = pc.unique(good_tokens).to_pylist()
+        distinct = pc.unique(good_tokens)
+        # sorted here, in Arrow: the claim sorts them again (its lock order), in one pass
+        tokens = distinct.take(pc.array_sort_indices(distinct)).to_pylist()
     except BaseException:
         if cached:
             frame.unpersist()

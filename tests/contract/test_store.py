@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, select, text
+from sqlalchemy.exc import DataError
 
 from backends.clock import FakeClock
 from backends.errors import (
@@ -112,6 +113,21 @@ class TestClaim:
         assert store.known(unique, ["e-00000", "e-04999"]) == set()
         everything = first + second + third + fourth + ["short-lived"]
         assert store.known(unique, everything) == set(everything)
+
+    def test_tokens_that_need_escaping_in_copy_text_are_stored_as_given(
+        self, store: Store, unique: str
+    ) -> None:
+        """COPY's text format gives tab, newline, return and backslash meanings; none may
+        split, merge or change a token (nor the namespace) in a COPY-size batch."""
+        odd = ["tab\there", "new\nline", "cr\rhere", "back\\slash", "\\.", "\\N", "é ✓", ""]
+        batch = odd + [f"plain-{i:05d}" for i in range(COPY_CLAIM_MIN)]
+        namespace = f"{unique}\t\\ns"
+        with store.transaction() as tx:
+            assert tx.claim(namespace, batch, TTL) == set(batch)
+        assert store.known(namespace, odd) == set(odd)
+        assert store.known(unique, odd) == set()  # the namespace kept its tab and backslash
+        with store.transaction() as tx:
+            assert tx.claim(namespace, batch, TTL) == set()
 
     def test_concurrent_copy_size_claims_take_each_token_once(
         self, store: Store, unique: str
@@ -448,6 +464,18 @@ def test_connection_lost_mid_transaction_is_unavailable(
         tx.claim(unique, batch, TTL)
     with store.transaction() as tx:  # the pool recovers with a fresh connection
         assert tx.claim(unique, batch, TTL) == set(batch)
+    store.close()
+
+
+@pytest.mark.parametrize("size", [1, COPY_CLAIM_MIN], ids=["insert", "copy"])
+def test_postgresql_refuses_a_token_with_a_nul_whichever_way_it_claims(
+    postgres_url: str, unique: str, size: int
+) -> None:
+    store = open_store(postgres_url)
+    batch = ["nul\x00inside", *(f"p-{i:05d}" for i in range(size))]
+    with pytest.raises(DataError, match="NUL"), store.transaction() as tx:
+        tx.claim(unique, batch, TTL)
+    assert store.known(unique, batch[1:]) == set()  # nothing of the batch stays
     store.close()
 
 
