@@ -106,16 +106,17 @@ def prepare(
     when ``cache`` is set, when there is a ``validate`` step (it runs once) or
     when the batch is not `rereadable`.
     """
-    if token not in df.columns:
+    data = df.schema
+    if token not in data.fieldNames():
         raise ConfigurationError(
-            f"token={token!r} is not a column of the batch; columns: {', '.join(df.columns)}"
+            f"token={token!r} is not a column of the batch; columns: {', '.join(data.fieldNames())}"
         )
-    output_schema(df.schema)  # refuses data columns named like the markers
+    output_schema(data)  # refuses data columns named like the markers
     frame = df.select("*", df[token].cast("string").alias(TOKEN))
     if validate is None:
         good = F.col(TOKEN).isNotNull()
     else:
-        output = output_schema(schema if schema is not None else df.schema)
+        output = output_schema(schema if schema is not None else data)
         timezone = df.sparkSession.conf.get("spark.sql.session.timeZone")
         pipeline = RowPipeline(token, to_arrow_schema(output, timezone=timezone), validate)
         frame, good = frame.mapInArrow(pipeline, output), F.col(ERROR_TYPE).isNull()
