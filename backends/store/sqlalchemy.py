@@ -61,7 +61,8 @@ class SqlTransaction(Transaction):
 
     @_guarded
     def claim(self, namespace: str, tokens: Sequence[str], ttl: float) -> set[str]:
-        batch = sorted(set(tokens))  # one lock order for every transaction: no deadlocks
+        # one lock order for every transaction (no deadlocks); linear when already sorted
+        batch = sorted(dict.fromkeys(tokens))
         now = self._clock.time()
         large = len(batch) >= records.COPY_CLAIM_MIN and self.connection.dialect.name == "postgresql"
         if large and namespace not in self._conflicted:
