@@ -26,7 +26,6 @@ from __future__ import annotations
 import random
 import traceback
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,7 +65,6 @@ class BatchWriter:
         self.name = options.name
         self._resolved: Resolved | None = None
         self._rng = random.Random()
-        self._helper = ThreadPoolExecutor(1, thread_name_prefix=f"reliable-claim-{options.name}")
         self.__name__ = getattr(func, "__name__", options.name)
         self.__doc__ = func.__doc__
 
@@ -105,85 +103,21 @@ class BatchWriter:
         # read before the transaction takes a lock (SQLite)
         poison = self._poison(prepared, env)
         unseen = self._not_in_cache(env, prepared.tokens)
-        beside = self.options.sink == "store" and bool(unseen)
-        try:
-            claimed = self._transaction(batch, env, prepared, unseen, poison, beside=beside)
-        except _AlreadyRecorded as exc:  # rolled back: now claim first, then call
-            log.info("spark.batch.recalled", name=self.name, batch_id=batch.batch_id,
-                     recorded=exc.args[0])  # fmt: skip
-            claimed = self._transaction(batch, env, prepared, unseen, poison, beside=False)
-        if claimed is None:
-            return self._report(batch, BatchStatus.REPLAYED, attempt)
+        with env.store.transaction() as tx:
+            if not open_batch(tx, self.name, batch.batch_id, batch.run_id):
+                return self._report(batch, BatchStatus.REPLAYED, attempt)
+            started = env.clock.time()
+            claimed = tx.claim(self.name, unseen, env.token_ttl) if unseen else set()
+            self._record_poison(tx, batch, poison, env)
+            batch.seconds["claim"] = env.clock.time() - started
+            self.func(prepared.rows(claimed), batch.batch_id, tx)
+            batch.seconds["function"] = env.clock.time() - started - batch.seconds["claim"]
         self._remember(env, claimed)
         duplicates = len(prepared.tokens) - len(claimed)
         report = self._report(batch, BatchStatus.COMMITTED, attempt, len(claimed), duplicates,
                               len(poison))  # fmt: skip
         log.info("spark.batch.committed", **report.fields())
         return report
-
-    def _transaction(
-        self,
-        batch: _Batch,
-        env: Resolved,
-        prepared: PreparedBatch,
-        unseen: list[str],
-        poison: list[dict[str, Any]],
-        *,
-        beside: bool,
-    ) -> set[str] | None:
-        """One store transaction: fence, claim, poison, the function; the tokens claimed, or
-        None for a replay of a committed batch."""
-        with env.store.transaction() as tx:
-            if not open_batch(tx, self.name, batch.batch_id, batch.run_id):
-                return None
-            if beside:
-                claimed = self._claim_beside(tx, batch, prepared, unseen, env)
-            else:
-                claimed = self._claim_then_call(tx, batch, prepared, unseen, env)
-            self._record_poison(tx, batch, poison, env)
-        return claimed
-
-    def _claim_then_call(
-        self, tx: Any, batch: _Batch, prepared: PreparedBatch, unseen: list[str], env: Resolved
-    ) -> set[str]:
-        """Claim, then call the function with the rows of the tokens claimed."""
-        started = env.clock.time()
-        claimed = tx.claim(self.name, unseen, env.token_ttl) if unseen else set()
-        batch.seconds["claim"] = env.clock.time() - started
-        self.func(prepared.rows(claimed), batch.batch_id, tx)
-        batch.seconds["function"] = env.clock.time() - started - batch.seconds["claim"]
-        return claimed
-
-    def _claim_beside(
-        self, tx: Any, batch: _Batch, prepared: PreparedBatch, unseen: list[str], env: Resolved
-    ) -> set[str]:
-        """``sink="store"``: claim on a helper thread while the function starts, betting that
-        every token is new; `_AlreadyRecorded` (everything rolls back) when one was not.
-
-        The function gets ``tx`` behind `_AfterClaim`: its first use waits for the
-        claim, so the connection is never used by two threads at once; the
-        function's own work before that (reading the rows from Spark, building
-        statements) overlaps the database's insert of the token rows.
-        """
-        started = env.clock.time()
-        claim = self._helper.submit(self._claim_all, tx, batch, unseen, env)
-        try:
-            self.func(prepared.rows(set(unseen)), batch.batch_id, _AfterClaim(tx, claim))
-        finally:
-            wait([claim])  # never leave the transaction while the helper uses its connection
-        claimed = claim.result()  # raises _AlreadyRecorded even if the function swallowed it
-        batch.seconds["function"] = env.clock.time() - started  # the claim ran within it
-        return claimed
-
-    def _claim_all(self, tx: Any, batch: _Batch, tokens: list[str], env: Resolved) -> set[str]:
-        """Claim every token, or record none of them and raise `_AlreadyRecorded`."""
-        started = env.clock.time()
-        with tx.savepoint():
-            claimed: set[str] = tx.claim(self.name, tokens, env.token_ttl)
-            if len(claimed) < len(tokens):
-                raise _AlreadyRecorded(len(tokens) - len(claimed))
-        batch.seconds["claim"] = env.clock.time() - started
-        return claimed
 
     def _prepared(self, batch: _Batch, env: Resolved) -> PreparedBatch:
         if batch.prepared is None:
@@ -292,27 +226,6 @@ class BatchWriter:
         cached = batch.prepared is not None and batch.prepared.cached
         return BatchReport(self.name, batch.batch_id, batch.run_id, status, attempts, written,
                            duplicates, poison, cached, dict(batch.seconds))  # fmt: skip
-
-
-class _AlreadyRecorded(Exception):
-    """A speculative call's claim found tokens already recorded: roll back, call again."""
-
-
-class _AfterClaim:
-    """The batch transaction, usable once the claim running beside the function has answered.
-
-    Any attribute waits for the claim; if it found a token already recorded,
-    the function is stopped with `_AlreadyRecorded` (the whole attempt rolls
-    back and the function is called again with those rows dropped).
-    """
-
-    def __init__(self, tx: Any, claim: Future[set[str]]) -> None:
-        self._tx = tx
-        self._claim = claim
-
-    def __getattr__(self, name: str) -> Any:
-        self._claim.result()
-        return getattr(self._tx, name)
 
 
 def foreach_batch(app: Any, **options: Any) -> Callable[[BatchFunction], BatchWriter]:
