@@ -1,6 +1,6 @@
 """Rows per second of a plain ``foreachBatch`` against the same function under ``@foreach_batch``.
 
-    .venv/bin/python -m benchmarks.spark_overhead [--batches 5] [--rows 100000] [--preload 1000000]
+    .venv/bin/python -m benchmarks.spark_overhead [--batches 10] [--rows 100000] [--preload 1000000]
 
 Two rounds of each, in the order plain, wrapped, wrapped, plain, so that a
 drift of the machine during the run weighs on both sides alike. All rounds
@@ -129,7 +129,7 @@ ROUNDS = ("plain", "wrapped", "wrapped", "plain")  # ABBA: a drift of the machin
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, default=5)
+    parser.add_argument("--batches", type=int, default=10, help="micro-batches per round")
     parser.add_argument("--rows", type=int, default=100_000, help="rows per batch")
     parser.add_argument(
         "--preload", type=int, default=1_000_000, help="tokens already in the store"
