@@ -1,6 +1,7 @@
 """Rows per second of a plain ``foreachBatch`` against the same function under ``@foreach_batch``.
 
     .venv/bin/python -m benchmarks.spark_overhead [--batches 10] [--rows 100000] [--preload 1000000]
+                                                  [--cache redis://127.0.0.1:6379/0]
 
 Two rounds of each, in the order plain, wrapped, wrapped, plain, so that a
 drift of the machine during the run weighs on both sides alike. All rounds
@@ -115,12 +116,13 @@ def plain_writer(app: Any, table: str, seconds: list[float]) -> Callable[[Any, i
 
 
 def wrapped_writer(
-    app: Any, table: str, name: str, reports: list[Any]
+    app: Any, table: str, name: str, reports: list[Any], writers: list[Any]
 ) -> Callable[[Any, int], Any]:
     @foreach_batch(app, name=name, token="order_id", ttl=TTL)
     def write(df: Any, batch_id: int, tx: Any) -> None:
         insert_rows(df, tx, table)
 
+    writers.append(write)
     return lambda df, batch_id: reports.append(write(df, batch_id))
 
 
@@ -134,13 +136,16 @@ def main() -> int:
     parser.add_argument(
         "--preload", type=int, default=1_000_000, help="tokens already in the store"
     )
+    parser.add_argument(
+        "--cache", default="none", help="the app's cache URL, e.g. redis://127.0.0.1:6379/0"
+    )
     args = parser.parse_args()
 
     run = uuid.uuid4().hex[:8]
     work = Path(tempfile.mkdtemp(prefix="spark-overhead-"))
     env = {
         "RELIABLE_STORE__URL": DATABASE_URL,
-        "RELIABLE_CACHE__URL": "none",
+        "RELIABLE_CACHE__URL": args.cache,
         "RELIABLE_TRANSPORT__URL": "memory://",
         "RELIABLE_LOG__LEVEL": "warning",
     }
@@ -166,17 +171,18 @@ def main() -> int:
     written = {"plain": 0, "wrapped": 0}
     plain_batches: list[float] = []
     reports: list[Any] = []
+    writers: list[Any] = []
     spark = local_session("reliable-spark-overhead", **{"spark.driver.memory": "2g"})
     try:
         warm_plain = plain_writer(app, tables["warm"], [])
         stream(spark, work / "warm", work / "ck-warm-plain", warm_plain)
-        warm_wrapped = wrapped_writer(app, tables["warm"], f"bench-{run}-warm", [])
+        warm_wrapped = wrapped_writer(app, tables["warm"], f"bench-{run}-warm", [], writers)
         stream(spark, work / "warm", work / "ck-warm-wrapped", warm_wrapped)
         for number, kind in enumerate(ROUNDS):
             if kind == "plain":
                 writes = plain_writer(app, tables[number], plain_batches)
             else:
-                writes = wrapped_writer(app, tables[number], namespaces[number], reports)
+                writes = wrapped_writer(app, tables[number], namespaces[number], reports, writers)
             maintain(app, "CHECKPOINT")  # no round pays for the previous one's dirty pages
             seconds[kind] += stream(spark, work / "data", work / f"ck-{number}", writes)
             with app.store.transaction() as tx:
@@ -190,6 +196,14 @@ def main() -> int:
             used = [*namespaces.values(), f"bench-{run}-warm"]
             tx.execute(token_table.delete().where(token_table.c.namespace.in_(used)))
         maintain(app, f"VACUUM {token_table.name}")  # millions of dead rows: not left behind
+        if app.cache is not None:  # the tokens the wrapped rounds left in the cache
+            for writer in writers:
+                writer.flush()
+            ids = [f"new-{number}-{i}" for number in range(args.batches) for i in range(args.rows)]
+            for namespace in namespaces.values():
+                app.cache.forget(namespace, ids)
+            warm = [f"warm-{number}-{i}" for number in range(2) for i in range(1_000)]
+            app.cache.forget(f"bench-{run}-warm", warm)
         shutil.rmtree(work, ignore_errors=True)
 
     rows = args.batches * args.rows * ROUNDS.count("plain")

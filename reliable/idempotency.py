@@ -157,10 +157,11 @@ class Guard:
     cache_ttl: float
     token_ttl: float
     on_cache_down: Callable[[], None] = lambda: None
+    fill_batch: int = 256  # tokens queued before a fill is sent (see `CacheFiller`)
     filler: CacheFiller = field(init=False)
 
     def __post_init__(self) -> None:
-        self.filler = CacheFiller(self._fill)
+        self.filler = CacheFiller(self._fill, self.fill_batch)
 
     def cached(self, tokens: Sequence[str]) -> set[str]:
         """Tokens the cache has seen; an empty set when the cache is down (logged)."""

@@ -14,6 +14,7 @@ from pyspark.sql.types import StructType
 
 from backends.clock import Clock
 from backends.errors import ConfigurationError
+from reliable.idempotency import Guard
 from reliable.retry import Classifier, DelayLevels, RedeliveryPolicy, build_classifier
 from reliable.spark import deadletters
 from reliable.spark.rows import Validate
@@ -101,11 +102,10 @@ class Resolved:
     """What a batch needs from the app."""
 
     store: Any
-    cache: Any
+    guard: Guard  # the cache lookups and the written-behind cache fills of the name's tokens
     clock: Clock
     retry: Redelivery | None
     token_ttl: float
-    cache_ttl: float
 
 
 def resolve(app: Any, options: WriterOptions) -> Resolved:
@@ -116,13 +116,11 @@ def resolve(app: Any, options: WriterOptions) -> Resolved:
     if retry is None:
         policy = getattr(_get(settings, "retry"), "policy", None)
         retry = policy() if callable(policy) else None
+    cache_ttl = float(_get(settings, "cache", "ttl") or ttl)
+    # a micro-batch's tokens are sent to the cache at once, behind the next batch
+    guard = Guard(options.name, getattr(app, "cache", None), cache_ttl, float(ttl), fill_batch=1)
     return Resolved(
-        store=app.store,
-        cache=getattr(app, "cache", None),
-        clock=app.clock,
-        retry=retry,
-        token_ttl=float(ttl),
-        cache_ttl=float(_get(settings, "cache", "ttl") or ttl),
+        store=app.store, guard=guard, clock=app.clock, retry=retry, token_ttl=float(ttl)
     )
 
 

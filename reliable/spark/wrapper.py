@@ -16,7 +16,8 @@ For each micro-batch, in this order:
    transaction;
 5. call the user's function with the claimed rows, the batch id and the
    transaction; its store writes commit with the fence and the tokens;
-6. commit, then fill the cache. A failure rolls everything back and is retried
+6. commit, then queue the claimed tokens for the cache (written behind, on a
+   background thread, while the next batch runs). A failure rolls everything back and is retried
    with the redelivery policy's backoff; when the retries are spent the query
    fails (default) or the whole batch is dead-lettered.
 """
@@ -32,7 +33,7 @@ from typing import Any
 import structlog
 from pyspark.sql import DataFrame
 
-from backends.errors import CacheUnavailableError, ConfigurationError, FenceConflictError
+from backends.errors import ConfigurationError, FenceConflictError
 from reliable.errors import TokenMissingError
 from reliable.retry import Verdict, classify
 from reliable.spark import deadletters
@@ -112,7 +113,7 @@ class BatchWriter:
             batch.seconds["claim"] = env.clock.time() - started
             self.func(prepared.rows(claimed), batch.batch_id, tx)
             batch.seconds["function"] = env.clock.time() - started - batch.seconds["claim"]
-        self._remember(env, claimed)
+        env.guard.remember(list(claimed))
         duplicates = len(prepared.tokens) - len(claimed)
         report = self._report(batch, BatchStatus.COMMITTED, attempt, len(claimed), duplicates,
                               len(poison))  # fmt: skip
@@ -154,22 +155,14 @@ class BatchWriter:
 
     def _not_in_cache(self, env: Resolved, tokens: list[str]) -> list[str]:
         """The tokens the cache does not know (a shortcut: the claim finds every known one)."""
-        if env.cache is None or not tokens:
-            return tokens
-        try:
-            seen = env.cache.seen(self.name, tokens)
-        except CacheUnavailableError as exc:  # degrade to the store alone
-            log.warning("spark.cache.unavailable", name=self.name, error=str(exc))
-            return tokens
+        seen = env.guard.cached(tokens)  # empty when there is no cache, or it is down (logged)
         return [token for token in tokens if token not in seen] if seen else tokens
 
-    def _remember(self, env: Resolved, claimed: set[str]) -> None:
-        if env.cache is None or not claimed:
-            return
-        try:
-            env.cache.remember(self.name, sorted(claimed), env.cache_ttl)
-        except CacheUnavailableError as exc:  # the store has them; the cache is only a shortcut
-            log.warning("spark.cache.unavailable", name=self.name, error=str(exc))
+    def flush(self) -> None:
+        """Wait until the tokens of every committed batch are in the cache (they are written
+        behind, while the next batch runs)."""
+        if self._resolved is not None:
+            self._resolved.guard.flush()
 
     # -- retries spent --------------------------------------------------------
 
