@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,7 +110,7 @@ class CacheFiller:
         self._queue: queue.Queue[list[str] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
 
-    def add(self, tokens: Sequence[str]) -> None:
+    def add(self, tokens: Collection[str]) -> None:
         with self._lock:
             self._unfilled.extend(tokens)
             if len(self._unfilled) < self._fill_batch:
@@ -177,7 +177,7 @@ class Guard:
         """Claim ``tokens`` in ``tx``; the ones not returned are duplicates."""
         return tx.claim(self.namespace, tokens, self.token_ttl) if tokens else set()
 
-    def remember(self, tokens: Sequence[str]) -> None:
+    def remember(self, tokens: Collection[str]) -> None:
         """Queue committed tokens for the cache (written behind, see `CacheFiller`)."""
         if self.cache is not None and tokens:
             self.filler.add(tokens)

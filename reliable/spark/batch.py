@@ -140,10 +140,10 @@ def prepare(
         if cached:
             frame.unpersist()
         raise
+    copies = len(tokens) < len(good_tokens)
     if not poison:  # the common case: no filter, nothing to dead-letter
-        return PreparedBatch(frame, cached, None, tokens, [], len(tokens) < len(good_tokens))
-    return PreparedBatch(frame, cached, good, tokens, _one_per_token(poison, set(tokens)),
-                         len(tokens) < len(good_tokens))  # fmt: skip
+        return PreparedBatch(frame, cached, None, tokens, [], copies)
+    return PreparedBatch(frame, cached, good, tokens, _one_per_token(poison, set(tokens)), copies)
 
 
 def rereadable(df: DataFrame) -> bool:

@@ -17,9 +17,9 @@ For each micro-batch, in this order:
 5. call the user's function with the claimed rows, the batch id and the
    transaction; its store writes commit with the fence and the tokens;
 6. commit, then queue the claimed tokens for the cache (written behind, on a
-   background thread, while the next batch runs). A failure rolls everything back and is retried
-   with the redelivery policy's backoff; when the retries are spent the query
-   fails (default) or the whole batch is dead-lettered.
+   background thread, while the next batch runs). A failure rolls everything
+   back and is retried with the redelivery policy's backoff; when the retries
+   are spent the query fails (default) or the whole batch is dead-lettered.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class BatchWriter:
             batch.seconds["claim"] = env.clock.time() - started
             self.func(prepared.rows(claimed), batch.batch_id, tx)
             batch.seconds["function"] = env.clock.time() - started - batch.seconds["claim"]
-        env.guard.remember(list(claimed))
+        env.guard.remember(claimed)
         duplicates = len(prepared.tokens) - len(claimed)
         report = self._report(batch, BatchStatus.COMMITTED, attempt, len(claimed), duplicates,
                               len(poison))  # fmt: skip
