@@ -105,7 +105,6 @@ class Resolved:
     guard: Guard  # the cache lookups and the written-behind cache fills of the name's tokens
     clock: Clock
     retry: Redelivery | None
-    token_ttl: float
 
 
 def resolve(app: Any, options: WriterOptions) -> Resolved:
@@ -119,9 +118,7 @@ def resolve(app: Any, options: WriterOptions) -> Resolved:
     cache_ttl = float(_get(settings, "cache", "ttl") or ttl)
     # a micro-batch's tokens are sent to the cache at once, behind the next batch
     guard = Guard(options.name, getattr(app, "cache", None), cache_ttl, float(ttl), fill_batch=1)
-    return Resolved(
-        store=app.store, guard=guard, clock=app.clock, retry=retry, token_ttl=float(ttl)
-    )
+    return Resolved(store=app.store, guard=guard, clock=app.clock, retry=retry)
 
 
 def _require(ok: bool, option: str, value: object, allowed: str) -> None:

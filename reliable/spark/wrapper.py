@@ -108,7 +108,7 @@ class BatchWriter:
             if not open_batch(tx, self.name, batch.batch_id, batch.run_id):
                 return self._report(batch, BatchStatus.REPLAYED, attempt)
             started = env.clock.time()
-            claimed = tx.claim(self.name, unseen, env.token_ttl) if unseen else set()
+            claimed = env.guard.claim(tx, unseen)
             self._record_poison(tx, batch, poison, env)
             batch.seconds["claim"] = env.clock.time() - started
             self.func(prepared.rows(claimed), batch.batch_id, tx)
