@@ -21,6 +21,7 @@ from reliable.spark.rows import Validate
 
 DEFAULT_TOKEN_TTL = 7 * 86_400.0
 OnRetriesSpent = Literal["fail", "dead_letter"]
+Sink = Literal["any", "store"]  # "store": every effect of the function goes through ``tx``
 Redelivery = RedeliveryPolicy | DelayLevels
 
 
@@ -30,7 +31,7 @@ class WriterOptions:
 
     OPTIONS: ClassVar[frozenset[str]] = frozenset({
         "name", "token", "retry", "fatal", "retry_on", "dead_letters", "validate", "schema",
-        "on_retries_spent", "checkpoint_location", "ttl", "cache",
+        "on_retries_spent", "checkpoint_location", "ttl", "cache", "sink",
     })  # fmt: skip
     name: str
     token: str
@@ -43,6 +44,7 @@ class WriterOptions:
     checkpoint_location: str | None
     ttl: float | None
     cache: bool
+    sink: Sink
 
     @classmethod
     def check(
@@ -60,6 +62,7 @@ class WriterOptions:
         checkpoint_location: str | None = None,
         ttl: float | None = None,
         cache: bool = False,
+        sink: Sink = "any",
     ) -> WriterOptions:
         _require(isinstance(name, str) and bool(name.strip()), "name", name, "a non-empty string")
         _require(isinstance(token, str) and bool(token.strip()), "token", token, "a column name")
@@ -86,6 +89,7 @@ class WriterOptions:
             ttl is None or (isinstance(ttl, int | float) and ttl > 0), "ttl", ttl, "seconds > 0"
         )
         _require(isinstance(cache, bool), "cache", cache, "True or False")
+        _require(sink in ("any", "store"), "sink", sink, "'any' or 'store'")
         if (validate is not None or on_retries_spent == "dead_letter") and dead_letters is None:
             raise ConfigurationError(
                 f"foreach_batch {name!r}: validate= and on_retries_spent='dead_letter' need "
@@ -94,7 +98,7 @@ class WriterOptions:
         table = None if dead_letters is None else deadletters.table_for(dead_letters).name
         classifier = build_classifier(fatal=tuple(fatal), retry_on=retry_on)
         return cls(name, token, retry, classifier, table, validate, schema, on_retries_spent,
-                   checkpoint_location, ttl, cache)  # fmt: skip
+                   checkpoint_location, ttl, cache, sink)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import random
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ from reliable.errors import TokenMissingError
 from reliable.retry import Verdict, classify
 from reliable.spark import deadletters
 from reliable.spark.batch import BatchFunction, PreparedBatch, parse_schema, prepare
+from reliable.spark.beside import AfterClaim, Helper, LostBet
 from reliable.spark.fence import open_batch, run_identity
 from reliable.spark.options import Resolved, WriterOptions, resolve
 from reliable.spark.report import BatchReport, BatchStatus
@@ -66,6 +67,7 @@ class BatchWriter:
         self.name = options.name
         self._resolved: Resolved | None = None
         self._rng = random.Random()
+        self._betting = self._may_bet()  # see `beside`
         self.__name__ = getattr(func, "__name__", options.name)
         self.__doc__ = func.__doc__
 
@@ -104,19 +106,73 @@ class BatchWriter:
         # read before the transaction takes a lock (SQLite)
         poison = self._poison(prepared, env)
         unseen = self._not_in_cache(env, prepared.tokens)
+        bet = self._betting and _all_new(prepared, unseen)
+        try:
+            claimed = self._transaction(batch, env, prepared, unseen, poison, bet=bet)
+        except LostBet as lost:  # rolled back: run it again in order
+            log.info("spark.batch.bet_lost", name=self.name, batch_id=batch.batch_id,
+                     reason=str(lost))  # fmt: skip
+            bet = self._betting = False
+            claimed = self._transaction(batch, env, prepared, unseen, poison, bet=False)
+        if claimed is None:
+            return self._report(batch, BatchStatus.REPLAYED, attempt)
+        if not bet:  # bet again once a batch is all new
+            self._betting = self._may_bet() and _all_new(prepared, claimed)
+        return self._committed(batch, env, attempt, prepared, claimed, len(poison))
+
+    def _transaction(self, batch: _Batch, env: Resolved, prepared: PreparedBatch,
+                     unseen: list[str], poison: list[dict[str, Any]], *, bet: bool,
+                     ) -> set[str] | None:  # fmt: skip
+        """Fence, claim, poison and the function in one store transaction: the tokens claimed,
+        or None for a replay of a committed batch. ``bet``: claim beside the function."""
         with env.store.transaction() as tx:
             if not open_batch(tx, self.name, batch.batch_id, batch.run_id):
-                return self._report(batch, BatchStatus.REPLAYED, attempt)
+                return None
             started = env.clock.time()
+            if bet:
+                claimed = self._call_beside_claim(tx, batch, env, prepared, unseen, poison)
+                batch.seconds["function"] = env.clock.time() - started  # the claim ran within
+                return claimed
             claimed = env.guard.claim(tx, unseen)
             self._record_poison(tx, batch, poison, env)
             batch.seconds["claim"] = env.clock.time() - started
             self.func(prepared.rows(claimed), batch.batch_id, tx)
             batch.seconds["function"] = env.clock.time() - started - batch.seconds["claim"]
+        return claimed
+
+    def _may_bet(self) -> bool:
+        """Whether a batch may be claimed beside the function: only when every effect goes
+        through ``tx`` and the rows need no validate step or cache between the two reads."""
+        options = self.options
+        return options.sink == "store" and options.validate is None and not options.cache
+
+    def _call_beside_claim(self, tx: Any, batch: _Batch, env: Resolved, prepared: PreparedBatch,
+                           unseen: list[str], poison: list[dict[str, Any]]) -> set[str]:  # fmt: skip
+        """Call the function with every row while a helper claims the tokens (see `beside`)."""
+
+        def claim_all() -> set[str]:
+            started = env.clock.time()
+            claimed = env.guard.claim(tx, unseen)
+            if len(claimed) < len(unseen):
+                raise LostBet(f"{len(unseen) - len(claimed)} tokens already recorded")
+            self._record_poison(tx, batch, poison, env)
+            batch.seconds["claim"] = env.clock.time() - started
+            return claimed
+
+        claim = Helper(claim_all, f"reliable-claim-{self.name}")
+        try:
+            self.func(prepared.rows(), batch.batch_id, AfterClaim(tx, claim))
+        except BaseException:
+            claim.result()  # a lost bet or a failed claim is why the function failed
+            raise
+        return claim.result()  # a lost bet even if the function swallowed it
+
+    def _committed(self, batch: _Batch, env: Resolved, attempt: int, prepared: PreparedBatch,
+                   claimed: set[str], poison: int) -> BatchReport:  # fmt: skip
         env.guard.remember(claimed)
         duplicates = len(prepared.tokens) - len(claimed)
         report = self._report(batch, BatchStatus.COMMITTED, attempt, len(claimed), duplicates,
-                              len(poison))  # fmt: skip
+                              poison)  # fmt: skip
         log.info("spark.batch.committed", **report.fields())
         return report
 
@@ -219,6 +275,12 @@ class BatchWriter:
         cached = batch.prepared is not None and batch.prepared.cached
         return BatchReport(self.name, batch.batch_id, batch.run_id, status, attempts, written,
                            duplicates, poison, cached, dict(batch.seconds))  # fmt: skip
+
+
+def _all_new(prepared: PreparedBatch, tokens: Collection[str]) -> bool:
+    """Whether ``tokens`` (claimed, or not known to the cache) are every token of the batch,
+    none held twice, and the rows are read again rather than cached."""
+    return not prepared.cached and not prepared.copies and len(tokens) == len(prepared.tokens)
 
 
 def foreach_batch(app: Any, **options: Any) -> Callable[[BatchFunction], BatchWriter]:
