@@ -1,21 +1,21 @@
-"""``sink="store"``: the tokens are read and claimed beside the function, betting on new rows.
+"""``sink="store"``: the tokens are claimed beside the function, betting that they are all new.
 
 When every effect of the batch function goes through ``tx``, a call can be
 rolled back without a trace. The wrapper then need not hold the function back
-until the claim has answered: it calls it at once with the batch's rows
-(those with a token), while a helper thread reads the tokens (a Spark job of
-its own) and claims them in the same transaction. The function's first use
-of ``tx`` waits for the claim, so the connection is never used by two threads
-at once; everything the function does before that (reading the rows from
-Spark, building its statements) overlaps the token read and the database's
-insert of the token rows.
+until the claim has answered: once the tokens are read, it calls the function
+with every row while a helper thread claims the tokens in the same
+transaction. The function's first use of ``tx`` waits for the claim, so the
+connection is never used by two threads at once; what the function does
+before that (reading the rows from Spark, building its statements) overlaps
+the database's insert of the token rows.
 
-The bet is that the batch holds only new tokens, each once. When it does
-not (a token already recorded, a token twice, or a batch that must be
-cached), the helper raises `LostBet`: the transaction rolls back, and the
-batch is run again in order (claim first, then the function with the known
-rows dropped). The wrapper stops betting after a lost bet, until a batch is
-all new again.
+The wrapper bets only on a batch whose tokens are each held once and unknown
+to the cache, and whose rows are read again rather than cached. The bet is
+lost when the claim finds a token already recorded (by an earlier batch the
+cache has not heard of, or a concurrent writer): the helper raises `LostBet`,
+the transaction rolls back, and the batch runs again in order (claim first,
+then the function without the recorded rows). After a lost bet the wrapper
+runs batches in order until the store again knows none of a batch's tokens.
 """
 
 from __future__ import annotations
@@ -54,6 +54,21 @@ class Helper(Generic[T]):
         if self._error is not None:
             raise self._error
         return self._result  # type: ignore[return-value]
+
+
+def call_beside(call: Callable[[Any], object], tx: Any, claim: Callable[[], T], name: str) -> T:
+    """``call(tx)`` while ``claim()`` runs on a helper thread; the claim's result.
+
+    ``call`` gets ``tx`` behind `AfterClaim`; the claim's failure (a lost bet
+    included) wins over the call's, even when the call swallowed it.
+    """
+    helper = Helper(claim, name)
+    try:
+        call(AfterClaim(tx, helper))
+    except BaseException:
+        helper.result()  # a lost bet or a failed claim is why the call failed
+        raise
+    return helper.result()
 
 
 class AfterClaim:

@@ -15,7 +15,10 @@ For each micro-batch, in this order:
    the executors) and record the poison rows whose token is not known, in the
    transaction;
 5. call the user's function with the claimed rows, the batch id and the
-   transaction; its store writes commit with the fence and the tokens;
+   transaction; its store writes commit with the fence and the tokens.
+   With ``sink="store"`` steps 4 and 5 overlap when the batch looks all new:
+   the claim runs beside the function, and a token found recorded rolls the
+   call back and runs the batch in order (see `beside`);
 6. commit, then queue the claimed tokens for the cache (written behind, on a
    background thread, while the next batch runs). A failure rolls everything
    back and is retried with the redelivery policy's backoff; when the retries
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import random
 import traceback
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +41,7 @@ from reliable.errors import TokenMissingError
 from reliable.retry import Verdict, classify
 from reliable.spark import deadletters
 from reliable.spark.batch import BatchFunction, PreparedBatch, parse_schema, prepare
-from reliable.spark.beside import AfterClaim, Helper, LostBet
+from reliable.spark.beside import LostBet, call_beside
 from reliable.spark.fence import open_batch, run_identity
 from reliable.spark.options import Resolved, WriterOptions, resolve
 from reliable.spark.report import BatchReport, BatchStatus
@@ -54,6 +57,7 @@ class _Batch:
     batch_id: int
     run_id: str
     prepared: PreparedBatch | None = None
+    beside: bool = False  # committed with the claim beside the function
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -67,7 +71,7 @@ class BatchWriter:
         self.name = options.name
         self._resolved: Resolved | None = None
         self._rng = random.Random()
-        self._betting = self._may_bet()  # see `beside`
+        self._betting = self.options.may_bet  # see `beside`
         self.__name__ = getattr(func, "__name__", options.name)
         self.__doc__ = func.__doc__
 
@@ -106,7 +110,7 @@ class BatchWriter:
         # read before the transaction takes a lock (SQLite)
         poison = self._poison(prepared, env)
         unseen = self._not_in_cache(env, prepared.tokens)
-        bet = self._betting and _all_new(prepared, unseen)
+        bet = self._betting and prepared.all_new(unseen)
         try:
             claimed = self._transaction(batch, env, prepared, unseen, poison, bet=bet)
         except LostBet as lost:  # rolled back: run it again in order
@@ -116,8 +120,9 @@ class BatchWriter:
             claimed = self._transaction(batch, env, prepared, unseen, poison, bet=False)
         if claimed is None:
             return self._report(batch, BatchStatus.REPLAYED, attempt)
-        if not bet:  # bet again once a batch is all new
-            self._betting = self._may_bet() and _all_new(prepared, claimed)
+        if not bet:  # bet again once the store knew none of the tokens it was asked for
+            self._betting = self.options.may_bet and len(claimed) == len(unseen)
+        batch.beside = bet
         return self._committed(batch, env, attempt, prepared, claimed, len(poison))
 
     def _transaction(self, batch: _Batch, env: Resolved, prepared: PreparedBatch,
@@ -140,12 +145,6 @@ class BatchWriter:
             batch.seconds["function"] = env.clock.time() - started - batch.seconds["claim"]
         return claimed
 
-    def _may_bet(self) -> bool:
-        """Whether a batch may be claimed beside the function: only when every effect goes
-        through ``tx`` and the rows need no validate step or cache between the two reads."""
-        options = self.options
-        return options.sink == "store" and options.validate is None and not options.cache
-
     def _call_beside_claim(self, tx: Any, batch: _Batch, env: Resolved, prepared: PreparedBatch,
                            unseen: list[str], poison: list[dict[str, Any]]) -> set[str]:  # fmt: skip
         """Call the function with every row while a helper claims the tokens (see `beside`)."""
@@ -159,13 +158,10 @@ class BatchWriter:
             batch.seconds["claim"] = env.clock.time() - started
             return claimed
 
-        claim = Helper(claim_all, f"reliable-claim-{self.name}")
-        try:
-            self.func(prepared.rows(), batch.batch_id, AfterClaim(tx, claim))
-        except BaseException:
-            claim.result()  # a lost bet or a failed claim is why the function failed
-            raise
-        return claim.result()  # a lost bet even if the function swallowed it
+        def call(guarded_tx: Any) -> None:
+            self.func(prepared.rows(), batch.batch_id, guarded_tx)
+
+        return call_beside(call, tx, claim_all, f"reliable-claim-{self.name}")
 
     def _committed(self, batch: _Batch, env: Resolved, attempt: int, prepared: PreparedBatch,
                    claimed: set[str], poison: int) -> BatchReport:  # fmt: skip
@@ -274,13 +270,7 @@ class BatchWriter:
                 duplicates: int = 0, poison: int = 0) -> BatchReport:  # fmt: skip
         cached = batch.prepared is not None and batch.prepared.cached
         return BatchReport(self.name, batch.batch_id, batch.run_id, status, attempts, written,
-                           duplicates, poison, cached, dict(batch.seconds))  # fmt: skip
-
-
-def _all_new(prepared: PreparedBatch, tokens: Collection[str]) -> bool:
-    """Whether ``tokens`` (claimed, or not known to the cache) are every token of the batch,
-    none held twice, and the rows are read again rather than cached."""
-    return not prepared.cached and not prepared.copies and len(tokens) == len(prepared.tokens)
+                           duplicates, poison, cached, batch.beside, dict(batch.seconds))  # fmt: skip
 
 
 def foreach_batch(app: Any, **options: Any) -> Callable[[BatchFunction], BatchWriter]:
@@ -292,7 +282,9 @@ def foreach_batch(app: Any, **options: Any) -> Callable[[BatchFunction], BatchWr
     name), ``validate``, ``schema`` (of the validated rows),
     ``on_retries_spent`` (``"fail"`` or ``"dead_letter"``),
     ``checkpoint_location``, ``ttl``, ``cache`` (always cache the batch's
-    rows between the token read and the function; see `batch.rereadable`).
+    rows between the token read and the function; see `batch.rereadable`),
+    ``sink`` (``"store"``: every effect of the function goes through ``tx``,
+    so the tokens may be claimed beside it; see `beside`).
     """
     unknown = sorted(set(options) - WriterOptions.OPTIONS)
     if unknown:

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.spark
         ({"token": "id", "dead_letters": "drop table;"}, "dead_letters='drop table;'"),
         ({"token": "id", "retry": 3}, "retry=3"),
         ({"token": "id", "cache": "yes"}, "cache=.yes. is not allowed; expected True or False"),
+        ({"token": "id", "sink": "kafka"}, "sink='kafka' is not allowed; expected 'any' or 'store'"),
     ],
 )
 def test_bad_options_are_refused_at_decoration_time(options, message):

@@ -22,8 +22,8 @@ def orders_in(app, table):
         return tx.execute(text(f"SELECT order_id FROM {table} ORDER BY order_id")).scalars().all()
 
 
-def make_writer(app, table, reports, crash_after=None):
-    @foreach_batch(app, name=table, token="order_id")
+def make_writer(app, table, reports, crash_after=None, sink="any"):
+    @foreach_batch(app, name=table, token="order_id", sink=sink)
     def write(df, batch_id, tx):
         insert_rows(df, tx, table)
 
@@ -35,23 +35,28 @@ def make_writer(app, table, reports, crash_after=None):
     return batch_function
 
 
-def test_killed_after_the_sink_write_and_restarted_writes_no_duplicates(spark, tmp_path, unique):
+@pytest.mark.parametrize("sink", ["any", "store"])
+def test_killed_after_the_sink_write_and_restarted_writes_no_duplicates(
+    spark, tmp_path, unique, sink
+):
     app = test_app(tmp_path)
     with app.store.transaction() as tx:
         tx.execute(text(f"CREATE TABLE {unique} (order_id TEXT, amount INTEGER, note TEXT)"))
     source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
-    write_orders(source, "0", [order("o1"), order("o2"), order("o2", note="dup in batch")])
-    write_orders(source, "1", [order("o2", note="dup across"), order("o3"), order("o4")])
+    write_orders(source, "0", [order("o1"), order("o2")])  # all new: sink="store" bets on it
+    write_orders(source, "1", [order("o2", note="dup across"), order("o3"),
+                               order("o3", note="dup in batch"), order("o4")])  # fmt: skip
     write_orders(source, "2", [order("o4", note="dup across"), order("o5")])
 
     first_run: list = []
     with pytest.raises(StreamingQueryException, match="killed after batch 1"):
-        run_stream(spark, source, checkpoint, make_writer(app, unique, first_run, crash_after=1))
+        run_stream(spark, source, checkpoint, make_writer(app, unique, first_run, 1, sink))
     assert [r.status for r in first_run] == [BatchStatus.COMMITTED] * 2
+    assert [r.beside for r in first_run] == [sink == "store", False]  # batch 1 is not all new
     assert orders_in(app, unique) == ["o1", "o2", "o3", "o4"]
 
     restarted: list = []
-    run_stream(spark, source, checkpoint, make_writer(app, unique, restarted))
+    run_stream(spark, source, checkpoint, make_writer(app, unique, restarted, sink=sink))
     # Spark replays batch 1 (its commit was never recorded); the fence skips it.
     assert [(r.batch_id, r.status) for r in restarted] == [
         (1, BatchStatus.REPLAYED),

@@ -1,0 +1,129 @@
+"""``sink="store"``: the claim runs beside the function, betting the batch is all new; a lost
+bet rolls the call back and the batch runs again in order, without the recorded rows."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from backends.store.tokens import COPY_CLAIM_MIN
+from reliable.spark import BatchStatus, foreach_batch, insert_rows
+from reliable.testing import test_app
+from tests.spark.test_fence import as_query
+
+pytestmark = pytest.mark.spark
+
+TTL = 3600.0
+SCHEMA = "order_id string, amount long"
+
+
+def written(app, table):
+    with app.store.transaction() as tx:
+        return tx.execute(text(f"SELECT order_id FROM {table} ORDER BY order_id")).scalars().all()
+
+
+def create_table(app, table):
+    with app.store.transaction() as tx:
+        tx.execute(text(f"CREATE TABLE {table} (order_id TEXT, amount BIGINT)"))
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_token_recorded_behind_the_caches_back_loses_the_bet_and_is_not_written(
+    spark, tmp_path, unique, postgres_url, backend
+):
+    app = test_app(tmp_path, store=postgres_url if backend == "postgresql" else None)
+    create_table(app, unique)
+    calls: list[int] = []
+
+    @foreach_batch(app, name=unique, token="order_id", sink="store")
+    def write(df, batch_id, tx):
+        calls.append(df.count())
+        insert_rows(df, tx, unique)
+
+    size = COPY_CLAIM_MIN + 10  # PostgreSQL claims it with COPY, which a known token fails
+    rows = [(f"o{i:05d}", i) for i in range(size)]
+    batch = spark.createDataFrame(rows, SCHEMA)
+    with as_query(spark, "run-1"):
+        first = write(batch.where("amount < 100"), 0)
+        # recorded by another writer: the store knows it, the app's cache does not
+        with app.store.transaction() as tx:
+            tx.claim(unique, ["o00200"], TTL)
+        second = write(batch.where("amount >= 100"), 1)
+
+    assert (first.status, first.written, first.beside) == (BatchStatus.COMMITTED, 100, True)
+    assert (second.status, second.written, second.duplicates, second.beside) == (
+        BatchStatus.COMMITTED, size - 101, 1, False)  # fmt: skip
+    # the bet on batch 1 was lost: that call rolled back, and the function was called again
+    # without the recorded row
+    assert calls == [100, size - 100, size - 101]
+    assert written(app, unique) == [order for order, _ in rows if order != "o00200"]
+    if backend == "postgresql":
+        with app.store.transaction() as tx:
+            tx.execute(text(f"DROP TABLE {unique}"))
+
+
+def test_the_function_cannot_keep_a_call_whose_bet_was_lost(spark, tmp_path, unique):
+    app = test_app(tmp_path)
+    create_table(app, unique)
+    with app.store.transaction() as tx:
+        tx.claim(unique, ["b"], TTL)
+    calls: list[list[str]] = []
+
+    @foreach_batch(app, name=unique, token="order_id", sink="store")
+    def write(df, batch_id, tx):
+        calls.append(sorted(row.order_id for row in df.collect()))
+        try:
+            insert_rows(df, tx, unique)
+        except Exception:  # noqa: BLE001 - a function that swallows everything
+            pass
+
+    batch = spark.createDataFrame([("a", 1), ("b", 2), ("c", 3)], SCHEMA)
+    with as_query(spark, "run-1"):
+        report = write(batch, 0)
+
+    assert calls == [["a", "b", "c"], ["a", "c"]]
+    assert (report.written, report.duplicates, report.beside) == (2, 1, False)
+    assert written(app, unique) == ["a", "c"]
+
+
+def test_no_bet_on_a_batch_with_copies_or_known_to_the_cache(spark, tmp_path, unique):
+    app = test_app(tmp_path)
+    create_table(app, unique)
+    calls: list[list[str]] = []
+
+    @foreach_batch(app, name=unique, token="order_id", sink="store")
+    def write(df, batch_id, tx):
+        calls.append(sorted(row.order_id for row in df.collect()))
+        insert_rows(df, tx, unique)
+
+    with as_query(spark, "run-1"):
+        copies = write(spark.createDataFrame([("a", 1), ("a", 2), ("b", 3)], SCHEMA), 0)
+        write.flush()  # the cache now knows a and b
+        known = write(spark.createDataFrame([("b", 4), ("c", 5)], SCHEMA), 1)
+        new = write(spark.createDataFrame([("d", 6), ("e", 7)], SCHEMA), 2)
+
+    # each batch reached the function once, with one row per new token
+    assert calls == [["a", "b"], ["c"], ["d", "e"]]
+    assert [(r.written, r.duplicates, r.beside) for r in (copies, known, new)] == [
+        (2, 0, False), (1, 1, False), (2, 0, True)]  # fmt: skip
+    assert written(app, unique) == ["a", "b", "c", "d", "e"]
+
+
+def test_a_failed_try_under_a_won_bet_leaves_nothing_and_is_retried(spark, tmp_path, unique):
+    app = test_app(tmp_path)
+    create_table(app, unique)
+    failures = [ConnectionResetError("the sink dropped the connection")]
+
+    @foreach_batch(app, name=unique, token="order_id", sink="store")
+    def write(df, batch_id, tx):
+        insert_rows(df, tx, unique)
+        if failures:
+            raise failures.pop()
+
+    with as_query(spark, "run-1"):
+        report = write(spark.createDataFrame([("a", 1), ("b", 2)], SCHEMA), 0)
+
+    assert (report.status, report.attempts, report.written, report.beside) == (
+        BatchStatus.COMMITTED, 2, 2, True)  # fmt: skip
+    assert written(app, unique) == ["a", "b"]
+    assert app.store.known(unique, ["a", "b"]) == {"a", "b"}
