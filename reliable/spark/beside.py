@@ -20,10 +20,9 @@ runs batches in order until the store again knows none of a batch's tokens.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
-
-from pyspark import InheritableThread
 
 T = TypeVar("T")
 
@@ -33,13 +32,13 @@ class LostBet(Exception):
 
 
 class Helper(Generic[T]):
-    """``work`` on a thread that carries the micro-batch's Spark local properties."""
+    """``work`` on a thread of its own (store work only: it runs no Spark job)."""
 
     def __init__(self, work: Callable[[], T], name: str) -> None:
         self._work = work
         self._result: T | None = None
         self._error: BaseException | None = None
-        self._thread = InheritableThread(target=self._run, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
