@@ -3,18 +3,19 @@
     .venv/bin/python -m benchmarks.spark_overhead [--batches 10] [--rows 100000] [--preload 1000000]
                                                   [--cache redis://127.0.0.1:6379/0]
 
-Two rounds of each, in the order plain, wrapped, wrapped, plain, so that a
-drift of the machine during the run weighs on both sides alike. All rounds
-stream the same Parquet files (one file per micro-batch, every
-token new) into a PostgreSQL table through ``insert_rows`` (the exactly-once
-sink: rows written in the batch transaction). The plain one opens its own
-transaction; the wrapped one gets the fence, the token check against a store
-holding ``--preload`` tokens (bulk-loaded with COPY just before each wrapped
-round, after the tokens of any earlier round were deleted), the claim and the
-commit. A small warm-up query runs first so neither side
-pays for starting Spark's Python workers; the token table is vacuumed after
-the preload (as autovacuum would keep it) and a ``CHECKPOINT`` precedes each
-round. Needs PostgreSQL at $DATABASE_URL
+Three sides, two rounds each, in the order plain, wrapped, wrapped with
+``sink="store"``, and back (ABCCBA), so that a drift of the machine during
+the run weighs on every side alike. All rounds stream the same Parquet files
+(one file per micro-batch, every token new) into a PostgreSQL table through
+``insert_rows`` (the exactly-once sink: rows written in the batch
+transaction). The plain one opens its own transaction; the wrapped ones get
+the fence, the token check against a store holding ``--preload`` tokens
+(bulk-loaded with COPY just before each wrapped round, after the tokens of
+any earlier round were deleted), the claim and the commit; with
+``sink="store"`` the claim runs beside the function. A small warm-up query
+runs first so no side pays for starting Spark's Python workers; the token
+table is vacuumed after the preload (as autovacuum would keep it) and a
+``CHECKPOINT`` precedes each round. Needs PostgreSQL at $DATABASE_URL
 (default postgresql+psycopg://postgres@127.0.0.1:5432/test).
 """
 
@@ -178,6 +179,7 @@ def main() -> int:
     seconds = dict.fromkeys(LABELS, 0.0)
     written = dict.fromkeys(LABELS, 0)
     plain_batches: list[float] = []
+    rounds: list[float] = []  # seconds of each round, in ROUNDS order
     reports: dict[str, list[Any]] = {kind: [] for kind in LABELS}
     writers: list[Any] = []
     spark = local_session("reliable-spark-overhead", **{"spark.driver.memory": "2g"})
@@ -197,7 +199,8 @@ def main() -> int:
                 writes = wrapped_writer(app, tables[number], namespaces[number], reports[kind],
                                         writers, sink="store" if kind == "store" else "any")  # fmt: skip
             maintain(app, "CHECKPOINT")  # no round pays for the previous one's dirty pages
-            seconds[kind] += stream(spark, work / "data", work / f"ck-{number}", writes)
+            rounds.append(stream(spark, work / "data", work / f"ck-{number}", writes))
+            seconds[kind] += rounds[-1]
             with app.store.transaction() as tx:
                 count = text(f"SELECT count(*) FROM {tables[number]}")
                 written[kind] += tx.execute(count).scalar_one()
@@ -235,6 +238,7 @@ def main() -> int:
         f"\ntarget: overhead at most 25%; load average during the run: {os.getloadavg()[1]:.1f} "
         f"on {os.cpu_count()} CPUs"
     )
+    print("rounds: " + ", ".join(f"{kind} {took:.1f} s" for kind, took in zip(ROUNDS, rounds)))
     print(f"per batch: plain function {sum(plain_batches) / len(plain_batches):.2f} s")
     for kind in ("wrapped", "store"):
         done = reports[kind]

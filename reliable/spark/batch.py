@@ -16,7 +16,7 @@ the same rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,11 +66,6 @@ class PreparedBatch:
         batch, or a concurrent writer): its row is dropped.
         """
         return self._good(claimed).drop(*MARKERS)
-
-    def all_new(self, tokens: Collection[str]) -> bool:
-        """Whether ``tokens`` (say, those the cache does not know) are all of the batch's, each
-        held by one row, and the rows are read again rather than cached."""
-        return not self.cached and not self.copies and len(tokens) == len(self.tokens)
 
     def collect_rows(self) -> list[tuple[str, dict[str, Any]]]:
         """Every good row with its token, on the driver (only for dead-lettering a whole batch)."""

@@ -3,19 +3,21 @@
 When every effect of the batch function goes through ``tx``, a call can be
 rolled back without a trace. The wrapper then need not hold the function back
 until the claim has answered: once the tokens are read, it calls the function
-with every row while a helper thread claims the tokens in the same
-transaction. The function's first use of ``tx`` waits for the claim, so the
+with the rows of every token the cache does not know while a helper thread
+claims those tokens in the same transaction. The function's first use of ``tx`` waits for the claim, so the
 connection is never used by two threads at once; what the function does
 before that (reading the rows from Spark, building its statements) overlaps
 the database's insert of the token rows.
 
-The wrapper bets only on a batch whose tokens are each held once and unknown
-to the cache, and whose rows are read again rather than cached. The bet is
-lost when the claim finds a token already recorded (by an earlier batch the
-cache has not heard of, or a concurrent writer): the helper raises `LostBet`,
-the transaction rolls back, and the batch runs again in order (claim first,
-then the function without the recorded rows). After a lost bet the wrapper
-runs batches in order until the store again knows none of a batch's tokens.
+The bet is that the store knows none of the tokens the cache does not know
+(copies within the batch and tokens the cache knows are dropped before the
+call, as in order). It is lost when the claim finds one already recorded (by
+an earlier batch the cache has not heard of, or a concurrent writer): the
+helper raises `LostBet`, the transaction rolls back, and the batch runs again
+in order (claim first, then the function without the recorded rows). After a
+lost bet the wrapper runs batches in order until the store again knows none
+of the tokens it is asked to claim, so a stream of replays does not pay for
+calls that roll back.
 """
 
 from __future__ import annotations

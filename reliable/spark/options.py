@@ -46,12 +46,6 @@ class WriterOptions:
     cache: bool
     sink: Sink
 
-    @property
-    def may_bet(self) -> bool:
-        """Whether the tokens may be claimed beside the function (see `beside`): only when
-        every effect goes through ``tx`` and nothing is cached between the two reads."""
-        return self.sink == "store" and self.validate is None and not self.cache
-
     @classmethod
     def check(
         cls,

@@ -71,7 +71,7 @@ class BatchWriter:
         self.name = options.name
         self._resolved: Resolved | None = None
         self._rng = random.Random()
-        self._betting = self.options.may_bet  # see `beside`
+        self._betting = options.sink == "store"  # see `beside`
         self.__name__ = getattr(func, "__name__", options.name)
         self.__doc__ = func.__doc__
 
@@ -110,7 +110,7 @@ class BatchWriter:
         # read before the transaction takes a lock (SQLite)
         poison = self._poison(prepared, env)
         unseen = self._not_in_cache(env, prepared.tokens)
-        bet = self._betting and prepared.all_new(unseen)
+        bet = self._betting
         try:
             claimed = self._transaction(batch, env, prepared, unseen, poison, bet=bet)
         except LostBet as lost:  # rolled back: run it again in order
@@ -121,7 +121,7 @@ class BatchWriter:
         if claimed is None:
             return self._report(batch, BatchStatus.REPLAYED, attempt)
         if not bet:  # bet again once the store knew none of the tokens it was asked for
-            self._betting = self.options.may_bet and len(claimed) == len(unseen)
+            self._betting = self.options.sink == "store" and len(claimed) == len(unseen)
         batch.beside = bet
         return self._committed(batch, env, attempt, prepared, claimed, len(poison))
 
@@ -147,7 +147,8 @@ class BatchWriter:
 
     def _call_beside_claim(self, tx: Any, batch: _Batch, env: Resolved, prepared: PreparedBatch,
                            unseen: list[str], poison: list[dict[str, Any]]) -> set[str]:  # fmt: skip
-        """Call the function with every row while a helper claims the tokens (see `beside`)."""
+        """Call the function with the rows the cache does not know while a helper claims their
+        tokens (see `beside`)."""
 
         def claim_all() -> set[str]:
             started = env.clock.time()
@@ -159,7 +160,7 @@ class BatchWriter:
             return claimed
 
         def call(guarded_tx: Any) -> None:
-            self.func(prepared.rows(), batch.batch_id, guarded_tx)
+            self.func(prepared.rows(set(unseen)), batch.batch_id, guarded_tx)
 
         return call_beside(call, tx, claim_all, f"reliable-claim-{self.name}")
 

@@ -33,7 +33,10 @@ def checkpoint_of(tmp_path, query_id: str) -> str:
     return str(folder)
 
 
-def test_poison_rows_land_in_the_dead_letter_table_while_good_rows_commit(spark, tmp_path, unique):
+@pytest.mark.parametrize("sink", ["any", "store"])
+def test_poison_rows_land_in_the_dead_letter_table_while_good_rows_commit(
+    spark, tmp_path, unique, sink
+):
     app = test_app(tmp_path)
     table, dlq = unique, f"{unique}_dlq"
     with app.store.transaction() as tx:
@@ -47,6 +50,7 @@ def test_poison_rows_land_in_the_dead_letter_table_while_good_rows_commit(spark,
         schema="order_id string, cents long",
         dead_letters=dlq,
         checkpoint_location=checkpoint_of(tmp_path, "query-1"),
+        sink=sink,
     )
     def write(df, batch_id, tx):
         insert_rows(df, tx, table)
@@ -65,6 +69,7 @@ def test_poison_rows_land_in_the_dead_letter_table_while_good_rows_commit(spark,
     report = write(batch, 4)
 
     assert (report.status, report.written, report.poison) == (BatchStatus.COMMITTED, 2, 3)
+    assert report.beside is (sink == "store")  # poison recorded by the claim's helper
     with app.store.transaction() as tx:
         written = tx.execute(text(f"SELECT order_id, cents FROM {table} ORDER BY order_id")).all()
     assert [tuple(row) for row in written] == [("a", 500), ("c", 700)]
