@@ -49,9 +49,13 @@ class Helper(Generic[T]):
         except BaseException as exc:  # handed to the caller by `result`
             self._error = exc
 
+    def wait(self) -> None:
+        """Wait for the work to end, however it ends."""
+        self._thread.join()
+
     def result(self) -> T:
         """Wait for the work; its value, or raise what it raised."""
-        self._thread.join()
+        self.wait()
         if self._error is not None:
             raise self._error
         return self._result  # type: ignore[return-value]
@@ -66,8 +70,11 @@ def call_beside(call: Callable[[Any], object], tx: Any, claim: Callable[[], T], 
     helper = Helper(claim, name)
     try:
         call(AfterClaim(tx, helper))
-    except BaseException:
+    except Exception:
         helper.result()  # a lost bet or a failed claim is why the call failed
+        raise
+    except BaseException:  # an interrupt stays one, once the helper is off the connection
+        helper.wait()
         raise
     return helper.result()
 

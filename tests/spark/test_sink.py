@@ -30,22 +30,33 @@ def create_table(app, table):
         tx.execute(text(f"CREATE TABLE {table} (order_id TEXT, amount BIGINT)"))
 
 
+def counting_writer(app, table):
+    """A ``sink="store"`` writer into ``table``, and the row count of each call it got."""
+    calls: list[int] = []
+
+    @foreach_batch(app, name=table, token="order_id", sink="store")
+    def write(df, batch_id, tx):
+        calls.append(df.count())
+        insert_rows(df, tx, table)
+
+    return write, calls
+
+
+def large_batch(spark):
+    """Rows enough for PostgreSQL to claim them with ``COPY`` (which a known token fails)."""
+    rows = [(f"o{i:05d}", i) for i in range(COPY_CLAIM_MIN + 10)]
+    return rows, spark.createDataFrame(rows, SCHEMA)
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_a_token_recorded_behind_the_caches_back_loses_the_bet_and_is_not_written(
     spark, tmp_path, unique, postgres_url, backend
 ):
     app = test_app(tmp_path, store=postgres_url if backend == "postgresql" else None)
     create_table(app, unique)
-    calls: list[int] = []
-
-    @foreach_batch(app, name=unique, token="order_id", sink="store")
-    def write(df, batch_id, tx):
-        calls.append(df.count())
-        insert_rows(df, tx, unique)
-
-    size = COPY_CLAIM_MIN + 10  # PostgreSQL claims it with COPY, which a known token fails
-    rows = [(f"o{i:05d}", i) for i in range(size)]
-    batch = spark.createDataFrame(rows, SCHEMA)
+    write, calls = counting_writer(app, unique)
+    rows, batch = large_batch(spark)
+    size = len(rows)
     with as_query(spark, "run-1"):
         first = write(batch.where("amount < 100"), 0)
         # recorded by another writer: the store knows it, the app's cache does not
@@ -84,16 +95,9 @@ def test_a_concurrent_twin_committing_while_the_claim_waits_loses_the_bet(
 ):
     app = test_app(tmp_path, store=postgres_url)
     create_table(app, unique)
-    calls: list[int] = []
-
-    @foreach_batch(app, name=unique, token="order_id", sink="store")
-    def write(df, batch_id, tx):
-        calls.append(df.count())
-        insert_rows(df, tx, unique)
-
-    size = COPY_CLAIM_MIN + 10
-    rows = [(f"o{i:05d}", i) for i in range(size)]
-    batch = spark.createDataFrame(rows, SCHEMA)
+    write, calls = counting_writer(app, unique)
+    rows, batch = large_batch(spark)
+    size = len(rows)
     reports = []
 
     def run_batch():
