@@ -60,6 +60,11 @@ class Transaction(ABC):
         reclaimed.
         """
 
+    def claim_ahead(self, namespace: str, tokens: Sequence[str], ttl: float) -> Any:
+        """Send the claim of all of ``tokens`` without waiting for it, when the database can
+        (a `backends.store.ahead.ClaimAhead`); None here, and wherever it cannot."""
+        return None
+
     @abstractmethod
     def savepoint(self) -> AbstractContextManager[None]:
         """A nested transaction: an exception inside rolls back to it and propagates."""

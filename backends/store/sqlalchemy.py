@@ -24,6 +24,7 @@ from backends.clock import SYSTEM_CLOCK, Clock
 from backends.errors import StoreUnavailableError
 from backends.store import deadletters, progress
 from backends.store import tokens as records
+from backends.store.ahead import ClaimAhead
 from backends.store.base import LeaseOutcome, Store, Transaction
 from backends.store.engine import READ_ONLY, build_engine, is_unavailable, parse_store_url
 from backends.store.schema import metadata
@@ -97,6 +98,13 @@ class SqlTransaction(Transaction):
     @_guarded
     def fence(self, name: str, batch_id: int, run_id: str) -> bool:
         return progress.fence(self.connection, name, batch_id, run_id, self._clock.time())
+
+    @_guarded
+    def claim_ahead(self, namespace: str, tokens: Sequence[str], ttl: float) -> ClaimAhead | None:
+        if self.connection.dialect.name != "postgresql" or not tokens:
+            return None  # psycopg's pipeline only
+        return ClaimAhead(self.connection, namespace, sorted(dict.fromkeys(tokens)),
+                          self._clock.time(), ttl)  # fmt: skip
 
 
 class SqlStore(Store):

@@ -23,8 +23,8 @@ class BatchReport:
     found by the claim: an earlier batch or a concurrent writer recorded
     them); copies of a token within the batch are not counted; ``cached``
     tells whether the rows were cached between the token read and the
-    function (see `batch.prepare`); ``beside`` whether the tokens were
-    claimed beside the function (``sink="store"``, see `beside`); ``seconds`` times the phases of the last attempt (``prepare`` on the
+    function (see `batch.prepare`); ``ahead`` whether the claim was sent
+    ahead of the function (``sink="store"``, see `ahead`); ``seconds`` times the phases of the last attempt (``prepare`` on the
     executors, ``claim``, ``function``: the user's function) on the app's clock.
     """
 
@@ -37,7 +37,7 @@ class BatchReport:
     duplicates: int = 0
     poison: int = 0
     cached: bool = False
-    beside: bool = False
+    ahead: bool = False
     seconds: dict[str, float] = field(default_factory=dict)
 
     def fields(self) -> dict[str, Any]:

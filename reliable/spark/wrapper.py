@@ -16,9 +16,9 @@ For each micro-batch, in this order:
    transaction;
 5. call the user's function with the claimed rows, the batch id and the
    transaction; its store writes commit with the fence and the tokens.
-   With ``sink="store"`` steps 4 and 5 overlap when the batch looks all new:
-   the claim runs beside the function, and a token found recorded rolls the
-   call back and runs the batch in order (see `beside`);
+   With ``sink="store"`` on PostgreSQL steps 4 and 5 overlap: the claim is
+   sent ahead of the function, and a token found recorded rolls the call
+   back and runs the batch in order (see `ahead`);
 6. commit, then queue the claimed tokens for the cache (written behind, on a
    background thread, while the next batch runs). A failure rolls everything
    back and is retried with the redelivery policy's backoff; when the retries
@@ -40,8 +40,8 @@ from backends.errors import ConfigurationError, FenceConflictError
 from reliable.errors import TokenMissingError
 from reliable.retry import Verdict, classify
 from reliable.spark import deadletters
+from reliable.spark.ahead import LostBet, call_ahead_of_claim
 from reliable.spark.batch import BatchFunction, PreparedBatch, parse_schema, prepare
-from reliable.spark.beside import LostBet, call_beside
 from reliable.spark.fence import open_batch, run_identity
 from reliable.spark.options import Resolved, WriterOptions, resolve
 from reliable.spark.report import BatchReport, BatchStatus
@@ -57,7 +57,7 @@ class _Batch:
     batch_id: int
     run_id: str
     prepared: PreparedBatch | None = None
-    beside: bool = False  # committed with the claim beside the function
+    ahead: bool = False  # the claim was sent ahead of the function (see `ahead`)
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -71,7 +71,7 @@ class BatchWriter:
         self.name = options.name
         self._resolved: Resolved | None = None
         self._rng = random.Random()
-        self._betting = options.sink == "store"  # see `beside`
+        self._betting = options.sink == "store"  # see `ahead`
         self.__name__ = getattr(func, "__name__", options.name)
         self.__doc__ = func.__doc__
 
@@ -120,49 +120,46 @@ class BatchWriter:
             claimed = self._transaction(batch, env, prepared, unseen, poison, bet=False)
         if claimed is None:
             return self._report(batch, BatchStatus.REPLAYED, attempt)
-        if not bet:  # bet again once the store knew none of the tokens it was asked for
+        if not batch.ahead:  # bet again once the store knew none of the tokens it was asked for
             self._betting = self.options.sink == "store" and len(claimed) == len(unseen)
-        batch.beside = bet
         return self._committed(batch, env, attempt, prepared, claimed, len(poison))
 
     def _transaction(self, batch: _Batch, env: Resolved, prepared: PreparedBatch,
                      unseen: list[str], poison: list[dict[str, Any]], *, bet: bool,
                      ) -> set[str] | None:  # fmt: skip
-        """Fence, claim, poison and the function in one store transaction: the tokens claimed,
-        or None for a replay of a committed batch. ``bet``: claim beside the function."""
+        """Fence, poison, claim and the function in one store transaction: the tokens claimed,
+        or None for a replay of a committed batch. ``bet``: send the claim ahead of the
+        function, where the store can."""
         with env.store.transaction() as tx:
             if not open_batch(tx, self.name, batch.batch_id, batch.run_id):
                 return None
-            started = env.clock.time()
-            if bet:
-                claimed = self._call_beside_claim(tx, batch, env, prepared, unseen, poison)
-                batch.seconds["function"] = env.clock.time() - started  # the claim ran within
-                return claimed
-            claimed = env.guard.claim(tx, unseen)
             self._record_poison(tx, batch, poison, env)
+            started = env.clock.time()
+            batch.ahead = False
+            if bet:
+                ahead = self._call_ahead_of_claim(tx, batch, env, prepared, unseen)
+                if ahead is not None:
+                    batch.ahead = True
+                    batch.seconds["function"] = env.clock.time() - started  # with the claim
+                    return ahead
+            claimed = env.guard.claim(tx, unseen)
             batch.seconds["claim"] = env.clock.time() - started
             self.func(prepared.rows(claimed), batch.batch_id, tx)
             batch.seconds["function"] = env.clock.time() - started - batch.seconds["claim"]
         return claimed
 
-    def _call_beside_claim(self, tx: Any, batch: _Batch, env: Resolved, prepared: PreparedBatch,
-                           unseen: list[str], poison: list[dict[str, Any]]) -> set[str]:  # fmt: skip
-        """Call the function with the rows the cache does not know while a helper claims their
-        tokens (see `beside`)."""
+    def _call_ahead_of_claim(self, tx: Any, batch: _Batch, env: Resolved,
+                             prepared: PreparedBatch, unseen: list[str]) -> set[str] | None:  # fmt: skip
+        """Send the claim of the tokens the cache does not know, and call the function at once
+        with their rows (see `ahead`); None where the store cannot send a claim ahead."""
+        claim = tx.claim_ahead(self.name, unseen, env.guard.token_ttl)
+        if claim is None:
+            return None
 
-        def claim_all() -> set[str]:
-            started = env.clock.time()
-            claimed = env.guard.claim(tx, unseen)
-            if len(claimed) < len(unseen):
-                raise LostBet(f"{len(unseen) - len(claimed)} tokens already recorded")
-            self._record_poison(tx, batch, poison, env)
-            batch.seconds["claim"] = env.clock.time() - started
-            return claimed
+        def call(claim_first: Any) -> None:
+            self.func(prepared.rows(set(unseen)), batch.batch_id, claim_first)
 
-        def call(guarded_tx: Any) -> None:
-            self.func(prepared.rows(set(unseen)), batch.batch_id, guarded_tx)
-
-        return call_beside(call, tx, claim_all, f"reliable-claim-{self.name}")
+        return call_ahead_of_claim(call, tx, claim)
 
     def _committed(self, batch: _Batch, env: Resolved, attempt: int, prepared: PreparedBatch,
                    claimed: set[str], poison: int) -> BatchReport:  # fmt: skip
@@ -271,7 +268,7 @@ class BatchWriter:
                 duplicates: int = 0, poison: int = 0) -> BatchReport:  # fmt: skip
         cached = batch.prepared is not None and batch.prepared.cached
         return BatchReport(self.name, batch.batch_id, batch.run_id, status, attempts, written,
-                           duplicates, poison, cached, batch.beside, dict(batch.seconds))  # fmt: skip
+                           duplicates, poison, cached, batch.ahead, dict(batch.seconds))  # fmt: skip
 
 
 def foreach_batch(app: Any, **options: Any) -> Callable[[BatchFunction], BatchWriter]:
@@ -285,7 +282,7 @@ def foreach_batch(app: Any, **options: Any) -> Callable[[BatchFunction], BatchWr
     ``checkpoint_location``, ``ttl``, ``cache`` (always cache the batch's
     rows between the token read and the function; see `batch.rereadable`),
     ``sink`` (``"store"``: every effect of the function goes through ``tx``,
-    so the tokens may be claimed beside it; see `beside`).
+    so the claim may be sent ahead of it; see `ahead`).
     """
     unknown = sorted(set(options) - WriterOptions.OPTIONS)
     if unknown:

@@ -1,4 +1,4 @@
-"""``sink="store"``: the claim runs beside the function, betting the batch is all new; a lost
+"""``sink="store"``: the claim is sent ahead of the function, betting the tokens are new; a lost
 bet rolls the call back and the batch runs again in order, without the recorded rows."""
 
 from __future__ import annotations
@@ -30,6 +30,17 @@ def create_table(app, table):
         tx.execute(text(f"CREATE TABLE {table} (order_id TEXT, amount BIGINT)"))
 
 
+@pytest.fixture
+def app(tmp_path, postgres_url, unique):
+    """An app on PostgreSQL (the store that can send a claim ahead) with table ``unique``."""
+    app = test_app(tmp_path, store=postgres_url)
+    create_table(app, unique)
+    yield app
+    with app.store.transaction() as tx:
+        tx.execute(text(f"DROP TABLE IF EXISTS {unique}"))
+    app.close()
+
+
 def counting_writer(app, table):
     """A ``sink="store"`` writer into ``table``, and the row count of each call it got."""
     calls: list[int] = []
@@ -43,17 +54,14 @@ def counting_writer(app, table):
 
 
 def large_batch(spark):
-    """Rows enough for PostgreSQL to claim them with ``COPY`` (which a known token fails)."""
+    """Rows enough for the in-order claim on PostgreSQL to use ``COPY`` (which a known token fails)."""
     rows = [(f"o{i:05d}", i) for i in range(COPY_CLAIM_MIN + 10)]
     return rows, spark.createDataFrame(rows, SCHEMA)
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_a_token_recorded_behind_the_caches_back_loses_the_bet_and_is_not_written(
-    spark, tmp_path, unique, postgres_url, backend
+    spark, app, unique
 ):
-    app = test_app(tmp_path, store=postgres_url if backend == "postgresql" else None)
-    create_table(app, unique)
     write, calls = counting_writer(app, unique)
     rows, batch = large_batch(spark)
     size = len(rows)
@@ -64,23 +72,34 @@ def test_a_token_recorded_behind_the_caches_back_loses_the_bet_and_is_not_writte
             tx.claim(unique, ["o00200"], TTL)
         second = write(batch.where("amount >= 100"), 1)
 
-    assert (first.status, first.written, first.beside) == (BatchStatus.COMMITTED, 100, True)
-    assert (second.status, second.written, second.duplicates, second.beside) == (
+    assert (first.status, first.written, first.ahead) == (BatchStatus.COMMITTED, 100, True)
+    assert (second.status, second.written, second.duplicates, second.ahead) == (
         BatchStatus.COMMITTED, size - 101, 1, False)  # fmt: skip
     # the bet on batch 1 was lost: that call rolled back, and the function was called again
     # without the recorded row
     assert calls == [100, size - 100, size - 101]
     assert written(app, unique) == [order for order, _ in rows if order != "o00200"]
-    if backend == "postgresql":
-        with app.store.transaction() as tx:
-            tx.execute(text(f"DROP TABLE {unique}"))
+
+
+def test_sqlite_runs_a_sink_store_batch_in_order(spark, tmp_path, unique):
+    sqlite_app = test_app(tmp_path)
+    create_table(sqlite_app, unique)
+    write, calls = counting_writer(sqlite_app, unique)
+    with sqlite_app.store.transaction() as tx:
+        tx.claim(unique, ["b"], TTL)
+    batch = spark.createDataFrame([("a", 1), ("b", 2), ("c", 3)], SCHEMA)
+    with as_query(spark, "run-1"):
+        report = write(batch, 0)
+
+    assert (report.written, report.duplicates, report.ahead, calls) == (2, 1, False, [2])
+    assert written(sqlite_app, unique) == ["a", "c"]
 
 
 def wait_for_a_claim_blocked_on_a_row_lock(app, timeout=60.0):
-    """Until a backend's token ``COPY`` waits on another transaction's uncommitted row."""
+    """Until a backend's token claim waits on another transaction's uncommitted row."""
     waiting = text(
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-        "AND query LIKE 'COPY reliable_tokens%'"
+        "AND query LIKE 'INSERT INTO reliable_tokens%'"
     )
     deadline = time.monotonic() + timeout
     with app.store.engine.connect() as connection:
@@ -90,11 +109,7 @@ def wait_for_a_claim_blocked_on_a_row_lock(app, timeout=60.0):
             connection.rollback()  # a fresh snapshot of pg_stat_activity
 
 
-def test_a_concurrent_twin_committing_while_the_claim_waits_loses_the_bet(
-    spark, tmp_path, unique, postgres_url
-):
-    app = test_app(tmp_path, store=postgres_url)
-    create_table(app, unique)
+def test_a_concurrent_twin_committing_while_the_claim_waits_loses_the_bet(spark, app, unique):
     write, calls = counting_writer(app, unique)
     rows, batch = large_batch(spark)
     size = len(rows)
@@ -109,19 +124,15 @@ def test_a_concurrent_twin_committing_while_the_claim_waits_loses_the_bet(
         writer = threading.Thread(target=run_batch)
         writer.start()
         wait_for_a_claim_blocked_on_a_row_lock(app)
-    writer.join(120)  # the twin committed: the waiting COPY fails on its row
+    writer.join(120)  # the twin committed: the waiting claim fails on its row
 
     [report] = reports
-    assert (report.written, report.duplicates, report.beside) == (size - 1, 1, False)
+    assert (report.written, report.duplicates, report.ahead) == (size - 1, 1, False)
     assert calls == [size, size - 1]  # the bet's call rolled back, then in order without it
     assert written(app, unique) == [order for order, _ in rows if order != "o00200"]
-    with app.store.transaction() as tx:
-        tx.execute(text(f"DROP TABLE {unique}"))
 
 
-def test_the_function_cannot_keep_a_call_whose_bet_was_lost(spark, tmp_path, unique):
-    app = test_app(tmp_path)
-    create_table(app, unique)
+def test_the_function_cannot_keep_a_call_whose_bet_was_lost(spark, app, unique):
     with app.store.transaction() as tx:
         tx.claim(unique, ["b"], TTL)
     calls: list[list[str]] = []
@@ -139,13 +150,11 @@ def test_the_function_cannot_keep_a_call_whose_bet_was_lost(spark, tmp_path, uni
         report = write(batch, 0)
 
     assert calls == [["a", "b", "c"], ["a", "c"]]
-    assert (report.written, report.duplicates, report.beside) == (2, 1, False)
+    assert (report.written, report.duplicates, report.ahead) == (2, 1, False)
     assert written(app, unique) == ["a", "c"]
 
 
-def test_a_bet_drops_copies_and_tokens_known_to_the_cache_before_the_call(spark, tmp_path, unique):
-    app = test_app(tmp_path)
-    create_table(app, unique)
+def test_a_bet_drops_copies_and_tokens_known_to_the_cache_before_the_call(spark, app, unique):
     calls: list[list[str]] = []
 
     @foreach_batch(app, name=unique, token="order_id", sink="store")
@@ -160,14 +169,12 @@ def test_a_bet_drops_copies_and_tokens_known_to_the_cache_before_the_call(spark,
 
     # each batch reached the function once, with one row per token the cache did not know
     assert calls == [["a", "b"], ["c"]]
-    assert [(r.written, r.duplicates, r.beside) for r in (copies, known)] == [
+    assert [(r.written, r.duplicates, r.ahead) for r in (copies, known)] == [
         (2, 0, True), (1, 1, True)]  # fmt: skip
     assert written(app, unique) == ["a", "b", "c"]
 
 
-def test_a_failed_try_under_a_won_bet_leaves_nothing_and_is_retried(spark, tmp_path, unique):
-    app = test_app(tmp_path)
-    create_table(app, unique)
+def test_a_failed_try_under_a_won_bet_leaves_nothing_and_is_retried(spark, app, unique):
     failures = [ConnectionResetError("the sink dropped the connection")]
 
     @foreach_batch(app, name=unique, token="order_id", sink="store")
@@ -179,7 +186,7 @@ def test_a_failed_try_under_a_won_bet_leaves_nothing_and_is_retried(spark, tmp_p
     with as_query(spark, "run-1"):
         report = write(spark.createDataFrame([("a", 1), ("b", 2)], SCHEMA), 0)
 
-    assert (report.status, report.attempts, report.written, report.beside) == (
+    assert (report.status, report.attempts, report.written, report.ahead) == (
         BatchStatus.COMMITTED, 2, 2, True)  # fmt: skip
     assert written(app, unique) == ["a", "b"]
     assert app.store.known(unique, ["a", "b"]) == {"a", "b"}

@@ -35,11 +35,12 @@ def make_writer(app, table, reports, crash_after=None, sink="any"):
     return batch_function
 
 
-@pytest.mark.parametrize("sink", ["any", "store"])
+@pytest.mark.parametrize(("sink", "backend"), [("any", "sqlite"), ("store", "postgresql")])
 def test_killed_after_the_sink_write_and_restarted_writes_no_duplicates(
-    spark, tmp_path, unique, sink
+    spark, tmp_path, unique, sink, backend, request
 ):
-    app = test_app(tmp_path)
+    store = request.getfixturevalue("postgres_url") if backend == "postgresql" else None
+    app = test_app(tmp_path, store=store)
     with app.store.transaction() as tx:
         tx.execute(text(f"CREATE TABLE {unique} (order_id TEXT, amount INTEGER, note TEXT)"))
     source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
@@ -52,7 +53,7 @@ def test_killed_after_the_sink_write_and_restarted_writes_no_duplicates(
     with pytest.raises(StreamingQueryException, match="killed after batch 1"):
         run_stream(spark, source, checkpoint, make_writer(app, unique, first_run, 1, sink))
     assert [r.status for r in first_run] == [BatchStatus.COMMITTED] * 2
-    assert first_run[0].beside is (sink == "store")  # all new: the claim ran beside
+    assert first_run[0].ahead is (sink == "store")  # all new: the claim went ahead
     assert orders_in(app, unique) == ["o1", "o2", "o3", "o4"]
 
     restarted: list = []
@@ -69,3 +70,5 @@ def test_killed_after_the_sink_write_and_restarted_writes_no_duplicates(
     with pytest.raises(StreamingQueryException, match="FenceConflictError"):
         run_stream(spark, source, tmp_path / "fresh-checkpoint", make_writer(app, unique, fresh))
     assert orders_in(app, unique) == ["o1", "o2", "o3", "o4", "o5"]
+    with app.store.transaction() as tx:
+        tx.execute(text(f"DROP TABLE {unique}"))

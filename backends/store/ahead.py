@@ -1,0 +1,96 @@
+"""A claim sent ahead: all of a batch's tokens, in a pipeline that later bulk writes ride.
+
+On PostgreSQL (psycopg) the claim of a whole batch is sent in pipeline mode
+and not waited for: PostgreSQL inserts the token rows while the client goes
+on, and bulk writes that follow in the same transaction (an ``executemany``
+that returns nothing) join the same pipeline instead of waiting for the
+claim. `ClaimAhead.settle` ends the pipeline and says whether the claim went
+through: it is a plain ``INSERT`` of every token, so a token that already has
+a row (done, leased, expired, or a concurrent twin's that commits) makes it
+fail as a whole, and the transaction must then be rolled back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
+
+from backends.store.base import TokenState
+from backends.store.schema import tokens
+
+_COLUMNS = "namespace, token, state, created_at, expires_at"
+_FROM_LINES = f"INSERT INTO {tokens.name} ({_COLUMNS}) SELECT %s, token, %s, %s, %s FROM unnest(string_to_array(%s, E'\\n')) AS token"  # fmt: skip
+_FROM_ARRAY = f"INSERT INTO {tokens.name} ({_COLUMNS}) SELECT %s, token, %s, %s, %s FROM unnest(%s::text[]) AS token"  # fmt: skip
+
+
+class ClaimAhead:
+    """The claim of every token of ``batch`` (distinct), sent into a pipeline left open."""
+
+    def __init__(
+        self, connection: Connection, namespace: str, batch: Sequence[str], now: float, ttl: float
+    ) -> None:
+        self._batch = batch
+        self._claimed: set[str] | None = None
+        driver = connection.connection.driver_connection
+        assert driver is not None
+        self._pipeline = ExitStack()
+        self._pipeline.enter_context(driver.pipeline())
+        try:
+            self._cursor = driver.cursor()
+            lines = "\n".join(batch)  # one text parameter: far cheaper to send than an array
+            if lines.count("\n") == len(batch) - 1:
+                self._cursor.execute(_FROM_LINES, (namespace, TokenState.DONE.value, now, now + ttl, lines))
+            else:  # a token holds a line break
+                self._cursor.execute(_FROM_ARRAY, (namespace, TokenState.DONE.value, now, now + ttl, list(batch)))
+        except BaseException as exc:
+            self._pipeline.close()
+            raise _as_sqlalchemy(exc) from exc
+        self.open = True
+
+    def settle(self, *, quiet: bool = False) -> set[str] | None:
+        """End the pipeline (once); the tokens claimed (all of them), or None if the claim did
+        not go through.
+
+        A failed statement that rode the pipeline after a claim that went
+        through is raised (as SQLAlchemy raises it) unless ``quiet``.
+        """
+        if not self.open:
+            return self._claimed
+        self.open = False
+        failure: Exception | None = None
+        try:
+            self._pipeline.close()  # syncs: every result is in
+        except Exception as exc:  # psycopg's own errors: see below
+            failure = exc
+        result = self._cursor.pgresult
+        went_through = result is not None and result.status == _COMMAND_OK
+        self._claimed = set(self._batch) if went_through else None
+        if went_through and failure is not None and not quiet:
+            raise _as_sqlalchemy(failure) from failure
+        return self._claimed
+
+
+_COMMAND_OK = 1  # libpq's PGRES_COMMAND_OK
+
+
+def _as_sqlalchemy(exc: BaseException) -> BaseException:
+    """A psycopg error as SQLAlchemy would have raised it (so outages are recognised)."""
+    import psycopg  # the postgres extra; only reached on PostgreSQL
+
+    if isinstance(exc, psycopg.Error):
+        return DBAPIError.instance(_FROM_LINES, None, exc, psycopg.Error)
+    return exc
+
+
+def rides_pipeline(statement: Any, parameters: Any) -> bool:
+    """Whether ``execute(statement, parameters)`` may join an open pipeline: a bulk write
+    (several parameter sets) of an SQLAlchemy ``INSERT`` / ``UPDATE`` / ``DELETE`` that
+    returns nothing. Anything that could return rows must wait for the pipeline to end."""
+    bulk = isinstance(parameters, list | tuple) and len(parameters) > 1
+    dml = bool(getattr(statement, "is_dml", False))
+    returns = bool(getattr(statement, "_returning", ())) or bool(getattr(statement, "_return_defaults", False))  # fmt: skip
+    return bulk and dml and not returns
