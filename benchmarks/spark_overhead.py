@@ -12,7 +12,7 @@ transaction). The plain one opens its own transaction; the wrapped ones get
 the fence, the token check against a store holding ``--preload`` tokens
 (bulk-loaded with COPY just before each wrapped round, after the tokens of
 any earlier round were deleted), the claim and the commit; with
-``sink="store"`` the claim runs beside the function. A small warm-up query
+``sink="store"`` the claim is sent ahead of the function. A small warm-up query
 runs first so no side pays for starting Spark's Python workers; the token
 table is vacuumed after the preload (as autovacuum would keep it) and a
 ``CHECKPOINT`` precedes each round. Needs PostgreSQL at $DATABASE_URL
@@ -244,10 +244,12 @@ def main() -> int:
         done = reports[kind]
         phases = {phase: sum(r.seconds.get(phase, 0.0) for r in done) / len(done)
                   for phase in ("prepare", "claim", "function")}  # fmt: skip
+        ahead = sum(r.ahead for r in done)
         print(
             f"  {LABELS[kind]}: "
             + ", ".join(f"{phase} {value:.2f} s" for phase, value in phases.items())
             + f"; cached: {sum(r.cached for r in done)} of {len(done)} batches"
+            + (f"; claim sent ahead (within the function): {ahead} of {len(done)}" if ahead else "")
         )
     return 0
 

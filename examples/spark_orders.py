@@ -103,7 +103,7 @@ def run_query(crash_after: int | None) -> None:
         dead_letters="orders_dlq",
         validate=parse_order,
         schema="order_id string, customer string, amount_cents long",
-        sink="store",  # every effect goes through tx: the token claim may run beside the call
+        sink="store",  # every effect goes through tx (on PostgreSQL the claim goes ahead of it)
     )
     def write(df: Any, batch_id: int, tx: Any) -> None:
         insert_rows(df, tx, "orders")  # same transaction as the tokens and the fence
