@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
@@ -48,7 +48,7 @@ class ClaimAhead:
                 self._cursor.execute(_FROM_ARRAY, (namespace, TokenState.DONE.value, now, now + ttl, list(batch)))
         except BaseException as exc:
             self._pipeline.close()
-            raise _as_sqlalchemy(exc) from exc
+            _reraise(exc)
         self.open = True
 
     def settle(self, *, quiet: bool = False) -> set[str] | None:
@@ -66,24 +66,24 @@ class ClaimAhead:
             self._pipeline.close()  # syncs: every result is in
         except Exception as exc:  # psycopg's own errors: see below
             failure = exc
+        from psycopg import pq  # the postgres extra; only reached on PostgreSQL
+
         result = self._cursor.pgresult
-        went_through = result is not None and result.status == _COMMAND_OK
+        went_through = result is not None and result.status == pq.ExecStatus.COMMAND_OK
         self._claimed = set(self._batch) if went_through else None
         if went_through and failure is not None and not quiet:
-            raise _as_sqlalchemy(failure) from failure
+            _reraise(failure)
         return self._claimed
 
 
-_COMMAND_OK = 1  # libpq's PGRES_COMMAND_OK
-
-
-def _as_sqlalchemy(exc: BaseException) -> BaseException:
-    """A psycopg error as SQLAlchemy would have raised it (so outages are recognised)."""
+def _reraise(exc: BaseException) -> NoReturn:
+    """Raise a psycopg error as SQLAlchemy would have raised it (so outages are recognised),
+    anything else as it is."""
     import psycopg  # the postgres extra; only reached on PostgreSQL
 
     if isinstance(exc, psycopg.Error):
-        return DBAPIError.instance(_FROM_LINES, None, exc, psycopg.Error)
-    return exc
+        raise DBAPIError.instance(_FROM_LINES, None, exc, psycopg.Error) from exc
+    raise exc
 
 
 def rides_pipeline(statement: Any, parameters: Any) -> bool:

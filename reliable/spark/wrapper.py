@@ -110,13 +110,12 @@ class BatchWriter:
         # read before the transaction takes a lock (SQLite)
         poison = self._poison(prepared, env)
         unseen = self._not_in_cache(env, prepared.tokens)
-        bet = self._betting
         try:
-            claimed = self._transaction(batch, env, prepared, unseen, poison, bet=bet)
+            claimed = self._transaction(batch, env, prepared, unseen, poison, bet=self._betting)
         except LostBet as lost:  # rolled back: run it again in order
             log.info("spark.batch.bet_lost", name=self.name, batch_id=batch.batch_id,
                      reason=str(lost))  # fmt: skip
-            bet = self._betting = False
+            self._betting = False
             claimed = self._transaction(batch, env, prepared, unseen, poison, bet=False)
         if claimed is None:
             return self._report(batch, BatchStatus.REPLAYED, attempt)
