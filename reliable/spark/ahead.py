@@ -41,9 +41,9 @@ def call_ahead_of_claim(call: Callable[[Any], object], tx: Any, claim: ClaimAhea
     """
     try:
         call(ClaimFirst(tx, claim))
-    except Exception:
-        if claim.settle(quiet=True) is None:
-            raise LostBet("a token already has a row") from None
+    except Exception as exc:
+        if claim.settle(quiet=True) is None:  # the call failed because the claim did
+            raise LostBet("a token already has a row") from exc
         raise
     except BaseException:  # an interrupt stays one, once the pipeline has ended
         claim.settle(quiet=True)
