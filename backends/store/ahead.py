@@ -22,9 +22,12 @@ from sqlalchemy.exc import DBAPIError
 from backends.store.base import TokenState
 from backends.store.schema import tokens
 
-_COLUMNS = "namespace, token, state, created_at, expires_at"
-_FROM_LINES = f"INSERT INTO {tokens.name} ({_COLUMNS}) SELECT %s, token, %s, %s, %s FROM unnest(string_to_array(%s, E'\\n')) AS token"  # fmt: skip
-_FROM_ARRAY = f"INSERT INTO {tokens.name} ({_COLUMNS}) SELECT %s, token, %s, %s, %s FROM unnest(%s::text[]) AS token"  # fmt: skip
+_CLAIM = (
+    f"INSERT INTO {tokens.name} (namespace, token, state, created_at, expires_at) "
+    "SELECT %s, token, %s, %s, %s FROM unnest({tokens}) AS token"
+)
+_FROM_LINES = _CLAIM.replace("{tokens}", "string_to_array(%s, E'\\n')")
+_FROM_ARRAY = _CLAIM.replace("{tokens}", "%s::text[]")
 
 
 class ClaimAhead:
@@ -42,10 +45,10 @@ class ClaimAhead:
         try:
             self._cursor = driver.cursor()
             lines = "\n".join(batch)  # one text parameter: far cheaper to send than an array
-            if lines.count("\n") == len(batch) - 1:
-                self._cursor.execute(_FROM_LINES, (namespace, TokenState.DONE.value, now, now + ttl, lines))
-            else:  # a token holds a line break
-                self._cursor.execute(_FROM_ARRAY, (namespace, TokenState.DONE.value, now, now + ttl, list(batch)))
+            statement, sent = _FROM_LINES, lines
+            if lines.count("\n") != len(batch) - 1:  # a token holds a line break
+                statement, sent = _FROM_ARRAY, list(batch)
+            self._cursor.execute(statement, (namespace, TokenState.DONE.value, now, now + ttl, sent))
         except BaseException as exc:
             self._pipeline.close()
             _reraise(exc)

@@ -52,6 +52,12 @@ def _guarded(method: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+def _lock_order(tokens: Sequence[str]) -> list[str]:
+    """``tokens`` distinct and sorted: one lock order for every transaction (no deadlocks);
+    linear when they come sorted already."""
+    return sorted(dict.fromkeys(tokens))
+
+
 class SqlTransaction(Transaction):
     """One database transaction on a pooled connection; see `Transaction`."""
 
@@ -62,8 +68,7 @@ class SqlTransaction(Transaction):
 
     @_guarded
     def claim(self, namespace: str, tokens: Sequence[str], ttl: float) -> set[str]:
-        # one lock order for every transaction (no deadlocks); linear when already sorted
-        batch = sorted(dict.fromkeys(tokens))
+        batch = _lock_order(tokens)
         now = self._clock.time()
         large = len(batch) >= records.COPY_CLAIM_MIN and self.connection.dialect.name == "postgresql"
         if large and namespace not in self._conflicted:
@@ -103,8 +108,7 @@ class SqlTransaction(Transaction):
     def claim_ahead(self, namespace: str, tokens: Sequence[str], ttl: float) -> ClaimAhead | None:
         if self.connection.dialect.name != "postgresql" or not tokens:
             return None  # psycopg's pipeline only
-        return ClaimAhead(self.connection, namespace, sorted(dict.fromkeys(tokens)),
-                          self._clock.time(), ttl)  # fmt: skip
+        return ClaimAhead(self.connection, namespace, _lock_order(tokens), self._clock.time(), ttl)
 
 
 class SqlStore(Store):

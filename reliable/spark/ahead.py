@@ -48,6 +48,11 @@ def call_ahead_of_claim(call: Callable[[Any], object], tx: Any, claim: ClaimAhea
     except BaseException:  # an interrupt stays one, once the pipeline has ended
         claim.settle(quiet=True)
         raise
+    return _claimed(claim)
+
+
+def _claimed(claim: ClaimAhead) -> set[str]:
+    """End the pipeline: the tokens claimed, or `LostBet` if the claim did not go through."""
     claimed = claim.settle()
     if claimed is None:
         raise LostBet("a token already has a row")
@@ -72,5 +77,4 @@ class ClaimFirst:
         return getattr(self._tx, name)
 
     def _settled(self) -> None:
-        if self._claim.settle() is None:
-            raise LostBet("a token already has a row")
+        _claimed(self._claim)
