@@ -45,7 +45,8 @@ class ClaimAhead:
         try:
             self._cursor = driver.cursor()
             lines = "\n".join(batch)  # one text parameter: far cheaper to send than an array
-            statement, sent = _FROM_LINES, lines
+            sent: str | list[str] = lines
+            statement = _FROM_LINES
             if lines.count("\n") != len(batch) - 1:  # a token holds a line break
                 statement, sent = _FROM_ARRAY, list(batch)
             self._cursor.execute(statement, (namespace, TokenState.DONE.value, now, now + ttl, sent))
