@@ -1,64 +1,206 @@
-"""The `Transport` protocol: how messages arrive and how consumers acknowledge them."""
+"""The `Transport` contract: publish, subscribe a group member, acknowledge through receipts.
+
+A `Transport` publishes and opens `Subscription`s. A subscription is one
+member of a consumer group on some topics; it fetches messages and
+acknowledges each through the message's opaque ``receipt``:
+
+==================  ==========  ===============================================
+call                ack type    meaning
+==================  ==========  ===============================================
+``ack``             STANDARD    done; never deliver again to this group
+``nack(delay)``     REDELIVERED deliver again after ``delay`` seconds; the
+                                transport counts deliveries (``attempt``)
+``dead_letter``     POISON      never deliver again; the transport may keep it
+                                in its own ``%DLQ%<group>``
+``in_progress``     (renew)     still working: extend the message's lease
+==================  ==========  ===============================================
+
+A fetched message neither acked, nacked nor dead-lettered comes back when its
+lease ends (the member is presumed dead). The transport, not the caller,
+owns the delivery count and where a redelivery waits (natively, or in a
+``%RETRY%<group>`` queue).
+
+Optional capabilities are declared in `Capabilities`, never faked:
+
+* ``consumer_offsets``: the consumer keeps the group's position. When queues
+  are assigned, `SubscribeOptions.on_assign` returns the saved offsets and
+  the subscription seeks there; ``commit`` records the contiguous prefix of
+  done offsets (the worker's `OffsetWatermark`). Without it, ``commit`` raises.
+* ``drain``: ``pending`` and ``next_due`` can tell that nothing is left for
+  the group, which ``App.run(until_idle=True)`` needs.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Self
 
+from backends.errors import TransportError
 from backends.types import Failure, Message, OutgoingMessage, QueueRef
+
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+ORIGIN_TOPIC_HEADER = "x-reliable-origin-topic"
+"""The topic a message sent to one group only (a replay) was first published to."""
+
+Assign = Callable[[Sequence[QueueRef]], Mapping[QueueRef, int]]
+"""Called with the queues a member was given; returns saved offsets to seek to (may be empty)."""
+
+Revoke = Callable[[Sequence[QueueRef]], None]
+"""Called with the queues a member is about to lose, before another member may take them."""
+
+
+def retry_queue_name(group: str) -> str:
+    """``%RETRY%<group>``: where messages meant for ``group`` alone wait."""
+    return f"{RETRY_PREFIX}{group}"
+
+
+def dead_letter_queue_name(group: str) -> str:
+    """``%DLQ%<group>``: a transport's own dead-letter queue for ``group``."""
+    return f"{DLQ_PREFIX}{group}"
+
+
+def origin_topic(message: Message) -> str:
+    """The topic ``message`` belongs to, also when it came through ``%RETRY%<group>``."""
+    return message.headers.get(ORIGIN_TOPIC_HEADER, message.topic)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a transport can do beyond the core calls."""
+
+    consumer_offsets: bool = False
+    """The consumer keeps the position: seek on assignment, ``commit`` of done offsets."""
+    drain: bool = False
+    """``pending``/``next_due`` tell when nothing is left for the group."""
+    native_delay: bool = True
+    """``nack(delay)`` waits inside the engine (else the transport routes via ``%RETRY%``)."""
+    dead_letter_queue: bool = False
+    """POISON messages are kept in the transport's own ``%DLQ%<group>`` as well."""
+
+
+@dataclass(frozen=True)
+class SubscribeOptions:
+    """How a member consumes: prefetch, lease, and the assignment callbacks."""
+
+    prefetch: int = 100
+    """Messages a member may hold unacknowledged (where the engine enforces a window)."""
+    lease: float | None = None
+    """Seconds a fetched message stays with its member (visibility timeout, AckWait);
+    None takes the transport's default."""
+    on_assign: Assign | None = None
+    on_revoke: Revoke | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 1:
+            raise TransportError(f"subscribe option prefetch={self.prefetch!r}: an integer >= 1 is required")
+        if self.lease is not None and not self.lease > 0:
+            raise TransportError(f"subscribe option lease={self.lease!r}: a positive number is required")
+
+
+class Subscription(ABC):
+    """One member of a consumer group on some topics."""
+
+    capabilities: Capabilities
+
+    def __init__(self, group: str, topics: Sequence[str], options: SubscribeOptions) -> None:
+        check_name("group", group)
+        if not topics:
+            raise TransportError(f"group {group!r}: subscribe to at least one topic")
+        for topic in topics:
+            check_name("topic", topic)
+        self.group = group
+        self.topics = tuple(topics)
+        self.options = options
+
+    @abstractmethod
+    def fetch(self, max_messages: int, timeout: float) -> list[Message]:
+        """Up to ``max_messages`` due messages, waiting at most ``timeout`` seconds for one."""
+
+    @abstractmethod
+    def ack(self, messages: Sequence[Message]) -> None:
+        """STANDARD: ``messages`` are done for the group."""
+
+    @abstractmethod
+    def nack(self, message: Message, delay: float) -> None:
+        """REDELIVERED: deliver ``message`` again after ``delay`` seconds, counting the delivery."""
+
+    @abstractmethod
+    def dead_letter(self, message: Message, failure: Failure) -> None:
+        """POISON: never deliver ``message`` to the group again."""
+
+    def in_progress(self, messages: Sequence[Message]) -> None:
+        """Still working on ``messages``: extend their leases (JetStream's +WPI)."""
+
+    def commit(self, offsets: Mapping[QueueRef, int]) -> None:
+        """Record the group's position (next offset to read) per queue: ``consumer_offsets`` only."""
+        raise TransportError(f"{type(self).__name__} does not keep consumer offsets")
+
+    def pending(self) -> int:
+        """Messages not yet done for the group, scheduled redeliveries included: ``drain`` only."""
+        raise TransportError(f"{type(self).__name__} cannot tell what is pending")
+
+    def next_due(self) -> float | None:
+        """When the earliest scheduled redelivery falls due, or None: ``drain`` only."""
+        return None
+
+    @abstractmethod
+    def close(self) -> None:
+        """Leave the group; unacknowledged messages go to other members."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _check_fetch(self, max_messages: int) -> None:
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
+            raise TransportError(f"max_messages={max_messages!r}: must be an integer >= 1")
 
 
 class Transport(ABC):
-    """Fetch, ack, nack-with-delay, dead-letter and commit offsets for consumer groups.
+    """Publishes messages and subscribes members of consumer groups."""
 
-    Ack types map to methods: ``ack`` is STANDARD, ``nack`` REDELIVERED
-    (delivered again after ``delay`` with ``attempt + 1``), ``dead_letter``
-    POISON (moved to ``%DLQ%<group>``). A fetched message that is neither
-    acked nor nacked (the consumer died) comes back after the transport's
-    visibility timeout.
-    """
-
-    commits_offsets: bool = False
-    """True where the broker keeps a group's position as an offset that `commit` moves
-    (then the worker tracks the contiguous watermark of done offsets)."""
+    capabilities: Capabilities
 
     @abstractmethod
     def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         """Append ``messages`` to ``topic``; a message with ``delay`` is delivered later."""
 
     @abstractmethod
-    def fetch(self, group: str, topic: str, max_messages: int, timeout: float) -> list[Message]:
-        """Up to ``max_messages`` due messages, waiting at most ``timeout`` seconds for one."""
+    def subscribe(
+        self, group: str, topics: Sequence[str], options: SubscribeOptions | None = None
+    ) -> Subscription:
+        """A new member of ``group`` on ``topics`` (and on the group's ``%RETRY%`` queue)."""
 
     @abstractmethod
-    def ack(self, group: str, messages: Sequence[Message]) -> None:
-        """STANDARD: the messages are done for ``group``."""
+    def publish_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        """Deliver ``messages`` of ``topic`` to ``group`` only (a dead-letter replay)."""
 
     @abstractmethod
-    def nack(self, group: str, message: Message, delay: float) -> None:
-        """REDELIVERED: deliver ``message.next_attempt(...)`` again after ``delay`` seconds.
-
-        The caller passes the message as it should be redelivered (attempt and
-        first failure time already advanced); the transport stores them.
-        """
-
-    @abstractmethod
-    def dead_letter(self, group: str, message: Message, failure: Failure) -> None:
-        """POISON: never deliver ``message`` to ``group`` again; keep it in ``%DLQ%<group>``."""
-
-    @abstractmethod
-    def pending(self, group: str, topic: str) -> int:
-        """Messages of ``topic`` not yet done for ``group``, scheduled redeliveries included."""
-
-    def next_due(self, group: str, topic: str) -> float | None:
-        """When the earliest scheduled (delayed) message becomes due, or None if none is."""
-        return None
-
-    def commit(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
-        """Record consumed offsets (next offset to read); a no-op where acks are offsets."""
-
-    def seek(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
-        """Resume ``group`` from ``offsets`` (kept by the consumer); ignored where unsupported."""
-
     def close(self) -> None:
         """Release connections and files."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def check_name(kind: str, name: str) -> None:
+    """A `TransportError` unless ``name`` is a non-empty string."""
+    if not isinstance(name, str) or not name:
+        raise TransportError(f"{kind} name {name!r}: a non-empty string is required")
+
+
+def check_outgoing(messages: Sequence[OutgoingMessage]) -> None:
+    """A `TransportError` naming the first message a transport cannot publish."""
+    for message in messages:
+        if not isinstance(message.payload, bytes):
+            raise TransportError(f"message payload must be bytes, got {type(message.payload).__name__}")
+        if message.delay < 0:
+            raise TransportError(f"message delay {message.delay!r}: must be >= 0")
