@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -38,7 +38,11 @@ class OutgoingMessage:
 
 @dataclass(frozen=True)
 class Message:
-    """A delivered message. Immutable: a redelivery is a new one with ``attempt + 1``.
+    """A delivered message. Immutable; ``attempt`` is the transport's delivery count.
+
+    ``queue`` and ``offset`` are the message's place where the transport has one
+    (-1 where it has none); ``receipt`` is the transport's own handle for
+    acknowledging it, opaque to everyone else.
 
     ``payload`` holds the bytes exactly as published; ``body`` decodes them
     (JSON, or msgpack when the ``content-type`` header says so) on first use.
@@ -67,11 +71,6 @@ class Message:
         if cached is _UNDECODED:
             cached = self.__dict__["_body"] = decode_body(self.payload, self.headers.get(CONTENT_TYPE, JSON))
         return cached
-
-    def next_attempt(self, failed_at: float) -> Message:
-        """The message as it is redelivered after failing at ``failed_at``."""
-        first = self.first_failure_at if self.first_failure_at is not None else failed_at
-        return replace(self, attempt=self.attempt + 1, first_failure_at=first)
 
 
 @dataclass(frozen=True)

@@ -146,13 +146,15 @@ class OffsetWatermark:
     """The contiguous prefix of done offsets per queue, for concurrent workers.
 
     Offsets are registered as fetched and marked done in any order; only the
-    offset below which everything is done may be committed.
+    offset below which everything is done may be committed or saved, so a
+    saved position never passes a message still in flight.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._next: dict[QueueRef, int] = {}
         self._done: dict[QueueRef, set[int]] = {}
+        self._reported: dict[QueueRef, int] = {}
 
     def fetched(self, messages: Iterable[Message]) -> None:
         with self._lock:
@@ -161,21 +163,52 @@ class OffsetWatermark:
                 if current is None or m.offset < current:
                     self._next[m.ref] = m.offset
                 self._done.setdefault(m.ref, set())
+                self._reported.setdefault(m.ref, m.offset)
 
     def mark_done(self, messages: Iterable[Message]) -> dict[QueueRef, int]:
-        """Mark ``messages`` done; return the queues whose watermark advanced (next offset)."""
+        """Mark ``messages`` done; return the queues whose position moved since last reported.
+
+        A message may be marked twice (saved with its transaction, then acked);
+        the second time changes nothing.
+        """
         advanced: dict[QueueRef, int] = {}
         with self._lock:
             for m in messages:
-                self._done.setdefault(m.ref, set()).add(m.offset)
+                if m.ref in self._next and m.offset >= self._next[m.ref]:  # revoked: not ours
+                    self._done[m.ref].add(m.offset)
             for ref, done in self._done.items():
-                start = position = self._next.get(ref, 0)
+                position = self._next[ref]
                 while position in done:
                     done.discard(position)
                     position += 1
-                if position != start:
-                    self._next[ref] = advanced[ref] = position
+                self._next[ref] = position
+                if position > self._reported.get(ref, position):
+                    self._reported[ref] = advanced[ref] = position
         return advanced
+
+    def positions_if_done(self, messages: Iterable[Message]) -> dict[QueueRef, int]:
+        """Where the queues of ``messages`` would stand once they are done too (nothing changes)."""
+        extra: dict[QueueRef, set[int]] = {}
+        for m in messages:
+            extra.setdefault(m.ref, set()).add(m.offset)
+        positions: dict[QueueRef, int] = {}
+        with self._lock:
+            for ref, offsets in extra.items():
+                if ref not in self._next:
+                    continue
+                done, position = self._done[ref], self._next[ref]
+                while position in done or position in offsets:
+                    position += 1
+                positions[ref] = position
+        return positions
+
+    def forget(self, queues: Iterable[QueueRef]) -> None:
+        """Drop ``queues`` (revoked, or assigned afresh): their next fetch starts them again."""
+        with self._lock:
+            for ref in queues:
+                self._next.pop(ref, None)
+                self._done.pop(ref, None)
+                self._reported.pop(ref, None)
 
     def committable(self) -> dict[QueueRef, int]:
         with self._lock:

@@ -2,8 +2,13 @@
 
 The record itself (`backends.types.DeadLetter`: the original message with its
 bytes unchanged, the token and the `Failure`) is written by the pipeline in
-the store. Replaying publishes the original message back to its topic with
-the replay count in a header (its token was never claimed, since the failed
+the store: that table is the one place a framework user looks for dead
+letters (``reliable dlq``, `App.dead_letters`), whatever the transport; a
+transport's own ``%DLQ%<group>`` mirrors it for the engine's operators.
+Replaying sends the original message back to its group only (the
+transport's ``publish_to_group``: ``%RETRY%<group>``, the group's own queue,
+or a retry topic; never every group of the topic) with the replay count in a
+header (its token was never claimed, since the failed
 transaction rolled back, so the replay runs the handler again); a message replayed ``max_replays`` times is
 refused (`ReplayLoopError`) unless forced, so a poison message cannot loop.
 """
@@ -15,10 +20,10 @@ from collections.abc import Sequence
 import structlog
 
 from backends.store.base import Store
-from backends.transport.base import Transport
+from backends.transport.base import ORIGIN_TOPIC_HEADER, Transport, origin_topic
 from backends.types import DeadLetter, OutgoingMessage
 from reliable.errors import ReplayLoopError
-from reliable.message import PREVIOUS_DELAY_HEADER, REPLAYS_HEADER
+from reliable.message import REPLAYS_HEADER
 
 log = structlog.get_logger("reliable.deadletter")
 
@@ -75,6 +80,7 @@ class DeadLetters:
 
     def _republish(self, letter: DeadLetter) -> None:
         m = letter.message
-        headers = {k: v for k, v in m.headers.items() if k != PREVIOUS_DELAY_HEADER}
+        headers = {k: v for k, v in m.headers.items() if k != ORIGIN_TOPIC_HEADER}
         headers[REPLAYS_HEADER] = str(letter.replays + 1)
-        self.transport.publish(m.topic, [OutgoingMessage(m.payload, key=m.key, headers=headers, message_id=m.id)])
+        outgoing = OutgoingMessage(m.payload, key=m.key, headers=headers, message_id=m.id)
+        self.transport.publish_to_group(letter.group, origin_topic(m), [outgoing])

@@ -23,14 +23,10 @@ from backends.types import (
 REPLAYS_HEADER = "x-reliable-replays"
 """How many times a message was replayed from the dead-letter queue."""
 
-PREVIOUS_DELAY_HEADER = "x-reliable-redelivery-delay"
-"""The previous redelivery delay, which the next one grows from (ActiveMQ's rule)."""
-
 __all__ = [
     "CONTENT_TYPE",
     "JSON",
     "MSGPACK",
-    "PREVIOUS_DELAY_HEADER",
     "REPLAYS_HEADER",
     "DeadLetter",
     "Failure",

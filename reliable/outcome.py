@@ -28,7 +28,6 @@ class Result:
     token: str | None = None
     value: Any = None  # the handler's return value (lease mode: the stored one for duplicates)
     delay: float = 0.0  # REDELIVERED / DEFERRED: when to deliver again
-    redelivery: Message | None = None  # REDELIVERED: the message as it comes back
     failure: Failure | None = None  # DEAD_LETTERED
     error: BaseException | None = None
 

@@ -16,17 +16,17 @@ from __future__ import annotations
 import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import structlog
 
 from backends.errors import ReliableError, StoreUnavailableError
 from backends.store.base import TokenState, Transaction
-from backends.types import DeadLetter, Failure, Message, QueueRef
+from backends.types import DeadLetter, Failure, Message
+from reliable.commit import OffsetWatermark
 from reliable.handler import Handler
 from reliable.idempotency import Guard
-from reliable.message import PREVIOUS_DELAY_HEADER, REPLAYS_HEADER
+from reliable.message import REPLAYS_HEADER
 from reliable.outcome import Outcome, Result
 from reliable.retry import Verdict, call_with_retry, classify
 from reliable.runtime import Runtime
@@ -35,13 +35,19 @@ log = structlog.get_logger("reliable.pipeline")
 
 
 class Pipeline:
-    """Runs one handler's messages through the pipeline against a runtime."""
+    """Runs one handler's messages through the pipeline against a runtime.
 
-    def __init__(self, handler: Handler, runtime: Runtime, offsets_in_transaction: bool) -> None:
+    With ``offsets`` (the transactional commit strategy on a transport whose
+    consumer keeps offsets), every transaction also saves where its queues
+    stand once its messages are done: the contiguous prefix of the watermark,
+    never past a message still in flight.
+    """
+
+    def __init__(self, handler: Handler, runtime: Runtime, offsets: OffsetWatermark | None = None) -> None:
         self.handler = handler
         self.config = handler.config
         self.runtime = runtime
-        self.offsets_in_transaction = offsets_in_transaction
+        self.offsets = offsets
         self.guard = Guard(
             namespace=handler.group,
             cache=runtime.cache,
@@ -86,7 +92,8 @@ class Pipeline:
                 return False, None
             value = self.handler.call(message, tx)
             self._save_offsets(tx, [message])
-            return True, value
+        self._offsets_saved([message])
+        return True, value
 
     # -- batch ----------------------------------------------------------------
 
@@ -139,7 +146,9 @@ class Pipeline:
                 for i, message, token in fresh:
                     results[i] = self._isolated(tx, message, token)
             self._dead_letter_in(tx, [r for r in results.values() if r.outcome is Outcome.DEAD_LETTERED])
-            self._save_offsets(tx, [r.message for r in results.values()])
+            done = [r.message for r in results.values() if r.acked or r.outcome is Outcome.DEAD_LETTERED]
+            self._save_offsets(tx, done)
+        self._offsets_saved(done)
 
     def _isolated(self, tx: Transaction, message: Message, token: str | None) -> Result:
         def attempt() -> bool:
@@ -203,23 +212,24 @@ class Pipeline:
         )
 
     def _save_offsets(self, tx: Transaction, messages: Sequence[Message]) -> None:
-        if not self.offsets_in_transaction or not messages:
+        if self.offsets is None or not messages:
             return
-        offsets: dict[QueueRef, int] = {}
-        for m in messages:
-            offsets[m.ref] = max(offsets.get(m.ref, 0), m.offset + 1)
-        tx.save_offsets(self.handler.group, offsets)
+        positions = self.offsets.positions_if_done(messages)
+        if positions:
+            tx.save_offsets(self.handler.group, positions)
+
+    def _offsets_saved(self, messages: Sequence[Message]) -> None:
+        """The transaction that saved ``messages``' positions committed: they are done."""
+        if self.offsets is not None:
+            self.offsets.mark_done(messages)
 
     def _failed(self, message: Message, token: str | None, exc: BaseException) -> Result:
         """The failure branch: redeliver with the policy's next delay, or dead-letter."""
         now = self.runtime.clock.time()
         policy = self.config.redelivery
         if classify(exc, self.handler.classifier) is Verdict.RETRY and not policy.gives_up(message.attempt):
-            previous = float(message.headers.get(PREVIOUS_DELAY_HEADER, 0)) or None
-            delay = policy.next_delay(previous, self.runtime.rng, attempt=message.attempt)
-            headers = {**message.headers, PREVIOUS_DELAY_HEADER: repr(delay)}
-            again = replace(message.next_attempt(now), headers=headers)
-            return Result(message, Outcome.REDELIVERED, token, delay=delay, redelivery=again, error=exc)
+            delay = policy.next_delay(None, self.runtime.rng, attempt=message.attempt)
+            return Result(message, Outcome.REDELIVERED, token, delay=delay, error=exc)
         failure = Failure(
             error_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
             error_message=str(exc),
@@ -247,6 +257,7 @@ class Pipeline:
                 self._save_offsets(tx, [result.message])
         except StoreUnavailableError as exc:
             return self._deferred(result.message, result.token, exc)
+        self._offsets_saved([result.message])
         return result
 
     def _deferred(self, message: Message, token: str | None, exc: Exception) -> Result:

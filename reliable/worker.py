@@ -1,19 +1,31 @@
-"""The consume loop of one handler: fetch with prefetch, dispatch, acknowledge.
+"""The consume loop of one handler: subscribe, fetch with prefetch, dispatch, acknowledge.
 
-With ``concurrency > 1`` messages are dispatched to lanes by key, so messages
-with the same key keep their order; offsets are committed only up to the
-contiguous prefix of done messages (`OffsetWatermark`).
+A worker is one member of its handler's group. With ``concurrency > 1``
+messages are dispatched to lanes by key, so messages with the same key keep
+their order. Where the consumer keeps offsets (`Capabilities.consumer_offsets`)
+the worker tracks the contiguous prefix of done offsets (`OffsetWatermark`),
+commits only that, and — with the transactional strategy — saves it in the
+handler's transaction and seeks back to it when queues are assigned.
+
+A transport that cannot be reached does not end the worker: the subscription
+is dropped, the worker waits with a growing backoff (`Reconnect`) and
+subscribes again. Messages it held are redelivered by the transport and
+de-duplicated by their tokens.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import structlog
 
-from backends.types import Message
+from backends.clock import Clock
+from backends.errors import BackendUnavailableError
+from backends.transport.base import SubscribeOptions, Subscription
+from backends.types import Message, QueueRef
 from reliable.commit import CommitStrategy, OffsetWatermark
 from reliable.handler import Handler
 from reliable.outcome import Outcome, Result
@@ -21,30 +33,73 @@ from reliable.pipeline import Pipeline
 from reliable.runtime import Runtime
 
 log = structlog.get_logger("reliable.worker")
+FAILED = object()
+"""What a guarded transport call returns when the transport could not be reached."""
+
+
+class Reconnect:
+    """Backoff between attempts to reach a transport: 0.1 s doubling to ``max_delay``."""
+
+    def __init__(self, clock: Clock, initial: float = 0.1, max_delay: float = 5.0) -> None:
+        self.clock, self.initial, self.max_delay = clock, initial, max_delay
+        self.failures = 0
+
+    def failed(self, handler: str, exc: BaseException) -> None:
+        """Log the outage and wait before the next attempt."""
+        delay = min(self.initial * 2**self.failures, self.max_delay)
+        self.failures += 1
+        log.warning("transport_unavailable", handler=handler, failures=self.failures,
+                    retry_in=round(delay, 3), error=str(exc))
+        self.clock.sleep(delay)
+
+    def succeeded(self, handler: str) -> None:
+        if self.failures:
+            log.info("transport_reconnected", handler=handler, after_failures=self.failures)
+        self.failures = 0
 
 
 class Worker:
-    """Consumes one handler's topic for its group."""
+    """Consumes one handler's topic as a member of its group."""
 
     def __init__(self, handler: Handler, runtime: Runtime, strategy: CommitStrategy) -> None:
         self.handler = handler
         self.runtime = runtime
         self.strategy = strategy
-        self.pipeline = Pipeline(handler, runtime, offsets_in_transaction=strategy.in_transaction)
-        self.watermark = OffsetWatermark() if runtime.transport.commits_offsets else None
+        capabilities = runtime.transport.capabilities
+        self.watermark = OffsetWatermark() if capabilities.consumer_offsets else None
+        saves_offsets = strategy.in_transaction and self.watermark is not None
+        if strategy.in_transaction and self.watermark is None:
+            log.info("offsets_not_saved", handler=handler.name,
+                     reason="the transport acknowledges each message; transactional acts as per_message")
+        self.pipeline = Pipeline(handler, runtime, self.watermark if saves_offsets else None)
+        self._saves_offsets = saves_offsets
         self.lanes = handler.config.concurrency
         self._pool = ThreadPoolExecutor(self.lanes, thread_name_prefix=f"reliable-{handler.name}") if self.lanes > 1 else None
-        if strategy.in_transaction and runtime.transport.commits_offsets:
-            runtime.transport.seek(handler.group, runtime.store.load_offsets(handler.group))
+        self._subscription: Subscription | None = None
+        self._reconnect = Reconnect(runtime.clock)
 
     @property
     def fetch_size(self) -> int:
         return self.handler.batch * self.lanes if self.handler.batch else self.handler.config.prefetch
 
+    @property
+    def subscription(self) -> Subscription:
+        """This worker's membership of its group (joined on first use, again after an outage)."""
+        if self._subscription is None:
+            options = SubscribeOptions(
+                prefetch=max(self.handler.config.prefetch, self.fetch_size),
+                on_assign=self._assigned,
+                on_revoke=self._revoked,
+            )
+            self._subscription = self.runtime.transport.subscribe(self.handler.group, [self.handler.topic], options)
+            log.info("group_joined", handler=self.handler.name, group=self.handler.group, topic=self.handler.topic)
+        return self._subscription
+
     def poll(self, timeout: float) -> int:
         """One fetch-and-process cycle; returns how many messages were fetched."""
-        transport, group = self.runtime.transport, self.handler.group
-        messages = transport.fetch(group, self.handler.topic, self.fetch_size, timeout)
+        messages = self._guarded(lambda: self.subscription.fetch(self.fetch_size, timeout))
+        if messages is FAILED:
+            return 0
         if messages:
             if self.watermark is not None:
                 self.watermark.fetched(messages)
@@ -53,10 +108,17 @@ class Worker:
         return len(messages)
 
     def pending(self) -> int:
-        return self.runtime.transport.pending(self.handler.group, self.handler.topic)
+        """Messages left for the group; a transport that cannot tell counts as 0 (never idle-waits)."""
+        if not self.runtime.transport.capabilities.drain:
+            return 0
+        pending = self._guarded(lambda: self.subscription.pending())
+        return 1 if pending is FAILED else pending  # unreachable: not idle, try again
 
     def next_due(self) -> float | None:
-        return self.runtime.transport.next_due(self.handler.group, self.handler.topic)
+        if not self.runtime.transport.capabilities.drain:
+            return None
+        due = self._guarded(lambda: self.subscription.next_due())
+        return None if due is FAILED else due
 
     def flush(self) -> None:
         self.strategy.flush(self._ack)
@@ -68,13 +130,43 @@ class Worker:
         self.pipeline.guard.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        self._leave()
+
+    # -- assignment -------------------------------------------------------------------------
+
+    def _assigned(self, queues: Sequence[QueueRef]) -> Mapping[QueueRef, int]:
+        """Start ``queues`` afresh; with saved offsets, resume each from its saved position."""
+        if self.watermark is not None:
+            self.watermark.forget(queues)
+        if not self._saves_offsets:
+            return {}
+        saved = self.runtime.store.load_offsets(self.handler.group)
+        resume = {ref: saved[ref] for ref in queues if ref in saved}
+        if resume:
+            log.info("offsets_resumed", handler=self.handler.name, group=self.handler.group,
+                     offsets={f"{r.topic}/{r.queue}": o for r, o in sorted(resume.items())})
+        return resume
+
+    def _revoked(self, queues: Sequence[QueueRef]) -> None:
+        """Acknowledge what is done before another member takes ``queues``.
+
+        When the worker leaves (shutdown, outage) it has flushed already, or cannot.
+        """
+        try:
+            if self._subscription is not None:
+                self.strategy.flush(self._ack)
+        finally:
+            if self.watermark is not None:
+                self.watermark.forget(queues)
+
+    # -- dispatch and acknowledgement ---------------------------------------------------------
 
     def _dispatch(self, messages: list[Message]) -> list[Result]:
         if self._pool is None:
             return self._process(messages)
         lanes: list[list[Message]] = [[] for _ in range(self.lanes)]
         for m in messages:
-            lane_key = m.key if m.key is not None else f"{m.topic}/{m.queue}/{m.offset}"
+            lane_key = m.key if m.key is not None else f"{m.topic}/{m.queue}/{m.offset}/{m.id}"
             lanes[zlib.crc32(lane_key.encode()) % self.lanes].append(m)
         futures = [self._pool.submit(self._process, lane) for lane in lanes if lane]
         return [result for future in futures for result in future.result()]
@@ -84,27 +176,45 @@ class Worker:
         return [r for i in range(0, len(messages), size) for r in self.pipeline.process(messages[i : i + size])]
 
     def _settle(self, results: Sequence[Result]) -> None:
-        transport, group = self.runtime.transport, self.handler.group
-        moved: list[Message] = []
-        for r in results:
-            if r.outcome is Outcome.REDELIVERED and r.redelivery is not None:
-                transport.nack(group, r.redelivery, r.delay)
-                moved.append(r.message)
-            elif r.outcome is Outcome.DEAD_LETTERED and r.failure is not None:
-                transport.dead_letter(group, r.message, r.failure)
-                moved.append(r.message)
-            elif r.outcome is Outcome.DEFERRED:
-                transport.nack(group, r.message, r.delay)
-        self._advance(moved)
+        self._advance([r.message for r in results if self._hand_back(r)])
         self.strategy.done([r.message for r in results if r.acked], self._ack, self.runtime.clock.time())
 
+    def _hand_back(self, result: Result) -> bool:
+        """Nack or dead-letter a message that was not done; True once the transport took it."""
+        message, failure = result.message, result.failure
+        if result.outcome is Outcome.REDELIVERED or result.outcome is Outcome.DEFERRED:
+            return self._guarded(lambda: self.subscription.nack(message, result.delay)) is not FAILED
+        if result.outcome is Outcome.DEAD_LETTERED and failure is not None:
+            return self._guarded(lambda: self.subscription.dead_letter(message, failure)) is not FAILED
+        return False
+
     def _ack(self, messages: Sequence[Message]) -> None:
-        self.runtime.transport.ack(self.handler.group, messages)
-        self._advance(messages)
+        if self._guarded(lambda: self.subscription.ack(messages)) is not FAILED:
+            self._advance(messages)
 
     def _advance(self, messages: Sequence[Message]) -> None:
         if self.watermark is None or not messages:
             return
         advanced = self.watermark.mark_done(messages)
         if advanced:
-            self.runtime.transport.commit(self.handler.group, advanced)
+            self._guarded(lambda: self.subscription.commit(advanced))
+
+    def _guarded(self, call: Callable[[], Any]) -> Any:
+        """``call()``, or `FAILED` after a transport outage (logged; the worker subscribes again)."""
+        try:
+            result = call()
+        except BackendUnavailableError as exc:
+            self._leave()
+            self._reconnect.failed(self.handler.name, exc)
+            return FAILED
+        self._reconnect.succeeded(self.handler.name)
+        return result
+
+    def _leave(self) -> None:
+        subscription, self._subscription = self._subscription, None
+        if subscription is None:
+            return
+        try:
+            subscription.close()
+        except Exception as exc:  # leaving a group over a dead connection: nothing to save
+            log.info("group_left_uncleanly", handler=self.handler.name, error=str(exc))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sqlalchemy import Connection, delete, select
+from sqlalchemy import Connection, case, delete, select
 
 from backends.errors import FenceConflictError
 from backends.store.engine import upsert
@@ -15,13 +15,16 @@ FENCE_HISTORY = 1_000  # batches kept per fence name below the newest (for inspe
 
 
 def save_offsets(connection: Connection, group: str, positions: Mapping[QueueRef, int]) -> None:
-    """Upsert the next offset to consume per queue."""
+    """Upsert the next offset to consume per queue; a saved position never moves backwards."""
     if not positions:
         return
     insert = upsert(connection, offsets)
     statement = insert.on_conflict_do_update(
         index_elements=[offsets.c.group, offsets.c.topic, offsets.c.queue],
-        set_={"next_offset": insert.excluded.next_offset},
+        set_={"next_offset": case(
+            (insert.excluded.next_offset > offsets.c.next_offset, insert.excluded.next_offset),
+            else_=offsets.c.next_offset,
+        )},
     )
     rows = [
         {"group": group, "topic": ref.topic, "queue": ref.queue, "next_offset": offset}

@@ -14,7 +14,7 @@ import itertools
 import json
 import sqlite3
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import structlog
@@ -22,6 +22,7 @@ import structlog
 from backends.clock import SYSTEM_CLOCK, Clock
 from backends.errors import TransportError
 from backends.transport import embedded_log
+from backends.transport.base import Capabilities
 from backends.transport.embedded_db import Database
 from backends.transport.embedded_log import MESSAGE_COLUMNS, dump_headers, to_message
 from backends.transport.leasing import (
@@ -29,7 +30,6 @@ from backends.transport.leasing import (
     DEFAULT_VISIBILITY_TIMEOUT,
     DeliveryState,
     LeasingTransport,
-    log_dead_letter,
     new_message_id,
     positive,
 )
@@ -57,13 +57,16 @@ SELECT EXISTS (SELECT 1 FROM deliveries WHERE grp = ? AND topic = ? AND due_at <
     OR EXISTS (SELECT 1 FROM queues q LEFT JOIN cursors c
                ON c.grp = ? AND c.topic = q.topic AND c.queue = q.queue
                WHERE q.topic = ? AND q.next_offset > COALESCE(c.next_offset, 0))"""
-_LEASE_DUE = f"UPDATE deliveries SET state = '{IN_FLIGHT}', due_at = ? WHERE {_KEY}"
+_LEASE_DUE = (
+    f"UPDATE deliveries SET state = '{IN_FLIGHT}', attempt = attempt + 1, due_at = ? WHERE {_KEY}"
+)
+_EXTEND = f"UPDATE deliveries SET due_at = ? WHERE state = '{IN_FLIGHT}' AND {_KEY}"
 _LEASE_FRESH = (
     'INSERT INTO deliveries (grp, topic, queue, "offset", state, attempt, due_at)'
     f" VALUES (?, ?, ?, ?, '{IN_FLIGHT}', 1, ?)"
 )
 _NACK = (
-    "UPDATE deliveries SET state = ?, attempt = ?, first_failure_at = ?, headers = ?, due_at = ?"
+    "UPDATE deliveries SET state = ?, first_failure_at = COALESCE(first_failure_at, ?), due_at = ?"
     f" WHERE {_KEY}"
 )
 _DEAD_LETTER = (
@@ -97,8 +100,9 @@ class EmbeddedTransport(LeasingTransport):
         """The database file."""
         return self._db.path
 
-    def ack(self, group: str, messages: Sequence[Message]) -> None:
-        self._check_open()
+    capabilities = Capabilities(drain=True, dead_letter_queue=True)
+
+    def _ack(self, group: str, messages: Sequence[Message]) -> None:
         if messages:
             with self._db.write() as db:
                 db.executemany(
@@ -106,33 +110,27 @@ class EmbeddedTransport(LeasingTransport):
                     [(group, m.topic, m.queue, m.offset) for m in messages],
                 )
 
-    def nack(self, group: str, message: Message, delay: float) -> None:
-        self._check_open()
-        headers = dump_headers(message.headers)
-        due_at = self._clock.time() + delay
+    def _nack(self, group: str, message: Message, due_at: float, failed_at: float) -> None:
+        key = (group, message.topic, message.queue, message.offset)
         with self._db.write() as db:  # no row: already done, a late nack does not resurrect it
-            db.execute(
-                _NACK,
-                (
-                    SCHEDULED,
-                    message.attempt,
-                    message.first_failure_at,
-                    headers,
-                    due_at,
-                    group,
-                    message.topic,
-                    message.queue,
-                    message.offset,
-                ),
-            )
-        self._signal()
+            db.execute(_NACK, (SCHEDULED, failed_at, due_at, *key))
 
-    def dead_letter(self, group: str, message: Message, failure: Failure) -> None:
-        self._check_open()
+    def _extend(self, group: str, messages: Sequence[Message], until: float) -> None:
+        with self._db.write() as db:
+            db.executemany(_EXTEND, [(until, group, m.topic, m.queue, m.offset) for m in messages])
+
+    def _commit(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
+        raise TransportError("the embedded stand-in does not keep consumer offsets")
+
+    def _queue_count(self, topic: str) -> int:
+        with self._db.write() as db:
+            return len(embedded_log.heads(db, topic, self._queues))
+
+    def _dead_letter(self, group: str, message: Message, failure: Failure) -> bool:
         key = (group, message.topic, message.queue, message.offset)
         with self._db.write() as db:
             if db.execute(f"DELETE FROM deliveries WHERE {_KEY}", key).rowcount == 0:
-                return
+                return False
             db.execute(
                 _DEAD_LETTER,
                 (
@@ -147,10 +145,9 @@ class EmbeddedTransport(LeasingTransport):
                     json.dumps(asdict(failure)),
                 ),
             )
-        log_dead_letter(group, message, failure)
+        return True
 
-    def pending(self, group: str, topic: str) -> int:
-        self._check_open()
+    def _pending(self, group: str, topic: str) -> int:
         unread = sum(head - cursor for _, head, cursor in self._db.read(_UNREAD, (group, topic)))
         ((outstanding,),) = self._db.read(
             "SELECT COUNT(*) FROM deliveries WHERE grp = ? AND topic = ?", (group, topic)
@@ -158,13 +155,10 @@ class EmbeddedTransport(LeasingTransport):
         ((delayed,),) = self._db.read("SELECT COUNT(*) FROM delayed WHERE topic = ?", (topic,))
         return unread + outstanding + delayed
 
-    def next_due(self, group: str, topic: str) -> float | None:
-        self._check_open()
+    def _next_due(self, group: str, topic: str) -> float | None:
         return self._earliest(group, topic, f"AND state = '{SCHEDULED}'")
 
-    def seek(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
-        """Move ``group``'s cursors; outstanding messages at or after a new cursor are read again."""
-        self._check_open()
+    def _seek(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
         with self._db.write() as db:
             for ref, offset in offsets.items():
                 heads = embedded_log.heads(db, ref.topic, self._queues)
@@ -218,10 +212,12 @@ class EmbeddedTransport(LeasingTransport):
             embedded_log.delay(db, topic, delayed)
         self._signal()
 
-    def _claim(self, group: str, topic: str, max_messages: int, now: float) -> list[Message]:
+    def _claim(
+        self, group: str, topic: str, max_messages: int, now: float, lease_for: float
+    ) -> list[Message]:
         if not self._db.read(_HAS_WORK, (group, topic, now, topic, now, group, topic))[0][0]:
             return []  # nothing for us: do not take the write lock other processes may want
-        lease = now + self._visibility_timeout
+        lease = now + lease_for
         with self._db.write() as db:
             embedded_log.promote(db, topic, now, self._queues)
             due = self._take_due(db, group, topic, now, max_messages)
@@ -242,6 +238,7 @@ class EmbeddedTransport(LeasingTransport):
         due = []
         for row in db.execute(_DUE, (group, topic, now, limit)):
             message = to_message(row[:10])
+            message = replace(message, attempt=message.attempt + 1)  # _LEASE_DUE counts it
             if row[10] == IN_FLIGHT:
                 log.warning(
                     "transport.lease_expired",

@@ -1,10 +1,14 @@
 """What every leasing transport shares: argument checks, queue routing and the fetch wait.
 
-A *leasing* transport hands each fetched message to one fetcher of a group
-for ``visibility_timeout`` seconds (its lease). A message neither acked,
-nacked nor dead-lettered before the lease ends is due again: the consumer is
-presumed dead. The public operations are written once here; a backend
-(memory, embedded, redis) implements the private primitives.
+A *leasing* transport hands each fetched message to one member of a group
+for ``lease`` seconds (the visibility timeout). A message neither acked,
+nacked nor dead-lettered before the lease ends is due again, with its
+delivery count raised: the member is presumed dead. Every member is given
+every queue of its topics (the lease, not an assignment, keeps two members
+off one message) plus the group's ``%RETRY%<group>`` queue, where replays
+meant for the group alone wait. The public operations (`LeasingTransport`,
+`LeasingSubscription`) are written once here; a backend (memory, embedded,
+redis) implements the private primitives.
 """
 
 from __future__ import annotations
@@ -14,15 +18,25 @@ import os
 import threading
 import zlib
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from enum import StrEnum
 
 import structlog
 
 from backends.clock import Clock, SystemClock
 from backends.errors import ConfigurationError, TransportError
-from backends.transport.base import Transport
-from backends.types import DeadLetter, Failure, Message, OutgoingMessage
+from backends.transport.base import (
+    ORIGIN_TOPIC_HEADER,
+    Capabilities,
+    SubscribeOptions,
+    Subscription,
+    Transport,
+    check_name,
+    check_outgoing,
+    retry_queue_name,
+)
+from backends.types import DeadLetter, Failure, Message, OutgoingMessage, QueueRef
 
 DEFAULT_QUEUES = 4
 DEFAULT_VISIBILITY_TIMEOUT = 30.0
@@ -36,11 +50,6 @@ class DeliveryState(StrEnum):
 
     IN_FLIGHT = "in_flight"  # leased to a fetcher until its due time
     SCHEDULED = "scheduled"  # nacked or delayed: fetchable again from its due time
-
-
-def dead_letter_queue_name(group: str) -> str:
-    """The name of ``group``'s dead-letter queue."""
-    return f"%DLQ%{group}"
 
 
 def log_dead_letter(group: str, message: Message, failure: Failure) -> None:
@@ -88,13 +97,10 @@ def positive(name: str, value: float) -> float:
     return value
 
 
-def _check_name(kind: str, name: str) -> None:
-    if not isinstance(name, str) or not name:
-        raise TransportError(f"{kind} name {name!r}: a non-empty string is required")
-
-
 class LeasingTransport(Transport):
     """The `Transport` operations written once over a backend's claim/wait primitives."""
+
+    capabilities = Capabilities(consumer_offsets=True, drain=True, dead_letter_queue=True)
 
     def __init__(
         self, clock: Clock, queues: int, visibility_timeout: float, poll_interval: float | None
@@ -115,34 +121,30 @@ class LeasingTransport(Transport):
 
     @property
     def visibility_timeout(self) -> float:
-        """Seconds a fetched message stays leased to its fetcher."""
+        """Seconds a fetched message stays leased to its member unless the member asks otherwise."""
         return self._visibility_timeout
 
     def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         self._check_open()
-        _check_name("topic", topic)
-        for message in messages:
-            if not isinstance(message.payload, bytes):
-                raise TransportError(f"message payload must be bytes, got {type(message.payload)}")
-            if message.delay < 0:
-                raise TransportError(f"message delay {message.delay!r}: must be >= 0")
+        check_name("topic", topic)
+        check_outgoing(messages)
         if messages:
             self._append(topic, messages, self._clock.time())
 
-    def fetch(self, group: str, topic: str, max_messages: int, timeout: float) -> list[Message]:
+    def publish_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        """Append to ``%RETRY%<group>``, which only members of ``group`` read."""
+        check_name("group", group)
+        check_name("topic", topic)
+        self.publish(
+            retry_queue_name(group),
+            [replace(m, headers={**m.headers, ORIGIN_TOPIC_HEADER: topic}) for m in messages],
+        )
+
+    def subscribe(
+        self, group: str, topics: Sequence[str], options: SubscribeOptions | None = None
+    ) -> LeasingSubscription:
         self._check_open()
-        _check_name("group", group)
-        _check_name("topic", topic)
-        if max_messages < 1:
-            raise TransportError(f"max_messages={max_messages!r}: must be >= 1")
-        remaining = max(timeout, 0.0)
-        while True:
-            version = self._version()
-            now = self._clock.time()
-            claimed = self._claim(group, topic, max_messages, now)
-            if claimed or remaining <= 0:
-                return claimed
-            remaining -= self._pause(group, topic, version, remaining, now)
+        return LeasingSubscription(self, group, topics, options or SubscribeOptions())
 
     def dead_letter_queue(self, group: str) -> list[Message]:
         """The messages dead-lettered by ``group`` (``%DLQ%<group>``), oldest first, as given."""
@@ -155,14 +157,13 @@ class LeasingTransport(Transport):
     def close(self) -> None:
         self._closed = True
 
-    def _pause(self, group: str, topic: str, version: int, remaining: float, now: float) -> float:
-        """Wait for a change or a due time, at most ``remaining``; return the seconds spent.
+    def _wait(self, wake: float | None, version: int, remaining: float, now: float) -> float:
+        """Wait for a change or the ``wake`` time, at most ``remaining``; return the seconds spent.
 
         A fake clock is slept on (it advances, nothing blocks for real); the
         real clock waits on the backend's change signal, polling where other
         processes may publish.
         """
-        wake = self._wake_at(group, topic)
         pause = remaining if wake is None else min(remaining, wake - now)
         pause = min(max(pause, MIN_PAUSE), remaining)
         if not isinstance(self._clock, SystemClock):
@@ -177,17 +178,61 @@ class LeasingTransport(Transport):
         if self._closed:
             raise TransportError(f"{type(self).__name__} is closed")
 
+    # -- primitives, per backend ------------------------------------------------------------
+
     @abstractmethod
     def _append(self, topic: str, messages: Sequence[OutgoingMessage], now: float) -> None:
         """Store ``messages`` on their queues (delayed ones due at ``now + delay``)."""
 
     @abstractmethod
-    def _claim(self, group: str, topic: str, max_messages: int, now: float) -> list[Message]:
-        """Atomically lease up to ``max_messages`` due messages to the caller."""
+    def _claim(
+        self, group: str, topic: str, max_messages: int, now: float, lease: float
+    ) -> list[Message]:
+        """Atomically lease up to ``max_messages`` due messages until ``now + lease``.
+
+        A message claimed again (nacked, or its lease ended) has its delivery
+        count (``attempt``) raised by one.
+        """
 
     @abstractmethod
     def _wake_at(self, group: str, topic: str) -> float | None:
         """The earliest time a scheduled message or a lease of ``group`` falls due."""
+
+    @abstractmethod
+    def _ack(self, group: str, messages: Sequence[Message]) -> None:
+        """Forget ``messages`` for ``group``."""
+
+    @abstractmethod
+    def _nack(self, group: str, message: Message, due_at: float, failed_at: float) -> None:
+        """Schedule ``message`` for ``group`` at ``due_at``; keep its first failure time."""
+
+    @abstractmethod
+    def _dead_letter(self, group: str, message: Message, failure: Failure) -> bool:
+        """Move ``message`` to ``%DLQ%<group>``; False if it was no longer outstanding."""
+
+    @abstractmethod
+    def _extend(self, group: str, messages: Sequence[Message], until: float) -> None:
+        """Extend the leases of ``messages`` still in flight to ``until``."""
+
+    @abstractmethod
+    def _pending(self, group: str, topic: str) -> int:
+        """Messages of ``topic`` not yet done for ``group``, delayed and scheduled included."""
+
+    @abstractmethod
+    def _next_due(self, group: str, topic: str) -> float | None:
+        """When the earliest scheduled message of ``topic`` falls due for ``group``."""
+
+    @abstractmethod
+    def _queue_count(self, topic: str) -> int:
+        """The queues of ``topic`` (created with the default count if it is new)."""
+
+    @abstractmethod
+    def _seek(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
+        """Move ``group``'s cursors; outstanding messages at or after a cursor are read again."""
+
+    @abstractmethod
+    def _commit(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
+        """Record ``group``'s position per queue (never moving it backwards)."""
 
     def _signal(self) -> None:
         """Wake fetchers waiting in this process: something may have become fetchable."""
@@ -203,3 +248,104 @@ class LeasingTransport(Transport):
         with self._changed:
             if self._changes == version:
                 self._changed.wait(seconds)
+
+
+class LeasingSubscription(Subscription):
+    """A member of a group on a leasing transport: every queue, leases keep members apart."""
+
+    def __init__(
+        self,
+        transport: LeasingTransport,
+        group: str,
+        topics: Sequence[str],
+        options: SubscribeOptions,
+    ) -> None:
+        super().__init__(group, [*dict.fromkeys([*topics, retry_queue_name(group)])], options)
+        self.capabilities = transport.capabilities
+        self._transport = transport
+        self._lease = options.lease or transport.visibility_timeout
+        self._turn = 0
+        self._closed = False
+        self.assigned = [
+            QueueRef(topic, queue)
+            for topic in self.topics
+            for queue in range(transport._queue_count(topic))
+        ]
+        if options.on_assign is not None:
+            saved = {ref: offset for ref, offset in options.on_assign(self.assigned).items()
+                     if ref in self.assigned}
+            if saved:
+                transport._seek(group, saved)
+
+    def fetch(self, max_messages: int, timeout: float) -> list[Message]:
+        self._check_open()
+        self._check_fetch(max_messages)
+        transport, remaining = self._transport, max(timeout, 0.0)
+        while True:
+            version = transport._version()
+            now = transport._clock.time()
+            claimed = self._claim(max_messages, now)
+            if claimed or remaining <= 0:
+                return claimed
+            wakes = [w for t in self.topics if (w := transport._wake_at(self.group, t)) is not None]
+            remaining -= transport._wait(min(wakes, default=None), version, remaining, now)
+
+    def ack(self, messages: Sequence[Message]) -> None:
+        self._check_open()
+        if messages:
+            self._transport._ack(self.group, messages)
+
+    def nack(self, message: Message, delay: float) -> None:
+        self._check_open()
+        if delay < 0:
+            raise TransportError(f"nack delay {delay!r}: must be >= 0")
+        now = self._transport._clock.time()
+        self._transport._nack(self.group, message, now + delay, message.first_failure_at or now)
+        self._transport._signal()
+
+    def dead_letter(self, message: Message, failure: Failure) -> None:
+        self._check_open()
+        if self._transport._dead_letter(self.group, message, failure):
+            log_dead_letter(self.group, message, failure)
+
+    def in_progress(self, messages: Sequence[Message]) -> None:
+        self._check_open()
+        if messages:
+            self._transport._extend(self.group, messages, self._transport._clock.time() + self._lease)
+
+    def commit(self, offsets: Mapping[QueueRef, int]) -> None:
+        self._check_open()
+        if offsets:
+            self._transport._commit(self.group, offsets)
+
+    def pending(self) -> int:
+        self._check_open()
+        return sum(self._transport._pending(self.group, topic) for topic in self.topics)
+
+    def next_due(self) -> float | None:
+        self._check_open()
+        dues = [d for t in self.topics if (d := self._transport._next_due(self.group, t)) is not None]
+        return min(dues, default=None)
+
+    def close(self) -> None:
+        if not self._closed and self.options.on_revoke is not None:
+            self.options.on_revoke(self.assigned)
+        self._closed = True
+
+    def _claim(self, max_messages: int, now: float) -> list[Message]:
+        """Claim from each topic in turn, starting one further each time, until full."""
+        claimed: list[Message] = []
+        start, self._turn = self._turn, self._turn + 1
+        for i in range(len(self.topics)):
+            if len(claimed) >= max_messages:
+                break
+            topic = self.topics[(start + i) % len(self.topics)]
+            claimed += self._transport._claim(
+                self.group, topic, max_messages - len(claimed), now, self._lease
+            )
+        return claimed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError(f"subscription of group {self.group!r} is closed")
+        self._transport._check_open()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import structlog
 
@@ -24,7 +24,6 @@ from backends.transport.leasing import (
     DEFAULT_VISIBILITY_TIMEOUT,
     DeliveryState,
     LeasingTransport,
-    log_dead_letter,
     new_message_id,
 )
 from backends.types import DeadLetter, Failure, Message, OutgoingMessage, QueueRef
@@ -53,6 +52,7 @@ class _Delivery:
     state: DeliveryState
     due_at: float
     generation: int = 0
+    redelivered: bool = False  # nacked or lease ended: the next claim counts a delivery
 
 
 @dataclass
@@ -66,6 +66,7 @@ class _Progress:
     """One group's progress on one topic."""
 
     cursors: list[int]
+    committed: dict[int, int] = field(default_factory=dict)
     outstanding: dict[Position, _Delivery] = field(default_factory=dict)
     scheduled: list[tuple[float, int, Position, int]] = field(default_factory=list)
     leases: list[tuple[float, int, Position, int]] = field(default_factory=list)
@@ -88,37 +89,60 @@ class MemoryTransport(LeasingTransport):
         self._progress: dict[tuple[str, str], _Progress] = {}
         self._dead: dict[str, list[DeadLetter]] = {}
 
-    def ack(self, group: str, messages: Sequence[Message]) -> None:
+    def _ack(self, group: str, messages: Sequence[Message]) -> None:
         with self._changed:
             for message in messages:
                 progress = self._progress.get((group, message.topic))
                 if progress is not None:
                     progress.outstanding.pop((message.queue, message.offset), None)
 
-    def nack(self, group: str, message: Message, delay: float) -> None:
+    def _nack(self, group: str, message: Message, due_at: float, failed_at: float) -> None:
         with self._changed:
-            progress = self._progress.get((group, message.topic))
-            position = (message.queue, message.offset)
-            delivery = progress.outstanding.get(position) if progress is not None else None
-            if progress is None or delivery is None:
+            delivery = self._outstanding(group, message)
+            if delivery is None:
                 return  # already done for the group: a late nack does not resurrect it
-            delivery.message = message
-            self._schedule(progress, delivery, DeliveryState.SCHEDULED, self._clock.time() + delay)
-            self._signal()
+            delivery.message = replace(delivery.message, first_failure_at=failed_at)
+            delivery.redelivered = True
+            progress = self._progress[(group, message.topic)]
+            self._schedule(progress, delivery, DeliveryState.SCHEDULED, due_at)
 
-    def dead_letter(self, group: str, message: Message, failure: Failure) -> None:
+    def _dead_letter(self, group: str, message: Message, failure: Failure) -> bool:
         with self._changed:
             progress = self._progress.get((group, message.topic))
             if (
                 progress is None
                 or progress.outstanding.pop((message.queue, message.offset), None) is None
             ):
-                return
+                return False
             dead = self._dead.setdefault(group, [])
             dead.append(DeadLetter(group, message, None, failure, id=len(dead) + 1))
-        log_dead_letter(group, message, failure)
+            return True
 
-    def pending(self, group: str, topic: str) -> int:
+    def _extend(self, group: str, messages: Sequence[Message], until: float) -> None:
+        with self._changed:
+            for message in messages:
+                delivery = self._outstanding(group, message)
+                if delivery is not None and delivery.state is DeliveryState.IN_FLIGHT:
+                    progress = self._progress[(group, message.topic)]
+                    self._schedule(progress, delivery, DeliveryState.IN_FLIGHT, until)
+
+    def _commit(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
+        with self._changed:
+            for ref, offset in offsets.items():
+                committed = self._progress_of(group, ref.topic, self._topic(ref.topic)).committed
+                committed[ref.queue] = max(committed.get(ref.queue, 0), offset)
+
+    def committed(self, group: str, topic: str) -> dict[int, int]:
+        """``group``'s committed position per queue of ``topic`` (what `commit` recorded)."""
+        with self._changed:
+            progress = self._progress.get((group, topic))
+            return dict(progress.committed) if progress is not None else {}
+
+    def _queue_count(self, topic: str) -> int:
+        with self._changed:
+            return len(self._topic(topic).logs)
+
+    def _pending(self, group: str, topic: str) -> int:
         with self._changed:
             stored = self._topics.get(topic)
             if stored is None:
@@ -129,14 +153,14 @@ class MemoryTransport(LeasingTransport):
             )
             return unread + len(progress.outstanding) + len(stored.delayed)
 
-    def next_due(self, group: str, topic: str) -> float | None:
+    def _next_due(self, group: str, topic: str) -> float | None:
         with self._changed:
             return self._earliest(group, topic, leases=False)
 
-    def seek(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
+    def _seek(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
         with self._changed:
             for ref, offset in offsets.items():
-                stored = self._topics.get(ref.topic) or self._new_topic(ref.topic)
+                stored = self._topic(ref.topic)
                 if not 0 <= ref.queue < len(stored.logs) or offset < 0:
                     raise TransportError(f"cannot seek {ref} to offset {offset}: no such place")
                 progress = self._progress_of(group, ref.topic, stored)
@@ -155,7 +179,7 @@ class MemoryTransport(LeasingTransport):
 
     def _append(self, topic: str, messages: Sequence[OutgoingMessage], now: float) -> None:
         with self._changed:
-            stored = self._topics.get(topic) or self._new_topic(topic)
+            stored = self._topic(topic)
             for message in messages:
                 queue = self._router.queue_for(topic, message.key, len(stored.logs))
                 record = _Record(
@@ -173,7 +197,9 @@ class MemoryTransport(LeasingTransport):
                     stored.logs[queue].append(record)
             self._signal()
 
-    def _claim(self, group: str, topic: str, max_messages: int, now: float) -> list[Message]:
+    def _claim(
+        self, group: str, topic: str, max_messages: int, now: float, lease: float
+    ) -> list[Message]:
         with self._changed:
             stored = self._topics.get(topic)
             if stored is None:
@@ -183,6 +209,7 @@ class MemoryTransport(LeasingTransport):
             claimed = self._take_due(progress, progress.scheduled, now, max_messages)
             expired = self._take_due(progress, progress.leases, now, max_messages - len(claimed))
             for delivery in expired:
+                delivery.redelivered = True
                 log.warning(
                     "transport.lease_expired",
                     group=group,
@@ -194,9 +221,10 @@ class MemoryTransport(LeasingTransport):
             claimed += expired
             claimed += self._take_fresh(progress, stored, topic, now, max_messages - len(claimed))
             for delivery in claimed:
-                self._schedule(
-                    progress, delivery, DeliveryState.IN_FLIGHT, now + self._visibility_timeout
-                )
+                if delivery.redelivered:
+                    delivery.message = replace(delivery.message, attempt=delivery.message.attempt + 1)
+                    delivery.redelivered = False
+                self._schedule(progress, delivery, DeliveryState.IN_FLIGHT, now + lease)
             return [delivery.message for delivery in claimed]
 
     def _wake_at(self, group: str, topic: str) -> float | None:
@@ -205,9 +233,15 @@ class MemoryTransport(LeasingTransport):
 
     # helpers, called with the lock held
 
-    def _new_topic(self, topic: str) -> _Topic:
-        stored = self._topics[topic] = _Topic([[] for _ in range(self._queues)])
+    def _topic(self, topic: str) -> _Topic:
+        stored = self._topics.get(topic)
+        if stored is None:
+            stored = self._topics[topic] = _Topic([[] for _ in range(self._queues)])
         return stored
+
+    def _outstanding(self, group: str, message: Message) -> _Delivery | None:
+        progress = self._progress.get((group, message.topic))
+        return None if progress is None else progress.outstanding.get((message.queue, message.offset))
 
     def _progress_of(self, group: str, topic: str, stored: _Topic) -> _Progress:
         progress = self._progress.get((group, topic))

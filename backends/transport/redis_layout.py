@@ -8,8 +8,10 @@ Key layout under a namespace ``ns`` (``%s`` below is ``<group>:<topic>``):
 ``ns:head:<topic>:<queue>`` messages appended; ``ns:delayed:<topic>`` (sorted
 set of sequence numbers by due time) with one hash per delayed message;
 ``ns:inflight:%s`` leases and ``ns:scheduled:%s`` redeliveries (sorted sets
-of ``<queue>:<offset>`` by due time); ``ns:state:%s`` the attempt, first
-failure and headers a nack stored; ``ns:%DLQ%<group>`` the dead-letter stream.
+of ``<queue>:<offset>`` by due time); ``ns:state:%s`` the first failure time
+a nack stored; ``ns:redelivered:%s`` how often each message was claimed
+again (its delivery count less one); ``ns:committed:%s`` the position the
+consumer committed per queue; ``ns:%DLQ%<group>`` the dead-letter stream.
 The scripts name keys they build, so they suit a single Redis, not a cluster.
 """
 
@@ -19,7 +21,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from backends.transport.leasing import dead_letter_queue_name
+from backends.transport.base import dead_letter_queue_name
 from backends.types import Message
 
 # ARGV: ns, topic, then per message: queue, id, key ("-" none, "+key"), headers, payload, published_at
@@ -41,13 +43,14 @@ return 1
 """
 
 # ARGV: ns, group, topic, queues, now, lease_until, max_messages, first queue
-# Returns {member, kind, stored state or false, entry fields} per claimed message.
+# Returns {member, kind, stored state or false, entry fields, redeliveries} per claimed message.
 CLAIM = """
 local ns, group, topic = ARGV[1], ARGV[2], ARGV[3]
 local queues, now, lease = tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local limit, start = tonumber(ARGV[7]), tonumber(ARGV[8])
 local base = ':' .. group .. ':' .. topic
 local inflight, scheduled, state = ns .. ':inflight' .. base, ns .. ':scheduled' .. base, ns .. ':state' .. base
+local redelivered = ns .. ':redelivered' .. base
 local function stream(q) return ns .. ':stream:' .. topic .. ':' .. q end
 
 local delayed = ns .. ':delayed:' .. topic
@@ -74,7 +77,8 @@ for _, source in ipairs({scheduled, inflight}) do
       local id = '0-' .. (tonumber(offset) + 1)
       local entry = redis.call('XRANGE', stream(q), id, id)[1]
       local kind = source == inflight and 'expired' or 'scheduled'
-      if entry then table.insert(claimed, {member, kind, redis.call('HGET', state, member), entry[2]}) end
+      local again = redis.call('HINCRBY', redelivered, member, 1)
+      if entry then table.insert(claimed, {member, kind, redis.call('HGET', state, member), entry[2], again}) end
     end
   end
 end
@@ -94,7 +98,7 @@ for pass = 1, 2 do
       for _, entry in ipairs(read[1][2]) do
         local member = q .. ':' .. (tonumber(string.match(entry[1], '%d+-(%d+)')) - 1)
         table.insert(leases, lease); table.insert(leases, member)
-        table.insert(claimed, {member, 'fresh', false, entry[2]})
+        table.insert(claimed, {member, 'fresh', false, entry[2], 0})
         if #leases >= 2000 then redis.call('ZADD', inflight, unpack(leases)); leases = {} end
       end
       if #leases > 0 then redis.call('ZADD', inflight, unpack(leases)) end
@@ -104,13 +108,14 @@ end
 return claimed
 """
 
-# ARGV: ns, group, topic, member, due_at, state JSON. Returns 0 if the message is already done.
+# ARGV: ns, group, topic, member, due_at, state JSON (kept from the first nack).
+# Returns 0 if the message is already done.
 NACK = """
 local base = ':' .. ARGV[2] .. ':' .. ARGV[3]
 local inflight, scheduled = ARGV[1] .. ':inflight' .. base, ARGV[1] .. ':scheduled' .. base
 if redis.call('ZREM', inflight, ARGV[4]) + redis.call('ZREM', scheduled, ARGV[4]) == 0 then return 0 end
 redis.call('ZADD', scheduled, ARGV[5], ARGV[4])
-redis.call('HSET', ARGV[1] .. ':state' .. base, ARGV[4], ARGV[6])
+redis.call('HSETNX', ARGV[1] .. ':state' .. base, ARGV[4], ARGV[6])
 return 1
 """
 
@@ -120,6 +125,7 @@ local base = ':' .. ARGV[2] .. ':' .. ARGV[3]
 local inflight, scheduled = ARGV[1] .. ':inflight' .. base, ARGV[1] .. ':scheduled' .. base
 if redis.call('ZREM', inflight, ARGV[4]) + redis.call('ZREM', scheduled, ARGV[4]) == 0 then return 0 end
 redis.call('HDEL', ARGV[1] .. ':state' .. base, ARGV[4])
+redis.call('HDEL', ARGV[1] .. ':redelivered' .. base, ARGV[4])
 redis.call('XADD', ARGV[1] .. ':%DLQ%' .. ARGV[2], '*', unpack(ARGV, 5))
 return 1
 """
@@ -144,7 +150,7 @@ class Keys:
         return f"{self.ns}:delayed:{topic}" + ("" if seq is None else f":{seq}")
 
     def group(self, kind: str, group: str, topic: str) -> str:
-        """``inflight``, ``scheduled`` or ``state`` of ``group`` on ``topic``."""
+        """``inflight``, ``scheduled``, ``state``, ``redelivered`` or ``committed`` of a group."""
         return f"{self.ns}:{kind}:{group}:{topic}"
 
     def dead_letters(self, group: str) -> str:
@@ -183,12 +189,10 @@ def to_message(
     ref: tuple[str, int, int],
     attempt: int = 1,
     first_failure_at: float | None = None,
-    headers: dict[str, str] | None = None,
 ) -> Message:
     """A `Message` at ``ref`` (topic, queue, offset) from its entry's ``fields``."""
     key = fields["key"].decode() if "key" in fields else None
-    if headers is None:
-        headers = json.loads(fields["headers"])
+    headers = json.loads(fields["headers"])
     published_at = float(fields["published_at"])
     return Message(
         fields["id"].decode(),

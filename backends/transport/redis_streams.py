@@ -27,7 +27,6 @@ from backends.transport.leasing import (
     DEFAULT_QUEUES,
     DEFAULT_VISIBILITY_TIMEOUT,
     LeasingTransport,
-    log_dead_letter,
     new_message_id,
     positive,
 )
@@ -35,6 +34,7 @@ from backends.types import DeadLetter, Failure, Message, OutgoingMessage, QueueR
 
 log = structlog.get_logger(__name__)
 OUTSTANDING = ("inflight", "scheduled")
+PER_MESSAGE = ("state", "redelivered")
 
 
 class RedisStreamsTransport(LeasingTransport):
@@ -63,8 +63,7 @@ class RedisStreamsTransport(LeasingTransport):
         self._rotation = itertools.count()
         self._queue_counts: dict[str, int] = {}
 
-    def ack(self, group: str, messages: Sequence[Message]) -> None:
-        self._check_open()
+    def _ack(self, group: str, messages: Sequence[Message]) -> None:
         by_topic: dict[str, list[str]] = {}
         for message in messages:
             by_topic.setdefault(message.topic, []).append(
@@ -75,26 +74,19 @@ class RedisStreamsTransport(LeasingTransport):
             for topic, names in by_topic.items():
                 for kind in OUTSTANDING:
                     pipe.zrem(self._keys.group(kind, group, topic), *names)
-                pipe.hdel(self._keys.group("state", group, topic), *names)
+                for kind in PER_MESSAGE:
+                    pipe.hdel(self._keys.group(kind, group, topic), *names)
             pipe.execute()
 
-    def nack(self, group: str, message: Message, delay: float) -> None:
-        self._check_open()
-        state: dict[str, Any] = {
-            "attempt": message.attempt,
-            "first_failure_at": message.first_failure_at,
-        }
-        state["headers"] = dict(message.headers)
-        due_at = repr(self._clock.time() + delay)
+    def _nack(self, group: str, message: Message, due_at: float, failed_at: float) -> None:
+        state = json.dumps({"first_failure_at": failed_at})
         name = layout.member(message.queue, message.offset)
         with self._errors():
             self._scripts["NACK"](
-                args=[self._keys.ns, group, message.topic, name, due_at, json.dumps(state)]
+                args=[self._keys.ns, group, message.topic, name, repr(due_at), state]
             )
-        self._signal()
 
-    def dead_letter(self, group: str, message: Message, failure: Failure) -> None:
-        self._check_open()
+    def _dead_letter(self, group: str, message: Message, failure: Failure) -> bool:
         fields = layout.entry(
             message.id, message.key, message.headers, message.payload, message.published_at
         )
@@ -109,15 +101,34 @@ class RedisStreamsTransport(LeasingTransport):
         flat = [part for pair in fields.items() for part in pair]
         name = layout.member(message.queue, message.offset)
         with self._errors():
-            done = self._scripts["DEAD_LETTER"](
-                args=[self._keys.ns, group, message.topic, name, *flat]
+            return bool(
+                self._scripts["DEAD_LETTER"](args=[self._keys.ns, group, message.topic, name, *flat])
             )
-        if done:
-            log_dead_letter(group, message, failure)
 
-    def pending(self, group: str, topic: str) -> int:
-        self._check_open()
-        queues = self._queue_count(topic)
+    def _extend(self, group: str, messages: Sequence[Message], until: float) -> None:
+        with self._errors() as client:
+            pipe = client.pipeline()
+            for message in messages:
+                key = self._keys.group("inflight", group, message.topic)
+                pipe.zadd(key, {layout.member(message.queue, message.offset): until}, xx=True)
+            pipe.execute()
+
+    def _commit(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
+        with self._errors() as client:
+            for ref, offset in offsets.items():
+                key = self._keys.group("committed", group, ref.topic)
+                current = int(client.hget(key, str(ref.queue)) or 0)
+                if offset > current:  # one committer per group member queue: no lost race matters
+                    client.hset(key, str(ref.queue), offset)
+
+    def committed(self, group: str, topic: str) -> dict[int, int]:
+        """``group``'s committed position per queue of ``topic`` (what `commit` recorded)."""
+        with self._errors() as client:
+            stored = client.hgetall(self._keys.group("committed", group, topic))
+        return {int(queue): int(offset) for queue, offset in stored.items()}
+
+    def _pending(self, group: str, topic: str) -> int:
+        queues = self._queues_of(topic)
         with self._errors() as client:
             pipe = client.pipeline()
             for queue in range(queues):
@@ -136,16 +147,16 @@ class RedisStreamsTransport(LeasingTransport):
             )
         return unread + sum(replies[2 * queues :])
 
-    def next_due(self, group: str, topic: str) -> float | None:
-        self._check_open()
+    def _next_due(self, group: str, topic: str) -> float | None:
         return self._earliest(group, topic, ("scheduled",))
 
-    def seek(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
-        """Move ``group``'s cursors; outstanding messages at or after a new cursor are read again."""
-        self._check_open()
+    def _queue_count(self, topic: str) -> int:
+        return self._queues_of(topic, create=True)
+
+    def _seek(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
         with self._errors() as client:
             for ref, offset in offsets.items():
-                if not 0 <= ref.queue < self._queue_count(ref.topic, create=True) or offset < 0:
+                if not 0 <= ref.queue < self._queues_of(ref.topic, create=True) or offset < 0:
                     raise TransportError(f"cannot seek {ref} to offset {offset}: no such place")
                 stream = self._keys.stream(ref.topic, ref.queue)
                 offset = min(offset, int(client.get(self._keys.head(ref.topic, ref.queue)) or 0))
@@ -187,7 +198,7 @@ class RedisStreamsTransport(LeasingTransport):
     # primitives of LeasingTransport
 
     def _append(self, topic: str, messages: Sequence[OutgoingMessage], now: float) -> None:
-        queues = self._queue_count(topic, create=True)
+        queues = self._queues_of(topic, create=True)
         ready: list[Any] = [self._keys.ns, topic]
         with self._errors() as client:
             pipe = client.pipeline()
@@ -214,11 +225,13 @@ class RedisStreamsTransport(LeasingTransport):
                 self._scripts["PUBLISH"](args=ready)
         self._signal()
 
-    def _claim(self, group: str, topic: str, max_messages: int, now: float) -> list[Message]:
-        queues = self._queue_count(topic)
+    def _claim(
+        self, group: str, topic: str, max_messages: int, now: float, lease_for: float
+    ) -> list[Message]:
+        queues = self._queues_of(topic)
         if not queues:
             return []
-        lease = repr(now + self._visibility_timeout)
+        lease = repr(now + lease_for)
         args: list[Any] = [
             self._keys.ns,
             group,
@@ -232,11 +245,11 @@ class RedisStreamsTransport(LeasingTransport):
         with self._errors():
             claimed = self._scripts["CLAIM"](args=args)
         messages = []
-        for name, kind, state, flat in claimed:
+        for name, kind, state, flat, redeliveries in claimed:
             queue, offset = layout.position(name)
             fields = {flat[i].decode(): flat[i + 1] for i in range(0, len(flat), 2)}
             stored = json.loads(state) if state else {}
-            attempt = stored.get("attempt", 1)
+            attempt = 1 + int(redeliveries)
             if kind == b"expired":
                 log.warning(
                     "transport.lease_expired",
@@ -252,7 +265,6 @@ class RedisStreamsTransport(LeasingTransport):
                     (topic, queue, offset),
                     attempt,
                     stored.get("first_failure_at"),
-                    stored.get("headers"),
                 )
             )
         return messages
@@ -262,7 +274,7 @@ class RedisStreamsTransport(LeasingTransport):
 
     # helpers
 
-    def _queue_count(self, topic: str, create: bool = False) -> int:
+    def _queues_of(self, topic: str, create: bool = False) -> int:
         """The number of queues of ``topic`` (0 while it does not exist); fixed once created."""
         if topic in self._queue_counts:
             return self._queue_counts[topic]
@@ -285,10 +297,10 @@ class RedisStreamsTransport(LeasingTransport):
             ]
             if doomed:
                 client.zrem(key, *doomed)
-                client.hdel(self._keys.group("state", group, ref.topic), *doomed)
+                for kind in PER_MESSAGE:
+                    client.hdel(self._keys.group(kind, group, ref.topic), *doomed)
 
     def _earliest(self, group: str, topic: str, kinds: tuple[str, ...]) -> float | None:
-        self._check_open()
         keys = [self._keys.group(kind, group, topic) for kind in kinds] + [
             self._keys.delayed(topic)
         ]

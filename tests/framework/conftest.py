@@ -35,3 +35,9 @@ def effects(app: App, table: str = "effects") -> list[str]:
 
 def write_effect(tx, token: str, attempt: int = 1, table: str = "effects") -> None:
     tx.execute(text(f"insert into {table} (token, attempt) values (:t, :a)"), {"t": token, "a": attempt})
+
+
+def pending(app: App, group: str, topic: str) -> int:
+    """What the transport still holds for ``group`` on ``topic`` (a member that only looks)."""
+    with app.transport.subscribe(group, [topic]) as subscription:
+        return subscription.pending()

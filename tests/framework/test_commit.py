@@ -6,7 +6,7 @@ from backends.types import Message, QueueRef
 from reliable import App, Batch, OffsetWatermark
 from reliable.commit import Async, commit_strategy
 
-from .conftest import effects, write_effect
+from .conftest import effects, pending, write_effect
 
 
 def message(offset: int, queue: int = 0) -> Message:
@@ -61,7 +61,7 @@ def test_every_strategy_acks_everything_end_to_end(app: App) -> None:
 
         app.publish_many(topic, [{"id": f"{name}-{i}"} for i in range(7)])
         app.run(until_idle=True, handlers=[f"h_{name}"])
-        assert app.transport.pending(f"h_{name}", topic) == 0, name
+        assert pending(app, f"h_{name}", topic) == 0, name
     assert len(effects(app)) == 28
 
 

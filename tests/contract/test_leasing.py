@@ -1,0 +1,502 @@
+"""Leasing transports (memory, embedded, Redis Streams) in detail, on an injected clock.
+
+The contract every transport keeps is `test_transport.py`; this suite adds
+what the leasing transports promise beyond it, checked exactly on a
+`FakeClock`: delays and leases to the second, the delivery count, cursors,
+and the embedded transport's files shared by processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from backends.clock import SYSTEM_CLOCK, Clock, FakeClock
+from backends.errors import ConfigurationError, TransportError, UnsupportedURLError
+from backends.transport import open_transport
+from backends.transport.base import SubscribeOptions, Subscription, Transport
+from backends.types import Failure, Message, OutgoingMessage, QueueRef
+from tests.contract.transports import LEASING, TRANSPORTS
+
+VISIBILITY = 30.0
+ROOT = Path(__file__).resolve().parents[2]
+
+MakeTransport = Callable[..., Transport]
+
+
+@pytest.fixture(params=LEASING)
+def make_transport(request, tmp_path: Path, unique: str) -> Iterator[MakeTransport]:
+    """Opens transports of one kind sharing one place (directory / Redis namespace)."""
+    opened: list[Transport] = []
+    url, _ = TRANSPORTS[request.param](request, tmp_path, unique)
+
+    def make(clock: Clock = SYSTEM_CLOCK, **options) -> Transport:
+        options.setdefault("visibility_timeout", VISIBILITY)
+        transport = open_transport(url, clock, **options)
+        opened.append(transport)
+        return transport
+
+    yield make
+    _members.clear()
+    for transport in opened:
+        if hasattr(transport, "purge"):
+            transport.purge()
+        transport.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def transport(make_transport: MakeTransport, clock: FakeClock) -> Transport:
+    return make_transport(clock)
+
+
+def outgoing(count: int, prefix: str = "m", **fields) -> list[OutgoingMessage]:
+    return [
+        OutgoingMessage(f'{{"n":{n}}}'.encode(), message_id=f"{prefix}{n}", **fields)
+        for n in range(count)
+    ]
+
+
+_members: dict[tuple[int, str, str], Subscription] = {}
+
+
+def member(transport: Transport, group: str, topic: str) -> Subscription:
+    """The test's member of ``group`` on ``topic`` (one per transport, group and topic)."""
+    key = (id(transport), group, topic)
+    if key not in _members:
+        _members[key] = transport.subscribe(group, [topic])
+    return _members[key]
+
+
+def drain(transport: Transport, group: str, topic: str, batch: int = 10) -> list[Message]:
+    """Fetch and ack until nothing is due."""
+    received: list[Message] = []
+    subscription = member(transport, group, topic)
+    while messages := subscription.fetch(batch, 0):
+        subscription.ack(messages)
+        received += messages
+    return received
+
+
+def failure(attempts: int = 3) -> Failure:
+    return Failure("ValueError", "bad", "Traceback ...", attempts, 1.0, 2.0)
+
+
+# publishing and placement
+
+
+def test_keyed_messages_go_to_crc32_queue_with_contiguous_offsets(
+    transport: Transport, unique: str
+) -> None:
+    keys = [f"order-{n % 7}" for n in range(40)]
+    transport.publish(unique, [OutgoingMessage(b"{}", key=key) for key in keys])
+    received = drain(transport, "g", unique)
+    assert len(received) == 40
+    for message in received:
+        assert message.queue == zlib.crc32(str(message.key).encode()) % 4
+    for queue in range(4):
+        offsets = sorted(m.offset for m in received if m.queue == queue)
+        assert offsets == list(range(len(offsets)))
+
+
+def test_keyless_messages_spread_round_robin(transport: Transport, unique: str) -> None:
+    transport.publish(unique, outgoing(8))
+    received = drain(transport, "g", unique)
+    assert sorted(m.queue for m in received) == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_a_message_keeps_what_the_producer_gave(
+    transport: Transport, clock: FakeClock, unique: str
+) -> None:
+    transport.publish(
+        unique,
+        [
+            OutgoingMessage(b"\x00\xffraw", key="k", headers={"h": "v"}, message_id="id-1"),
+            OutgoingMessage(b"{}"),
+        ],
+    )
+    first, second = sorted(drain(transport, "g", unique), key=lambda m: m.id != "id-1")
+    assert (first.id, first.topic, first.payload, first.key, dict(first.headers)) == (
+        "id-1",
+        unique,
+        b"\x00\xffraw",
+        "k",
+        {"h": "v"},
+    )
+    assert (first.attempt, first.first_failure_at, first.published_at) == (1, None, clock.time())
+    assert len(second.id) == 32 and int(second.id, 16) >= 0
+
+
+def test_bad_arguments_are_named(transport: Transport, unique: str) -> None:
+    with pytest.raises(TransportError, match="delay"):
+        transport.publish(unique, [OutgoingMessage(b"{}", delay=-1)])
+    with pytest.raises(TransportError, match="max_messages"):
+        member(transport, "g", unique).fetch(0, 0)
+    with pytest.raises(TransportError, match="topic"):
+        transport.publish("", outgoing(1))
+
+
+# fetching: once per group, one fetcher at a time
+
+
+def test_each_group_gets_every_message_once(transport: Transport, unique: str) -> None:
+    transport.publish(unique, outgoing(25))
+    for group in ("billing", "audit"):
+        assert sorted(m.id for m in drain(transport, group, unique, batch=7)) == sorted(
+            f"m{n}" for n in range(25)
+        )
+        assert member(transport, group, unique).fetch(10, 0) == []
+
+
+def test_concurrent_fetchers_never_share_a_message(transport: Transport, unique: str) -> None:
+    transport.publish(unique, outgoing(400))
+    seen: list[list[str]] = [[] for _ in range(4)]
+
+    def consume(index: int) -> None:
+        while messages := member(transport, "g", unique).fetch(7, 0):
+            seen[index] += [m.id for m in messages]
+            member(transport, "g", unique).ack(messages)
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    everything = [message_id for ids in seen for message_id in ids]
+    assert len(everything) == len(set(everything)) == 400
+
+
+def test_fetch_respects_max_messages_and_pending_counts(transport: Transport, unique: str) -> None:
+    transport.publish(unique, outgoing(10))
+    assert member(transport, "g", unique).pending() == 10
+    batch = member(transport, "g", unique).fetch(4, 0)
+    assert len(batch) == 4
+    assert member(transport, "g", unique).pending() == 10  # in flight still counts
+    member(transport, "g", unique).ack(batch)
+    assert member(transport, "g", unique).pending() == 6
+    assert member(transport, "other", unique).pending() == 10
+    assert member(transport, "g", "never-published").pending() == 0
+
+
+# acks
+
+
+def test_ack_is_idempotent_and_final(transport: Transport, clock: FakeClock, unique: str) -> None:
+    transport.publish(unique, outgoing(3))
+    batch = member(transport, "g", unique).fetch(3, 0)
+    member(transport, "g", unique).ack(batch)
+    member(transport, "g", unique).ack(batch)  # again: no-op
+    member(transport, "g", unique).ack([Message("nope", unique, 0, 999, b"{}")])  # unknown: no-op
+    member(transport, "g", unique).nack(batch[0], 0)  # late nack: no resurrection
+    clock.advance(VISIBILITY * 2)
+    assert member(transport, "g", unique).fetch(10, 0) == []
+    assert member(transport, "g", unique).pending() == 0
+
+
+def test_nack_redelivers_after_delay_counting_the_delivery(
+    transport: Transport, clock: FakeClock, unique: str
+) -> None:
+    transport.publish(unique, outgoing(1, headers={"a": "1"}))
+    g = member(transport, "g", unique)
+    (message,) = g.fetch(1, 0)
+    failed_at = clock.time()
+    g.nack(message, 5.0)
+    assert g.next_due() == clock.time() + 5.0
+    assert g.pending() == 1
+    clock.advance(4.9)
+    assert g.fetch(1, 0) == []
+    clock.advance(0.1)
+    (again,) = g.fetch(1, 0)
+    assert (again.id, again.queue, again.offset, again.attempt) == (
+        message.id,
+        message.queue,
+        message.offset,
+        2,
+    )
+    assert again.first_failure_at == failed_at
+    assert dict(again.headers) == {"a": "1"}
+    assert g.next_due() is None
+    clock.advance(1.0)
+    g.nack(again, 1.0)
+    clock.advance(1.0)
+    (third,) = g.fetch(1, 0)
+    assert (third.attempt, third.first_failure_at) == (3, failed_at)  # the first failure is kept
+    g.ack([third])
+    assert g.pending() == 0
+
+
+def test_nack_with_no_delay_is_due_at_once(
+    transport: Transport, clock: FakeClock, unique: str
+) -> None:
+    transport.publish(unique, outgoing(1))
+    (message,) = member(transport, "g", unique).fetch(1, 0)
+    member(transport, "g", unique).nack(message, 0)
+    assert [m.attempt for m in member(transport, "g", unique).fetch(5, 0)] == [2]
+
+
+def test_delayed_publish_is_not_due_before_its_time(
+    transport: Transport, clock: FakeClock, unique: str
+) -> None:
+    transport.publish(unique, outgoing(1, prefix="late", delay=10.0) + outgoing(1, prefix="now"))
+    assert [m.id for m in member(transport, "g", unique).fetch(5, 0)] == ["now0"]
+    assert member(transport, "g", unique).pending() == 2
+    assert member(transport, "g", unique).next_due() == clock.time() + 10.0
+    clock.advance(10.0)
+    assert [m.id for m in member(transport, "g", unique).fetch(5, 0)] == ["late0"]
+
+
+def test_unacked_message_returns_after_visibility_timeout_counted(
+    transport: Transport, clock: FakeClock, unique: str
+) -> None:
+    transport.publish(unique, outgoing(2))
+    first = member(transport, "g", unique).fetch(2, 0)
+    member(transport, "g", unique).ack(first[:1])
+    clock.advance(VISIBILITY - 1)
+    assert member(transport, "g", unique).fetch(5, 0) == []
+    assert member(transport, "g", unique).next_due() is None  # a lease is not a scheduled redelivery
+    clock.advance(1)
+    (again,) = member(transport, "g", unique).fetch(5, 0)
+    assert (again.id, again.attempt) == (first[1].id, 2)  # the delivery counts
+    clock.advance(VISIBILITY - 1)
+    assert member(transport, "g", unique).fetch(5, 0) == []  # leased anew
+
+
+# dead letters
+
+
+def test_dead_letter_removes_and_keeps_the_message(
+    transport: Transport, clock: FakeClock, unique: str
+) -> None:
+    transport.publish(unique, outgoing(2))
+    poison, good = sorted(member(transport, "g", unique).fetch(2, 0), key=lambda m: m.id)
+    member(transport, "g", unique).dead_letter(poison, failure())
+    member(transport, "g", unique).ack([good])
+    member(transport, "g", unique).ack([poison])  # late ack of a dead letter: no-op
+    clock.advance(VISIBILITY * 2)
+    assert member(transport, "g", unique).fetch(5, 0) == []
+    assert member(transport, "g", unique).pending() == 0
+    (dead,) = transport.dead_letter_queue("g")  # type: ignore[attr-defined]
+    assert (dead.id, dead.topic, dead.queue, dead.offset, dead.payload) == (
+        poison.id,
+        unique,
+        poison.queue,
+        poison.offset,
+        poison.payload,
+    )
+    (record,) = transport.dead_letter_records("g")  # type: ignore[attr-defined]
+    assert record.failure == failure() and record.group == "g"
+    assert transport.dead_letter_queue("other") == []  # type: ignore[attr-defined]
+
+
+# waiting
+
+
+def test_fetch_with_fake_clock_never_blocks_for_real(
+    transport: Transport, clock: FakeClock, unique: str
+) -> None:
+    start = clock.time()
+    assert member(transport, "g", unique).fetch(1, 0) == []
+    assert clock.time() == start
+    transport.publish(unique, outgoing(1, delay=2.0))
+    (message,) = member(transport, "g", unique).fetch(1, 5.0)  # sleeps on the fake clock until due
+    assert message.id == "m0"
+    assert start + 2.0 <= clock.time() < start + 5.0
+    assert member(transport, "g", unique).fetch(1, 1.0) == []
+    assert clock.time() >= start + 3.0
+
+
+def test_fetch_waits_for_a_publish(make_transport: MakeTransport, unique: str) -> None:
+    transport = make_transport(SYSTEM_CLOCK)
+    timer = threading.Timer(0.02, transport.publish, args=(unique, outgoing(1)))
+    timer.start()
+    try:
+        assert [m.id for m in member(transport, "g", unique).fetch(1, 5.0)] == ["m0"]
+    finally:
+        timer.cancel()
+
+
+# offsets
+
+
+def test_assignment_seeks_to_the_offsets_on_assign_returns(
+    transport: Transport, unique: str
+) -> None:
+    transport.publish(unique, [OutgoingMessage(b"{}", key="same") for _ in range(5)])
+    received = drain(transport, "g", unique)
+    ref = QueueRef(unique, received[0].queue)
+    assigned: list[QueueRef] = []
+
+    def on_assign(queues):
+        assigned.extend(queues)
+        return {ref: 3}
+
+    with transport.subscribe("g", [unique], SubscribeOptions(on_assign=on_assign)) as again:
+        assert ref in assigned and QueueRef("%RETRY%g", 0) in assigned
+        assert sorted(m.offset for m in again.fetch(10, 0)) == [3, 4]
+
+
+def test_commit_records_the_position_and_never_moves_it_back(
+    transport: Transport, unique: str
+) -> None:
+    g = member(transport, "g", unique)
+    if not g.capabilities.consumer_offsets:
+        with pytest.raises(TransportError, match="consumer offsets"):
+            g.commit({QueueRef(unique, 0): 5})
+        return
+    g.commit({QueueRef(unique, 0): 5})
+    g.commit({QueueRef(unique, 0): 3})
+    assert transport.committed("g", unique) == {0: 5}  # type: ignore[attr-defined]
+
+
+def test_assignment_on_a_new_topic_starts_it_and_bad_places_are_named(
+    transport: Transport, unique: str
+) -> None:
+    options = SubscribeOptions(on_assign=lambda queues: {QueueRef(unique, 0): 7})
+    transport.subscribe("g", [unique], options).close()
+    transport.publish(unique, [OutgoingMessage(b"{}", key="k")])
+    assert [m.offset for m in drain(transport, "g", unique)] == [0]
+    with pytest.raises(TransportError, match="no such place"):
+        transport._seek("g", {QueueRef(unique, 99): 0})  # type: ignore[attr-defined]
+
+
+# opening by URL
+
+
+def test_unknown_scheme_names_the_url_and_the_schemes() -> None:
+    with pytest.raises(UnsupportedURLError, match=r"nope://x.*memory://.*embedded://"):
+        open_transport("nope://x")
+
+
+def test_unknown_option_is_named() -> None:
+    with pytest.raises(ConfigurationError, match="colour"):
+        open_transport("memory://", colour="blue")
+    with pytest.raises(ConfigurationError, match="visibility_timeout"):
+        open_transport("memory://?visibility_timeout=-1")
+    with pytest.raises(ConfigurationError, match="no location"):
+        open_transport("memory://somewhere")
+
+
+def test_bad_embedded_options_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="synchronous='OFF'"):
+        open_transport(f"embedded://{tmp_path}?synchronous=OFF")
+    with pytest.raises(ConfigurationError, match="queues='x'"):
+        open_transport(f"embedded://{tmp_path}?queues=x")
+
+
+# embedded: durable, shared by processes
+
+CHILD = """
+import json, os, sys, time
+from pathlib import Path
+from backends.transport import open_transport
+
+path, topic, mode, count = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+transport = open_transport(f"embedded://{path}", visibility_timeout=30.0)
+member = transport.subscribe("g", [topic])
+if mode == "hold":  # fetch, report, then wait to be killed
+    print(json.dumps([m.id for m in member.fetch(count, 0)]), flush=True)
+    time.sleep(60)
+print("ready", flush=True)
+while not (path / "go").exists():
+    time.sleep(0.002)
+received = []
+while messages := member.fetch(count, 0):
+    if not received:  # hold the first claim until the other process holds one too
+        (path / f"fetched-{os.getpid()}").touch()
+        deadline = time.monotonic() + 10
+        while len(list(path.glob("fetched-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.002)
+    received += [m.id for m in messages]
+    member.ack(messages)
+print(json.dumps(received), flush=True)
+"""
+
+
+def start_child(path: Path, topic: str, mode: str, count: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(path), topic, mode, str(count)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def test_embedded_loses_nothing_when_a_fetcher_is_killed(tmp_path: Path, unique: str) -> None:
+    path = tmp_path / "broker"
+    open_transport(f"embedded://{path}").publish(unique, outgoing(50))
+    child = start_child(path, unique, "hold", 20)
+    try:
+        held = json.loads(child.stdout.readline())  # type: ignore[union-attr]
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    assert len(held) == 20
+    clock = FakeClock(start=time.time())
+    transport = open_transport(f"embedded://{path}", clock, visibility_timeout=VISIBILITY)
+    rest = drain(transport, "g", unique)
+    assert not {m.id for m in rest} & set(held)  # still leased to the dead process
+    clock.advance(VISIBILITY + 1)
+    again = drain(transport, "g", unique)
+    assert sorted(m.id for m in again) == sorted(held) and {m.attempt for m in again} == {2}
+    assert len(rest) + len(again) == 50 and member(transport, "g", unique).pending() == 0
+
+
+def test_two_processes_never_fetch_the_same_message(tmp_path: Path, unique: str) -> None:
+    path = tmp_path / "broker"
+    open_transport(f"embedded://{path}").publish(unique, outgoing(400))
+    children = [start_child(path, unique, "drain", 10) for _ in range(2)]
+    for child in children:
+        assert child.stdout.readline().strip() == "ready"  # type: ignore[union-attr]
+    (path / "go").touch()
+    received = [json.loads(child.communicate(timeout=60)[0]) for child in children]
+    everything = received[0] + received[1]
+    assert len(everything) == len(set(everything)) == 400
+    assert all(received)  # both took part
+
+
+def test_embedded_state_survives_reopening(tmp_path: Path, unique: str, clock: FakeClock) -> None:
+    url = f"embedded://{tmp_path / 'broker'}"
+    first = open_transport(url, clock)
+    first.publish(unique, outgoing(3))
+    (fetched,) = member(first, "g", unique).fetch(1, 0)
+    member(first, "g", unique).nack(fetched, 5.0)
+    first.close()
+    with pytest.raises(TransportError, match="closed"):
+        member(first, "g", unique).fetch(1, 0)
+    second = open_transport(url, clock)
+    assert member(second, "g", unique).pending() == 3
+    assert member(second, "g", unique).next_due() == clock.time() + 5.0
+    clock.advance(5.0)
+    received = drain(second, "g", unique)
+    assert sorted((m.id, m.attempt) for m in received) == sorted(
+        [(fetched.id, 2)] + [(f"m{n}", 1) for n in range(3) if f"m{n}" != fetched.id]
+    )
+    second.close()
+
+
+def test_embedded_url_takes_relative_and_absolute_paths(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    relative = open_transport("embedded://./.reliable/broker")
+    assert relative.path == Path(".reliable/broker/queue.db")  # type: ignore[attr-defined]
+    assert (tmp_path / ".reliable/broker/queue.db").exists()
+    absolute = open_transport(f"embedded://{tmp_path}/abs?queues=2")
+    assert absolute.path == tmp_path / "abs/queue.db"  # type: ignore[attr-defined]
+    absolute.publish("t", outgoing(4))
+    assert {m.queue for m in drain(absolute, "g", "t")} == {0, 1}
+    relative.close()
+    absolute.close()

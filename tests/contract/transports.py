@@ -1,0 +1,39 @@
+"""Every transport the contract suite runs on: a name and how to open one for a test.
+
+A transport joins the suite by adding one entry to `TRANSPORTS`: a function of
+the pytest request, a temporary directory and a unique name that returns the
+URL (and options) of a fresh, isolated place on that transport.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+Place = tuple[str, dict[str, Any]]
+"""A transport URL and the options `open_transport` gets for it."""
+
+
+def memory(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> Place:
+    return "memory://", {}
+
+
+def embedded(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> Place:
+    return f"embedded://{tmp_path / 'broker'}", {}
+
+
+def redis(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> Place:
+    return f"{request.getfixturevalue('redis_url')}?namespace={unique}", {}
+
+
+TRANSPORTS: dict[str, Callable[[pytest.FixtureRequest, Path, str], Place]] = {
+    "memory": memory,
+    "embedded": embedded,
+    "redis": redis,
+}
+
+LEASING = ("memory", "embedded", "redis")
+"""Transports whose leases and delays follow an injected clock (their own suite too)."""
