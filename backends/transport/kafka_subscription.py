@@ -18,7 +18,7 @@ from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException
 from confluent_kafka import Message as KafkaRecord
 
 from backends.clock import Clock
-from backends.errors import TransportError
+from backends.errors import BackendUnavailableError, TransportError
 from backends.transport.base import Capabilities, SubscribeOptions, Subscription, origin_topic
 from backends.transport.kafka_client import Publisher, Servers, raised, translate
 from backends.transport.kafka_layout import (
@@ -38,6 +38,7 @@ from backends.transport.kafka_layout import (
     to_message,
     topics_read,
 )
+from backends.transport.kafka_progress import Progress
 from backends.types import Failure, Message, QueueRef
 
 log = structlog.get_logger(__name__)
@@ -70,6 +71,7 @@ class KafkaSubscription(Subscription):
         self._lock = threading.Lock()
         self._assigned: set[QueueRef] = set()
         self._held: dict[QueueRef, tuple[float, Message]] = {}
+        self._progress = Progress()
         self._down: KafkaError | None = None
         self._closed = False
         read = [name for topic in self.topics for name in topics_read(group, topic)]
@@ -88,7 +90,7 @@ class KafkaSubscription(Subscription):
             }
         )
         self._consumer.subscribe(read, on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                 on_lost=self._on_revoke)
+                                 on_lost=self._on_lost)
 
     def fetch(self, max_messages: int, timeout: float) -> list[Message]:
         self._check_fetch(max_messages)
@@ -103,9 +105,11 @@ class KafkaSubscription(Subscription):
                 return due
 
     def ack(self, messages: Sequence[Message]) -> None:
-        """STANDARD: nothing to tell Kafka; done offsets reach it through ``commit``."""
+        """STANDARD: done. Kafka hears of it through a commit: the framework's ``commit``, or
+        this member's own commit of its done prefix when it loses the partition or leaves."""
         for message in messages:
             Receipt.of(message)
+        self._progress.done(messages)
 
     def nack(self, message: Message, delay: float) -> None:
         """REDELIVERED: a copy to the group's retry topic, due in ``delay`` seconds; then done."""
@@ -118,6 +122,7 @@ class KafkaSubscription(Subscription):
             extra[DUE_HEADER] = repr(self._clock.time() + delay)
         target = retry_topic(origin, self.group, bucket_ms(delay))
         self._copy(target, message, copy_headers(message, origin, extra))
+        self._progress.done([message])
         log.info("transport.nack", group=self.group, topic=origin, retry_topic=target,
                  offset=message.offset, attempt=receipt.attempt, delay=delay)
 
@@ -127,6 +132,7 @@ class KafkaSubscription(Subscription):
         origin = origin_topic(message)
         extra = {**failure_headers(failure, message), DELIVERY_COUNT_HEADER: str(receipt.attempt - 1)}
         self._copy(dead_letter_topic(origin, self.group), message, copy_headers(message, origin, extra))
+        self._progress.done([message])
         log.info("transport.dead_letter", group=self.group, topic=origin, queue=message.queue,
                  offset=message.offset, attempt=receipt.attempt, error_type=failure.error_type)
 
@@ -138,15 +144,19 @@ class KafkaSubscription(Subscription):
         lost = sorted(set(offsets) - set(mine))
         if lost:
             log.warning("transport.commit_skipped", group=self.group, queues=[str(ref) for ref in lost])
-        if not mine:
+        self._commit(mine)
+
+    def _commit(self, offsets: Mapping[QueueRef, int]) -> None:
+        if not offsets:
             return
         try:
             self._consumer.commit(
-                offsets=[TopicPartition(ref.topic, ref.queue, offset) for ref, offset in mine.items()],
+                offsets=[TopicPartition(ref.topic, ref.queue, offset) for ref, offset in offsets.items()],
                 asynchronous=False,
             )
         except KafkaException as exc:
             raise raised(exc, f"commit of group {self.group!r}") from exc
+        self._progress.committed(offsets)
 
     def close(self) -> None:
         """Leave the group: uncommitted messages go to the members that get the partitions."""
@@ -174,6 +184,7 @@ class KafkaSubscription(Subscription):
                 delivered.append(message)
         if delivered:
             self._down = None
+            self._progress.handed_out(delivered)
         elif self._down is not None:
             raise translate(self._down, f"fetch for group {self.group!r}")
         return delivered
@@ -210,6 +221,7 @@ class KafkaSubscription(Subscription):
             partition = TopicPartition(message.topic, message.queue, message.offset + 1)
             self._consumer.resume([partition])
             self._consumer.seek(partition)
+        self._progress.handed_out(released)
         return released
 
     # group membership, called by librdkafka inside consume()
@@ -219,15 +231,35 @@ class KafkaSubscription(Subscription):
         saved = dict(self.options.on_assign(refs)) if self.options.on_assign else {}
         for partition, ref in zip(partitions, refs):
             partition.offset = saved.get(ref, OFFSET_INVALID)
+        self._progress.forget(refs)
         with self._lock:
             self._assigned.update(refs)
         consumer.assign(partitions)
         log.info("transport.assigned", group=self.group, queues=len(refs), seeked=len(saved))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Before the partitions move: hand back what is not done, counted, and commit."""
         refs = [QueueRef(p.topic, p.partition) for p in partitions]
         if self.options.on_revoke:
             self.options.on_revoke(refs)
+        try:
+            for message in self._progress.still_open(refs):
+                self.nack(message, 0.0)
+            self._commit(self._progress.committable(refs))
+        except (BackendUnavailableError, TransportError) as exc:  # re-read, uncounted, by the next owner
+            log.warning("transport.hand_back_failed", group=self.group, error=str(exc))
+        self._forget(consumer, refs)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """The partitions are gone already (the session expired): nothing can be committed."""
+        refs = [QueueRef(p.topic, p.partition) for p in partitions]
+        log.warning("transport.partitions_lost", group=self.group, queues=len(refs))
+        if self.options.on_revoke:
+            self.options.on_revoke(refs)
+        self._forget(consumer, refs)
+
+    def _forget(self, consumer: Consumer, refs: list[QueueRef]) -> None:
+        self._progress.forget(refs)
         with self._lock:
             self._assigned.difference_update(refs)
             for ref in refs:
