@@ -61,8 +61,10 @@ log = structlog.get_logger(__name__)
 class KafkaTransport(Transport):
     """A `Transport` over a Kafka cluster.
 
-    Options: ``session_timeout`` (seconds without heartbeat before a member is
-    presumed dead and its partitions move, default 10), ``request_timeout``
+    Options: ``visibility_timeout`` (Kafka leases partitions, not messages: the
+    session timeout, seconds without a heartbeat before a member is presumed
+    dead and its partitions move, default 30; the cluster bounds it, 6 s to
+    30 min by default), ``request_timeout``
     (seconds a produce, commit or metadata request may take before the cluster
     counts as unreachable, default 30).
     """
@@ -74,12 +76,12 @@ class KafkaTransport(Transport):
         url: str,
         clock: Clock = SYSTEM_CLOCK,
         *,
-        session_timeout: float | str = 10.0,
+        visibility_timeout: float | str = 30.0,
         request_timeout: float | str = 30.0,
     ) -> None:
         self._servers = Servers.parse(url)
         self._clock = clock
-        self._session_timeout = seconds("session_timeout", session_timeout)
+        self._session_timeout = seconds("visibility_timeout", visibility_timeout)
         self._request_timeout = seconds("request_timeout", request_timeout)
         self._publisher = Publisher(self._servers, {}, self._request_timeout)
         self._subscriptions: list[KafkaSubscription] = []

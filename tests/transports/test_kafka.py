@@ -47,7 +47,7 @@ def cluster() -> Iterator[MockCluster]:
 
 @pytest.fixture
 def transport(cluster: MockCluster) -> Iterator[KafkaTransport]:
-    opened = open_transport(cluster.url, session_timeout=SESSION_TIMEOUT)
+    opened = open_transport(cluster.url, visibility_timeout=SESSION_TIMEOUT)
     assert isinstance(opened, KafkaTransport)
     yield opened
     opened.close()
@@ -163,10 +163,10 @@ def test_bad_urls_options_and_names_are_named(cluster: MockCluster, transport: K
     for url in ("kafka://", "kafka://localhost", "kafka://h:99999", "kafka://h:1,nohost"):
         with pytest.raises(ConfigurationError, match="host:port"):
             open_transport(url)
-    with pytest.raises(ConfigurationError, match="session_timeout"):
-        open_transport(cluster.url, session_timeout=-1)
+    with pytest.raises(ConfigurationError, match="visibility_timeout"):
+        open_transport(cluster.url, visibility_timeout=-1)
     with pytest.raises(ConfigurationError, match="unknown option"):
-        open_transport(cluster.url, visibility_timeout=3)
+        open_transport(cluster.url, lease=3)
     with pytest.raises(TransportError, match="group name"):
         transport.subscribe("%bad", ["t"])
     with pytest.raises(TransportError, match="topic name"):
@@ -277,7 +277,7 @@ def test_nack_goes_through_the_retry_topic_and_comes_back_counted_not_before_due
     cluster: MockCluster, unique: str
 ) -> None:
     clock = FakeClock()
-    with open_transport(cluster.url, clock, session_timeout=SESSION_TIMEOUT) as transport:
+    with open_transport(cluster.url, clock, visibility_timeout=SESSION_TIMEOUT) as transport:
         transport.publish(unique, outgoing(1, headers={"h": "v"}))
         with transport.subscribe("g", [unique]) as subscription:
             (message,) = fetch_until(subscription, 1)
@@ -321,7 +321,7 @@ def test_publish_to_group_reaches_that_group_only(transport: KafkaTransport, uni
 
 def test_a_delayed_publish_reaches_every_group_when_due(cluster: MockCluster, unique: str) -> None:
     clock = FakeClock()
-    with open_transport(cluster.url, clock, session_timeout=SESSION_TIMEOUT) as transport:
+    with open_transport(cluster.url, clock, visibility_timeout=SESSION_TIMEOUT) as transport:
         transport.publish(unique, outgoing(1, prefix="later", delay=20.0))
         first, second = transport.subscribe("a", [unique]), transport.subscribe("b", [unique])
         with first, second:
@@ -337,7 +337,7 @@ def test_a_delayed_publish_reaches_every_group_when_due(cluster: MockCluster, un
 
 def test_a_cluster_that_is_gone_is_unavailable() -> None:
     with MockCluster(brokers=1) as doomed:
-        transport = open_transport(doomed.url, session_timeout=SESSION_TIMEOUT, request_timeout=2)
+        transport = open_transport(doomed.url, visibility_timeout=SESSION_TIMEOUT, request_timeout=2)
         subscription = transport.subscribe("g", ["gone"])
         doomed.kill()
         with pytest.raises(BackendUnavailableError, match="produce"):

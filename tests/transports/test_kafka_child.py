@@ -16,7 +16,7 @@ from backends.types import Message
 
 
 def main(url: str, group: str, topic: str, commit_first: int) -> None:
-    transport = open_transport(url, session_timeout=6)
+    transport = open_transport(url, visibility_timeout=6)
     subscription = transport.subscribe(group, [topic])
     got: list[Message] = []
     committed = False

@@ -33,4 +33,4 @@ def kafka_url() -> Iterator[str]:
 
 def kafka(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> tuple[str, dict[str, Any]]:
     """The contract suite's place on `kafka://`: topics and groups are fresh per test already."""
-    return request.getfixturevalue("kafka_url"), {"session_timeout": SESSION_TIMEOUT}
+    return request.getfixturevalue("kafka_url"), {"visibility_timeout": SESSION_TIMEOUT}

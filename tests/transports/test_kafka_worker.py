@@ -1,0 +1,38 @@
+"""A framework worker on `kafka://` in a process of its own, for the kill -9 chaos test.
+
+``python -m tests.transports.test_kafka_worker TABLE TOPIC GROUP`` consumes
+``TOPIC`` as ``GROUP`` (settings from ``RELIABLE_*`` variables: the transactional
+commit strategy) until it is stopped or killed. The handler inserts each
+token into ``TABLE``; a body with ``"poison": true`` fails for good.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from sqlalchemy import text
+
+from reliable import App, Message
+
+
+class PoisonError(Exception):
+    """Raised for a message no retry can help."""
+
+
+def main(table: str, topic: str, group: str) -> None:
+    app = App()
+
+    @app.handler(topic, group=group, token="body.token", batch=50, fatal=[PoisonError])
+    def handle(messages: list[Message], tx) -> None:
+        for message in messages:
+            if message.body.get("poison"):
+                raise PoisonError(f"token {message.body['token']} is poison")
+            tx.execute(text(f"insert into {table} (token) values (:t)"), {"t": message.body["token"]})
+
+    print("ready", flush=True)
+    app.run()
+    app.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3])
