@@ -9,6 +9,7 @@ token into ``TABLE``; a body with ``"poison": true`` fails for good.
 from __future__ import annotations
 
 import sys
+import time
 
 from sqlalchemy import text
 
@@ -28,6 +29,7 @@ def main(table: str, topic: str, group: str) -> None:
             if message.body.get("poison"):
                 raise PoisonError(f"token {message.body['token']} is poison")
             tx.execute(text(f"insert into {table} (token) values (:t)"), {"t": message.body["token"]})
+            time.sleep(0.001)  # widen the window in which a kill lands mid-batch
 
     print("ready", flush=True)
     app.run()
