@@ -22,7 +22,7 @@ from backends.transport.memory import MemoryTransport
 
 __all__ = ["SCHEMES", "EmbeddedTransport", "MemoryTransport", "Transport", "open_transport"]
 
-SCHEMES = ("memory", "embedded", "redis")
+SCHEMES = ("memory", "embedded", "redis", "kafka")
 DEFAULT_EMBEDDED_PATH = ".reliable/broker"
 
 # option name -> how a query-string value is read
@@ -54,6 +54,10 @@ def open_transport(url: str, clock: Clock = SYSTEM_CLOCK, **options: Any) -> Tra
         return _build(url, MemoryTransport, [clock], options)
     if scheme == "embedded":
         return _build(url, EmbeddedTransport, [location or DEFAULT_EMBEDDED_PATH, clock], options)
+    if scheme == "kafka":
+        from backends.transport.kafka import KafkaTransport
+
+        return _build(url, KafkaTransport, [url.partition("?")[0], clock], options)
     from backends.transport.redis_streams import RedisStreamsTransport
 
     return _build(url, RedisStreamsTransport, [url.partition("?")[0], clock], options)

@@ -1,0 +1,177 @@
+"""`kafka://host:port[,host:port]`: Apache Kafka through librdkafka (confluent-kafka).
+
+Partitions are queues and Kafka offsets are offsets; a group is a Kafka
+consumer group that never auto-commits: the framework commits the contiguous
+prefix of done offsets (``capabilities.consumer_offsets``), or seeks to the
+offsets it saved in its own store when partitions are assigned.
+
+Kafka has no per-message acknowledgement, redelivery or delay, so
+(following Spring Kafka's retry topics, see `kafka_layout`):
+
+* ``ack`` records nothing on the broker: the worker's watermark turns done
+  offsets into ``commit``;
+* ``nack(delay)`` produces a copy to the group's retry topic of the delay's
+  bucket, with the delivery count and due time in headers; the original is
+  then done. Members read their group's retry topics and hold a copy back
+  until it is due;
+* ``dead_letter`` produces a copy with its failure to ``<topic>-dlt-<group>``;
+* a publish with ``delay`` goes to a ``<topic>-delayed-<ms>`` topic every group
+  reads and holds back until due; ``publish_to_group`` to the group's retry
+  topic of bucket 0.
+
+The delivery count (``attempt``) counts nacks. A message read again because
+its member died before committing is not counted: Kafka cannot tell that it
+was delivered before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+
+from backends.clock import SYSTEM_CLOCK, Clock
+from backends.errors import ConfigurationError, TransportError
+from backends.transport.base import (
+    ORIGIN_TOPIC_HEADER,
+    SubscribeOptions,
+    Transport,
+    check_name,
+    check_outgoing,
+)
+from backends.transport.kafka_client import Publisher, Record, Servers
+from backends.transport.kafka_layout import (
+    CAPABILITIES,
+    DUE_HEADER,
+    ID_HEADER,
+    PUBLISHED_HEADER,
+    bucket_ms,
+    check_kafka_name,
+    delayed_topic,
+    encode_headers,
+    new_message_id,
+    retry_topic,
+)
+from backends.transport.kafka_subscription import KafkaSubscription
+from backends.types import OutgoingMessage
+
+log = structlog.get_logger(__name__)
+
+class KafkaTransport(Transport):
+    """A `Transport` over a Kafka cluster.
+
+    Options: ``session_timeout`` (seconds without heartbeat before a member is
+    presumed dead and its partitions move, default 10), ``request_timeout``
+    (seconds a produce, commit or metadata request may take before the cluster
+    counts as unreachable, default 30).
+    """
+
+    capabilities = CAPABILITIES
+
+    def __init__(
+        self,
+        url: str,
+        clock: Clock = SYSTEM_CLOCK,
+        *,
+        session_timeout: float | str = 10.0,
+        request_timeout: float | str = 30.0,
+    ) -> None:
+        self._servers = Servers.parse(url)
+        self._clock = clock
+        self._session_timeout = seconds("session_timeout", session_timeout)
+        self._request_timeout = seconds("request_timeout", request_timeout)
+        self._publisher = Publisher(self._servers, {}, request_timeout)
+        self._subscriptions: list[KafkaSubscription] = []
+        self._closed = False
+
+    def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        self._check_open()
+        check_name("topic", topic)
+        check_kafka_name("topic", topic)
+        check_outgoing(messages)
+        self._send(
+            [
+                (topic, message, {})
+                if message.delay <= 0
+                else (delayed_topic(topic, bucket_ms(message.delay)), message, {ORIGIN_TOPIC_HEADER: topic})
+                for message in messages
+            ]
+        )
+
+    def publish_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        self._check_open()
+        for kind, name in (("group", group), ("topic", topic)):
+            check_name(kind, name)
+            check_kafka_name(kind, name)
+        check_outgoing(messages)
+        self._send(
+            [
+                (retry_topic(topic, group, bucket_ms(message.delay)), message, {ORIGIN_TOPIC_HEADER: topic})
+                for message in messages
+            ]
+        )
+
+    def subscribe(
+        self, group: str, topics: Sequence[str], options: SubscribeOptions | None = None
+    ) -> KafkaSubscription:
+        self._check_open()
+        subscription = KafkaSubscription(
+            group,
+            topics,
+            options or SubscribeOptions(),
+            servers=self._servers,
+            publisher=self._publisher,
+            clock=self._clock,
+            settings=self._consumer_settings(),
+        )
+        self._subscriptions.append(subscription)
+        return subscription
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for subscription in self._subscriptions:
+            subscription.close()
+        self._publisher.close()
+
+    def _send(self, routed: Sequence[tuple[str, OutgoingMessage, dict[str, str]]]) -> None:
+        """Produce each ``(target topic, message, extra headers)``, one wait per target topic."""
+        now = self._clock.time()
+        by_target: dict[str, list[Record]] = {}
+        for target, message, extra in routed:
+            headers = {
+                **message.headers,
+                ID_HEADER: message.message_id or new_message_id(),
+                PUBLISHED_HEADER: repr(now),
+                **extra,
+            }
+            if message.delay > 0:
+                headers[DUE_HEADER] = repr(now + message.delay)
+            record = (message.key, message.payload, encode_headers(headers), int(now * 1000))
+            by_target.setdefault(target, []).append(record)
+        self._publisher.send_all(by_target)
+
+    def _consumer_settings(self) -> dict[str, Any]:
+        session_ms = int(self._session_timeout * 1000)
+        return {
+            "session.timeout.ms": session_ms,
+            "heartbeat.interval.ms": max(session_ms // 3, 100),
+            "socket.timeout.ms": int(self._request_timeout * 1000),
+        }
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError("KafkaTransport is closed")
+
+
+def seconds(name: str, value: float | str) -> float:
+    """``value`` (a number, or its text from the URL) if positive, else a `ConfigurationError`."""
+    try:
+        number = float(value) if isinstance(value, str) else value
+    except ValueError:
+        number = 0.0
+    if isinstance(number, bool) or not isinstance(number, int | float) or not number > 0:
+        raise ConfigurationError(f"transport option {name}={value!r}: a positive number of seconds is required")
+    return float(number)

@@ -1,0 +1,178 @@
+"""The librdkafka side of `kafka://`: the URL, client settings, errors, and a waiting producer.
+
+librdkafka reconnects by itself; what reaches the framework is an operation
+that could not finish. An error librdkafka marks retriable, or one saying the
+brokers cannot be reached, is a `BackendUnavailableError` (the worker backs
+off and subscribes again); any other is a `TransportError`.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from backends.errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    ReliableError,
+    TransportError,
+)
+
+Record = tuple[str | None, bytes, list[tuple[str, str | bytes | None]], int]
+"""A record to produce: key, value, headers, timestamp in milliseconds."""
+
+_UNREACHABLE = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._RESOLVE,
+        KafkaError._WAIT_COORD,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+    }
+)
+
+
+def translate(error: KafkaError, doing: str) -> ReliableError:
+    """Our error for a librdkafka ``error`` met while ``doing`` something."""
+    text = f"kafka: {doing}: {error.str()} ({error.name()})"
+    if error.code() in _UNREACHABLE or error.retriable():
+        return BackendUnavailableError(text)
+    return TransportError(text)
+
+
+def raised(exc: KafkaException, doing: str) -> ReliableError:
+    error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    if error is None:
+        return TransportError(f"kafka: {doing}: {exc}")
+    return translate(error, doing)
+
+
+@dataclass(frozen=True)
+class Servers:
+    """The bootstrap servers of a ``kafka://host:port[,host:port]`` URL."""
+
+    url: str
+    bootstrap: str
+
+    @classmethod
+    def parse(cls, url: str) -> Servers:
+        scheme, separator, rest = url.partition("://")
+        location = rest.partition("?")[0]
+        if scheme != "kafka" or not separator or not location:
+            raise ConfigurationError(
+                f"transport URL {url!r}: expected kafka://host:port[,host:port...]"
+            )
+        for server in location.split(","):
+            host, colon, port = server.rpartition(":")
+            if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigurationError(
+                    f"transport URL {url!r}: server {server!r} is not host:port (port 1-65535)"
+                )
+        return cls(url, location)
+
+
+class Publisher:
+    """A librdkafka producer whose ``send`` returns once every record is acknowledged.
+
+    Records go to the partition `QueueRouter` rules would pick (``crc32(key)``,
+    round-robin without a key), the same as every other transport.
+    """
+
+    def __init__(self, servers: Servers, settings: dict[str, Any], timeout: float) -> None:
+        self._timeout = timeout
+        self._producer = Producer(
+            {
+                "bootstrap.servers": servers.bootstrap,
+                "message.timeout.ms": int(timeout * 1000),
+                "enable.idempotence": True,
+                "acks": "all",
+                **settings,
+            }
+        )
+        self._partitions: dict[str, int] = {}
+        self._turns: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def send(self, topic: str, records: Sequence[Record]) -> None:
+        """Produce ``records`` to ``topic`` and wait until the cluster acknowledged them."""
+        self.send_all({topic: records})
+
+    def send_all(self, records: Mapping[str, Sequence[Record]]) -> None:
+        """Produce the records of each topic, then wait until the cluster acknowledged all."""
+        failures: list[KafkaError] = []
+
+        def delivered(error: KafkaError | None, _: Message) -> None:
+            if error is not None:
+                failures.append(error)
+
+        for topic, batch in records.items():
+            self._produce(topic, batch, delivered)
+        doing = f"produce to {', '.join(repr(topic) for topic in records)}"
+        left = self._producer.flush(self._timeout)
+        if failures:
+            raise translate(failures[0], doing)
+        if left:
+            raise BackendUnavailableError(f"kafka: {doing}: {left} record(s) unacknowledged")
+
+    def _produce(self, topic: str, records: Sequence[Record], delivered: Callable[..., None]) -> None:
+        partitions = self.partitions(topic)
+        try:
+            for key, value, headers, timestamp in records:
+                self._producer.produce(
+                    topic,
+                    value,
+                    key,
+                    partition=self._partition_for(topic, key, partitions),
+                    headers=headers,
+                    timestamp=timestamp,
+                    on_delivery=delivered,
+                )
+                self._producer.poll(0)
+        except BufferError as exc:
+            raise BackendUnavailableError(f"kafka: produce to {topic!r}: {exc}") from exc
+        except KafkaException as exc:
+            raise raised(exc, f"produce to {topic!r}") from exc
+
+    def partitions(self, topic: str) -> int:
+        """How many partitions ``topic`` has; asking creates it where the cluster auto-creates."""
+        with self._lock:
+            known = self._partitions.get(topic)
+        if known is not None:
+            return known
+        try:
+            metadata = self._producer.list_topics(topic, timeout=self._timeout)
+        except KafkaException as exc:
+            raise raised(exc, f"metadata of {topic!r}") from exc
+        found = metadata.topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            reason = found.error.str() if found is not None and found.error else "no partitions"
+            raise TransportError(
+                f"kafka: topic {topic!r} is not available ({reason}); create it, "
+                "or let the cluster auto-create topics"
+            )
+        with self._lock:
+            self._partitions[topic] = len(found.partitions)
+        return len(found.partitions)
+
+    def close(self) -> None:
+        self._producer.flush(self._timeout)
+
+    def _partition_for(self, topic: str, key: str | None, partitions: int) -> int:
+        if key is not None:
+            return zlib.crc32(key.encode()) % partitions
+        with self._lock:
+            turn = self._turns.get(topic, 0)
+            self._turns[topic] = turn + 1
+        return turn % partitions

@@ -1,0 +1,252 @@
+"""One member of a Kafka consumer group: assignment, held-back copies, commits, retry topics.
+
+The member reads the group's topics, their ``-delayed-<ms>`` topics and the
+group's ``-retry-<group>-<ms>`` topics (`kafka_layout.topics_read`). A copy
+read before its due time is held back: its partition is paused, and resumed
+from the copy's next offset once the copy is handed out, so a held partition
+never buffers more than one record here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import structlog
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Message as KafkaRecord
+
+from backends.clock import Clock
+from backends.errors import TransportError
+from backends.transport.base import Capabilities, SubscribeOptions, Subscription, origin_topic
+from backends.transport.kafka_client import Publisher, Servers, raised, translate
+from backends.transport.kafka_layout import (
+    CAPABILITIES,
+    DELIVERY_COUNT_HEADER,
+    DUE_HEADER,
+    Receipt,
+    bucket_ms,
+    check_kafka_name,
+    copy_headers,
+    dead_letter_topic,
+    decode_headers,
+    due_at,
+    encode_headers,
+    failure_headers,
+    retry_topic,
+    to_message,
+    topics_read,
+)
+from backends.types import Failure, Message, QueueRef
+
+log = structlog.get_logger(__name__)
+
+HELD_POLL = 0.05
+"""Seconds a fetch waits at most per round while a held-back copy may fall due."""
+
+
+class KafkaSubscription(Subscription):
+    """A member of a Kafka consumer group (see `backends.transport.kafka`)."""
+
+    def __init__(
+        self,
+        group: str,
+        topics: Sequence[str],
+        options: SubscribeOptions,
+        *,
+        servers: Servers,
+        publisher: Publisher,
+        clock: Clock,
+        settings: Mapping[str, Any],
+    ) -> None:
+        super().__init__(group, topics, options)
+        check_kafka_name("group", group)
+        for topic in self.topics:
+            check_kafka_name("topic", topic)
+        self.capabilities: Capabilities = CAPABILITIES
+        self._publisher = publisher
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._assigned: set[QueueRef] = set()
+        self._held: dict[QueueRef, tuple[float, Message]] = {}
+        self._down: KafkaError | None = None
+        self._closed = False
+        read = [name for topic in self.topics for name in topics_read(group, topic)]
+        for name in read:
+            publisher.partitions(name)  # the topics exist before the group asks for them
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": servers.bootstrap,
+                "group.id": group,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                "partition.assignment.strategy": "roundrobin",
+                "error_cb": self._on_error,
+                **settings,
+            }
+        )
+        self._consumer.subscribe(read, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                 on_lost=self._on_revoke)
+
+    def fetch(self, max_messages: int, timeout: float) -> list[Message]:
+        self._check_fetch(max_messages)
+        self._check_open()
+        remaining = max(timeout, 0.0)
+        while True:
+            due = self._release_due()
+            wait = 0.0 if due else min(remaining, HELD_POLL) if self._held else remaining
+            due += self._read(max_messages - len(due), wait)
+            remaining -= wait
+            if due or remaining <= 0:
+                return due
+
+    def ack(self, messages: Sequence[Message]) -> None:
+        """STANDARD: nothing to tell Kafka; done offsets reach it through ``commit``."""
+        for message in messages:
+            Receipt.of(message)
+
+    def nack(self, message: Message, delay: float) -> None:
+        """REDELIVERED: a copy to the group's retry topic, due in ``delay`` seconds; then done."""
+        receipt = Receipt.of(message)
+        if delay < 0:
+            raise TransportError(f"nack delay {delay!r}: must be >= 0")
+        origin = origin_topic(message)
+        extra = {DELIVERY_COUNT_HEADER: str(receipt.attempt)}
+        if delay > 0:
+            extra[DUE_HEADER] = repr(self._clock.time() + delay)
+        target = retry_topic(origin, self.group, bucket_ms(delay))
+        self._copy(target, message, copy_headers(message, origin, extra))
+        log.info("transport.nack", group=self.group, topic=origin, retry_topic=target,
+                 offset=message.offset, attempt=receipt.attempt, delay=delay)
+
+    def dead_letter(self, message: Message, failure: Failure) -> None:
+        """POISON: a copy with its failure to ``<topic>-dlt-<group>``; then done."""
+        receipt = Receipt.of(message)
+        origin = origin_topic(message)
+        extra = {**failure_headers(failure, message), DELIVERY_COUNT_HEADER: str(receipt.attempt - 1)}
+        self._copy(dead_letter_topic(origin, self.group), message, copy_headers(message, origin, extra))
+        log.info("transport.dead_letter", group=self.group, topic=origin, queue=message.queue,
+                 offset=message.offset, attempt=receipt.attempt, error_type=failure.error_type)
+
+    def commit(self, offsets: Mapping[QueueRef, int]) -> None:
+        """Commit the next offsets to read, synchronously, for partitions this member still has."""
+        self._check_open()
+        with self._lock:
+            mine = {ref: offset for ref, offset in offsets.items() if ref in self._assigned}
+        lost = sorted(set(offsets) - set(mine))
+        if lost:
+            log.warning("transport.commit_skipped", group=self.group, queues=[str(ref) for ref in lost])
+        if not mine:
+            return
+        try:
+            self._consumer.commit(
+                offsets=[TopicPartition(ref.topic, ref.queue, offset) for ref, offset in mine.items()],
+                asynchronous=False,
+            )
+        except KafkaException as exc:
+            raise raised(exc, f"commit of group {self.group!r}") from exc
+
+    def close(self) -> None:
+        """Leave the group: uncommitted messages go to the members that get the partitions."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._consumer.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("transport.close_failed", group=self.group, error=str(exc))
+
+    # reading
+
+    def _read(self, limit: int, wait: float) -> list[Message]:
+        try:
+            records = self._consumer.consume(limit, wait) if limit > 0 else []
+        except KafkaException as exc:
+            raise raised(exc, f"fetch for group {self.group!r}") from exc
+        except RuntimeError as exc:  # the consumer was closed under us
+            raise TransportError(f"kafka: fetch for group {self.group!r}: {exc}") from exc
+        delivered: list[Message] = []
+        for record in records:
+            message = self._accept(record)
+            if message is not None:
+                delivered.append(message)
+        if delivered:
+            self._down = None
+        elif self._down is not None:
+            raise translate(self._down, f"fetch for group {self.group!r}")
+        return delivered
+
+    def _accept(self, record: KafkaRecord) -> Message | None:
+        """The record as a deliverable message; None for errors, stale or held-back records."""
+        error = record.error()
+        if error is not None:
+            self._on_error(error)
+            return None
+        topic, queue, offset = record.topic(), record.partition(), record.offset()
+        assert topic is not None and queue is not None and offset is not None
+        ref = QueueRef(topic, queue)
+        headers = decode_headers(record.headers())
+        message = to_message(topic, queue, offset, record.key(), record.value(), headers,
+                             record.timestamp()[1])
+        due = due_at(headers)
+        with self._lock:
+            if ref in self._held or ref not in self._assigned:
+                return None  # fetched before the pause took effect: read again on resume
+            if due > self._clock.time():
+                self._held[ref] = (due, message)
+                self._consumer.pause([TopicPartition(topic, queue)])
+                return None
+        return message
+
+    def _release_due(self) -> list[Message]:
+        """Held-back copies now due, their partitions resumed after them."""
+        now = self._clock.time()
+        with self._lock:
+            due = [ref for ref, (when, _) in self._held.items() if when <= now]
+            released = [self._held.pop(ref)[1] for ref in due]
+        for message in released:
+            partition = TopicPartition(message.topic, message.queue, message.offset + 1)
+            self._consumer.resume([partition])
+            self._consumer.seek(partition)
+        return released
+
+    # group membership, called by librdkafka inside consume()
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        refs = [QueueRef(p.topic, p.partition) for p in partitions]
+        saved = dict(self.options.on_assign(refs)) if self.options.on_assign else {}
+        for partition, ref in zip(partitions, refs):
+            partition.offset = saved.get(ref, OFFSET_INVALID)
+        with self._lock:
+            self._assigned.update(refs)
+        consumer.assign(partitions)
+        log.info("transport.assigned", group=self.group, queues=len(refs), seeked=len(saved))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        refs = [QueueRef(p.topic, p.partition) for p in partitions]
+        if self.options.on_revoke:
+            self.options.on_revoke(refs)
+        with self._lock:
+            self._assigned.difference_update(refs)
+            for ref in refs:
+                self._held.pop(ref, None)
+        consumer.unassign()
+        log.info("transport.revoked", group=self.group, queues=len(refs))
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._down = error
+        if error.fatal():
+            raise translate(error, f"consumer of group {self.group!r}")
+        log.warning("transport.kafka_error", group=self.group, error=error.str(), code=error.name())
+
+    def _copy(self, target: str, message: Message, headers: dict[str, str]) -> None:
+        record = (message.key, message.payload, encode_headers(headers), int(self._clock.time() * 1000))
+        self._publisher.send(target, [record])
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError(f"subscription of group {self.group!r} is closed")
+
