@@ -81,7 +81,7 @@ class KafkaTransport(Transport):
         self._clock = clock
         self._session_timeout = seconds("session_timeout", session_timeout)
         self._request_timeout = seconds("request_timeout", request_timeout)
-        self._publisher = Publisher(self._servers, {}, request_timeout)
+        self._publisher = Publisher(self._servers, {}, self._request_timeout)
         self._subscriptions: list[KafkaSubscription] = []
         self._closed = False
 
