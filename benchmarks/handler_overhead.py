@@ -88,20 +88,22 @@ def hand_per_message(engine: Engine, table: str, source: MemoryTransport) -> Non
     claim = text(f"insert into reliable_tokens ({TOKEN_COLUMNS}) values (:ns, :token, 'done', :now, :exp) "
                  "on conflict do nothing returning token")
     insert = text(f"insert into {table} values (:token, :amount)")
-    while messages := source.fetch(table, "bench", BATCH, 0):
+    member = source.subscribe(table, ["bench"])
+    while messages := member.fetch(BATCH, 0):
         for message in messages:
             body = json.loads(message.payload)
             now = time.time()
             with engine.begin() as conn:
                 if conn.execute(claim, {"ns": table, "token": body["token"], "now": now, "exp": now + TTL}).first():
                     conn.execute(insert, body)
-            source.ack(table, [message])
+            member.ack([message])
 
 
 def hand_batched(engine: Engine, table: str, source: MemoryTransport) -> None:
     """Fetch 500, one transaction: bulk claim, bulk insert of the claimed; ack the 500."""
     insert = text(f"insert into {table} values (:token, :amount)")
-    while messages := source.fetch(table, "bench", BATCH, 0):
+    member = source.subscribe(table, ["bench"])
+    while messages := member.fetch(BATCH, 0):
         bodies = {}
         for message in messages:
             body = json.loads(message.payload)
@@ -121,7 +123,7 @@ def hand_batched(engine: Engine, table: str, source: MemoryTransport) -> None:
             claimed = set(conn.execute(statement, parameters).scalars())
             if claimed:
                 conn.execute(insert, [bodies[t] for t in claimed])
-        source.ack(table, messages)
+        member.ack(messages)
 
 
 def framework(store: str, cache: str, table: str, payloads: list[bytes], batch: int | None) -> App:

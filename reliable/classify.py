@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 
+from sqlalchemy import exc as sa_exc
+
 from backends.errors import BodyDecodeError, ConfigurationError
 from reliable.errors import TokenMissingError
 
@@ -85,15 +87,37 @@ def _always(verdict: Verdict) -> Rule:
 POISON: tuple[type[BaseException], ...] = (BodyDecodeError, TokenMissingError)
 """Failures `reliable` itself detects in the message: no retry can fix them."""
 
+_MISSING_SCHEMA = ("no such table", "no such column", "has no column named")
+"""SQLite reports a missing table or column as an OperationalError; these are its words."""
+
+
+def _sql_programming_error(exc: BaseException) -> bool:
+    """A statement that can never succeed as written: a missing table or column, bad SQL."""
+    if isinstance(exc, sa_exc.ProgrammingError):  # PostgreSQL: UndefinedTable, UndefinedColumn, syntax
+        return True
+    return isinstance(exc, sa_exc.OperationalError) and any(
+        words in str(exc.orig) for words in _MISSING_SCHEMA
+    )
+
+
+NEVER_FIXED_BY_RETRY = Rule(
+    fatal_on(TypeError, AttributeError, NameError),
+    when(_sql_programming_error, Verdict.FATAL),
+    name="never_fixed_by_retry",
+)
+"""FATAL by default: bugs and schema errors no retry can fix (a handler's own classifier
+is asked first, so ``retry_on=(TypeError,)`` still retries a TypeError)."""
+
 
 def classify(exc: BaseException, classifier: Classifier | None = None) -> Verdict:
     """The verdict on ``exc``: poison detected by `reliable` is FATAL whatever the classifier
-    says; otherwise the classifier's opinion; with no opinion, RETRY."""
+    says; otherwise the classifier's opinion; with no opinion, `NEVER_FIXED_BY_RETRY`'s;
+    with none either, RETRY."""
     if isinstance(exc, POISON):
         return Verdict.FATAL
     verdict = classifier(exc) if classifier is not None else None
     if verdict is None:
-        return Verdict.RETRY
+        return NEVER_FIXED_BY_RETRY(exc) or Verdict.RETRY
     if not isinstance(verdict, Verdict):
         raise ConfigurationError(f"classifier {classifier!r} returned {verdict!r}; expected a Verdict or None") from exc
     return verdict

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -201,6 +201,13 @@ class OffsetWatermark:
                     position += 1
                 positions[ref] = position
         return positions
+
+    def start(self, positions: Mapping[QueueRef, int]) -> None:
+        """Start queues at known positions (resumed from saved offsets): everything below is done."""
+        with self._lock:
+            for ref, offset in positions.items():
+                self._next[ref] = self._reported[ref] = offset
+                self._done[ref] = set()
 
     def forget(self, queues: Iterable[QueueRef]) -> None:
         """Drop ``queues`` (revoked, or assigned afresh): their next fetch starts them again."""

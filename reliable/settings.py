@@ -32,7 +32,10 @@ from pydantic import (
     ValidationError,
 )
 
+from backends.cache import ALLOWED_SCHEMES as CACHE_SCHEMES
 from backends.errors import ConfigurationError
+from backends.store.engine import ALLOWED_SCHEMES as STORE_SCHEMES
+from backends.transport import SCHEMES as TRANSPORT_SCHEMES
 from reliable.durations import parse_duration
 from reliable.retry import DelayLevels, InProcessRetry, RedeliveryPolicy
 from reliable.settings_errors import Origin, SettingsError, describe
@@ -67,8 +70,9 @@ __all__ = [
     "Settings",
     "SettingsError",
     "StoreSettings",
+    "StoreUrl",
     "TransportSettings",
-    "Url",
+    "TransportUrl",
     "WorkerSettings",
 ]
 
@@ -124,8 +128,17 @@ Cap = Annotated[float, _seconds(_CAP), _rule(lambda v: v >= 0 or v == -1, _CAP)]
 AtLeastOne = Annotated[int, _no_bool("an integer >= 1"), _rule(lambda v: v >= 1, "an integer >= 1")]
 Limit = Annotated[int, _no_bool("an integer >= 0, or -1"), _rule(lambda v: v >= -1, "an integer >= 0, or -1 for no limit")]
 Port = Annotated[int, _no_bool("a port from 1 to 65535"), _rule(lambda v: 1 <= v <= 65535, "a port from 1 to 65535")]
-Url = Annotated[str, _url("a URL with a scheme, such as 'sqlite:///./reliable.db'")]
-CacheUrl = Annotated[str, _url("a URL with a scheme, such as 'redis://127.0.0.1:6379/0', or 'none'", "none")]
+def _scheme_url(kind: str, schemes: tuple[str, ...], *specials: str) -> AfterValidator:
+    """A URL whose scheme is one a backend of ``kind`` handles (or one of ``specials``)."""
+    allowed = f"a {kind} URL with scheme " + ", ".join(f"{name}://" for name in schemes)
+    allowed += "".join(f", or {special!r}" for special in specials)
+    return _rule(lambda v: v in specials or (v.partition("://")[0] in schemes and "://" in v), allowed)
+
+
+TransportUrl = Annotated[str, _url("a URL with a scheme"), _scheme_url("transport", TRANSPORT_SCHEMES)]
+StoreUrl = Annotated[str, _url("a URL with a scheme"), _scheme_url("store", STORE_SCHEMES)]
+CacheUrl = Annotated[str, _url("a URL with a scheme, or 'none'", "none"),
+                     _scheme_url("cache", CACHE_SCHEMES, "none")]
 LogLevel = Annotated[
     Literal["debug", "info", "warning", "error", "critical"],
     BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v),
@@ -141,7 +154,7 @@ class Section(BaseModel):
 class TransportSettings(Section):
     """``[transport]``: where messages come from and are acknowledged."""
 
-    url: Url = "embedded://./.reliable/broker"
+    url: TransportUrl = "embedded://./.reliable/broker"
     visibility_timeout: PositiveSeconds = 30.0
 
 
@@ -155,7 +168,7 @@ class CacheSettings(Section):
 class StoreSettings(Section):
     """``[store]``: the durable token table, offsets and dead letters."""
 
-    url: Url = "sqlite:///./.reliable/reliable.db"
+    url: StoreUrl = "sqlite:///./.reliable/reliable.db"
     token_ttl: PositiveSeconds = 7 * 86400.0
 
 

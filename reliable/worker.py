@@ -135,16 +135,22 @@ class Worker:
     # -- assignment -------------------------------------------------------------------------
 
     def _assigned(self, queues: Sequence[QueueRef]) -> Mapping[QueueRef, int]:
-        """Start ``queues`` afresh; with saved offsets, resume each from its saved position."""
+        """Start ``queues`` afresh; with saved offsets, resume each from its saved position.
+
+        A queue with no saved offset resumes from 0: the saved offsets are the
+        whole truth of where the group stands, so the watermark must never start
+        above a message a dead member fetched but did not finish.
+        """
         if self.watermark is not None:
             self.watermark.forget(queues)
-        if not self._saves_offsets:
+        if not self._saves_offsets or self.watermark is None:
             return {}
         saved = self.runtime.store.load_offsets(self.handler.group)
-        resume = {ref: saved[ref] for ref in queues if ref in saved}
-        if resume:
+        resume = {ref: saved.get(ref, 0) for ref in queues}
+        self.watermark.start(resume)
+        if any(resume.values()):
             log.info("offsets_resumed", handler=self.handler.name, group=self.handler.group,
-                     offsets={f"{r.topic}/{r.queue}": o for r, o in sorted(resume.items())})
+                     offsets={f"{r.topic}/{r.queue}": o for r, o in sorted(resume.items()) if o})
         return resume
 
     def _revoked(self, queues: Sequence[QueueRef]) -> None:

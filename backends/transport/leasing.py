@@ -228,7 +228,12 @@ class LeasingTransport(Transport):
 
     @abstractmethod
     def _seek(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
-        """Move ``group``'s cursors; outstanding messages at or after a cursor are read again."""
+        """Move ``group``'s cursors to offsets the consumer saved.
+
+        Outstanding messages at or after a cursor are read again; messages in
+        flight below it are done (the saved offset says so) and are forgotten;
+        scheduled redeliveries below it stay scheduled.
+        """
 
     @abstractmethod
     def _commit(self, group: str, offsets: Mapping[QueueRef, int]) -> None:

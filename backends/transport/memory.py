@@ -165,10 +165,11 @@ class MemoryTransport(LeasingTransport):
                     raise TransportError(f"cannot seek {ref} to offset {offset}: no such place")
                 progress = self._progress_of(group, ref.topic, stored)
                 progress.cursors[ref.queue] = min(offset, len(stored.logs[ref.queue]))
-                for position in [
-                    p for p in progress.outstanding if p[0] == ref.queue and p[1] >= offset
-                ]:
-                    del progress.outstanding[position]
+                for position, delivery in list(progress.outstanding.items()):
+                    if position[0] == ref.queue and (
+                        position[1] >= offset or delivery.state is DeliveryState.IN_FLIGHT
+                    ):
+                        del progress.outstanding[position]
             self._signal()
 
     def dead_letter_records(self, group: str) -> list[DeadLetter]:

@@ -287,13 +287,15 @@ class RedisStreamsTransport(LeasingTransport):
         return count
 
     def _forget(self, client: Any, group: str, ref: QueueRef, offset: int) -> None:
-        """Drop ``group``'s outstanding messages of ``ref`` at or after ``offset``."""
+        """Drop ``group``'s outstanding messages of ``ref`` at or after ``offset`` (read again),
+        and those in flight below it (done, as the consumer's saved offset says)."""
         for kind in OUTSTANDING:
             key = self._keys.group(kind, group, ref.topic)
             doomed = [
                 name
                 for name in client.zrange(key, 0, -1)
-                if layout.position(name)[0] == ref.queue and layout.position(name)[1] >= offset
+                if layout.position(name)[0] == ref.queue
+                and (layout.position(name)[1] >= offset or kind == "inflight")
             ]
             if doomed:
                 client.zrem(key, *doomed)

@@ -182,3 +182,19 @@ def test_handler_can_switch_back_from_delay_levels(tmp_path):
     settings = Settings.load(path, env={})
     assert isinstance(settings.retry.policy(), DelayLevels)
     assert settings.for_handler("fast").retry.policy() == RedeliveryPolicy()
+
+
+@pytest.mark.parametrize(
+    ("section", "url", "allowed"),
+    [
+        ("transport", "rabbit://localhost", "expected a transport URL with scheme memory://, embedded://"),
+        ("store", "mongodb://localhost/x", "expected a store URL with scheme sqlite://, postgresql://"),
+        ("cache", "memcached://localhost", "expected a cache URL with scheme memory://, redis://"),
+    ],
+)
+def test_unknown_url_schemes_name_file_key_value_and_schemes(tmp_path, section, url, allowed):
+    message = load_error(write(tmp_path, f'[{section}]\nurl = "{url}"\n'))
+    assert message.startswith(f"{tmp_path / 'reliable.toml'}: {section}.url = '{url}' is not allowed; ")
+    assert allowed in message
+    env_message = load_error(None, {f"RELIABLE_{section.upper()}__URL": url})
+    assert env_message.startswith(f"environment variable RELIABLE_{section.upper()}__URL") and allowed in env_message

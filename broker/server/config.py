@@ -1,0 +1,144 @@
+"""The server's configuration: listeners, limits, TLS and users, validated when built.
+
+`ServerConfig.from_mapping` reads the ``[broker]`` table of ``reliable.toml``
+(see docs/broker-server.md for every key); a bad value raises
+`BrokerConfigError` naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import ssl
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from broker.errors import BrokerConfigError
+from broker.server.auth import Authenticator, User, load_users
+from broker.server.native_codec import DEFAULT_MAX_FRAME_SIZE
+
+#: keys of the ``[broker]`` table that configure the engine, not the server
+ENGINE_KEYS = frozenset({"data_dir", "flush"})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one client may cost the server; seconds for the timeouts."""
+
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    max_connections: int = 1024
+    idle_timeout: float = 120.0
+    slow_client_timeout: float = 30.0
+    handshake_timeout: float = 10.0
+    max_fetch_wait: float = 30.0
+    stomp_prefetch: int = 100
+
+    def __post_init__(self) -> None:
+        for name in ("max_frame_size", "max_connections", "stomp_prefetch"):
+            _require(f"broker.{name}", getattr(self, name), int, 1)
+        for name in ("idle_timeout", "slow_client_timeout", "handshake_timeout", "max_fetch_wait"):
+            _require(f"broker.{name}", getattr(self, name), (int, float), 0.001)
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """A certificate and key for the listeners; ``cafile`` with ``require_client_cert`` for mutual TLS."""
+
+    certfile: str
+    keyfile: str
+    cafile: str | None = None
+    require_client_cert: bool = False
+
+    def context(self) -> ssl.SSLContext:
+        """A server context refusing anything older than TLS 1.2."""
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=self.cafile)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            context.load_cert_chain(self.certfile, self.keyfile)
+        except (OSError, ssl.SSLError) as exc:
+            raise BrokerConfigError(
+                f"broker.tls_certfile = {self.certfile!r}, broker.tls_keyfile = {self.keyfile!r}: "
+                f"cannot load the certificate chain ({exc})") from exc
+        if self.require_client_cert:
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Where the listeners bind and what they allow; ``None`` port: listener off, 0: any free port."""
+
+    host: str = "127.0.0.1"
+    port: int = 7600
+    stomp_port: int | None = 61613
+    metrics_port: int | None = None
+    limits: Limits = field(default_factory=Limits)
+    tls: TlsConfig | None = None
+    users: Mapping[str, User] = field(default_factory=dict)
+    allow_open_network: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("port", "stomp_port", "metrics_port"):
+            value = getattr(self, name)
+            if value is not None:
+                _require(f"broker.{name}", value, int, 0, 65535)
+        if not self.users and not self.allow_open_network and not _is_loopback(self.host):
+            raise BrokerConfigError(
+                f"broker.host = {self.host!r}: a broker without users may only bind a loopback "
+                "address; add [broker.users] or set broker.allow_open_network = true")
+
+    def authenticator(self) -> Authenticator:
+        return Authenticator(self.users)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> ServerConfig:
+        """The configuration the ``[broker]`` table describes (engine keys are ignored)."""
+        data = dict(data)
+        limits = {f.name: data.pop(f.name) for f in fields(Limits) if f.name in data}
+        tls = {k: data.pop(f"tls_{k}") for k in ("certfile", "keyfile", "cafile",
+                                                   "require_client_cert") if f"tls_{k}" in data}
+        users = load_users(data.pop("users", {}))
+        if "users_file" in data:
+            users.update(_users_file(data.pop("users_file")))
+        for port in ("stomp_port", "metrics_port"):
+            if data.get(port) is False:
+                data[port] = None
+        allowed = {"host", "port", "stomp_port", "metrics_port", "allow_open_network"}
+        unknown = set(data) - allowed - ENGINE_KEYS
+        if unknown:
+            raise BrokerConfigError(f"broker: unknown keys {sorted(unknown)}; allowed: "
+                                    f"{sorted(allowed | ENGINE_KEYS | set(limits) | {'users', 'users_file'})}")
+        if tls and not {"certfile", "keyfile"} <= set(tls):
+            raise BrokerConfigError(f"broker.tls_*: {sorted(tls)} given; TLS needs both "
+                                    "tls_certfile and tls_keyfile")
+        server = {k: v for k, v in data.items() if k in allowed}
+        return cls(limits=Limits(**limits), tls=TlsConfig(**tls) if tls else None, users=users,
+                   **server)
+
+
+def _users_file(path: str) -> dict[str, User]:
+    try:
+        document = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise BrokerConfigError(f"broker.users_file = {path!r}: cannot read it ({exc})") from exc
+    return load_users(document.get("users", {}), f"{path}: users")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _require(key: str, value: Any, kind: type | tuple[type, ...], low: float,
+             high: float | None = None) -> None:
+    number: float = value if isinstance(value, int | float) else float("nan")
+    if isinstance(value, bool) or not isinstance(value, kind) or not low <= number <= (
+            float("inf") if high is None else high):
+        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise BrokerConfigError(f"{key} = {value!r}: must be a number {bound}")

@@ -1,0 +1,72 @@
+"""One client connection as both protocols use it: timed reads, bounded writes, one close.
+
+A read that sees nothing for ``idle_timeout`` seconds, or a write the client
+does not take within ``slow_client_timeout`` seconds, ends the connection
+(`ConnectionTimedOut`), so a silent or stalled client cannot hold a slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from broker.server.config import Limits
+from broker.server.metrics import ServerMetrics
+
+log = structlog.get_logger("broker.server")
+READ_CHUNK = 64 * 1024
+
+
+class ConnectionTimedOut(Exception):
+    """Internal: the client was idle or too slow to read; ``reason`` says which."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Connection:
+    """The stream pair of one client with the server's limits applied."""
+
+    def __init__(self, listener: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 limits: Limits, metrics: ServerMetrics) -> None:
+        self.listener = listener
+        self.limits = limits
+        self.metrics = metrics
+        self._reader = reader
+        self._writer = writer
+        self._write_lock = asyncio.Lock()
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.log = log.bind(listener=listener, peer=self.peer)
+
+    async def read(self, timeout: float | None = None) -> bytes:
+        """The next chunk from the client (``b""`` at end of stream)."""
+        wait = self.limits.idle_timeout if timeout is None else timeout
+        try:
+            return await asyncio.wait_for(self._reader.read(READ_CHUNK), wait)
+        except TimeoutError:
+            raise ConnectionTimedOut("idle") from None
+
+    async def send(self, data: bytes) -> None:
+        """Write ``data``; a client that does not take it in time is cut off."""
+        async with self._write_lock:
+            self._writer.write(data)
+            try:
+                await asyncio.wait_for(self._writer.drain(), self.limits.slow_client_timeout)
+            except TimeoutError:
+                raise ConnectionTimedOut("slow_client") from None
+
+    def abort(self) -> None:
+        """Drop the connection now, without flushing (for a client that stopped reading)."""
+        self._writer.transport.abort()
+
+    async def close(self) -> None:
+        if self._writer.is_closing():
+            return
+        self._writer.close()
+        try:
+            await asyncio.wait_for(self._writer.wait_closed(), 1.0)
+        except (OSError, TimeoutError):
+            self.abort()

@@ -1,0 +1,57 @@
+"""Prometheus metrics of the server, in a registry of its own, served over plain HTTP.
+
+Names follow DESIGN's vocabulary: connections, frames, protocol errors,
+messages published / delivered / acked per topic, auth failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+class ServerMetrics:
+    """The server's counters and gauges; ``listener`` is ``native`` or ``stomp``."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.connections = Counter("broker_connections", "Connections accepted", ["listener"], registry=r)
+        self.refused = Counter("broker_connections_refused", "Connections refused (limit reached)",
+                               ["listener"], registry=r)
+        self.open = Gauge("broker_connections_open", "Connections open now", ["listener"], registry=r)
+        self.frames = Counter("broker_frames", "Frames received", ["listener", "command"], registry=r)
+        self.errors = Counter("broker_protocol_errors", "Errors reported to clients",
+                              ["listener", "code"], registry=r)
+        self.auth_failures = Counter("broker_auth_failures", "Refused credentials", ["listener"],
+                                     registry=r)
+        self.published = Counter("broker_messages_published", "Messages published", ["topic"],
+                                 registry=r)
+        self.duplicates = Counter("broker_messages_duplicate", "Resent messages dropped",
+                                  ["topic"], registry=r)
+        self.delivered = Counter("broker_messages_delivered", "Messages delivered", ["topic"],
+                                 registry=r)
+        self.timeouts = Counter("broker_connections_timed_out", "Connections closed for idleness "
+                                "or a slow reader", ["listener", "reason"], registry=r)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    async def serve_http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Answer one HTTP request: ``GET /metrics`` gets the exposition, anything else 404."""
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            found = request.split(b" ", 2)[:2] == [b"GET", b"/metrics"]
+            body = self.exposition() if found else b"not found\n"
+            status = b"200 OK" if found else b"404 Not Found"
+            kind = CONTENT_TYPE_LATEST.encode() if found else b"text/plain"
+            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + kind +
+                         b"\r\nContent-Length: " + str(len(body)).encode() +
+                         b"\r\nConnection: close\r\n\r\n" + body)
+            await asyncio.wait_for(writer.drain(), 10)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()

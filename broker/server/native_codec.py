@@ -1,0 +1,104 @@
+"""The native protocol's frame: a length prefix, a version byte, a msgpack body.
+
+Layout (big endian, see broker/PROTOCOL.md)::
+
+    length u32 | version u8 | body (length - 1 bytes of msgpack)
+
+``length`` counts the version byte and the body. The decoder is incremental:
+`FrameDecoder.feed` takes whatever chunk the socket gave and returns the
+frames it completed. It refuses a frame from its length prefix alone, so an
+oversized frame's body is never buffered.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+
+from broker.server.errors import (
+    BrokenStreamError,
+    FrameTooLargeError,
+    MalformedFrameError,
+    UnsupportedVersionError,
+)
+
+VERSION = 1
+PREFIX = struct.Struct(">IB")
+DEFAULT_MAX_FRAME_SIZE = 8 * 1024 * 1024
+
+
+def encode(body: Mapping[str, Any], version: int = VERSION) -> bytes:
+    """One complete frame carrying ``body`` (a map; bytes travel as msgpack bin)."""
+    payload = msgpack.packb(dict(body), use_bin_type=True)
+    return PREFIX.pack(len(payload) + 1, version) + payload
+
+
+def decode_body(payload: bytes) -> dict[str, Any]:
+    """The msgpack map a frame carries; `MalformedFrameError` if it is anything else."""
+    try:
+        body = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
+            msgpack.StackError) as exc:
+        raise MalformedFrameError(f"frame body is not valid msgpack: {exc}") from exc
+    if not isinstance(body, dict):
+        raise MalformedFrameError(f"frame body must be a map, got {type(body).__name__}")
+    return body
+
+
+class FrameDecoder:
+    """Turns a byte stream into frame payloads; raises on the first framing error.
+
+    After a `FrameTooLargeError` or `UnsupportedVersionError` the stream can no
+    longer be trusted: the decoder stays broken and the connection must close.
+    """
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        if max_frame_size < 1:
+            raise ValueError(f"max_frame_size must be at least 1, got {max_frame_size}")
+        self.max_frame_size = max_frame_size
+        self._buffer = bytearray()
+        self._broken: Exception | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet part of a complete frame."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add ``data``; return the payloads (body bytes) of every frame now complete."""
+        if self._broken is not None:
+            raise self._broken
+        self._buffer += data
+        frames: list[bytes] = []
+        while len(self._buffer) >= PREFIX.size:
+            length, version = PREFIX.unpack_from(self._buffer)
+            self._check(length, version)
+            end = 4 + length
+            if len(self._buffer) < end:
+                break
+            frames.append(bytes(self._buffer[PREFIX.size:end]))
+            del self._buffer[:end]
+        if len(self._buffer) >= 4 and len(self._buffer) < PREFIX.size:
+            self._check_length(struct.unpack_from(">I", self._buffer)[0])
+        return frames
+
+    def _check(self, length: int, version: int) -> None:
+        self._check_length(length)
+        if version != VERSION:
+            self._fail(UnsupportedVersionError(
+                f"protocol version {version} is not supported (this server speaks {VERSION})"))
+
+    def _check_length(self, length: int) -> None:
+        if length > self.max_frame_size:
+            self._fail(FrameTooLargeError(
+                f"frame of {length} bytes exceeds max_frame_size {self.max_frame_size}"))
+        if length < 1:
+            self._fail(BrokenStreamError("frame length 0 leaves no room for the version byte"))
+
+    def _fail(self, error: Exception) -> None:
+        self._broken = error
+        self._buffer.clear()
+        raise error

@@ -1,0 +1,194 @@
+"""The native protocol's operations: each turns one request map into engine calls and a reply map.
+
+Requests are validated here, field by field, with errors naming the
+operation, the field and what was expected (see broker/PROTOCOL.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.server.auth import Principal
+from broker.server.engine import Delivery, Engine, OutgoingMessage
+from broker.server.errors import MalformedFrameError, RequestError
+from broker.server.metrics import ServerMetrics
+
+Reply = dict[str, Any]
+
+
+@dataclass
+class Context:
+    """What an operation may use: the engine, the caller, the members this connection joined."""
+
+    engine: Engine
+    principal: Principal
+    metrics: ServerMetrics
+    max_fetch_wait: float
+    members: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def member(self, request: Mapping[str, Any], op: str) -> str:
+        member = need(request, op, "member", str)
+        if member not in self.members:
+            raise RequestError(f"{op}: member {member!r} was not joined on this connection")
+        return member
+
+
+def need(request: Mapping[str, Any], op: str, name: str, kind: type | tuple[type, ...],
+         default: Any = ...) -> Any:
+    """``request[name]`` if it has type ``kind``; `MalformedFrameError` naming op and field if not."""
+    if name not in request:
+        if default is ...:
+            raise MalformedFrameError(f"{op}: field {name!r} is required")
+        return default
+    value = request[name]
+    if isinstance(value, bool) and kind is not bool and bool not in _kinds(kind):
+        raise MalformedFrameError(f"{op}: field {name!r} must be {_names(kind)}, got bool")
+    if not isinstance(value, kind):
+        raise MalformedFrameError(
+            f"{op}: field {name!r} must be {_names(kind)}, got {type(value).__name__}")
+    return value
+
+
+def _kinds(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _names(kind: type | tuple[type, ...]) -> str:
+    return " or ".join(k.__name__ for k in _kinds(kind))
+
+
+def _strings(request: Mapping[str, Any], op: str, name: str) -> list[str]:
+    values = need(request, op, name, list)
+    if not all(isinstance(v, str) for v in values):
+        raise MalformedFrameError(f"{op}: field {name!r} must be a list of str")
+    return values
+
+
+def _outgoing(raw: Any, index: int) -> OutgoingMessage:
+    op = f"publish: messages[{index}]"
+    if not isinstance(raw, dict):
+        raise MalformedFrameError(f"{op} must be a map, got {type(raw).__name__}")
+    headers = need(raw, op, "headers", dict, {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+        raise MalformedFrameError(f"{op}: headers must map str to str")
+    return OutgoingMessage(
+        body=need(raw, op, "body", bytes), key=need(raw, op, "key", str, ""),
+        tag=need(raw, op, "tag", str, ""), headers=headers,
+        message_id=need(raw, op, "message_id", str, ""), queue=need(raw, op, "queue", int, None)
+        if raw.get("queue") is not None else None)
+
+
+def delivery_map(d: Delivery) -> Reply:
+    return {"receipt": d.receipt, "topic": d.topic, "queue": d.queue, "offset": d.offset,
+            "message_id": d.message_id, "body": d.body, "key": d.key, "tag": d.tag,
+            "headers": dict(d.headers), "delivery_count": d.delivery_count}
+
+
+async def publish(ctx: Context, request: Mapping[str, Any]) -> Reply:
+    topic = need(request, "publish", "topic", str)
+    raw = need(request, "publish", "messages", list)
+    messages = [_outgoing(m, i) for i, m in enumerate(raw)]
+    ctx.principal.check_produce([topic])
+    placements = await ctx.engine.publish(topic, messages)
+    fresh = sum(not p.duplicate for p in placements)
+    ctx.metrics.published.labels(topic).inc(fresh)
+    ctx.metrics.duplicates.labels(topic).inc(len(placements) - fresh)
+    return {"placements": [{"queue": p.queue, "offset": p.offset, "message_id": p.message_id,
+                            "duplicate": p.duplicate} for p in placements]}
+
+
+async def subscribe(ctx: Context, request: Mapping[str, Any]) -> Reply:
+    group = need(request, "subscribe", "group", str)
+    topics = _strings(request, "subscribe", "topics")
+    if not group or not topics:
+        raise MalformedFrameError("subscribe: group and topics must not be empty")
+    ctx.principal.check_consume(topics)
+    member = await ctx.engine.join(group, topics,
+                                   broadcast=need(request, "subscribe", "broadcast", bool, False),
+                                   from_end=need(request, "subscribe", "from_end", bool, False))
+    ctx.members[member] = tuple(topics)
+    return {"member": member}
+
+
+async def unsubscribe(ctx: Context, request: Mapping[str, Any]) -> Reply:
+    member = ctx.member(request, "unsubscribe")
+    del ctx.members[member]
+    await ctx.engine.leave(member)
+    return {}
+
+
+async def fetch(ctx: Context, request: Mapping[str, Any]) -> Reply:
+    member = ctx.member(request, "fetch")
+    count = need(request, "fetch", "max_messages", int, 100)
+    timeout = need(request, "fetch", "timeout", (int, float), 0.0)
+    if count < 1 or timeout < 0:
+        raise MalformedFrameError(f"fetch: max_messages {count} must be >= 1, timeout {timeout} >= 0")
+    deliveries = await ctx.engine.fetch(member, count, min(float(timeout), ctx.max_fetch_wait))
+    for d in deliveries:
+        ctx.metrics.delivered.labels(d.topic).inc()
+    return {"messages": [delivery_map(d) for d in deliveries]}
+
+
+async def ack(ctx: Context, request: Mapping[str, Any]) -> Reply:
+    await ctx.engine.ack(ctx.member(request, "ack"), _strings(request, "ack", "receipts"))
+    return {}
+
+
+async def nack(ctx: Context, request: Mapping[str, Any]) -> Reply:
+    delay = need(request, "nack", "delay", (int, float), 0.0)
+    if delay < 0:
+        raise MalformedFrameError(f"nack: delay {delay} must be >= 0")
+    await ctx.engine.nack(ctx.member(request, "nack"), _strings(request, "nack", "receipts"),
+                          float(delay))
+    return {}
+
+
+async def dead_letter(ctx: Context, request: Mapping[str, Any]) -> Reply:
+    await ctx.engine.dead_letter(ctx.member(request, "dead_letter"),
+                                 _strings(request, "dead_letter", "receipts"),
+                                 need(request, "dead_letter", "reason", str, ""))
+    return {}
+
+
+async def commit(ctx: Context, request: Mapping[str, Any]) -> Reply:
+    member = ctx.member(request, "commit")
+    offsets: dict[tuple[str, int], int] = {}
+    for entry in need(request, "commit", "offsets", list):
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in entry[1:])):
+            raise MalformedFrameError(f"commit: offset entry {entry!r} must be [topic, queue, offset]")
+        offsets[entry[0], entry[1]] = entry[2]
+    await ctx.engine.commit(member, offsets)
+    return {}
+
+
+async def topics(ctx: Context, request: Mapping[str, Any]) -> Reply:
+    return {"topics": [{"name": t.name, "queues": t.queues, "messages": t.messages}
+                       for t in await ctx.engine.topics()]}
+
+
+async def groups(ctx: Context, request: Mapping[str, Any]) -> Reply:
+    return {"groups": [{"name": g.name, "topics": list(g.topics), "members": g.members,
+                        "broadcast": g.broadcast} for g in await ctx.engine.groups()]}
+
+
+async def lag(ctx: Context, request: Mapping[str, Any]) -> Reply:
+    rows = await ctx.engine.lag(need(request, "lag", "group", str))
+    return {"lag": [{"topic": q.topic, "queue": q.queue, "committed": q.committed, "end": q.end,
+                     "lag": q.lag} for q in rows]}
+
+
+async def ping(ctx: Context, request: Mapping[str, Any]) -> Reply:
+    return {}
+
+
+Operation = Callable[[Context, Mapping[str, Any]], Awaitable[Reply]]
+OPERATIONS: dict[str, Operation] = {
+    "publish": publish, "subscribe": subscribe, "unsubscribe": unsubscribe, "fetch": fetch,
+    "ack": ack, "nack": nack, "dead_letter": dead_letter, "commit": commit, "topics": topics,
+    "groups": groups, "lag": lag, "ping": ping,
+}
+#: operations that may wait long: they run beside the connection's other requests
+CONCURRENT = frozenset({"fetch"})

@@ -1,0 +1,156 @@
+"""The broker server: the native and STOMP listeners (and metrics) in front of one `Engine`.
+
+Both listeners share one connection limit; a connection over it is told why
+(a native error frame or a STOMP ERROR) and closed. `BrokerServer.stop`
+stops accepting, ends every session (their members leave the engine, so
+what they held is redelivered) and returns once all are closed. `serve`
+runs a server until SIGINT or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import tomllib
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import TracebackType
+
+import structlog
+
+from broker.errors import BrokerConfigError
+from broker.server import native_codec
+from broker.server.config import ServerConfig
+from broker.server.connection import Connection
+from broker.server.engine import Engine
+from broker.server.errors import ConnectionLimitError
+from broker.server.metrics import ServerMetrics
+from broker.server.native_session import NativeSession
+from broker.server.stomp_codec import StompFrame, encode
+from broker.server.stomp_session import StompSession
+
+log = structlog.get_logger("broker.server")
+Session = Callable[[Connection], Awaitable[None]]
+
+
+class BrokerServer:
+    """Listeners and open sessions of one broker; use ``async with`` or `start` / `stop`."""
+
+    def __init__(self, engine: Engine, config: ServerConfig | None = None,
+                 metrics: ServerMetrics | None = None) -> None:
+        self.engine = engine
+        self.config = config or ServerConfig()
+        self.metrics = metrics or ServerMetrics()
+        self.authenticator = self.config.authenticator()
+        self._servers: dict[str, asyncio.Server] = {}
+        self._sessions: set[asyncio.Task[None]] = set()
+
+    def port(self, listener: str) -> int:
+        """The port ``native``, ``stomp`` or ``metrics`` is bound to (useful with port 0)."""
+        return int(self._servers[listener].sockets[0].getsockname()[1])
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._sessions)
+
+    async def start(self) -> None:
+        tls = self.config.tls.context() if self.config.tls else None
+        host = self.config.host
+        self._servers["native"] = await asyncio.start_server(
+            self._accept("native", self._native), host, self.config.port, ssl=tls)
+        if self.config.stomp_port is not None:
+            self._servers["stomp"] = await asyncio.start_server(
+                self._accept("stomp", self._stomp), host, self.config.stomp_port, ssl=tls)
+        if self.config.metrics_port is not None:
+            self._servers["metrics"] = await asyncio.start_server(
+                self.metrics.serve_http, host, self.config.metrics_port)
+        log.info("server_started", host=host, tls=tls is not None, auth=self.authenticator.required,
+                 **{f"{name}_port": self.port(name) for name in self._servers})
+
+    async def stop(self) -> None:
+        for server in self._servers.values():
+            server.close()
+        for task in list(self._sessions):
+            task.cancel()
+        await asyncio.gather(*self._sessions, return_exceptions=True)
+        for server in self._servers.values():
+            await server.wait_closed()
+        log.info("server_stopped")
+
+    async def __aenter__(self) -> BrokerServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                        trace: TracebackType | None) -> None:
+        await self.stop()
+
+    def _accept(self, listener: str, session: Session) -> Callable[
+            [asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+        async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            conn = Connection(listener, reader, writer, self.config.limits, self.metrics)
+            if len(self._sessions) >= self.config.limits.max_connections:
+                await self._refuse(conn)
+                return
+            task = asyncio.current_task()
+            assert task is not None
+            self._sessions.add(task)
+            self.metrics.connections.labels(listener).inc()
+            self.metrics.open.labels(listener).inc()
+            try:
+                await session(conn)
+            except asyncio.CancelledError:
+                await conn.close()
+            except Exception:
+                conn.log.exception("session_failed")
+                conn.abort()
+            finally:
+                self._sessions.discard(task)
+                self.metrics.open.labels(listener).dec()
+
+        return accepted
+
+    async def _native(self, conn: Connection) -> None:
+        await NativeSession(conn, self.engine, self.authenticator).run()
+
+    async def _stomp(self, conn: Connection) -> None:
+        await StompSession(conn, self.engine, self.authenticator).run()
+
+    async def _refuse(self, conn: Connection) -> None:
+        self.metrics.refused.labels(conn.listener).inc()
+        error = ConnectionLimitError(
+            f"the broker already holds max_connections={self.config.limits.max_connections}")
+        conn.log.warning("connection_refused", reason=error.code)
+        if conn.listener == "native":
+            frame = native_codec.encode({"id": 0, "ok": False, "fatal": True,
+                                         "error": {"code": error.code, "message": str(error)}})
+        else:
+            frame = encode(StompFrame("ERROR", {"message": f"{error.code}: {error}"}))
+        try:
+            await conn.send(frame)
+        except Exception:
+            conn.abort()
+        await conn.close()
+
+
+def load_config(path: str | Path) -> ServerConfig:
+    """The `ServerConfig` of the ``[broker]`` table in the settings file at ``path``."""
+    try:
+        document = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise BrokerConfigError(f"{path}: cannot read the settings file ({exc})") from exc
+    return ServerConfig.from_mapping(document.get("broker", {}))
+
+
+async def serve(engine: Engine, config: ServerConfig, stop: asyncio.Event | None = None) -> None:
+    """Run a server until ``stop`` is set, or SIGINT / SIGTERM arrives; then shut down gracefully."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        async with BrokerServer(engine, config):
+            await stop.wait()
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)

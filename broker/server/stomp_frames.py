@@ -1,0 +1,184 @@
+"""What each client frame does once a STOMP connection is CONNECTED.
+
+SEND, ACK and NACK carrying a ``transaction`` header wait for its COMMIT
+(ABORT drops them: aborted acknowledgements leave their messages pending);
+a frame with a ``receipt`` header is answered with RECEIPT once done.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from broker.server.auth import Principal
+from broker.server.engine import Delivery, OutgoingMessage
+from broker.server.errors import MalformedFrameError, RequestError, UnknownOperationError
+from broker.server.stomp_codec import StompFrame
+from broker.server.stomp_subscription import ACK_MODES, AckMode, Destination, StompSubscription
+
+if TYPE_CHECKING:
+    from broker.server.stomp_session import StompSession
+
+#: frame headers that steer the broker and are not stored with the message
+CONTROL_HEADERS = frozenset({"destination", "content-length", "receipt", "transaction",
+                             "persistent", "message-id", "subscription", "ack", "redelivered"})
+TRANSACTED = frozenset({"SEND", "ACK", "NACK"})
+
+
+class StompHandlers:
+    """The connected state of one STOMP connection: its subscriptions and open transactions."""
+
+    def __init__(self, session: StompSession, principal: Principal) -> None:
+        self.session = session
+        self.principal = principal
+        self.subscriptions: dict[str, StompSubscription] = {}
+        self.transactions: dict[str, list[StompFrame]] = {}
+        self._ack_ids = itertools.count(1)
+        self._handlers: dict[str, Callable[[StompFrame], Awaitable[None]]] = {
+            "SEND": self._send, "SUBSCRIBE": self._subscribe, "UNSUBSCRIBE": self._unsubscribe,
+            "ACK": self._ack, "NACK": self._nack, "BEGIN": self._begin, "COMMIT": self._commit,
+            "ABORT": self._abort, "DISCONNECT": self._disconnect,
+        }
+
+    async def handle(self, frame: StompFrame) -> None:
+        handler = self._handlers.get(frame.command)
+        if handler is None:
+            raise UnknownOperationError(f"unknown STOMP command {frame.command[:40]!r}")
+        transaction = frame.get("transaction") if frame.command in TRANSACTED else None
+        if transaction is not None:
+            self._transaction(transaction).append(frame)
+        else:
+            await handler(frame)
+        receipt = frame.get("receipt")
+        if receipt is not None:
+            await self.session.send(StompFrame("RECEIPT", {"receipt-id": receipt}))
+
+    async def _send(self, frame: StompFrame) -> None:
+        await self._publish([frame])
+
+    async def _publish(self, frames: list[StompFrame]) -> None:
+        """Publish ``frames`` in order, one batch per run of frames to the same destination."""
+        for topic, batch in itertools.groupby(frames, lambda f: Destination.parse(f.get("destination")).topic):
+            messages = [self._outgoing(f) for f in batch]
+            self.principal.check_produce([topic])
+            placed = await self.session.engine.publish(topic, messages)
+            self.session.conn.metrics.published.labels(topic).inc(len(placed))
+
+    @staticmethod
+    def _outgoing(frame: StompFrame) -> OutgoingMessage:
+        headers = {k: v for k, v in frame.headers.items() if k not in CONTROL_HEADERS}
+        return OutgoingMessage(frame.body, headers=headers)
+
+    async def _subscribe(self, frame: StompFrame) -> None:
+        destination = Destination.parse(frame.get("destination"))
+        sub_id = frame.get("id") or (destination.raw if self.session.version == "1.0" else None)
+        if sub_id is None:
+            raise MalformedFrameError("SUBSCRIBE needs an id header")
+        if sub_id in self.subscriptions:
+            raise MalformedFrameError(f"subscription id {sub_id!r} is already in use")
+        ack_mode = frame.get("ack", "auto")
+        if ack_mode not in ACK_MODES:
+            raise MalformedFrameError(f"ack mode {ack_mode!r} is not one of {', '.join(ACK_MODES)}")
+        prefetch = _prefetch(frame.get("activemq.prefetchSize"), self.session.conn.limits.stomp_prefetch)
+        self.principal.check_consume([destination.topic])
+        engine = self.session.engine
+        if destination.kind == "queue":
+            member = await engine.join(destination.topic, [destination.topic])
+        else:
+            group = f"%STOMP%{self.session.session_id}%{sub_id}"
+            member = await engine.join(group, [destination.topic], broadcast=True, from_end=True)
+        subscription = StompSubscription(
+            sub_id, destination, _mode(ack_mode), prefetch, member, engine, self._message,
+            lambda: f"{self.session.session_id}-{next(self._ack_ids)}",
+            self.session.conn.limits.max_fetch_wait)
+        self.subscriptions[sub_id] = subscription
+        subscription.start(self.session.report_failure)
+
+    async def _message(self, subscription: StompSubscription, delivery: Delivery, ack_id: str) -> None:
+        headers = {k: v for k, v in delivery.headers.items() if k not in CONTROL_HEADERS}
+        headers.update({
+            "destination": subscription.destination.raw, "subscription": subscription.id,
+            "message-id": delivery.message_id, "ack": ack_id, "persistent": "true",
+            "redelivered": "true" if delivery.delivery_count > 1 else "false",
+        })
+        await self.session.send(StompFrame("MESSAGE", headers, delivery.body))
+        self.session.conn.metrics.delivered.labels(delivery.topic).inc()
+
+    async def _unsubscribe(self, frame: StompFrame) -> None:
+        sub_id = frame.get("id") or frame.get("destination")
+        subscription = self.subscriptions.pop(sub_id or "", None)
+        if subscription is None:
+            raise MalformedFrameError(f"UNSUBSCRIBE: no subscription {sub_id!r}")
+        await subscription.stop()
+
+    async def _ack(self, frame: StompFrame) -> None:
+        await self._settle(frame, redeliver=False)
+
+    async def _nack(self, frame: StompFrame) -> None:
+        await self._settle(frame, redeliver=True)
+
+    async def _settle(self, frame: StompFrame, redeliver: bool) -> None:
+        subscription, ack_id = self._find(frame)
+        if subscription.ack_mode == "auto":
+            return
+        await subscription.settle(subscription.select(ack_id), redeliver)
+
+    def _find(self, frame: StompFrame) -> tuple[StompSubscription, str]:
+        """The subscription and ack id an ACK/NACK names: ``id`` (1.2) or ``message-id`` (1.0, 1.1)."""
+        ack_id = frame.get("id") if self.session.version == "1.2" else None
+        message_id = frame.get("message-id")
+        named = frame.get("subscription")
+        candidates = [self.subscriptions[named]] if named in self.subscriptions else list(
+            self.subscriptions.values())
+        for subscription in candidates:
+            found = ack_id if ack_id in subscription.pending else (
+                subscription.ack_id_for(message_id) if message_id else None)
+            if found is not None:
+                return subscription, found
+        raise RequestError(f"{frame.command}: no pending message with id {ack_id or message_id!r}")
+
+    def _transaction(self, name: str | None) -> list[StompFrame]:
+        if name is None or name not in self.transactions:
+            raise MalformedFrameError(f"transaction {name!r} has not begun")
+        return self.transactions[name]
+
+    async def _begin(self, frame: StompFrame) -> None:
+        name = frame.get("transaction")
+        if not name or name in self.transactions:
+            raise MalformedFrameError(f"BEGIN: transaction {name!r} is missing or already begun")
+        self.transactions[name] = []
+
+    async def _commit(self, frame: StompFrame) -> None:
+        frames = self._transaction(frame.get("transaction"))
+        del self.transactions[frame.get("transaction") or ""]
+        for command, run in itertools.groupby(frames, lambda f: f.command):
+            batch = list(run)
+            if command == "SEND":
+                await self._publish(batch)
+            for acknowledgement in batch if command != "SEND" else ():
+                await self._settle(acknowledgement, redeliver=command == "NACK")
+
+    async def _abort(self, frame: StompFrame) -> None:
+        self._transaction(frame.get("transaction"))
+        del self.transactions[frame.get("transaction") or ""]
+
+    async def _disconnect(self, frame: StompFrame) -> None:
+        """Nothing to do here: the session closes after the RECEIPT."""
+
+    async def close(self) -> None:
+        for subscription in self.subscriptions.values():
+            await subscription.stop()
+        self.subscriptions.clear()
+
+
+def _mode(value: str) -> AckMode:
+    return next(mode for mode in ACK_MODES if mode == value)
+
+
+def _prefetch(raw: str | None, default: int) -> int:
+    if raw is None:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise MalformedFrameError(f"activemq.prefetchSize {raw!r} must be a whole number >= 1")
+    return int(raw)

@@ -1,0 +1,126 @@
+"""One STOMP subscription: a group member whose deliveries are pushed as MESSAGE frames.
+
+``/queue/NAME`` joins the group ``NAME`` over topic ``NAME`` (every subscriber
+of the queue shares its messages); ``/topic/NAME`` joins a broadcasting
+member of its own that starts at the end of topic ``NAME``. At most
+``prefetch`` messages are unacknowledged at a time (``activemq.prefetchSize``);
+in ``auto`` mode a message counts as acknowledged once written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from broker.server.engine import Delivery, Engine
+from broker.server.errors import MalformedFrameError, RequestError
+
+AckMode = Literal["auto", "client", "client-individual"]
+ACK_MODES: tuple[AckMode, ...] = ("auto", "client", "client-individual")
+FETCH_WAIT = 5.0
+_DESTINATION = re.compile(r"/(queue|topic)/([^/\s]+)")
+
+SendMessage = Callable[["StompSubscription", Delivery, str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Destination:
+    """A STOMP destination and the broker topic it names."""
+
+    raw: str
+    kind: Literal["queue", "topic"]
+    topic: str
+
+    @classmethod
+    def parse(cls, raw: str | None) -> Destination:
+        match = _DESTINATION.fullmatch(raw or "")
+        if match is None:
+            raise MalformedFrameError(f"destination {raw!r} is not /queue/NAME or /topic/NAME")
+        kind: Literal["queue", "topic"] = "queue" if match.group(1) == "queue" else "topic"
+        return cls(raw or "", kind, match.group(2))
+
+
+class StompSubscription:
+    """Fetches for one member and pushes what it gets, within the prefetch window."""
+
+    def __init__(self, sub_id: str, destination: Destination, ack_mode: AckMode, prefetch: int,
+                 member: str, engine: Engine, send: SendMessage, next_ack_id: Callable[[], str],
+                 max_wait: float) -> None:
+        self.id = sub_id
+        self.destination = destination
+        self.ack_mode = ack_mode
+        self.prefetch = prefetch
+        self.member = member
+        self.engine = engine
+        self._send = send
+        self._next_ack_id = next_ack_id
+        self._wait = min(FETCH_WAIT, max_wait)
+        self.pending: OrderedDict[str, Delivery] = OrderedDict()
+        self._by_message_id: dict[str, str] = {}
+        self._window_open = asyncio.Event()
+        self._window_open.set()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, on_failure: Callable[[BaseException], None]) -> None:
+        self._task = asyncio.create_task(self._deliver())
+        self._task.add_done_callback(
+            lambda t: None if t.cancelled() or t.exception() is None else on_failure(t.exception()))  # type: ignore[arg-type]
+
+    async def _deliver(self) -> None:
+        while True:
+            await self._window_open.wait()
+            room = self.prefetch - len(self.pending)
+            deliveries = await self.engine.fetch(self.member, room, self._wait)
+            for delivery in deliveries:
+                ack_id = self._next_ack_id()
+                if self.ack_mode != "auto":
+                    self.pending[ack_id] = delivery
+                    self._by_message_id[delivery.message_id] = ack_id
+                await self._send(self, delivery, ack_id)
+            if self.ack_mode == "auto" and deliveries:
+                await self.engine.ack(self.member, [d.receipt for d in deliveries])
+            if len(self.pending) >= self.prefetch:
+                self._window_open.clear()
+
+    def ack_id_for(self, message_id: str) -> str | None:
+        """The pending ack id of the message ``message_id`` (STOMP 1.0/1.1 ack by message-id)."""
+        return self._by_message_id.get(message_id)
+
+    def select(self, ack_id: str) -> list[str]:
+        """The ack ids one ACK/NACK of ``ack_id`` settles: up to it in ``client`` mode, else itself."""
+        if ack_id not in self.pending:
+            raise RequestError(f"ack id {ack_id!r} is not pending on subscription {self.id!r}")
+        if self.ack_mode != "client":
+            return [ack_id]
+        chosen = []
+        for candidate in self.pending:
+            chosen.append(candidate)
+            if candidate == ack_id:
+                return chosen
+        return chosen
+
+    async def settle(self, ack_ids: Sequence[str], redeliver: bool) -> None:
+        """ACK (``redeliver`` false) or NACK the deliveries of ``ack_ids`` that are still pending."""
+        deliveries = [self.pending.pop(a) for a in ack_ids if a in self.pending]
+        for delivery in deliveries:
+            self._by_message_id.pop(delivery.message_id, None)
+        if not deliveries:
+            return
+        receipts = [d.receipt for d in deliveries]
+        if redeliver:
+            await self.engine.nack(self.member, receipts, 0.0)
+        else:
+            await self.engine.ack(self.member, receipts)
+        self._window_open.set()
+
+    async def stop(self) -> None:
+        """Stop delivering and leave the group: unacknowledged messages are redelivered."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self.pending.clear()
+        await self.engine.leave(self.member)
