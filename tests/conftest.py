@@ -90,3 +90,6 @@ def _forget_test_rows() -> Iterator[None]:
 @pytest.fixture
 def sqlite_url(tmp_path) -> Iterator[str]:
     yield f"sqlite:///{tmp_path / 'store.db'}"
+
+
+from tests.transports.test_kafka_suite import kafka_url  # noqa: E402, F401  (the kafka:// contract entry)

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.transports.test_kafka_suite import kafka
+
 Place = tuple[str, dict[str, Any]]
 """A transport URL and the options `open_transport` gets for it."""
 
@@ -33,6 +35,7 @@ TRANSPORTS: dict[str, Callable[[pytest.FixtureRequest, Path, str], Place]] = {
     "memory": memory,
     "embedded": embedded,
     "redis": redis,
+    "kafka": kafka,
 }
 
 LEASING = ("memory", "embedded", "redis")
