@@ -16,78 +16,18 @@ the client and keeps the connection.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
-NO_HEADERS: Mapping[str, str] = {}
+from broker.delivery.values import (
+    Delivery,
+    GroupInfo,
+    OutgoingMessage,
+    Placement,
+    QueueLag,
+    TopicInfo,
+)
 
-
-@dataclass(frozen=True)
-class OutgoingMessage:
-    """A message to publish; a non-empty ``message_id`` lets the engine drop a resent duplicate."""
-
-    body: bytes
-    key: str = ""
-    tag: str = ""
-    headers: Mapping[str, str] = field(default_factory=dict)
-    message_id: str = ""
-    queue: int | None = None
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a published message went; ``duplicate`` if the engine already had its id."""
-
-    topic: str
-    queue: int
-    offset: int
-    message_id: str
-    duplicate: bool = False
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One message handed to a group member; ``delivery_count`` is 1 on the first delivery."""
-
-    receipt: str
-    topic: str
-    queue: int
-    offset: int
-    message_id: str
-    body: bytes
-    key: str = ""
-    tag: str = ""
-    headers: Mapping[str, str] = NO_HEADERS
-    delivery_count: int = 1
-
-
-@dataclass(frozen=True)
-class QueueLag:
-    """How far a group is behind on one queue of a topic."""
-
-    topic: str
-    queue: int
-    committed: int
-    end: int
-
-    @property
-    def lag(self) -> int:
-        return self.end - self.committed
-
-
-@dataclass(frozen=True)
-class TopicInfo:
-    name: str
-    queues: int
-    messages: int
-
-
-@dataclass(frozen=True)
-class GroupInfo:
-    name: str
-    topics: tuple[str, ...]
-    members: int
-    broadcast: bool
+__all__ = ["Delivery", "Engine", "GroupInfo", "OutgoingMessage", "Placement", "QueueLag", "TopicInfo"]
 
 
 class Engine(Protocol):

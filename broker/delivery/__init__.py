@@ -1,0 +1,1 @@
+"""The delivery engine: topics and queues, consumer groups, acks, redelivery, retry and dead-letter queues."""

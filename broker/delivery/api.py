@@ -1,0 +1,78 @@
+"""The delivery engine's one synchronous interface, `BrokerApi`.
+
+Three things implement it: the engine itself, in process (`broker.delivery`),
+the client of the broker server (`broker.client`, over TCP or the local
+socket of an embedded broker owned by another process), and test doubles.
+The framework's broker transport (`backends/transport/broker.py`) is written
+once over this interface, so `embedded://DIR` and `reliable://host:port` share
+it; the server's asyncio `Engine` (`broker/server/engine.py`) is this
+interface run off the event loop.
+
+A group member is a handle (``member``) that `BrokerApi.join` hands out;
+every delivery carries an opaque ``receipt`` that the member acks, nacks or
+dead-letters. Any call by a member counts as its heartbeat. When a member
+leaves, or stops calling for longer than the group's session timeout, what it
+held unacknowledged is redelivered to the group.
+
+Calls the engine cannot serve raise `broker.errors.BrokerError` subclasses.
+Implementations may add keyword arguments with defaults and further methods;
+the calls below keep their meaning everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from broker.delivery.values import (
+    Delivery,
+    GroupInfo,
+    OutgoingMessage,
+    Placement,
+    QueueLag,
+    TopicInfo,
+)
+
+
+class BrokerApi(Protocol):
+    """Publish, consume as a group member, acknowledge by receipt, inspect."""
+
+    def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
+        """Append ``messages`` to ``topic`` in order; durable per the flush setting when this returns."""
+
+    def join(self, group: str, topics: Sequence[str], *, broadcast: bool = False,
+             from_end: bool = False) -> str:
+        """A new member of ``group`` over ``topics``; ``from_end``: a new group starts at the end."""
+
+    def leave(self, member: str) -> None:
+        """End ``member``; what it held unacknowledged is redelivered to the group."""
+
+    def fetch(self, member: str, max_messages: int, timeout: float) -> list[Delivery]:
+        """Up to ``max_messages``, waiting up to ``timeout`` seconds for the first one."""
+
+    def ack(self, member: str, receipts: Sequence[str]) -> None:
+        """STANDARD: these deliveries are done."""
+
+    def nack(self, member: str, receipts: Sequence[str], delay: float) -> None:
+        """REDELIVERED: deliver these again, not before ``delay`` seconds; the delivery count goes up."""
+
+    def dead_letter(self, member: str, receipts: Sequence[str], reason: str) -> None:
+        """POISON: move these to the group's dead-letter queue ``%DLQ%<group>`` with ``reason``."""
+
+    def commit(self, member: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Offsets kept by the consumer: the next offset to read per (topic, queue); seeks there."""
+
+    def assignment(self, member: str) -> list[tuple[str, int]]:
+        """The (topic, queue) pairs ``member`` holds now."""
+
+    def topics(self) -> list[TopicInfo]:
+        """Every topic with its queue and message counts."""
+
+    def groups(self) -> list[GroupInfo]:
+        """Every consumer group the engine knows."""
+
+    def lag(self, group: str) -> list[QueueLag]:
+        """``group``'s committed offset against the end of each queue it reads."""
+
+    def close(self) -> None:
+        """Flush and release what this handle holds."""
