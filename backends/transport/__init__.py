@@ -9,6 +9,7 @@ Options may also be given in the URL's query string
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +23,15 @@ from backends.transport.memory import MemoryTransport
 
 __all__ = ["SCHEMES", "EmbeddedTransport", "MemoryTransport", "Transport", "open_transport"]
 
-SCHEMES = ("memory", "embedded", "redis", "kafka")
+# scheme -> (module, class, what the constructor takes first besides the clock):
+# "url" the URL without its query, "location" the part after ``scheme://``, "none" nothing
+_TRANSPORTS: dict[str, tuple[str, str, str]] = {
+    "memory": ("backends.transport.memory", "MemoryTransport", "none"),
+    "embedded": ("backends.transport.embedded", "EmbeddedTransport", "location"),
+    "redis": ("backends.transport.redis_streams", "RedisStreamsTransport", "url"),
+    "kafka": ("backends.transport.kafka", "KafkaTransport", "url"),
+}
+SCHEMES = tuple(_TRANSPORTS)
 DEFAULT_EMBEDDED_PATH = ".reliable/broker"
 
 # option name -> how a query-string value is read
@@ -41,26 +50,22 @@ def open_transport(url: str, clock: Clock = SYSTEM_CLOCK, **options: Any) -> Tra
     for an option the transport does not take or a bad value.
     """
     scheme, separator, rest = url.partition("://")
-    if not separator or scheme not in SCHEMES:
+    if not separator or scheme not in _TRANSPORTS:
         allowed = ", ".join(f"{name}://" for name in SCHEMES)
         raise UnsupportedURLError(
             f"unsupported transport URL {url!r}: allowed schemes are {allowed}"
         )
+    module, name, first = _TRANSPORTS[scheme]
     location, _, query = rest.partition("?")
     options = {**_query_options(url, query), **options}
-    if scheme == "memory":
+    cls = getattr(importlib.import_module(module), name)
+    if first == "none":
         if location:
-            raise ConfigurationError(f"transport {url!r}: memory:// takes no location")
-        return _build(url, MemoryTransport, [clock], options)
-    if scheme == "embedded":
-        return _build(url, EmbeddedTransport, [location or DEFAULT_EMBEDDED_PATH, clock], options)
-    if scheme == "kafka":
-        from backends.transport.kafka import KafkaTransport
-
-        return _build(url, KafkaTransport, [url.partition("?")[0], clock], options)
-    from backends.transport.redis_streams import RedisStreamsTransport
-
-    return _build(url, RedisStreamsTransport, [url.partition("?")[0], clock], options)
+            raise ConfigurationError(f"transport {url!r}: {scheme}:// takes no location")
+        return _build(url, cls, [clock], options)
+    if first == "location":
+        return _build(url, cls, [location or DEFAULT_EMBEDDED_PATH, clock], options)
+    return _build(url, cls, [url.partition("?")[0], clock], options)
 
 
 def _build(url: str, cls: type[Transport], args: list[Any], options: dict[str, Any]) -> Transport:
