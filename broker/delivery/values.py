@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
-
 @dataclass(frozen=True)
 class OutgoingMessage:
     """A message to publish; a non-empty ``message_id`` lets the engine drop a resent duplicate."""
