@@ -21,9 +21,9 @@ from backends.errors import (
 __all__ = [
     "BackendUnavailableError",
     "BodyDecodeError",
-    "DeadLetterNotFoundError",
     "CacheUnavailableError",
     "ConfigurationError",
+    "DeadLetterNotFoundError",
     "FenceConflictError",
     "HandlerOptionError",
     "LeaseHeldError",

@@ -88,10 +88,12 @@ class Broker:
         check_name("group", group)
         check_name("topic", topic)
         tagged = [replace(m, queue=0, headers={**m.headers, ORIGIN_TOPIC_HEADER: topic}) for m in messages]
-        return self.append(retry_topic(group), tagged)
+        return self.append(retry_topic(group), tagged, dedup=False)  # a replay is meant twice
 
-    def append(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
-        """Append to any topic (internal ones included), dropping ids seen within the window."""
+    def append(self, topic: str, messages: Sequence[OutgoingMessage], *,
+               dedup: bool = True) -> list[Placement]:
+        """Append to any topic (internal ones included); with ``dedup``, ids seen within the
+        window are dropped (the first copy's placement comes back, marked duplicate)."""
         placements: list[Placement | None] = [None] * len(messages)
         records: list[Record] = []
         slots: list[int] = []
@@ -100,7 +102,7 @@ class Broker:
             for index, message in enumerate(messages):
                 if not isinstance(message.body, bytes):
                     raise DeliveryError(f"message body must be bytes, got {type(message.body).__name__}")
-                if message.message_id:
+                if message.message_id and dedup:
                     seen = self._seen(message.message_id)
                     if seen is not None or message.message_id in fresh:
                         placements[index] = replace(seen, duplicate=True) if seen else None
@@ -120,7 +122,7 @@ class Broker:
                 placements[index] = placed
                 self.dedup.add(placed)
             self.lock.notify_all()
-        first = {m.message_id: p for m, p in zip(messages, placements) if p is not None}
+        first = {m.message_id: p for m, p in zip(messages, placements) if p is not None}  # in-batch copies
         return [p if p is not None else replace(first[m.message_id], duplicate=True)
                 for m, p in zip(messages, placements)]
 

@@ -38,5 +38,5 @@ TRANSPORTS: dict[str, Callable[[pytest.FixtureRequest, Path, str], Place]] = {
     "kafka": kafka,
 }
 
-LEASING = ("memory", "embedded", "redis")
+LEASING = ("memory", "redis")
 """Transports whose leases and delays follow an injected clock (their own suite too)."""
