@@ -2,7 +2,9 @@
 
 A fetch sweeps first (members silent past the session timeout leave, leases
 that ended put their messages back), then takes from the queues the member
-holds: messages ready again first, then parked ones that fell due, then new
+holds (a queue that moved to it after a rebalance only once its previous
+holder has acked, nacked or lost what it held there, so a queue is never
+held by two members and a rebalance delivers nothing twice): messages ready again first, then parked ones that fell due, then new
 ones read from the store, never more than the member's prefetch window
 leaves room for (paging: nothing else is read or held). A message whose tag
 the member does not want is finished unseen (``UNMATCHED``); one scheduled
@@ -145,6 +147,8 @@ def _take(broker: Broker, member: Member, max_messages: int, now: float) -> list
     for cursor in group.cursors_of(member):
         if len(taken) >= room:
             break
+        if any(held.member != member.ident for held in cursor.held.values()):
+            continue  # the queue moved here; its previous holder still finishes what it has
         cursor.unpark_due(now)
         for offset in sorted(cursor.ready)[: room - len(taken)]:
             message, count = cursor.ready.pop(offset)

@@ -222,11 +222,9 @@ class Broker:
             for topic, queue in member.queues:
                 if (topic, queue) not in table:
                     table[(topic, queue)] = self._cursor(group, topic, queue, from_end)
-        for key in moved:
-            cursor = group.cursors.get(key)
-            if cursor is not None:
-                for offset in list(cursor.held):
-                    self.release(cursor, offset)
+        if moved:  # the new holder waits until the old one has finished what it holds
+            log.info("delivery.rebalanced", group=group.name, generation=group.generation,
+                     moved=len(moved), members=len(group.members))
 
     def _cursor(self, group: Group, topic: str, queue: int, from_end: bool) -> QueueCursor:
         saved = None if group.broadcast else self.offsets.get((group.name, topic, queue))
