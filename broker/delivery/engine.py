@@ -326,6 +326,12 @@ class Broker:
         self.store.close()
         log.info("delivery.closed", path=str(self.path))
 
+    def abandon(self) -> None:
+        """Stop as a killed process would: no offsets saved, no checkpoint (crash tests)."""
+        self._closing.set()
+        self._flusher.join()
+        self.store._shutdown(clean=False)
+
     def __enter__(self) -> Broker:
         return self
 
