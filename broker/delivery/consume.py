@@ -104,10 +104,13 @@ def _valid(broker: Broker, receipts: Sequence[str]) -> list[tuple[QueueCursor, i
     """The held deliveries ``receipts`` name; stale ones (a lease ended, a queue moved) are
     left out: their message is delivered again anyway."""
     found = []
+    cursors = broker.cursor_by_id
     for receipt in receipts:
-        ident, _, rest = receipt.partition(":")
-        cursor = broker.cursor_by_id.get(int(ident)) if ident.isdigit() else None
-        offset = int(rest.partition(":")[0]) if rest.partition(":")[0].isdigit() else -1
+        parts = receipt.split(":")
+        if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+            continue
+        cursor = cursors.get(int(parts[0]))
+        offset = int(parts[1])
         held = cursor.held.get(offset) if cursor is not None else None
         if held is not None and held.receipt == receipt and cursor is not None:
             found.append((cursor, offset, held))
@@ -186,7 +189,9 @@ def _hand(broker: Broker, member: Member, cursor: QueueCursor, message: StoredMe
     receipt = f"{cursor.ident}:{message.queue_offset}:{count}"
     cursor.held[message.queue_offset] = Held(message, receipt, member.ident, now + member.lease, count)
     broker.held_count[member.ident] += 1
-    headers = {k: v for k, v in message.headers.items() if k != DELIVER_AT_HEADER}
+    headers = message.headers
+    if DELIVER_AT_HEADER in headers:
+        headers = {k: v for k, v in headers.items() if k != DELIVER_AT_HEADER}
     return Delivery(receipt, message.topic, message.queue, message.queue_offset, message.message_id,
                     message.body, message.key, message.tag, headers, count, message.store_time)
 
