@@ -1,4 +1,4 @@
-"""Producer de-duplication: a message id seen within the window is not appended again.
+"""Producer de-duplication: a message id seen on a topic within the window is not appended again.
 
 ActiveMQ's message audit and Kafka's idempotent producer keep the same
 promise: a producer that resends after a lost reply (same message id) gets
@@ -21,10 +21,10 @@ class DedupWindow:
         self._clock = clock
         self._window = window
         self._entries = entries
-        self._seen: OrderedDict[str, tuple[float, Placement]] = OrderedDict()
+        self._seen: OrderedDict[tuple[str, str], tuple[float, Placement]] = OrderedDict()
 
-    def get(self, message_id: str) -> Placement | None:
-        found = self._seen.get(message_id)
+    def get(self, topic: str, message_id: str) -> Placement | None:
+        found = self._seen.get((topic, message_id))
         if found is None:
             return None
         if self._clock.time() - found[0] > self._window:
@@ -32,8 +32,9 @@ class DedupWindow:
         return found[1]
 
     def add(self, placement: Placement) -> None:
-        self._seen[placement.message_id] = (self._clock.time(), placement)
-        self._seen.move_to_end(placement.message_id)
+        key = (placement.topic, placement.message_id)
+        self._seen[key] = (self._clock.time(), placement)
+        self._seen.move_to_end(key)
         horizon = self._clock.time() - self._window
         while self._seen and (len(self._seen) > self._entries
                               or next(iter(self._seen.values()))[0] < horizon):

@@ -103,7 +103,7 @@ class Broker:
                 if not isinstance(message.body, bytes):
                     raise DeliveryError(f"message body must be bytes, got {type(message.body).__name__}")
                 if message.message_id and dedup:
-                    seen = self._seen(message.message_id)
+                    seen = self._seen(topic, message.message_id)
                     if seen is not None or message.message_id in fresh:
                         placements[index] = replace(seen, duplicate=True) if seen else None
                         continue
@@ -126,13 +126,14 @@ class Broker:
         return [p if p is not None else replace(first[m.message_id], duplicate=True)
                 for m, p in zip(messages, placements)]
 
-    def _seen(self, message_id: str) -> Placement | None:
-        """Where ``message_id`` went if published within the window; the store's id index
-        answers until the in-memory window has covered a whole window since start."""
-        found = self.dedup.get(message_id)
+    def _seen(self, topic: str, message_id: str) -> Placement | None:
+        """Where ``message_id`` went on ``topic`` if published within the window; the store's id
+        index answers until the in-memory window has covered a whole window since start."""
+        found = self.dedup.get(topic, message_id)
         if found is None and self.clock.time() - self.started_at < self.config.dedup_window:
             stored = self.store.lookup_id(message_id)
-            if stored is not None and self.clock.time() - stored.store_time <= self.config.dedup_window:
+            if (stored is not None and stored.topic == topic
+                    and self.clock.time() - stored.store_time <= self.config.dedup_window):
                 found = Placement(stored.topic, stored.queue, stored.queue_offset, message_id)
         return found
 

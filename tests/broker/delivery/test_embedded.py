@@ -95,10 +95,14 @@ def test_two_processes_share_a_group_through_the_owner_and_never_get_the_same_me
     with open_transport(f"embedded://{path}") as owner:  # this process owns the directory
         owner.publish(unique, outgoing(400))
         children = [start_child(path, unique, "drain", 10) for _ in range(2)]
-        for child in children:  # both joined (and reach the owner) before either fetches
-            assert json.loads(child.stdout.readline()) == {"owner": False}  # type: ignore[union-attr]
-        (path / "go").touch()
-        received = [json.loads(child.communicate(timeout=60)[0]) for child in children]
+        try:
+            for child in children:  # both joined (and reach the owner) before either fetches
+                assert json.loads(child.stdout.readline()) == {"owner": False}  # type: ignore[union-attr]
+            (path / "go").touch()
+            received = [json.loads(child.communicate(timeout=60)[0]) for child in children]
+        finally:
+            for child in children:
+                child.kill()
     everything = received[0] + received[1]
     assert len(everything) == len(set(everything)) == 400
     assert all(received)  # both took part
