@@ -22,7 +22,7 @@ import socket
 import socketserver
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,7 @@ def _plain(value: Any) -> Any:
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         if all(isinstance(k, str) for k in value):
             return {k: _plain(v) for k, v in value.items()}
         return [[_plain(k), _plain(v)] for k, v in value.items()]  # (topic, queue) keys
