@@ -102,7 +102,7 @@ class App:
                 if not structlog.is_configured():  # leave an application's own logging alone
                     configure_logging(s.log.level, s.log.format)
                 store = open_store(s.store.url, self.clock)
-                cache = None if s.cache.url == "none" else open_cache(s.cache.url, self.clock)
+                cache = None if s.cache.url == "none" else open_cache(s.cache.url, self.clock, s.cache.prefix)
                 transport = open_transport(s.transport.url, self.clock, visibility_timeout=s.transport.visibility_timeout)
                 self._runtime = Runtime(transport=transport, store=store, cache=cache, clock=self.clock)
                 log.info("backends_opened", transport=redact(s.transport.url), store=redact(s.store.url),
