@@ -235,7 +235,7 @@ class App:
 
     def _worker(self, handler: Handler) -> Worker:
         handler.config = self.config_for(handler)
-        return Worker(handler, self.runtime, self._strategy(handler.config))
+        return Worker(handler, self.runtime, self._strategy(handler.config), self._stop)
 
     def config_for(self, handler: Handler) -> HandlerConfig:
         """The handler's effective settings: its decorator options over the settings file."""
