@@ -163,11 +163,11 @@ class Broker:
     def join(self, group: str, topics: Sequence[str], *, broadcast: bool = False,
              from_end: bool = False, prefetch: int | None = None, lease: float | None = None,
              tags: Sequence[str] | None = None) -> str:
-        check_name("group", group)
+        check_name("group", group, internal=True)  # reading %DLQ%<group> is allowed; writing is not
         if not topics:
             raise DeliveryError(f"group {group!r}: join at least one topic")
         for topic in topics:
-            check_name("topic", topic)
+            check_name("topic", topic, internal=True)
         with self.lock:
             existing = self.group_table.get(group)
             if existing is not None and existing.broadcast != broadcast:
