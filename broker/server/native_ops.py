@@ -97,6 +97,7 @@ async def publish(ctx: Context, request: Mapping[str, Any]) -> Reply:
     placements = await ctx.engine.publish(topic, messages)
     fresh = sum(not p.duplicate for p in placements)
     ctx.metrics.published.labels(topic).inc(fresh)
+    ctx.metrics.bytes_in.labels(topic).inc(sum(len(m.body) for m in messages))
     ctx.metrics.duplicates.labels(topic).inc(len(placements) - fresh)
     return _placements(topic, placements)
 
@@ -152,6 +153,9 @@ async def fetch(ctx: Context, request: Mapping[str, Any]) -> Reply:
     deliveries = await ctx.engine.fetch(member, count, min(float(timeout), ctx.max_fetch_wait))
     for d in deliveries:
         ctx.metrics.delivered.labels(d.topic).inc()
+        ctx.metrics.bytes_out.labels(d.topic).inc(len(d.body))
+        if d.delivery_count > 1:
+            ctx.metrics.redelivered.labels(d.topic).inc()
     return {"messages": [delivery_map(d) for d in deliveries]}
 
 
@@ -170,9 +174,10 @@ async def nack(ctx: Context, request: Mapping[str, Any]) -> Reply:
 
 
 async def dead_letter(ctx: Context, request: Mapping[str, Any]) -> Reply:
-    await ctx.engine.dead_letter(ctx.member(request, "dead_letter"),
-                                 _strings(request, "dead_letter", "receipts"),
-                                 need(request, "dead_letter", "reason", str, ""))
+    member = ctx.member(request, "dead_letter")
+    receipts = _strings(request, "dead_letter", "receipts")
+    await ctx.engine.dead_letter(member, receipts, need(request, "dead_letter", "reason", str, ""))
+    ctx.metrics.dead_lettered.labels(member.partition("/")[0]).inc(len(receipts))
     return {}
 
 
