@@ -30,6 +30,7 @@ _TRANSPORTS: dict[str, tuple[str, str, str]] = {
     "embedded": ("backends.transport.embedded", "EmbeddedTransport", "location"),
     "redis": ("backends.transport.redis_streams", "RedisStreamsTransport", "url"),
     "kafka": ("backends.transport.kafka", "KafkaTransport", "url"),
+    "nats": ("backends.transport.nats_transport", "NatsTransport", "url"),
 }
 SCHEMES = tuple(_TRANSPORTS)
 DEFAULT_EMBEDDED_PATH = ".reliable/broker"
@@ -40,6 +41,9 @@ _OPTION_TYPES: dict[str, Callable[[str], Any]] = {
     "visibility_timeout": float,
     "poll_interval": float,
     "busy_timeout": float,
+    "request_timeout": float,
+    "duplicate_window": float,
+    "replicas": int,
 }
 
 

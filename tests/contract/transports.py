@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.transports.test_kafka_suite import kafka
+from tests.transports.test_nats_suite import nats
 
 Place = tuple[str, dict[str, Any]]
 """A transport URL and the options `open_transport` gets for it."""
@@ -36,6 +37,7 @@ TRANSPORTS: dict[str, Callable[[pytest.FixtureRequest, Path, str], Place]] = {
     "embedded": embedded,
     "redis": redis,
     "kafka": kafka,
+    "nats": nats,
 }
 
 LEASING = ("memory", "embedded", "redis")
