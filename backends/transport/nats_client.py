@@ -94,11 +94,17 @@ class Connection:
         self.js: JetStreamContext = self.client.jetstream(timeout=request_timeout)
 
     async def _connect(self, servers: Servers) -> Client:
-        return await nats.connect(
+        """Connect, trying each server twice; once connected, reconnect forever.
+
+        nats-py reads ``max_reconnect_attempts`` from its options at each
+        reconnect, so a first connection fails fast (a `BackendUnavailableError`
+        the worker backs off from) while a connection once made is never given up.
+        """
+        client = await nats.connect(
             servers=servers.servers,
             connect_timeout=self.request_timeout,
             allow_reconnect=True,
-            max_reconnect_attempts=-1,
+            max_reconnect_attempts=1,
             reconnect_time_wait=0.5,
             ping_interval=5,
             max_outstanding_pings=2,
@@ -106,6 +112,8 @@ class Connection:
             disconnected_cb=self._on_disconnected,
             reconnected_cb=self._on_reconnected,
         )
+        client.options["max_reconnect_attempts"] = -1
+        return client
 
     @property
     def connected(self) -> bool:
