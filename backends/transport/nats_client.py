@@ -116,6 +116,11 @@ class Connection:
         return client
 
     @property
+    def reconnects(self) -> int:
+        """How many times nats-py reconnected this connection."""
+        return int(self.client.stats["reconnects"])
+
+    @property
     def connected(self) -> bool:
         return bool(self.client.is_connected)
 

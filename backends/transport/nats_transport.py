@@ -129,6 +129,15 @@ class NatsTransport(Transport):
             subscription.close()
         self._connection.close()
 
+    @property
+    def connected(self) -> bool:
+        return self._connection.connected
+
+    @property
+    def reconnects(self) -> int:
+        """How many times the connection was lost and made again."""
+        return self._connection.reconnects
+
     def purge(self) -> None:
         """Delete every stream of this namespace (tests' clean-up)."""
         prefix = f"{self._layout.namespace}_"

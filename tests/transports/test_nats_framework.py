@@ -6,6 +6,7 @@ a namespace of its own (``?namespace=``) whose streams are deleted afterwards.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -15,13 +16,16 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from sqlalchemy import text
 
 from backends.transport.nats_transport import NatsTransport
+from backends.types import OutgoingMessage
 from reliable import App, Message
 from reliable.settings import Settings
+from tests.tcp_proxy import TcpProxy
 from tests.transports.test_kafka_framework import (
     Flaky,
     Poison,
@@ -35,6 +39,7 @@ from tests.transports.test_nats import read_dead_letters
 ROOT = Path(__file__).resolve().parents[2]
 ACK_WAIT = 3.0
 """AckWait of these tests: how long a killed worker's messages stay with it."""
+WAIT_CUT = 30.0
 
 
 @pytest.fixture
@@ -147,3 +152,46 @@ def test_kill_9_at_random_points_each_token_once_each_poison_dead_lettered_once(
     assert set(dead_letter_counts(postgres_url, unique)) == poison
     by_message = dead_letter_counts(postgres_url, unique, by="message_id")
     assert set(by_message.values()) == {1} and len(by_message) == sum(b["poison"] for b in bodies)
+
+
+def test_a_cut_connection_reconnects_and_loses_nothing(
+    place: str, nats_url: str, postgres_url: str, redis_url: str, effects: str, unique: str  # noqa: F811
+) -> None:
+    parts = urlsplit(nats_url)
+    proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 4222)
+    through_proxy = f"nats://127.0.0.1:{proxy.port}?namespace={unique}"
+    app = App(Settings.load(None, env=settings_env(through_proxy, postgres_url, redis_url)))
+    entered, cut = threading.Event(), threading.Event()
+
+    @app.handler(unique, group=unique, token="body.token")
+    def handle(message: Message, tx) -> None:
+        if message.body["token"] == "t50" and not cut.is_set():
+            entered.set()
+            assert cut.wait(WAIT_CUT), "the connection was never cut"
+        tx.execute(text(f"insert into {effects} (token) values (:t)"), {"t": message.body["token"]})
+
+    tokens = [f"t{n}" for n in range(200)]
+    with NatsTransport(nats_url, namespace=unique) as producer:
+        producer.publish(unique, [OutgoingMessage(json.dumps({"token": t}).encode()) for t in tokens])
+    runner = threading.Thread(target=app.run)
+    runner.start()
+    transport = app.runtime.transport
+    assert isinstance(transport, NatsTransport)
+    try:
+        assert entered.wait(WAIT_CUT)  # t50 is in flight
+        proxy.cut()
+        cut.set()  # its handler commits; its ack meets a dead connection
+        wait_until(lambda: not transport.connected, runner.is_alive, 0.05)
+        proxy.restore()
+        wait_until(lambda: len(effect_counts(postgres_url, effects)) == len(tokens), runner.is_alive)
+    finally:
+        app.stop()
+        runner.join()
+        proxy.close()
+    assert effect_counts(postgres_url, effects) == {t: 1 for t in tokens}
+    assert transport.reconnects >= 1
+    with NatsTransport(nats_url, namespace=unique) as check:
+        member = check.subscribe(unique, [unique])
+        assert member.pending() == 0  # everything acked in the end: redelivered work de-duplicated
+        member.close()
+    app.close()
