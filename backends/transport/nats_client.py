@@ -163,7 +163,8 @@ class Connection:
         log.warning("transport.nats_error", error=f"{type(exc).__name__}: {exc}")
 
     async def _on_disconnected(self) -> None:
-        log.warning("transport.disconnected")
+        if not self._closed:  # nats-py reports its own close as a disconnection too
+            log.warning("transport.disconnected")
 
     async def _on_reconnected(self) -> None:
         log.info("transport.reconnected")
