@@ -183,15 +183,16 @@ def test_a_cut_connection_reconnects_and_loses_nothing(
         cut.set()  # its handler commits; its ack meets a dead connection
         wait_until(lambda: not transport.connected, runner.is_alive, 0.05)
         proxy.restore()
-        wait_until(lambda: len(effect_counts(postgres_url, effects)) == len(tokens), runner.is_alive)
+        with NatsTransport(nats_url, namespace=unique) as check:
+            watcher = check.subscribe(unique, [unique])  # never fetches: reads the consumers' counts
+            # every token's effect, and every message acked: held work came back after AckWait, a duplicate
+            wait_until(lambda: len(effect_counts(postgres_url, effects)) == len(tokens)
+                       and watcher.pending() == 0, runner.is_alive)
+            watcher.close()
     finally:
         app.stop()
         runner.join()
         proxy.close()
     assert effect_counts(postgres_url, effects) == {t: 1 for t in tokens}
     assert transport.reconnects >= 1
-    with NatsTransport(nats_url, namespace=unique) as check:
-        member = check.subscribe(unique, [unique])
-        assert member.pending() == 0  # everything acked in the end: redelivered work de-duplicated
-        member.close()
     app.close()
