@@ -55,3 +55,19 @@ class CorruptRecordError(CorruptStoreError):
         self.path = path
         self.position = position
         self.reason = reason
+
+
+class DeliveryError(BrokerError):
+    """Raised when the delivery engine cannot do what was asked."""
+
+
+class UnknownMemberError(DeliveryError):
+    """Raised when a call names a group member that left, timed out or never joined."""
+
+
+class InvalidNameError(DeliveryError):
+    """Raised when a topic or group name is empty, too long, or reserved (``%...%``)."""
+
+
+class BrokerUnavailableError(DeliveryError):
+    """Raised when the process that owns an embedded broker's directory cannot be reached."""

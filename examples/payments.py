@@ -1,8 +1,9 @@
 """The main example: a billing consumer that charges each payment exactly once.
 
-Run it on embedded defaults (broker in process under ./.reliable/, SQLite,
-in-memory cache) with ``scripts/dev example``, or ``python -m examples.payments``.
-The worker alone: ``reliable run examples.payments:app``.
+Run it on embedded defaults (broker in process, SQLite, in-memory cache, all
+under ./.reliable/example/, see ``examples/payments.toml``) with
+``scripts/dev example``, or ``python -m examples.payments`` from the
+repository's root. The worker alone: ``reliable run examples.payments:app``.
 
 It publishes five payments: one twice (a duplicate), one with a bad amount
 (a fatal error: dead-lettered after one attempt) and one whose gateway is
@@ -11,11 +12,13 @@ down on the first delivery (retried in process, redelivered, then charged).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sqlalchemy import text
 
 import reliable
 
-app = reliable.App()
+app = reliable.App.from_settings(Path(__file__).with_name("payments.toml"))
 
 
 class GatewayDown(Exception):
@@ -47,7 +50,6 @@ def create_tables() -> None:
 
 
 def main() -> None:
-    create_tables()
     for payment in (
         {"payment_id": "p-1", "amount": 10},
         {"payment_id": "p-2", "amount": 25},
@@ -71,6 +73,8 @@ def main() -> None:
               f" after {letter.failure.attempts} attempt(s)")
     app.close()
 
+
+create_tables()  # a worker started with `reliable run examples.payments:app` needs it too
 
 if __name__ == "__main__":
     main()

@@ -12,7 +12,9 @@ from typing import Any
 import click
 
 from backends.types import DeadLetter
+from broker.errors import BrokerError
 from reliable.app import App
+from reliable.cli_broker import broker
 from reliable.errors import ReliableError
 from reliable.settings import Settings
 
@@ -149,6 +151,9 @@ def dlq_purge(group: str, ids: tuple[int, ...], yes: bool, settings_path: str | 
     click.echo(f"purged {count} dead letter(s) of {group}")
 
 
+cli.add_command(broker)
+
+
 @cli.command("settings")
 @_settings_option
 def show_settings(settings_path: str | None) -> None:
@@ -159,7 +164,7 @@ def show_settings(settings_path: str | None) -> None:
 def main() -> None:
     try:
         cli(standalone_mode=True)
-    except ReliableError as exc:
+    except (ReliableError, BrokerError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
 

@@ -22,7 +22,7 @@ import structlog
 from backends.store.base import Store
 from backends.transport.base import ORIGIN_TOPIC_HEADER, Transport, origin_topic
 from backends.types import DeadLetter, OutgoingMessage
-from reliable.errors import ReplayLoopError
+from reliable.errors import DeadLetterNotFoundError, ReplayLoopError
 from reliable.message import REPLAYS_HEADER
 
 log = structlog.get_logger("reliable.deadletter")
@@ -74,7 +74,7 @@ class DeadLetters:
         for letter_id in ids:
             letter = self.store.get_dead_letter(letter_id)
             if letter is None or letter.group != group:
-                raise LookupError(f"no dead letter {letter_id} in group {group!r}")
+                raise DeadLetterNotFoundError(f"no dead letter {letter_id} in group {group!r}")
             letters.append(letter)
         return letters
 

@@ -23,6 +23,7 @@ __all__ = [
     "BodyDecodeError",
     "CacheUnavailableError",
     "ConfigurationError",
+    "DeadLetterNotFoundError",
     "FenceConflictError",
     "HandlerOptionError",
     "LeaseHeldError",
@@ -54,3 +55,7 @@ class ReplayLoopError(ReliableError):
 
 class LeaseHeldError(ReliableError):
     """Raised when another worker holds the lease of a token (the message is retried later)."""
+
+
+class DeadLetterNotFoundError(ReliableError, LookupError):
+    """Raised when a dead letter asked for by id is not in the group named."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -125,6 +126,9 @@ class Pipeline:
         except StoreUnavailableError as exc:
             for i, message, token in fresh:
                 results[i] = self._deferred(message, token, exc)
+            for i, result in list(results.items()):  # no dead letter without its record
+                if result.outcome is Outcome.DEAD_LETTERED:
+                    results[i] = self._deferred(result.message, result.token, exc)
         self.guard.remember([r.token for r in results.values() if r.acked and r.token])
         return [results[i] for i in range(len(messages))]
 
@@ -145,7 +149,9 @@ class Pipeline:
                 log.info("batch_isolating_failure", handler=self.handler.name, size=len(fresh), error=str(exc))
                 for i, message, token in fresh:
                     results[i] = self._isolated(tx, message, token)
-            self._dead_letter_in(tx, [r for r in results.values() if r.outcome is Outcome.DEAD_LETTERED])
+            for i, result in list(results.items()):
+                if result.outcome is Outcome.DEAD_LETTERED:
+                    results[i] = self._dead_letter_in(tx, result)
             done = [r.message for r in results.values() if r.acked or r.outcome is Outcome.DEAD_LETTERED]
             self._save_offsets(tx, done)
         self._offsets_saved(done)
@@ -240,12 +246,16 @@ class Pipeline:
         )
         return Result(message, Outcome.DEAD_LETTERED, token, failure=failure, error=exc)
 
-    def _dead_letter_in(self, tx: Transaction, results: Sequence[Result]) -> None:
-        for result in results:
-            assert result.failure is not None
-            replays = int(result.message.headers.get(REPLAYS_HEADER, 0) or 0)
-            letter = DeadLetter(self.handler.group, result.message, result.token, result.failure, replays=replays)
-            tx.add_dead_letter(letter)
+    def _dead_letter_in(self, tx: Transaction, result: Result) -> Result:
+        """Record ``result``'s dead letter in ``tx``; a message the group already has a record
+        of (a duplicate of a poison message, a redelivery after a crash before the ack) is a
+        DUPLICATE instead: one record per message and replay."""
+        assert result.failure is not None
+        replays = int(result.message.headers.get(REPLAYS_HEADER, 0) or 0)
+        letter = DeadLetter(self.handler.group, result.message, result.token, result.failure, replays=replays)
+        if tx.add_dead_letter(letter) is None:
+            return replace(result, outcome=Outcome.DUPLICATE)
+        return result
 
     def _dead_letter_now(self, result: Result) -> Result:
         """Write the dead-letter record of a DEAD_LETTERED result in its own transaction."""
@@ -253,7 +263,7 @@ class Pipeline:
             return result
         try:
             with self.runtime.store.transaction() as tx:
-                self._dead_letter_in(tx, [result])
+                result = self._dead_letter_in(tx, result)
                 self._save_offsets(tx, [result.message])
         except StoreUnavailableError as exc:
             return self._deferred(result.message, result.token, exc)

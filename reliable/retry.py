@@ -51,9 +51,11 @@ __all__ = [
     "InProcessRetry",
     "Redelivery",
     "RedeliveryPolicy",
+    "RetriesSpent",
     "Rule",
     "Verdict",
     "build_classifier",
+    "call_with_redelivery",
     "call_with_retry",
     "classify",
     "fatal_on",
@@ -304,3 +306,48 @@ def call_with_retry(
         reraise=True,
     )
     return retrying(fn)
+
+
+class RetriesSpent(Exception):
+    """Raised by `call_with_redelivery` when a call failed FATAL or its policy gave up."""
+
+    def __init__(self, error: Exception, attempts: int) -> None:
+        super().__init__(f"{type(error).__name__} after {attempts} attempt(s): {error}")
+        self.error = error
+        self.attempts = attempts
+
+
+def call_with_redelivery(
+    fn: Callable[[int], T],
+    *,
+    policy: Redelivery | None,
+    classifier: Classifier | None,
+    clock: Clock,
+    rng: random.Random,
+    propagate: tuple[type[Exception], ...] = (),
+    on_retry: Callable[[Exception, int, float], Any] | None = None,
+) -> T:
+    """``fn(attempt)`` until it succeeds, waiting the policy's growing delays between failures.
+
+    For work that is retried where it runs, with a redelivery policy's backoff
+    (a Spark micro-batch: there is no transport to redeliver it). A FATAL
+    failure, or one after which ``policy`` gives up (no policy: at once), raises
+    `RetriesSpent` from it; ``propagate`` errors pass through unchanged.
+    ``on_retry(exc, attempt, delay)`` runs before each wait.
+    """
+    delay: float | None = None
+    attempt = 1
+    while True:
+        try:
+            return fn(attempt)
+        except propagate:
+            raise
+        except Exception as exc:
+            fatal = classify(exc, classifier) is Verdict.FATAL
+            if fatal or policy is None or policy.gives_up(attempt):
+                raise RetriesSpent(exc, attempt) from exc
+            delay = policy.next_delay(delay, rng, attempt)
+            if on_retry is not None:
+                on_retry(exc, attempt, delay)
+            clock.sleep(delay)
+            attempt += 1

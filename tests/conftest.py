@@ -99,3 +99,4 @@ def sqlite_url(tmp_path) -> Iterator[str]:
 
 
 from tests.transports.test_kafka_suite import kafka_url  # noqa: E402, F401  (the kafka:// contract entry)
+from tests.transports.test_reliable_suite import reliable_server  # noqa: E402, F401  (reliable://)

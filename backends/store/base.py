@@ -74,8 +74,9 @@ class Transaction(ABC):
         """Upsert the next offset to consume per queue for ``group``."""
 
     @abstractmethod
-    def add_dead_letter(self, letter: DeadLetter) -> int:
-        """Store a dead-letter record (payload bytes unchanged); return its id."""
+    def add_dead_letter(self, letter: DeadLetter) -> int | None:
+        """Store a dead-letter record (payload bytes unchanged); its id, or None if the group
+        already has a record of this message (same token, else message id) and replay count."""
 
     @abstractmethod
     def fence(self, name: str, batch_id: int, run_id: str) -> bool:

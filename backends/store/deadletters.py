@@ -6,19 +6,24 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, select, update
+from sqlalchemy import Connection, delete, func, inspect, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
 
 from backends.store.engine import chunk_size, chunks
 from backends.store.schema import dead_letters
 from backends.types import DeadLetter, Failure, Message
 
 
-def add(connection: Connection, letter: DeadLetter, now: float) -> int:
-    """Insert ``letter``; return its id."""
+def add(connection: Connection, letter: DeadLetter, now: float) -> int | None:
+    """Insert ``letter``; its id, or None when the group already has a record of this message
+    (same token, or same message id without a token) at the same replay count."""
     message, failure = letter.message, letter.failure
+    insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
+    identity = f"token:{letter.token}" if letter.token is not None else f"message:{message.id}"
     result = connection.execute(
-        dead_letters.insert()
+        insert(dead_letters)
         .values(
+            identity=identity,
             group=letter.group,
             topic=message.topic,
             queue=message.queue,
@@ -38,9 +43,21 @@ def add(connection: Connection, letter: DeadLetter, now: float) -> int:
             replays=letter.replays,
             created_at=now,
         )
+        .on_conflict_do_nothing(index_elements=["group", "identity", "replays"])
         .returning(dead_letters.c.id)
     )
-    return int(result.scalar_one())
+    inserted = result.scalar_one_or_none()
+    return None if inserted is None else int(inserted)
+
+
+def add_identity_column(connection: Connection) -> None:
+    """Give a dead-letter table created before ``identity`` existed the column and its index."""
+    columns = {column["name"] for column in inspect(connection).get_columns(dead_letters.name)}
+    if "identity" not in columns:
+        connection.execute(text(f"ALTER TABLE {dead_letters.name} ADD COLUMN identity VARCHAR(600)"))
+        connection.execute(text(
+            f"CREATE UNIQUE INDEX IF NOT EXISTS reliable_dead_letters_once "
+            f'ON {dead_letters.name} ("group", identity, replays)'))
 
 
 def page(connection: Connection, group: str, limit: int, after_id: int) -> list[DeadLetter]:

@@ -84,7 +84,13 @@ dead_letters = Table(
     Column("last_failure_at", Double, nullable=False),
     Column("replays", Integer, nullable=False, default=0),
     Column("created_at", Double, nullable=False),
+    # the message's identity for the group: its token, else its message id; with ``replays``
+    # unique, so a message dead-lettered twice (a duplicate of a poison message, a redelivery
+    # after a crash between the record's commit and the ack) keeps one record
+    Column("identity", String(600), nullable=True),
     Index("reliable_dead_letters_group", "group", "id"),
+    Index("reliable_dead_letters_once", "group", "identity", "replays", unique=True),
+    sqlite_autoincrement=True,  # ids are never reused after a purge (PostgreSQL: a sequence)
 )
 
 fences = Table(

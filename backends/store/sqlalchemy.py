@@ -97,7 +97,7 @@ class SqlTransaction(Transaction):
         progress.save_offsets(self.connection, group, offsets)
 
     @_guarded
-    def add_dead_letter(self, letter: DeadLetter) -> int:
+    def add_dead_letter(self, letter: DeadLetter) -> int | None:
         return deadletters.add(self.connection, letter, self._clock.time())
 
     @_guarded
@@ -211,6 +211,8 @@ class SqlStore(Store):
                     self._raise(exc, "create tables")
                 # another process created them between our check and our CREATE
                 metadata.create_all(self.engine, checkfirst=True)
+            with self.engine.begin() as connection:
+                deadletters.add_identity_column(connection)
             self._tables_ready = True
             log.info("store.ready", store=repr(self))
 

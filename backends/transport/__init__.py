@@ -18,10 +18,9 @@ from urllib.parse import parse_qsl
 from backends.clock import SYSTEM_CLOCK, Clock
 from backends.errors import ConfigurationError, UnsupportedURLError
 from backends.transport.base import Transport
-from backends.transport.embedded import EmbeddedTransport
 from backends.transport.memory import MemoryTransport
 
-__all__ = ["SCHEMES", "EmbeddedTransport", "MemoryTransport", "Transport", "open_transport"]
+__all__ = ["SCHEMES", "MemoryTransport", "Transport", "open_transport"]
 
 # scheme -> (module, class, what the constructor takes first besides the clock):
 # "url" the URL without its query, "location" the part after ``scheme://``, "none" nothing
@@ -31,6 +30,7 @@ _TRANSPORTS: dict[str, tuple[str, str, str]] = {
     "redis": ("backends.transport.redis_streams", "RedisStreamsTransport", "url"),
     "kafka": ("backends.transport.kafka", "KafkaTransport", "url"),
     "nats": ("backends.transport.nats_transport", "NatsTransport", "url"),
+    "reliable": ("backends.transport.remote", "RemoteBrokerTransport", "url"),
 }
 SCHEMES = tuple(_TRANSPORTS)
 DEFAULT_EMBEDDED_PATH = ".reliable/broker"
@@ -39,11 +39,8 @@ DEFAULT_EMBEDDED_PATH = ".reliable/broker"
 _OPTION_TYPES: dict[str, Callable[[str], Any]] = {
     "queues": int,
     "visibility_timeout": float,
-    "poll_interval": float,
-    "busy_timeout": float,
-    "request_timeout": float,
-    "duplicate_window": float,
-    "replicas": int,
+    "session_timeout": float,
+    "max_deliveries": int,
 }
 
 

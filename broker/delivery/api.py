@@ -40,9 +40,15 @@ class BrokerApi(Protocol):
     def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
         """Append ``messages`` to ``topic`` in order; durable per the flush setting when this returns."""
 
+    def publish_to_group(self, group: str, topic: str,
+                         messages: Sequence[OutgoingMessage]) -> list[Placement]:
+        """Deliver ``messages`` of ``topic`` to ``group`` only (through ``%RETRY%<group>``)."""
+
     def join(self, group: str, topics: Sequence[str], *, broadcast: bool = False,
-             from_end: bool = False) -> str:
-        """A new member of ``group`` over ``topics``; ``from_end``: a new group starts at the end."""
+             from_end: bool = False, prefetch: int | None = None, lease: float | None = None,
+             tags: Sequence[str] | None = None) -> str:
+        """A new member of ``group`` over ``topics``; ``from_end``: a new group starts at the end;
+        ``prefetch`` and ``lease`` override the broker's; ``tags``: only these (else UNMATCHED)."""
 
     def leave(self, member: str) -> None:
         """End ``member``; what it held unacknowledged is redelivered to the group."""
@@ -58,6 +64,15 @@ class BrokerApi(Protocol):
 
     def dead_letter(self, member: str, receipts: Sequence[str], reason: str) -> None:
         """POISON: move these to the group's dead-letter queue ``%DLQ%<group>`` with ``reason``."""
+
+    def extend(self, member: str, receipts: Sequence[str]) -> None:
+        """Still working on these: their leases start again."""
+
+    def pending(self, group: str, topics: Sequence[str]) -> int:
+        """Messages of ``topics`` (and the group's retry topic) ``group`` has not finished."""
+
+    def next_due(self, group: str) -> float | None:
+        """When the earliest delayed message ``group`` holds back falls due, or None."""
 
     def commit(self, member: str, offsets: Mapping[tuple[str, int], int]) -> None:
         """Offsets kept by the consumer: the next offset to read per (topic, queue); seeks there."""

@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-NO_HEADERS: Mapping[str, str] = {}
-
 
 @dataclass(frozen=True)
 class OutgoingMessage:
@@ -23,6 +21,8 @@ class OutgoingMessage:
     headers: Mapping[str, str] = field(default_factory=dict)
     message_id: str = ""
     queue: int | None = None
+    deliver_at: float = 0.0
+    """Seconds since the epoch before which the message is not delivered (0: at once)."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,9 @@ class Delivery:
     body: bytes
     key: str = ""
     tag: str = ""
-    headers: Mapping[str, str] = NO_HEADERS
+    headers: Mapping[str, str] = field(default_factory=dict)
     delivery_count: int = 1
+    published_at: float = 0.0
 
 
 @dataclass(frozen=True)

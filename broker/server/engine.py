@@ -1,23 +1,23 @@
-"""What the server needs from the delivery engine: the `Engine` protocol and its values.
+"""What the server drives: `Engine`, the delivery engine's `BrokerApi` run off the event loop.
 
-The server speaks two protocols on the network and turns every request into
-one call of this interface; the engine owns topics, groups, offsets,
-redelivery and de-duplication. A group member is a handle (``member``) the
-engine hands out on `Engine.join`; every delivery carries an opaque
-``receipt`` that the member acks, nacks or dead-letters. When a connection
-ends, the server calls `Engine.leave` for each of its members, and the
-engine redelivers whatever they held unacknowledged.
-
-Calls the engine cannot serve raise `broker.errors.BrokerError` subclasses
-(`RequestError` for an unknown member or receipt); the server reports them to
-the client and keeps the connection.
+The server speaks two protocols on one asyncio loop and turns every request
+into one call of the engine. The engine is synchronous (`broker.delivery`),
+so each call runs on a thread of the engine's own pool; a long-poll fetch
+waits on its thread, never on the loop, and the pool is large enough that
+waiting fetches do not starve acks and publishes. When a connection ends,
+the server calls `Engine.leave` for each of its members, and the engine
+redelivers whatever they held unacknowledged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+import asyncio
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
+from broker.delivery.api import BrokerApi
 from broker.delivery.values import (
     Delivery,
     GroupInfo,
@@ -28,41 +28,65 @@ from broker.delivery.values import (
 )
 
 __all__ = ["Delivery", "Engine", "GroupInfo", "OutgoingMessage", "Placement", "QueueLag", "TopicInfo"]
+T = TypeVar("T")
 
 
-class Engine(Protocol):
-    """The delivery engine as the server drives it; every call may be awaited concurrently."""
+class Engine:
+    """The async face of a `BrokerApi`; every call may be awaited concurrently."""
+
+    def __init__(self, api: BrokerApi, threads: int = 64) -> None:
+        self.api = api
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="broker-engine")
+
+    async def _run(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(call, *args, **kwargs))
 
     async def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
-        """Append ``messages`` to ``topic`` in order; durable when this returns."""
+        return await self._run(self.api.publish, topic, messages)
 
-    async def join(self, group: str, topics: Sequence[str], *, broadcast: bool = False,
-                   from_end: bool = False) -> str:
-        """A new member of ``group`` over ``topics``; ``from_end``: a new group starts at the end."""
+    async def publish_to_group(self, group: str, topic: str,
+                               messages: Sequence[OutgoingMessage]) -> list[Placement]:
+        return await self._run(self.api.publish_to_group, group, topic, messages)
+
+    async def join(self, group: str, topics: Sequence[str], **options: Any) -> str:
+        return await self._run(self.api.join, group, topics, **options)
 
     async def leave(self, member: str) -> None:
-        """End ``member``; what it held unacknowledged is redelivered to the group."""
+        await self._run(self.api.leave, member)
 
     async def fetch(self, member: str, max_messages: int, timeout: float) -> list[Delivery]:
-        """Up to ``max_messages``, waiting up to ``timeout`` seconds for the first one."""
+        return await self._run(self.api.fetch, member, max_messages, timeout)
 
     async def ack(self, member: str, receipts: Sequence[str]) -> None:
-        """STANDARD: these deliveries are done."""
+        await self._run(self.api.ack, member, receipts)
 
     async def nack(self, member: str, receipts: Sequence[str], delay: float) -> None:
-        """REDELIVERED: deliver these again, not before ``delay`` seconds."""
+        await self._run(self.api.nack, member, receipts, delay)
 
     async def dead_letter(self, member: str, receipts: Sequence[str], reason: str) -> None:
-        """POISON: move these to the group's dead-letter queue with ``reason``."""
+        await self._run(self.api.dead_letter, member, receipts, reason)
+
+    async def extend(self, member: str, receipts: Sequence[str]) -> None:
+        await self._run(self.api.extend, member, receipts)
 
     async def commit(self, member: str, offsets: Mapping[tuple[str, int], int]) -> None:
-        """Offsets kept by the consumer (broadcasting): the next offset to read per (topic, queue)."""
+        await self._run(self.api.commit, member, offsets)
+
+    async def pending(self, group: str, topics: Sequence[str]) -> int:
+        return await self._run(self.api.pending, group, topics)
+
+    async def next_due(self, group: str) -> float | None:
+        return await self._run(self.api.next_due, group)
 
     async def topics(self) -> list[TopicInfo]:
-        """Every topic with its queue and message counts."""
+        return await self._run(self.api.topics)
 
     async def groups(self) -> list[GroupInfo]:
-        """Every consumer group the engine knows."""
+        return await self._run(self.api.groups)
 
     async def lag(self, group: str) -> list[QueueLag]:
-        """``group``'s committed offset against the end of each queue it reads."""
+        return await self._run(self.api.lag, group)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -10,9 +10,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.errors import UnknownMemberError
 from broker.server.auth import Principal
 from broker.server.engine import Delivery, Engine, OutgoingMessage
-from broker.server.errors import MalformedFrameError, RequestError
+from broker.server.errors import MalformedFrameError
 from broker.server.metrics import ServerMetrics
 
 Reply = dict[str, Any]
@@ -30,8 +31,8 @@ class Context:
 
     def member(self, request: Mapping[str, Any], op: str) -> str:
         member = need(request, op, "member", str)
-        if member not in self.members:
-            raise RequestError(f"{op}: member {member!r} was not joined on this connection")
+        if member not in self.members:  # it left, or joined on a connection that ended
+            raise UnknownMemberError(f"{op}: member {member!r} was not joined on this connection")
         return member
 
 
@@ -77,13 +78,15 @@ def _outgoing(raw: Any, index: int) -> OutgoingMessage:
         body=need(raw, op, "body", bytes), key=need(raw, op, "key", str, ""),
         tag=need(raw, op, "tag", str, ""), headers=headers,
         message_id=need(raw, op, "message_id", str, ""), queue=need(raw, op, "queue", int, None)
-        if raw.get("queue") is not None else None)
+        if raw.get("queue") is not None else None,
+        deliver_at=float(need(raw, op, "deliver_at", (int, float), 0.0)))
 
 
 def delivery_map(d: Delivery) -> Reply:
     return {"receipt": d.receipt, "topic": d.topic, "queue": d.queue, "offset": d.offset,
             "message_id": d.message_id, "body": d.body, "key": d.key, "tag": d.tag,
-            "headers": dict(d.headers), "delivery_count": d.delivery_count}
+            "headers": dict(d.headers), "delivery_count": d.delivery_count,
+            "published_at": d.published_at}
 
 
 async def publish(ctx: Context, request: Mapping[str, Any]) -> Reply:
@@ -95,8 +98,22 @@ async def publish(ctx: Context, request: Mapping[str, Any]) -> Reply:
     fresh = sum(not p.duplicate for p in placements)
     ctx.metrics.published.labels(topic).inc(fresh)
     ctx.metrics.duplicates.labels(topic).inc(len(placements) - fresh)
-    return {"placements": [{"queue": p.queue, "offset": p.offset, "message_id": p.message_id,
-                            "duplicate": p.duplicate} for p in placements]}
+    return _placements(topic, placements)
+
+
+def _placements(topic: str, placements: list[Any]) -> Reply:
+    return {"placements": [{"topic": p.topic, "queue": p.queue, "offset": p.offset,
+                            "message_id": p.message_id, "duplicate": p.duplicate} for p in placements]}
+
+
+async def publish_to_group(ctx: Context, request: Mapping[str, Any]) -> Reply:
+    group = need(request, "publish_to_group", "group", str)
+    topic = need(request, "publish_to_group", "topic", str)
+    raw = need(request, "publish_to_group", "messages", list)
+    messages = [_outgoing(m, i) for i, m in enumerate(raw)]
+    ctx.principal.check_produce([topic])
+    ctx.principal.check_consume([topic])  # a replay reaches the group's consumers
+    return _placements(topic, await ctx.engine.publish_to_group(group, topic, messages))
 
 
 async def subscribe(ctx: Context, request: Mapping[str, Any]) -> Reply:
@@ -105,9 +122,16 @@ async def subscribe(ctx: Context, request: Mapping[str, Any]) -> Reply:
     if not group or not topics:
         raise MalformedFrameError("subscribe: group and topics must not be empty")
     ctx.principal.check_consume(topics)
+    prefetch = need(request, "subscribe", "prefetch", int, None)
+    lease = need(request, "subscribe", "lease", (int, float), None)
+    tags = _strings(request, "subscribe", "tags") if request.get("tags") is not None else None
+    if (prefetch is not None and prefetch < 1) or (lease is not None and lease <= 0):
+        raise MalformedFrameError(f"subscribe: prefetch {prefetch} must be >= 1, lease {lease} > 0")
     member = await ctx.engine.join(group, topics,
                                    broadcast=need(request, "subscribe", "broadcast", bool, False),
-                                   from_end=need(request, "subscribe", "from_end", bool, False))
+                                   from_end=need(request, "subscribe", "from_end", bool, False),
+                                   prefetch=prefetch, lease=None if lease is None else float(lease),
+                                   tags=tags)
     ctx.members[member] = tuple(topics)
     return {"member": member}
 
@@ -152,6 +176,19 @@ async def dead_letter(ctx: Context, request: Mapping[str, Any]) -> Reply:
     return {}
 
 
+async def extend(ctx: Context, request: Mapping[str, Any]) -> Reply:
+    await ctx.engine.extend(ctx.member(request, "extend"), _strings(request, "extend", "receipts"))
+    return {}
+
+
+async def pending(ctx: Context, request: Mapping[str, Any]) -> Reply:
+    group = need(request, "pending", "group", str)
+    topics = _strings(request, "pending", "topics")
+    ctx.principal.check_consume(topics)
+    return {"pending": await ctx.engine.pending(group, topics),
+            "next_due": await ctx.engine.next_due(group)}
+
+
 async def commit(ctx: Context, request: Mapping[str, Any]) -> Reply:
     member = ctx.member(request, "commit")
     offsets: dict[tuple[str, int], int] = {}
@@ -186,7 +223,8 @@ async def ping(ctx: Context, request: Mapping[str, Any]) -> Reply:
 
 Operation = Callable[[Context, Mapping[str, Any]], Awaitable[Reply]]
 OPERATIONS: dict[str, Operation] = {
-    "publish": publish, "subscribe": subscribe, "unsubscribe": unsubscribe, "fetch": fetch,
+    "publish": publish, "publish_to_group": publish_to_group, "extend": extend, "pending": pending,
+    "subscribe": subscribe, "unsubscribe": unsubscribe, "fetch": fetch,
     "ack": ack, "nack": nack, "dead_letter": dead_letter, "commit": commit, "topics": topics,
     "groups": groups, "lag": lag, "ping": ping,
 }

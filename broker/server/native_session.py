@@ -137,7 +137,8 @@ class NativeSession:
         self.conn.metrics.errors.labels("native", code).inc()
         try:
             await self._send({"id": request_id, "ok": False, "fatal": fatal,
-                              "error": {"code": code, "message": str(error)}})
+                              "error": {"code": code, "type": type(error).__name__,
+                                        "message": str(error)}})
         except (ConnectionError, ConnectionTimedOut):
             self.conn.abort()
             return True

@@ -29,6 +29,27 @@ from typing import Any
 from backends.store.ahead import ClaimAhead, rides_pipeline
 
 
+class Bet:
+    """Whether the next batch bets (sends its claim ahead of the function): the strategy's state.
+
+    Betting stops when a bet is lost and starts again once a batch run in order
+    finds the store knew none of the tokens it was asked to claim.
+    """
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.enabled = enabled
+        self._on = enabled
+
+    def now(self) -> bool:
+        return self._on
+
+    def lost(self) -> None:
+        self._on = False
+
+    def ran_in_order(self, *, claimed: int, asked: int) -> None:
+        self._on = self.enabled and claimed == asked
+
+
 class LostBet(Exception):
     """Raised when a batch called ahead of its claim was not all new: run it in order."""
 

@@ -30,7 +30,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StringType, StructField, StructType
 
 from backends.errors import ConfigurationError
-from reliable.spark.deadletters import row_json
+from reliable.spark.deadletters import PoisonRow, row_json
 from reliable.spark.rows import (
     ERROR,
     ERROR_TYPE,
@@ -56,7 +56,7 @@ class PreparedBatch:
     cached: bool
     good: Column | None  # the filter of the rows that are not poison; None: the batch has none
     tokens: list[str]  # the distinct tokens of the good rows
-    poison: list[dict[str, Any]] = field(default_factory=list)
+    poison: list[PoisonRow] = field(default_factory=list)
     copies: bool = False  # some token is held by more than one good row
 
     def rows(self, claimed: set[str] | None = None) -> DataFrame:
@@ -172,17 +172,16 @@ def _missing_tokens(frame: DataFrame, token: str) -> list[dict[str, Any]]:
              ROW_JSON: row_json(row)} for row in table.to_pylist()]  # fmt: skip
 
 
-def _one_per_token(rows: list[dict[str, Any]], good: set[str]) -> list[dict[str, Any]]:
-    """Poison rows as dead-letter fields: one per token, none for a token another task passed."""
-    kept: list[dict[str, Any]] = []
+def _one_per_token(rows: list[dict[str, Any]], good: set[str]) -> list[PoisonRow]:
+    """Poison rows, typed: one per token, none for a token another task passed."""
+    kept: list[PoisonRow] = []
     for row in rows:
         token = row[TOKEN]
         if token is not None:
             if token in good:
                 continue
             good.add(token)
-        kept.append({"token": token, "row_json": row[ROW_JSON], "error_type": row[ERROR_TYPE],
-                     "error_message": row[ERROR]})  # fmt: skip
+        kept.append(PoisonRow(token, row[ROW_JSON], row[ERROR_TYPE], row[ERROR]))
     return kept
 
 

@@ -38,6 +38,17 @@ _METADATA = MetaData()
 
 
 @dataclass(frozen=True)
+class PoisonRow:
+    """A row the batch cannot use, as the driver collects it: its token (None when it has
+    none), the row as JSON, and the error that refused it."""
+
+    token: str | None
+    row_json: str
+    error_type: str
+    error_message: str
+
+
+@dataclass(frozen=True)
 class RowDeadLetter:
     """One dead-lettered row: the row as JSON and why it was refused."""
 
@@ -133,7 +144,7 @@ def _fields(mapping: Any) -> dict[str, Any]:
 
 
 def letters_from(
-    rows: Iterable[Mapping[str, Any]],
+    rows: Iterable[PoisonRow],
     *,
     name: str,
     batch_id: int,
@@ -141,18 +152,10 @@ def letters_from(
     failed_at: float,
     scope: str = ROW,
 ) -> list[RowDeadLetter]:
-    """Dead letters from dicts with ``token``, ``row_json``, ``error_type``, ``error_message``."""
+    """The dead letters of ``rows``, refused in batch ``batch_id`` of ``run_id``."""
     return [
-        RowDeadLetter(
-            name=name,
-            batch_id=batch_id,
-            run_id=run_id,
-            token=row["token"],
-            row_json=row["row_json"],
-            error_type=row["error_type"],
-            error_message=row["error_message"],
-            failed_at=failed_at,
-            scope=scope,
-        )
+        RowDeadLetter(name=name, batch_id=batch_id, run_id=run_id, token=row.token,
+                      row_json=row.row_json, error_type=row.error_type,
+                      error_message=row.error_message, failed_at=failed_at, scope=scope)
         for row in rows
     ]

@@ -38,10 +38,11 @@ from pyspark.sql import DataFrame
 
 from backends.errors import ConfigurationError, FenceConflictError
 from reliable.errors import TokenMissingError
-from reliable.retry import Verdict, classify
+from reliable.retry import RetriesSpent, call_with_redelivery
 from reliable.spark import deadletters
-from reliable.spark.ahead import LostBet, call_ahead_of_claim
+from reliable.spark.ahead import Bet, LostBet, call_ahead_of_claim
 from reliable.spark.batch import BatchFunction, PreparedBatch, parse_schema, prepare
+from reliable.spark.deadletters import PoisonRow
 from reliable.spark.fence import open_batch, run_identity
 from reliable.spark.options import Resolved, WriterOptions, resolve
 from reliable.spark.report import BatchReport, BatchStatus
@@ -71,7 +72,7 @@ class BatchWriter:
         self.name = options.name
         self._resolved: Resolved | None = None
         self._rng = random.Random()
-        self._betting = options.sink == "store"  # see `ahead`
+        self._bet = Bet(enabled=options.sink == "store")  # see `ahead`
         self.__name__ = getattr(func, "__name__", options.name)
         self.__doc__ = func.__doc__
 
@@ -86,24 +87,19 @@ class BatchWriter:
                 batch.prepared.release()
 
     def _with_retries(self, batch: _Batch, env: Resolved) -> BatchReport:
-        delay: float | None = None
-        attempt = 1
-        while True:
-            try:
-                return self._attempt(batch, env, attempt)
-            except FenceConflictError:
-                raise
-            except Exception as exc:
-                retry = env.retry
-                fatal = classify(exc, self.options.classifier) is Verdict.FATAL
-                if fatal or retry is None or retry.gives_up(attempt):
-                    return self._give_up(batch, env, exc, attempt)
-                delay = retry.next_delay(delay, self._rng, attempt)
-                log.warning("spark.batch.retry", name=self.name, batch_id=batch.batch_id,
-                            attempt=attempt, delay=delay, error_type=type(exc).__name__,
-                            error=str(exc))  # fmt: skip
-                env.clock.sleep(delay)
-                attempt += 1
+        def retrying(exc: Exception, attempt: int, delay: float) -> None:
+            log.warning("spark.batch.retry", name=self.name, batch_id=batch.batch_id,
+                        attempt=attempt, delay=delay, error_type=type(exc).__name__,
+                        error=str(exc))  # fmt: skip
+
+        try:
+            return call_with_redelivery(
+                lambda attempt: self._attempt(batch, env, attempt), policy=env.retry,
+                classifier=self.options.classifier, clock=env.clock, rng=self._rng,
+                propagate=(FenceConflictError,), on_retry=retrying,
+            )
+        except RetriesSpent as spent:
+            return self._give_up(batch, env, spent.error, spent.attempts)
 
     def _attempt(self, batch: _Batch, env: Resolved, attempt: int) -> BatchReport:
         prepared = self._prepared(batch, env)
@@ -111,20 +107,20 @@ class BatchWriter:
         poison = self._poison(prepared, env)
         unseen = self._not_in_cache(env, prepared.tokens)
         try:
-            claimed = self._transaction(batch, env, prepared, unseen, poison, bet=self._betting)
+            claimed = self._transaction(batch, env, prepared, unseen, poison, bet=self._bet.now())
         except LostBet as lost:  # rolled back: run it again in order
             log.info("spark.batch.bet_lost", name=self.name, batch_id=batch.batch_id,
                      reason=str(lost))  # fmt: skip
-            self._betting = False
+            self._bet.lost()
             claimed = self._transaction(batch, env, prepared, unseen, poison, bet=False)
         if claimed is None:
             return self._report(batch, BatchStatus.REPLAYED, attempt)
-        if not batch.ahead:  # bet again once the store knew none of the tokens it was asked for
-            self._betting = self.options.sink == "store" and len(claimed) == len(unseen)
+        if not batch.ahead:
+            self._bet.ran_in_order(claimed=len(claimed), asked=len(unseen))
         return self._committed(batch, env, attempt, prepared, claimed, len(poison))
 
     def _transaction(self, batch: _Batch, env: Resolved, prepared: PreparedBatch,
-                     unseen: list[str], poison: list[dict[str, Any]], *, bet: bool,
+                     unseen: list[str], poison: list[PoisonRow], *, bet: bool,
                      ) -> set[str] | None:  # fmt: skip
         """Fence, poison, claim and the function in one store transaction: the tokens claimed,
         or None for a replay of a committed batch. ``bet``: send the claim ahead of the
@@ -179,14 +175,14 @@ class BatchWriter:
             batch.seconds["prepare"] = env.clock.time() - started
         return batch.prepared
 
-    def _poison(self, prepared: PreparedBatch, env: Resolved) -> list[dict[str, Any]]:
+    def _poison(self, prepared: PreparedBatch, env: Resolved) -> list[PoisonRow]:
         """The poison rows to dead-letter: not those whose token is already recorded (a bad
         copy of a row processed before is a duplicate, not poison)."""
-        known = env.store.known(self.name, [p["token"] for p in prepared.poison if p["token"]])
-        return [p for p in prepared.poison if p["token"] not in known]
+        known = env.store.known(self.name, [p.token for p in prepared.poison if p.token])
+        return [p for p in prepared.poison if p.token not in known]
 
     def _record_poison(
-        self, tx: Any, batch: _Batch, poison: list[dict[str, Any]], env: Resolved
+        self, tx: Any, batch: _Batch, poison: list[PoisonRow], env: Resolved
     ) -> None:
         if not poison:
             return
@@ -238,8 +234,8 @@ class BatchWriter:
         error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         rows = prepared.collect_rows()
         known = env.store.known(self.name, [token for token, _ in rows])  # duplicates stay out
-        failed = [{"token": token, "row_json": deadletters.row_json(row), "error_type": type(exc).__name__,
-                   "error_message": error} for token, row in rows if token not in known]  # fmt: skip
+        failed = [PoisonRow(token, deadletters.row_json(row), type(exc).__name__, error)
+                  for token, row in rows if token not in known]
         poison = self._poison(prepared, env)
         letters = deadletters.letters_from(failed, name=self.name, batch_id=batch.batch_id,
                                            run_id=batch.run_id, failed_at=env.clock.time(),

@@ -1,20 +1,14 @@
-"""Leasing transports (memory, embedded, Redis Streams) in detail, on an injected clock.
+"""Leasing transports (memory, Redis Streams) in detail, on an injected clock.
 
 The contract every transport keeps is `test_transport.py`; this suite adds
 what the leasing transports promise beyond it, checked exactly on a
-`FakeClock`: delays and leases to the second, the delivery count, cursors,
-and the embedded transport's files shared by processes.
+`FakeClock`: delays and leases to the second, the delivery count, cursors.
+The broker behind ``embedded://`` has its own suite (`tests/broker/delivery/`).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import threading
-import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -388,115 +382,3 @@ def test_unknown_option_is_named() -> None:
         open_transport("memory://?visibility_timeout=-1")
     with pytest.raises(ConfigurationError, match="no location"):
         open_transport("memory://somewhere")
-
-
-def test_bad_embedded_options_are_named(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match="synchronous='OFF'"):
-        open_transport(f"embedded://{tmp_path}?synchronous=OFF")
-    with pytest.raises(ConfigurationError, match="queues='x'"):
-        open_transport(f"embedded://{tmp_path}?queues=x")
-
-
-# embedded: durable, shared by processes
-
-CHILD = """
-import json, os, sys, time
-from pathlib import Path
-from backends.transport import open_transport
-
-path, topic, mode, count = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
-transport = open_transport(f"embedded://{path}", visibility_timeout=30.0)
-member = transport.subscribe("g", [topic])
-if mode == "hold":  # fetch, report, then wait to be killed
-    print(json.dumps([m.id for m in member.fetch(count, 0)]), flush=True)
-    time.sleep(60)
-print("ready", flush=True)
-while not (path / "go").exists():
-    time.sleep(0.002)
-received = []
-while messages := member.fetch(count, 0):
-    if not received:  # hold the first claim until the other process holds one too
-        (path / f"fetched-{os.getpid()}").touch()
-        deadline = time.monotonic() + 10
-        while len(list(path.glob("fetched-*"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.002)
-    received += [m.id for m in messages]
-    member.ack(messages)
-print(json.dumps(received), flush=True)
-"""
-
-
-def start_child(path: Path, topic: str, mode: str, count: int) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(path), topic, mode, str(count)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-
-
-def test_embedded_loses_nothing_when_a_fetcher_is_killed(tmp_path: Path, unique: str) -> None:
-    path = tmp_path / "broker"
-    open_transport(f"embedded://{path}").publish(unique, outgoing(50))
-    child = start_child(path, unique, "hold", 20)
-    try:
-        held = json.loads(child.stdout.readline())  # type: ignore[union-attr]
-    finally:
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait()
-    assert len(held) == 20
-    clock = FakeClock(start=time.time())
-    transport = open_transport(f"embedded://{path}", clock, visibility_timeout=VISIBILITY)
-    rest = drain(transport, "g", unique)
-    assert not {m.id for m in rest} & set(held)  # still leased to the dead process
-    clock.advance(VISIBILITY + 1)
-    again = drain(transport, "g", unique)
-    assert sorted(m.id for m in again) == sorted(held) and {m.attempt for m in again} == {2}
-    assert len(rest) + len(again) == 50 and member(transport, "g", unique).pending() == 0
-
-
-def test_two_processes_never_fetch_the_same_message(tmp_path: Path, unique: str) -> None:
-    path = tmp_path / "broker"
-    open_transport(f"embedded://{path}").publish(unique, outgoing(400))
-    children = [start_child(path, unique, "drain", 10) for _ in range(2)]
-    for child in children:
-        assert child.stdout.readline().strip() == "ready"  # type: ignore[union-attr]
-    (path / "go").touch()
-    received = [json.loads(child.communicate(timeout=60)[0]) for child in children]
-    everything = received[0] + received[1]
-    assert len(everything) == len(set(everything)) == 400
-    assert all(received)  # both took part
-
-
-def test_embedded_state_survives_reopening(tmp_path: Path, unique: str, clock: FakeClock) -> None:
-    url = f"embedded://{tmp_path / 'broker'}"
-    first = open_transport(url, clock)
-    first.publish(unique, outgoing(3))
-    (fetched,) = member(first, "g", unique).fetch(1, 0)
-    member(first, "g", unique).nack(fetched, 5.0)
-    first.close()
-    with pytest.raises(TransportError, match="closed"):
-        member(first, "g", unique).fetch(1, 0)
-    second = open_transport(url, clock)
-    assert member(second, "g", unique).pending() == 3
-    assert member(second, "g", unique).next_due() == clock.time() + 5.0
-    clock.advance(5.0)
-    received = drain(second, "g", unique)
-    assert sorted((m.id, m.attempt) for m in received) == sorted(
-        [(fetched.id, 2)] + [(f"m{n}", 1) for n in range(3) if f"m{n}" != fetched.id]
-    )
-    second.close()
-
-
-def test_embedded_url_takes_relative_and_absolute_paths(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    relative = open_transport("embedded://./.reliable/broker")
-    assert relative.path == Path(".reliable/broker/queue.db")  # type: ignore[attr-defined]
-    assert (tmp_path / ".reliable/broker/queue.db").exists()
-    absolute = open_transport(f"embedded://{tmp_path}/abs?queues=2")
-    assert absolute.path == tmp_path / "abs/queue.db"  # type: ignore[attr-defined]
-    absolute.publish("t", outgoing(4))
-    assert {m.queue for m in drain(absolute, "g", "t")} == {0, 1}
-    relative.close()
-    absolute.close()

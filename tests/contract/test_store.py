@@ -517,3 +517,24 @@ def test_postgresql_claims_large_all_new_batches_with_copy(
             assert outcomes == expected
     finally:
         store.close()
+
+
+class TestDeadLettersOnce:
+    def test_the_same_message_is_recorded_once_per_replay_count(self, store: Store, unique: str) -> None:
+        letter = _letter(unique, 7, b"x")
+        with store.transaction() as tx:
+            first = tx.add_dead_letter(letter)
+        with store.transaction() as tx:  # a duplicate of it, or its redelivery after a crash
+            assert tx.add_dead_letter(letter) is None
+        with store.transaction() as tx:  # failed again after a replay: a record of its own
+            again = tx.add_dead_letter(DeadLetter(unique, letter.message, letter.token, letter.failure, replays=1))
+        assert first is not None and again is not None and again != first
+        assert store.count_dead_letters(unique) == 2
+
+    def test_ids_are_never_reused_after_a_purge(self, store: Store, unique: str) -> None:
+        with store.transaction() as tx:
+            ids = [tx.add_dead_letter(_letter(unique, offset, b"{}")) for offset in range(3)]
+        assert store.delete_dead_letters([i for i in ids if i is not None]) == 3
+        with store.transaction() as tx:
+            later = tx.add_dead_letter(_letter(unique, 9, b"{}"))
+        assert later is not None and later > max(i for i in ids if i is not None)

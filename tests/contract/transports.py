@@ -15,6 +15,7 @@ import pytest
 
 from tests.transports.test_kafka_suite import kafka
 from tests.transports.test_nats_suite import nats
+from tests.transports.test_reliable_suite import reliable
 
 Place = tuple[str, dict[str, Any]]
 """A transport URL and the options `open_transport` gets for it."""
@@ -38,7 +39,8 @@ TRANSPORTS: dict[str, Callable[[pytest.FixtureRequest, Path, str], Place]] = {
     "redis": redis,
     "kafka": kafka,
     "nats": nats,
+    "reliable": reliable,
 }
 
-LEASING = ("memory", "embedded", "redis")
+LEASING = ("memory", "redis")
 """Transports whose leases and delays follow an injected clock (their own suite too)."""

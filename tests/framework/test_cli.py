@@ -99,3 +99,18 @@ def test_bad_settings_are_reported_with_file_key_value_and_allowed(project: Path
 def test_run_rejects_a_target_that_is_not_an_app(project: Path) -> None:
     result = reliable_cmd(project, "run", "billing_app:text")
     assert result.returncode != 0 and "is not a reliable.App" in result.stderr
+
+
+def test_broker_topics_groups_and_lag_from_the_shell(project: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
+    subprocess.run([sys.executable, "billing_app.py"], cwd=project, env=env, check=True, timeout=60)
+    topics = reliable_cmd(project, "broker", "topics", "--settings", "reliable.toml", "--json")
+    assert {"name": "payments", "queues": 4, "messages": 3} in [json.loads(x) for x in topics.stdout.splitlines()]
+    reliable_cmd(project, "run", "billing_app:app", "--settings", "reliable.toml", "--until-idle")
+    lag = [json.loads(x) for x in reliable_cmd(project, "broker", "lag", "billing", "--settings",
+                                                "reliable.toml", "--json").stdout.splitlines()]
+    assert sum(q["end"] - q["committed"] for q in lag if q["topic"] == "payments") == 0
+    table = reliable_cmd(project, "broker", "groups", "--settings", "reliable.toml")
+    assert table.stdout.splitlines()[0].split() == ["name", "topics", "members", "broadcast"]
+    refused = reliable_cmd(project, "broker", "topics", "--url", "reliable://127.0.0.1:1")
+    assert refused.returncode == 2 and "unreachable" in refused.stderr

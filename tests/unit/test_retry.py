@@ -247,3 +247,30 @@ def test_base_exception_is_not_retried():
 def test_invalid_in_process_retry():
     with pytest.raises(ConfigurationError, match=r"InProcessRetry.attempts = 0 is not allowed"):
         InProcessRetry(attempts=0)
+
+
+def test_call_with_redelivery_waits_the_policy_s_delays_then_reports_the_spent_attempts():
+    from reliable.retry import RetriesSpent, call_with_redelivery
+    from reliable.testing import FakeClock
+
+    clock = FakeClock()
+    calls: list[tuple[int, float]] = []
+
+    def always_failing(attempt: int) -> None:
+        calls.append((attempt, clock.time()))
+        raise ConnectionError("down")
+
+    policy = RedeliveryPolicy(initial_delay=1.0, multiplier=2.0, max_delay=60, jitter=0.0, max_redeliveries=3)
+    with pytest.raises(RetriesSpent) as spent:
+        call_with_redelivery(always_failing, policy=policy, classifier=None, clock=clock, rng=random.Random(1))
+    assert spent.value.attempts == 4 and isinstance(spent.value.error, ConnectionError)
+    started = calls[0][1]
+    assert [(n, t - started) for n, t in calls] == [(1, 0.0), (2, 1.0), (3, 3.0), (4, 7.0)]
+
+    with pytest.raises(RetriesSpent) as fatal:  # fatal: no wait, no second call
+        call_with_redelivery(lambda n: int("x"), policy=policy, classifier=fatal_on(ValueError),
+                             clock=clock, rng=random.Random(1))
+    assert fatal.value.attempts == 1
+    with pytest.raises(KeyError):  # passed through unchanged
+        call_with_redelivery(lambda n: {}["k"], policy=policy, classifier=None, clock=clock,
+                             rng=random.Random(1), propagate=(KeyError,))

@@ -1,0 +1,198 @@
+"""The project's broker as a `Transport`, written once over any `BrokerApi`.
+
+``embedded://DIR`` gives it the engine in process (or, when another process
+owns ``DIR``, a client of that process's local socket: `broker.embedded`);
+``reliable://host:port`` gives it the server's client. Each subscription is
+one group member, joined on its first fetch (so `pending` can look without
+taking queues from working members) and joined again if the broker forgot it
+(its session timed out, the owning process changed). The broker keeps the
+offsets, counts deliveries, delays redeliveries through ``%RETRY%<group>`` and
+keeps POISON messages in ``%DLQ%<group>``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TypeVar
+
+import structlog
+
+from backends.clock import SYSTEM_CLOCK, Clock
+from backends.errors import BackendUnavailableError, TransportError
+from backends.transport.base import (
+    ORIGIN_TOPIC_HEADER,
+    Capabilities,
+    SubscribeOptions,
+    Subscription,
+    Transport,
+    check_name,
+    check_outgoing,
+)
+from backends.types import Failure, Message, OutgoingMessage
+from broker.delivery.api import BrokerApi
+from broker.delivery.values import Delivery
+from broker.delivery.values import OutgoingMessage as BrokerMessage
+from broker.errors import BrokerError, BrokerUnavailableError, DeliveryError, UnknownMemberError
+
+log = structlog.get_logger("backends.transport")
+T = TypeVar("T")
+BROKER_ORIGIN_HEADER = "x-origin-topic"  # where the broker names a retry copy's topic
+
+
+@contextmanager
+def translated(what: str) -> Iterator[None]:
+    """The broker's errors as the framework's: unreachable -> `BackendUnavailableError`."""
+    try:
+        yield
+    except (BrokerUnavailableError, ConnectionError, OSError) as exc:
+        raise BackendUnavailableError(f"broker unavailable during {what}: {exc}") from exc
+    except DeliveryError as exc:
+        raise TransportError(f"broker refused {what}: {exc}") from exc
+    except BrokerError as exc:
+        raise TransportError(f"broker failed {what}: {exc}") from exc
+
+
+class BrokerTransport(Transport):
+    """A `Transport` over a `BrokerApi` (the engine in process, or a client of one)."""
+
+    capabilities = Capabilities(consumer_offsets=False, drain=True, native_delay=True,
+                                dead_letter_queue=True)
+
+    def __init__(self, api: BrokerApi, clock: Clock = SYSTEM_CLOCK, *,
+                 visibility_timeout: float = 30.0, owns_api: bool = True) -> None:
+        if not visibility_timeout > 0:
+            raise TransportError(f"visibility_timeout={visibility_timeout!r}: a positive number is required")
+        self.api = api
+        self._clock = clock
+        self._lease = float(visibility_timeout)
+        self._owns_api = owns_api
+
+    def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        check_name("topic", topic)
+        check_outgoing(messages)
+        with translated(f"publish to {topic!r}"):
+            self.api.publish(topic, [self._outgoing(m) for m in messages])
+
+    def publish_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        check_name("group", group)
+        check_name("topic", topic)
+        check_outgoing(messages)
+        with translated(f"publish to group {group!r}"):
+            self.api.publish_to_group(group, topic, [self._outgoing(m) for m in messages])
+
+    def subscribe(self, group: str, topics: Sequence[str],
+                  options: SubscribeOptions | None = None) -> Subscription:
+        return BrokerSubscription(self, group, topics, options or SubscribeOptions())
+
+    def close(self) -> None:
+        if self._owns_api:
+            self.api.close()
+
+    def _outgoing(self, message: OutgoingMessage) -> BrokerMessage:
+        deliver_at = self._clock.time() + message.delay if message.delay > 0 else 0.0
+        return BrokerMessage(message.payload, message.key or "", "", dict(message.headers),
+                             message.message_id or "", None, deliver_at)
+
+
+class BrokerSubscription(Subscription):
+    """One member of ``group``: joined on first fetch, joined again when the broker forgot it."""
+
+    capabilities = BrokerTransport.capabilities
+
+    def __init__(self, transport: BrokerTransport, group: str, topics: Sequence[str],
+                 options: SubscribeOptions) -> None:
+        super().__init__(group, topics, options)
+        self._transport = transport
+        self._api = transport.api
+        self._lease = options.lease or transport._lease
+        self._member: str | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def fetch(self, max_messages: int, timeout: float) -> list[Message]:
+        self._check_fetch(max_messages)
+        deliveries = self._as_member("fetch", lambda m: self._api.fetch(m, max_messages, timeout))
+        return [self._message(d) for d in deliveries or ()]
+
+    def ack(self, messages: Sequence[Message]) -> None:
+        if messages:
+            self._as_member("ack", lambda m: self._api.ack(m, _receipts(messages)), rejoin=False)
+
+    def nack(self, message: Message, delay: float) -> None:
+        self._as_member("nack", lambda m: self._api.nack(m, _receipts([message]), delay), rejoin=False)
+
+    def dead_letter(self, message: Message, failure: Failure) -> None:
+        reason = f"{failure.error_type}: {failure.error_message}"
+        self._as_member("dead_letter", lambda m: self._api.dead_letter(m, _receipts([message]), reason),
+                        rejoin=False)
+
+    def in_progress(self, messages: Sequence[Message]) -> None:
+        if messages:
+            self._as_member("in_progress", lambda m: self._api.extend(m, _receipts(messages)),
+                            rejoin=False)
+
+    def pending(self) -> int:
+        if self._closed:
+            raise TransportError(f"this member of group {self.group!r} is closed")
+        with translated("pending"):
+            return int(self._api.pending(self.group, list(self.topics)))
+
+    def next_due(self) -> float | None:
+        with translated("next_due"):
+            due = self._api.next_due(self.group)
+        return None if due is None else float(due)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            member, self._member = self._member, None
+        if member is not None:
+            try:
+                self._api.leave(member)
+            except (BrokerError, OSError) as exc:  # the broker forgets it at its session timeout
+                log.warning("transport.leave_failed", group=self.group, error=str(exc))
+
+    def _as_member(self, what: str, call: Callable[[str], T], *, rejoin: bool = True) -> T | None:
+        """``call(member)``, joining first if needed; a forgotten member joins again (fetch) or
+        lets the stale call go (acks of a forgotten member's messages: they come back anyway)."""
+        with translated(what):
+            for _ in range(2):
+                member = self._joined()
+                try:
+                    return call(member)
+                except UnknownMemberError:
+                    with self._lock:
+                        if self._member == member:
+                            self._member = None
+                    if not rejoin:
+                        log.info("transport.stale_ack", group=self.group, call=what)
+                        return None
+        return None
+
+    def _joined(self) -> str:
+        with self._lock:
+            if self._closed:
+                raise TransportError(f"this member of group {self.group!r} is closed")
+            if self._member is None:
+                self._member = self._api.join(self.group, list(self.topics),
+                                              prefetch=self.options.prefetch, lease=self._lease)
+            return self._member
+
+    def _message(self, delivery: Delivery) -> Message:
+        headers = dict(delivery.headers)
+        origin = headers.get(BROKER_ORIGIN_HEADER)
+        if origin is not None:
+            headers.setdefault(ORIGIN_TOPIC_HEADER, origin)
+        return Message(id=delivery.message_id, topic=delivery.topic, queue=delivery.queue,
+                       offset=delivery.offset, payload=delivery.body, key=delivery.key or None,
+                       headers=headers, attempt=delivery.delivery_count,
+                       published_at=delivery.published_at, receipt=delivery.receipt)
+
+
+def _receipts(messages: Sequence[Message]) -> list[str]:
+    receipts = [m.receipt for m in messages]
+    if any(r is None for r in receipts):
+        raise TransportError("a message without a broker receipt cannot be acknowledged here")
+    return [r for r in receipts if r is not None]

@@ -1,0 +1,33 @@
+"""``reliable://[user:password@]host:port``: the broker server, through its native protocol.
+
+The same `BrokerTransport` as ``embedded://``, over `broker.client.Client`
+instead of the engine in process: services on several machines share one
+broker. Options: ``visibility_timeout`` (the lease of a delivered message)
+and ``queues`` (ignored here: the server's settings decide a new topic's
+queues).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import unquote, urlsplit
+
+from backends.clock import SYSTEM_CLOCK, Clock
+from backends.errors import ConfigurationError
+from backends.transport.broker import BrokerTransport
+from broker.client import Client
+from broker.errors import BrokerError
+
+
+class RemoteBrokerTransport(BrokerTransport):
+    """The broker server at ``url``."""
+
+    def __init__(self, url: str, clock: Clock = SYSTEM_CLOCK, *, visibility_timeout: float = 30.0,
+                 queues: int | None = None) -> None:
+        parts = urlsplit(url)
+        try:
+            client = Client(f"{parts.hostname}:{parts.port}",
+                            user=unquote(parts.username) if parts.username else None,
+                            password=unquote(parts.password) if parts.password else None)
+        except (BrokerError, ValueError) as exc:
+            raise ConfigurationError(f"transport {url!r}: expected reliable://host:port ({exc})") from exc
+        super().__init__(client, clock, visibility_timeout=visibility_timeout)

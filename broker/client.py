@@ -1,0 +1,233 @@
+"""`Client`: the broker server's `BrokerApi` for Python programs, over the native protocol.
+
+One TCP connection (TLS when given a context) carries every call of the
+client: each request has an id, a reader thread hands each reply to the call
+waiting for it, so a long-poll fetch of one thread never holds up another
+thread's ack (see broker/PROTOCOL.md). Group members belong to the
+connection: when it breaks, the server lets them go (their unacknowledged
+messages go to other members), calls fail with `BrokerUnavailableError`, and
+the next call connects again. A publish is retried with backoff (tenacity)
+over reconnects: every message carries an id (one is given where the caller
+gave none), so a resend whose first copy did reach the store is dropped by
+the broker's de-duplication.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import ssl
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import asdict, replace
+from typing import Any
+
+import structlog
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from broker import errors
+from broker.delivery.values import (
+    Delivery,
+    GroupInfo,
+    OutgoingMessage,
+    Placement,
+    QueueLag,
+    TopicInfo,
+)
+from broker.errors import BrokerError, BrokerUnavailableError
+from broker.server import native_codec
+from broker.server.errors import WIRE_ERRORS, ClientError
+from broker.server.native_codec import FrameDecoder, decode_body
+
+log = structlog.get_logger("broker.client")
+CONNECT_TIMEOUT = 5.0
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``host:port`` (or ``reliable://host:port``) as a pair; a `BrokerError` naming it if not."""
+    rest = address.partition("://")[2] if "://" in address else address
+    host, _, port = rest.split("/")[0].split("?")[0].rpartition(":")
+    if not host or not port.isdigit():
+        raise BrokerError(f"broker address {address!r}: expected host:port")
+    return host, int(port)
+
+
+class Client:
+    """A `BrokerApi` over one pipelined connection to a broker server."""
+
+    def __init__(self, address: str, *, user: str | None = None, password: str | None = None,
+                 tls: ssl.SSLContext | None = None, publish_retry_seconds: float = 30.0) -> None:
+        self.address = parse_address(address)
+        self._credentials = (user, password)
+        self._tls = tls
+        self._retry_seconds = publish_retry_seconds
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, Future[dict[str, Any]]] = {}
+        self._sock: socket.socket | None = None
+        self._closed = False
+
+    # -- BrokerApi ---------------------------------------------------------------
+
+    def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
+        named = [m if m.message_id else replace(m, message_id=uuid.uuid4().hex) for m in messages]
+        reply = self._resending("publish", topic=topic, messages=[_outgoing(m) for m in named])
+        return [Placement(**p) for p in reply["placements"]]
+
+    def publish_to_group(self, group: str, topic: str,
+                         messages: Sequence[OutgoingMessage]) -> list[Placement]:
+        reply = self._call("publish_to_group", group=group, topic=topic,
+                           messages=[_outgoing(m) for m in messages])
+        return [Placement(**p) for p in reply["placements"]]
+
+    def join(self, group: str, topics: Sequence[str], *, broadcast: bool = False,
+             from_end: bool = False, prefetch: int | None = None, lease: float | None = None,
+             tags: Sequence[str] | None = None) -> str:
+        return str(self._call("subscribe", group=group, topics=list(topics), broadcast=broadcast,
+                              from_end=from_end, prefetch=prefetch, lease=lease,
+                              tags=list(tags) if tags else None)["member"])
+
+    def leave(self, member: str) -> None:
+        self._call("unsubscribe", member=member)
+
+    def fetch(self, member: str, max_messages: int, timeout: float) -> list[Delivery]:
+        reply = self._call("fetch", member=member, max_messages=max_messages, timeout=timeout)
+        return [Delivery(**m) for m in reply["messages"]]
+
+    def ack(self, member: str, receipts: Sequence[str]) -> None:
+        self._call("ack", member=member, receipts=list(receipts))
+
+    def nack(self, member: str, receipts: Sequence[str], delay: float) -> None:
+        self._call("nack", member=member, receipts=list(receipts), delay=delay)
+
+    def dead_letter(self, member: str, receipts: Sequence[str], reason: str) -> None:
+        self._call("dead_letter", member=member, receipts=list(receipts), reason=reason)
+
+    def extend(self, member: str, receipts: Sequence[str]) -> None:
+        self._call("extend", member=member, receipts=list(receipts))
+
+    def commit(self, member: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        self._call("commit", member=member, offsets=[[t, q, o] for (t, q), o in offsets.items()])
+
+    def assignment(self, member: str) -> list[tuple[str, int]]:
+        raise BrokerError("assignment is not part of the native protocol yet")
+
+    def pending(self, group: str, topics: Sequence[str]) -> int:
+        return int(self._call("pending", group=group, topics=list(topics))["pending"])
+
+    def next_due(self, group: str) -> float | None:
+        return self._call("pending", group=group, topics=[])["next_due"]  # type: ignore[no-any-return]
+
+    def topics(self) -> list[TopicInfo]:
+        return [TopicInfo(**t) for t in self._call("topics")["topics"]]
+
+    def groups(self) -> list[GroupInfo]:
+        return [GroupInfo(**{**g, "topics": tuple(g["topics"])}) for g in self._call("groups")["groups"]]
+
+    def lag(self, group: str) -> list[QueueLag]:
+        return [QueueLag(q["topic"], q["queue"], q["committed"], q["end"])
+                for q in self._call("lag", group=group)["lag"]]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+    # -- the connection ------------------------------------------------------------
+
+    def _resending(self, op: str, **fields: Any) -> dict[str, Any]:
+        """``_call`` retried with backoff while the broker is unreachable (safe: ids de-duplicate)."""
+        for attempt in Retrying(retry=retry_if_exception_type(BrokerUnavailableError),
+                                wait=wait_exponential(multiplier=0.05, max=2.0),
+                                stop=stop_after_delay(self._retry_seconds), reraise=True):
+            with attempt:
+                return self._call(op, **fields)
+        raise AssertionError("unreachable")
+
+    def _call(self, op: str, **fields: Any) -> dict[str, Any]:
+        sock = self._connected()
+        request_id = next(self._ids)
+        waiting: Future[dict[str, Any]] = Future()
+        self._waiting[request_id] = waiting
+        try:
+            with self._send_lock:
+                given = {k: v for k, v in fields.items() if v is not None}  # absent: the default
+                sock.sendall(native_codec.encode({"id": request_id, "op": op, **given}))
+        except OSError as exc:
+            self._waiting.pop(request_id, None)
+            self._lost(sock, exc)
+            raise BrokerUnavailableError(f"broker {self._where()} unreachable: {exc}") from exc
+        return _result(waiting.result())
+
+    def _connected(self) -> socket.socket:
+        with self._lock:
+            if self._closed:
+                raise BrokerError("this broker client is closed")
+            if self._sock is not None:
+                return self._sock
+            try:
+                sock = socket.create_connection(self.address, timeout=CONNECT_TIMEOUT)
+                if self._tls is not None:
+                    sock = self._tls.wrap_socket(sock, server_hostname=self.address[0])
+            except OSError as exc:
+                raise BrokerUnavailableError(f"broker {self._where()} unreachable: {exc}") from exc
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock = sock
+            threading.Thread(target=self._read, args=(sock,), name="broker-client", daemon=True).start()
+        user, password = self._credentials
+        if user is not None:
+            self._call("hello", user=user, password=password)
+        return sock
+
+    def _read(self, sock: socket.socket) -> None:
+        decoder = FrameDecoder(1 << 30)
+        try:
+            while data := sock.recv(1 << 20):
+                for payload in decoder.feed(data):
+                    reply = decode_body(payload)
+                    waiting = self._waiting.pop(reply.get("id", 0), None)
+                    if waiting is not None:
+                        waiting.set_result(reply)
+                    elif not reply.get("ok", True):  # an error for no request: the server ends
+                        log.warning("client.refused", error=reply.get("error"))
+            raise ConnectionError("the broker closed the connection")
+        except Exception as exc:  # noqa: BLE001 - every waiter learns the connection is gone
+            self._lost(sock, exc)
+
+    def _lost(self, sock: socket.socket, exc: BaseException) -> None:
+        with self._lock:
+            if self._sock is sock:
+                self._sock = None
+        sock.close()
+        for request_id in list(self._waiting):
+            waiting = self._waiting.pop(request_id, None)
+            if waiting is not None and not waiting.done():
+                waiting.set_exception(BrokerUnavailableError(f"broker {self._where()} lost: {exc}"))
+
+    def _where(self) -> str:
+        return f"{self.address[0]}:{self.address[1]}"
+
+
+def _outgoing(message: OutgoingMessage) -> dict[str, Any]:
+    fields = asdict(message)
+    fields["headers"] = dict(message.headers)
+    return fields
+
+
+def _result(reply: dict[str, Any]) -> dict[str, Any]:
+    if reply.get("ok"):
+        return reply
+    error = reply.get("error") or {}
+    kind = getattr(errors, str(error.get("type")), None)
+    message = str(error.get("message", "unknown error"))
+    if isinstance(kind, type) and issubclass(kind, BrokerError) and kind.__module__ == "broker.errors":
+        raise kind(message)
+    code = str(error.get("code", "server_error"))
+    wire = WIRE_ERRORS.get(code)
+    raise wire(message) if wire is not None else ClientError(code, message)

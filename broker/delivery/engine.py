@@ -1,0 +1,341 @@
+"""`Broker`: the delivery engine in process, over one `MessageStore` (the `BrokerApi`).
+
+Publishing appends to the store (producer ids de-duplicated within a window).
+Consuming goes through groups: a member fetches from the queues it holds,
+each delivery is leased to it and identified by a receipt; an ack finishes
+the offset, a nack copies the message to ``%RETRY%<group>`` to be delivered
+after its delay (the delivery count travels with the copy), a dead letter
+copies it to ``%DLQ%<group>`` with its cause. Members that stop calling lose
+their queues; leases that end put messages back. One lock guards the
+delivery state; appends of publishes run outside it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import structlog
+
+from broker.delivery import admin, consume
+from broker.delivery.allocation import STRATEGIES, Strategy
+from broker.delivery.config import DeliveryConfig
+from broker.delivery.cursor import DELIVER_AT_HEADER, QueueCursor
+from broker.delivery.dedup import DedupWindow
+from broker.delivery.group import Group, Member, retry_topic
+from broker.delivery.offsets import OffsetBook
+from broker.delivery.topics import Topics, check_name
+from broker.delivery.values import (
+    Delivery,
+    GroupInfo,
+    OutgoingMessage,
+    Placement,
+    QueueLag,
+    TopicInfo,
+)
+from broker.errors import DeliveryError, UnknownMemberError
+from broker.store import Clock, MessageStore, Record, StoreConfig
+from broker.store.clock import SYSTEM_CLOCK
+
+log = structlog.get_logger("broker.delivery")
+ORIGIN_TOPIC_HEADER = "x-origin-topic"
+
+
+class Broker:
+    """Topics, groups and deliveries over the store in ``path``; one process opens it."""
+
+    def __init__(self, path: str | Path, config: DeliveryConfig | None = None, *,
+                 store_config: StoreConfig | None = None, clock: Clock = SYSTEM_CLOCK,
+                 strategy: Strategy | None = None) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.config = config or DeliveryConfig()
+        self.clock = clock
+        self.strategy = strategy or STRATEGIES[self.config.allocation]
+        self.store = MessageStore(self.path, store_config or StoreConfig(clock=clock))
+        state = self.path / "delivery"
+        state.mkdir(exist_ok=True)
+        self.topic_table = Topics(state / "topics.json", self.config.queues)
+        self.offsets = OffsetBook(state / "offsets.json")
+        self.dedup = DedupWindow(clock, self.config.dedup_window, self.config.dedup_entries)
+        self.started_at = clock.time()
+        self.group_table: dict[str, Group] = {}
+        self.members: dict[str, Member] = {}
+        self.cursor_ids = itertools.count(1)
+        self.cursor_by_id: dict[int, QueueCursor] = {}
+        self.held_count: dict[str, int] = {}
+        self.lock = threading.Condition(threading.RLock())
+        self.last_sweep = float("-inf")
+        self._needed: dict[tuple[str, int], int] = self.offsets.lowest_needed()
+        self.store.set_retention_guard(lambda: dict(self._needed))
+        self._closing = threading.Event()
+        self._flusher = threading.Thread(target=self._flush_offsets, name="broker-offsets", daemon=True)
+        self._flusher.start()
+        log.info("delivery.opened", path=str(self.path), topics=len(self.topic_table.known()))
+
+    # -- publishing -----------------------------------------------------------
+
+    def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
+        check_name("topic", topic)
+        return self.append(topic, messages)
+
+    def publish_to_group(self, group: str, topic: str,
+                         messages: Sequence[OutgoingMessage]) -> list[Placement]:
+        """Deliver ``messages`` of ``topic`` to ``group`` only, through ``%RETRY%<group>``."""
+        check_name("group", group)
+        check_name("topic", topic)
+        tagged = [replace(m, queue=0, headers={**m.headers, ORIGIN_TOPIC_HEADER: topic}) for m in messages]
+        return self.append(retry_topic(group), tagged, dedup=False)  # a replay is meant twice
+
+    def append(self, topic: str, messages: Sequence[OutgoingMessage], *,
+               dedup: bool = True) -> list[Placement]:
+        """Append to any topic (internal ones included); with ``dedup``, ids seen within the
+        window are dropped (the first copy's placement comes back, marked duplicate)."""
+        placements: list[Placement | None] = [None] * len(messages)
+        records: list[Record] = []
+        slots: list[int] = []
+        with self.lock:
+            fresh: dict[str, int] = {}
+            for index, message in enumerate(messages):
+                if not isinstance(message.body, bytes):
+                    raise DeliveryError(f"message body must be bytes, got {type(message.body).__name__}")
+                if message.message_id and dedup:
+                    seen = self._seen(topic, message.message_id)
+                    if seen is not None or message.message_id in fresh:
+                        placements[index] = replace(seen, duplicate=True) if seen else None
+                        continue
+                    fresh[message.message_id] = index
+                queue = self.topic_table.select(topic, message.key, message.queue)
+                headers = dict(message.headers)
+                if message.deliver_at:
+                    headers[DELIVER_AT_HEADER] = repr(message.deliver_at)
+                records.append(Record(topic, queue, message.body, message.key, message.tag,
+                                      headers, message.message_id))
+                slots.append(index)
+        results = self.store.append(records) if records else []
+        with self.lock:
+            for index, result in zip(slots, results):
+                placed = Placement(topic, result.queue, result.queue_offset, result.message_id)
+                placements[index] = placed
+                self.dedup.add(placed)
+            self.lock.notify_all()
+        first = {m.message_id: p for m, p in zip(messages, placements) if p is not None}  # in-batch copies
+        return [p if p is not None else replace(first[m.message_id], duplicate=True)
+                for m, p in zip(messages, placements)]
+
+    def _seen(self, topic: str, message_id: str) -> Placement | None:
+        """Where ``message_id`` went on ``topic`` if published within the window; the store's id
+        index answers until the in-memory window has covered a whole window since start."""
+        found = self.dedup.get(topic, message_id)
+        if found is None and self.clock.time() - self.started_at < self.config.dedup_window:
+            stored = self.store.lookup_id(message_id)
+            if (stored is not None and stored.topic == topic
+                    and self.clock.time() - stored.store_time <= self.config.dedup_window):
+                found = Placement(stored.topic, stored.queue, stored.queue_offset, message_id)
+        return found
+
+    # -- consuming (see `consume`) ----------------------------------------------
+
+    def fetch(self, member: str, max_messages: int, timeout: float) -> list[Delivery]:
+        return consume.fetch(self, member, max_messages, timeout)
+
+    def ack(self, member: str, receipts: Sequence[str]) -> None:
+        consume.ack(self, member, receipts)
+
+    def nack(self, member: str, receipts: Sequence[str], delay: float) -> None:
+        consume.nack(self, member, receipts, delay)
+
+    def dead_letter(self, member: str, receipts: Sequence[str], reason: str) -> None:
+        consume.dead_letter(self, member, receipts, reason)
+
+    def extend(self, member: str, receipts: Sequence[str]) -> None:
+        """Still working: the leases of ``receipts`` start again (JetStream's in-progress)."""
+        consume.extend(self, member, receipts)
+
+    def release(self, cursor: QueueCursor, offset: int) -> None:
+        consume.release(self, cursor, offset)
+
+    # -- groups ---------------------------------------------------------------
+
+    def join(self, group: str, topics: Sequence[str], *, broadcast: bool = False,
+             from_end: bool = False, prefetch: int | None = None, lease: float | None = None,
+             tags: Sequence[str] | None = None) -> str:
+        check_name("group", group, internal=True)  # reading %DLQ%<group> is allowed; writing is not
+        if not topics:
+            raise DeliveryError(f"group {group!r}: join at least one topic")
+        for topic in topics:
+            check_name("topic", topic, internal=True)
+        with self.lock:
+            existing = self.group_table.get(group)
+            if existing is not None and existing.broadcast != broadcast:
+                kind = "broadcasting" if existing.broadcast else "clustering"
+                raise DeliveryError(f"group {group!r} is {kind}; a member cannot join it otherwise")
+            found = existing or Group(group, broadcast=broadcast, strategy=self.strategy)
+            self.group_table[group] = found
+            member = found.new_member(tuple(topics), prefetch or self.config.prefetch,
+                                      lease or self.config.lease, self.clock.time(),
+                                      frozenset(tags) if tags else None)
+            self.members[member.ident] = member
+            self.held_count[member.ident] = 0
+            self._rebalance(found, from_end)
+            log.info("delivery.member_joined", group=group, member=member.ident, topics=list(topics),
+                     queues=len(member.queues))
+            return member.ident
+
+    def leave(self, member: str) -> None:
+        with self.lock:
+            found = self.members.get(member)
+            if found is not None:
+                self._drop(found, "delivery.member_left")
+
+    def assignment(self, member: str) -> list[tuple[str, int]]:
+        with self.lock:
+            return list(self.member(member).queues)
+
+    def member(self, ident: str) -> Member:
+        """The live member ``ident`` (its heartbeat noted), or `UnknownMemberError`."""
+        found = self.members.get(ident)
+        if found is None:
+            raise UnknownMemberError(f"member {ident!r} is not in its group (it left or timed out)")
+        found.last_seen = self.clock.time()
+        return found
+
+    def _drop(self, member: Member, event: str) -> None:
+        group = self.group_table[member.group]
+        for cursor in list(group.cursors_of(member)):
+            for offset, held in list(cursor.held.items()):
+                if held.member == member.ident:
+                    self.release(cursor, offset)
+        del group.members[member.ident]
+        del self.members[member.ident]
+        self.held_count.pop(member.ident, None)
+        self._rebalance(group, from_end=False)
+        log.info(event, group=member.group, member=member.ident)
+        self.lock.notify_all()
+
+    def _rebalance(self, group: Group, from_end: bool) -> None:
+        moved = group.rebalance(self.topic_table.queues)
+        for member in group.members.values():
+            table = member.own if group.broadcast else group.cursors
+            for topic, queue in member.queues:
+                if (topic, queue) not in table:
+                    table[(topic, queue)] = self._cursor(group, topic, queue, from_end)
+        if moved:  # the new holder waits until the old one has finished what it holds
+            log.info("delivery.rebalanced", group=group.name, generation=group.generation,
+                     moved=len(moved), members=len(group.members))
+
+    def _cursor(self, group: Group, topic: str, queue: int, from_end: bool) -> QueueCursor:
+        saved = None if group.broadcast else self.offsets.get((group.name, topic, queue))
+        if saved is None:
+            saved = self.store.max_offset(topic, queue) if from_end else self.store.min_offset(topic, queue)
+        cursor = QueueCursor(next(self.cursor_ids), topic, queue, saved)
+        self.cursor_by_id[cursor.ident] = cursor
+        return cursor
+
+    def commit(self, member: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Seek the queues ``member`` holds to the given next offsets (offsets kept by the consumer)."""
+        with self.lock:
+            found = self.member(member)
+            group = self.group_table[found.group]
+            table = found.own if group.broadcast else group.cursors
+            for key, offset in offsets.items():
+                key = (key[0], int(key[1]))
+                if key not in found.queues or key not in table:
+                    raise DeliveryError(f"member {member!r} does not hold queue {key[0]}/{key[1]}")
+                cursor = table[key]
+                for held in list(cursor.held):
+                    self.release(cursor, held)
+                cursor.seek(int(offset))
+                if not group.broadcast:
+                    self.offsets.put((group.name, *key), int(offset))
+
+    # -- inspection -------------------------------------------------------------
+
+    def pending(self, group: str, topics: Sequence[str]) -> int:
+        """Messages of ``topics`` (and the group's retry topic) not yet done by ``group``."""
+        with self.lock:
+            found = self.group_table.get(group)
+            total = 0
+            for topic in (*topics, retry_topic(group)):
+                for queue in range(self.topic_table.queues(topic)):
+                    end = self.store.max_offset(topic, queue)
+                    cursor = found.cursors.get((topic, queue)) if found and not found.broadcast else None
+                    if cursor is not None:
+                        total += cursor.pending(end)
+                        continue
+                    saved = self.offsets.get((group, topic, queue))
+                    total += end - (saved if saved is not None else self.store.min_offset(topic, queue))
+            return total
+
+    def next_due(self, group: str) -> float | None:
+        """When the earliest parked (delayed or scheduled) message of ``group`` falls due."""
+        with self.lock:
+            found = self.group_table.get(group)
+            dues = [d for c in (found.all_cursors() if found else ()) if (d := c.next_due()) is not None]
+            return min(dues) if dues else None
+
+    def topics(self) -> list[TopicInfo]:
+        with self.lock:
+            return admin.topics(self)
+
+    def groups(self) -> list[GroupInfo]:
+        with self.lock:
+            return admin.groups(self)
+
+    def lag(self, group: str) -> list[QueueLag]:
+        with self.lock:
+            return admin.lag(self, group)
+
+    def dlq_list(self, group: str, limit: int = 100) -> list[Delivery]:
+        with self.lock:
+            return admin.dlq_list(self, group, limit)
+
+    def dlq_replay(self, group: str) -> int:
+        """Every dead letter of ``group`` back to the group only; the dead-letter queue is emptied."""
+        return admin.dlq_replay(self, group)
+
+    def dlq_purge(self, group: str) -> int:
+        with self.lock:
+            return admin.dlq_purge(self, group)
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def _flush_offsets(self) -> None:
+        while not self._closing.wait(self.config.offset_flush_interval):
+            self.save_offsets()
+
+    def save_offsets(self) -> None:
+        """Record every clustering cursor's committed offset and write the file."""
+        with self.lock:
+            for group in self.group_table.values():
+                if not group.broadcast:
+                    for (topic, queue), cursor in group.cursors.items():
+                        self.offsets.put((group.name, topic, queue), cursor.committed)
+            needed = self.offsets.lowest_needed()
+        self._needed = needed
+        self.offsets.flush()
+
+    def close(self) -> None:
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        self._flusher.join()
+        self.save_offsets()
+        self.store.close()
+        log.info("delivery.closed", path=str(self.path))
+
+    def abandon(self) -> None:
+        """Stop as a killed process would: no offsets saved, no checkpoint (crash tests)."""
+        self._closing.set()
+        self._flusher.join()
+        self.store._shutdown(clean=False)
+
+    def __enter__(self) -> Broker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+

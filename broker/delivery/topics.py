@@ -1,0 +1,64 @@
+"""Topics and their queue counts, and which queue a published message goes to."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import zlib
+from pathlib import Path
+
+from broker.delivery.group import DLQ_PREFIX, RETRY_PREFIX
+from broker.errors import InvalidNameError
+
+MAX_NAME = 200
+
+
+def check_name(kind: str, name: str, *, internal: bool = False) -> None:
+    """An `InvalidNameError` unless ``name`` is a usable topic or group name."""
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME or "/" in name or "\n" in name:
+        raise InvalidNameError(
+            f"{kind} name {name!r}: expected 1 to {MAX_NAME} characters without '/' or newlines")
+    if not internal and name.startswith((RETRY_PREFIX, DLQ_PREFIX)):
+        raise InvalidNameError(f"{kind} name {name!r}: names starting with %RETRY% or %DLQ% are the broker's")
+
+
+class Topics:
+    """The topic table (``topics.json``): created on first use with the default queue count."""
+
+    def __init__(self, path: Path, default_queues: int) -> None:
+        self.path = path
+        self.default_queues = default_queues
+        self._queues: dict[str, int] = json.loads(path.read_text()) if path.exists() else {}
+        self._round_robin: dict[str, itertools.count[int]] = {}
+
+    def queues(self, topic: str) -> int:
+        """The queue count of ``topic``, creating it (internal topics get one queue)."""
+        count = self._queues.get(topic)
+        if count is None:
+            count = 1 if topic.startswith((RETRY_PREFIX, DLQ_PREFIX)) else self.default_queues
+            self._queues[topic] = count
+            self._save()
+        return count
+
+    def known(self) -> dict[str, int]:
+        return dict(self._queues)
+
+    def select(self, topic: str, key: str, queue: int | None) -> int:
+        """The queue of a message: the one asked for, else by key hash (order per key), else
+        round robin."""
+        count = self.queues(topic)
+        if queue is not None:
+            if not 0 <= queue < count:
+                raise InvalidNameError(f"topic {topic!r} has queues 0..{count - 1}, not {queue}")
+            return queue
+        if key:
+            return zlib.crc32(key.encode()) % count
+        return next(self._round_robin.setdefault(topic, itertools.count())) % count
+
+    def _save(self) -> None:
+        partial = self.path.with_suffix(".tmp")
+        partial.write_text(json.dumps(self._queues))
+        with open(partial) as handle:
+            os.fsync(handle.fileno())
+        os.replace(partial, self.path)

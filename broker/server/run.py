@@ -1,0 +1,70 @@
+"""Run a broker server: the engine in ``data_dir`` behind the listeners of a `ServerConfig`.
+
+``python -m broker serve [--settings reliable.toml] [--data-dir DIR] [--host H] [--port P]``
+and ``reliable broker serve --settings reliable.toml`` both end here. The
+``[broker]`` table of the settings file configures it (``data_dir``,
+``flush``, ``host``, ``port``, ``stomp_port``, ``metrics_port``, users, TLS,
+limits); flags override it. SIGTERM or SIGINT stops it gracefully: the
+listeners close, every session's members leave, offsets are written and the
+store is checkpointed; the next start recovers from whatever a crash left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from broker.delivery.engine import Broker
+from broker.errors import BrokerConfigError
+from broker.server.config import ServerConfig
+from broker.server.engine import Engine
+from broker.server.server import serve
+from broker.store import StoreConfig
+
+log = structlog.get_logger("broker.server")
+DEFAULT_DATA_DIR = ".reliable/broker-server"
+
+
+def settings_table(path: str | None) -> dict[str, Any]:
+    """The ``[broker]`` table of the settings file at ``path`` (empty without a file)."""
+    if path is None:
+        return {}
+    try:
+        return dict(tomllib.loads(Path(path).read_text()).get("broker", {}))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise BrokerConfigError(f"{path}: cannot read the settings file ({exc})") from exc
+
+
+def run(table: dict[str, Any], *, data_dir: str | None = None, host: str | None = None,
+        port: int | None = None, stomp_port: int | None = None) -> None:
+    """Serve until SIGTERM / SIGINT."""
+    given = {"host": host, "port": port, "stomp_port": stomp_port}
+    config = ServerConfig.from_mapping({**table, **{k: v for k, v in given.items() if v is not None}})
+    directory = data_dir or table.get("data_dir", DEFAULT_DATA_DIR)
+    broker = Broker(directory, store_config=StoreConfig(flush=table.get("flush", "sync")))
+    engine = Engine(broker)
+    log.info("broker.serving", data_dir=str(directory), host=config.host, port=config.port)
+    try:
+        asyncio.run(serve(engine, config))
+    finally:
+        engine.close()
+        broker.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m broker", description="the reliable broker server")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_parser = commands.add_parser("serve", help="serve the broker over TCP")
+    serve_parser.add_argument("--settings", help="settings file with a [broker] table")
+    serve_parser.add_argument("--data-dir", help=f"the store's directory (default {DEFAULT_DATA_DIR})")
+    serve_parser.add_argument("--host")
+    serve_parser.add_argument("--port", type=int)
+    serve_parser.add_argument("--stomp-port", type=int, help="0: any free port; omit to use the settings")
+    args = parser.parse_args(argv)
+    run(settings_table(args.settings), data_dir=args.data_dir, host=args.host, port=args.port,
+        stomp_port=args.stomp_port)

@@ -1,0 +1,154 @@
+"""The delivery engine's promises, one by one, on a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.delivery.engine import Broker
+from broker.delivery.values import OutgoingMessage
+from broker.errors import DeliveryError, InvalidNameError, UnknownMemberError
+from broker.store import FakeClock
+from tests.broker.delivery.conftest import Open, drain, messages
+
+
+def held_members(broker: Broker) -> dict[tuple[str, int], set[str]]:
+    return {key: {h.member for h in cursor.held.values()}
+            for group in broker.group_table.values() for key, cursor in group.cursors.items()}
+
+
+def test_keyed_messages_keep_one_queue_in_order_and_a_resent_id_is_dropped(broker: Broker) -> None:
+    placed = broker.publish("orders", messages(5, key="customer-7"))
+    assert len({p.queue for p in placed}) == 1 and [p.offset for p in placed] == list(range(5))
+    again = broker.publish("orders", [OutgoingMessage(b"m3", key="customer-7", message_id="m3")])
+    assert again[0].duplicate and again[0].offset == 3
+    member = broker.join("g", ["orders"])
+    assert [d.message_id for d in drain(broker, member)] == [f"m{n}" for n in range(5)]
+
+
+def test_a_nacked_message_comes_back_after_each_delay_counted_then_is_dead_lettered_once(
+    open_broker: Open, clock: FakeClock
+) -> None:
+    broker = open_broker(max_deliveries=4)
+    body = b"\x00binary\xffbody\x00"
+    broker.publish("orders", [OutgoingMessage(body, key="k", message_id="poison")])
+    member = broker.join("g", ["orders"])
+    seen = []
+    for delay in (1.0, 2.0, 4.0, 8.0):
+        (delivery,) = broker.fetch(member, 10, 0)
+        seen.append((delivery.delivery_count, clock.time()))
+        broker.nack(member, [delivery.receipt], delay)
+        clock.advance(delay - 0.5)
+        assert broker.fetch(member, 10, 0) == []  # not before its delay
+        clock.advance(0.5)
+    assert [count for count, _ in seen] == [1, 2, 3, 4]
+    assert broker.fetch(member, 10, 0) == []  # the 4th nack reached max_deliveries: dead-lettered
+    (letter,) = broker.dlq_list("g")
+    assert letter.body == body and letter.message_id == "poison" and letter.key == "k"
+    assert letter.headers["x-dlq-cause"].startswith("delivered 4 times")
+    assert letter.headers["x-origin-topic"] == "orders"
+    assert broker.pending("g", ["orders"]) == 0
+    assert all(not holders for holders in held_members(broker).values())
+
+
+def test_dead_letter_keeps_the_cause_and_replay_reaches_the_group_only(broker: Broker) -> None:
+    broker.publish("orders", messages(2))
+    billing, shipping = broker.join("billing", ["orders"]), broker.join("shipping", ["orders"])
+    assert len(drain(broker, shipping)) == 2
+    first, second = broker.fetch(billing, 10, 0)
+    broker.dead_letter(billing, [first.receipt], "ValueError: bad amount")
+    broker.ack(billing, [second.receipt])
+    assert [d.headers["x-dlq-cause"] for d in broker.dlq_list("billing")] == ["ValueError: bad amount"]
+    assert broker.dlq_replay("billing") == 1 and broker.dlq_list("billing") == []
+    (replayed,) = broker.fetch(billing, 10, 0)
+    assert (replayed.body, replayed.headers["x-origin-topic"]) == (first.body, "orders")
+    assert broker.fetch(shipping, 10, 0) == []  # shipping is not disturbed
+    broker.dead_letter(billing, [replayed.receipt], "again")
+    assert broker.dlq_purge("billing") == 1 and broker.dlq_list("billing") == []
+
+
+def test_a_lease_that_ends_redelivers_counted_and_a_silent_member_loses_its_queues(
+    open_broker: Open, clock: FakeClock
+) -> None:
+    broker = open_broker(lease=10.0, session_timeout=30.0, queues=2)
+    broker.publish("orders", messages(4))
+    quiet, busy = broker.join("g", ["orders"]), broker.join("g", ["orders"])
+    taken = broker.fetch(quiet, 10, 0)
+    assert taken and all(d.delivery_count == 1 for d in taken)
+    clock.advance(11)
+    for _ in range(3):  # busy keeps calling; quiet says nothing
+        drain(broker, busy)
+        clock.advance(11)
+    with pytest.raises(UnknownMemberError):
+        broker.fetch(quiet, 1, 0)
+    assert broker.pending("g", ["orders"]) == 0
+    assert len(broker.assignment(busy)) == 3  # both queues of orders and the retry queue
+
+
+def test_stale_receipts_are_ignored_and_acks_are_final(broker: Broker, clock: FakeClock) -> None:
+    broker.publish("orders", messages(1))
+    member = broker.join("g", ["orders"])
+    (delivery,) = broker.fetch(member, 1, 0)
+    broker.ack(member, [delivery.receipt, delivery.receipt, "999:0:1", "junk"])
+    broker.nack(member, [delivery.receipt], 0)  # already done: nothing happens
+    assert broker.pending("g", ["orders"]) == 0 and broker.fetch(member, 1, 0) == []
+
+
+def test_tags_a_member_does_not_want_are_consumed_unseen(broker: Broker) -> None:
+    broker.publish("orders", messages(3, prefix="a", tag="created") + messages(2, prefix="b", tag="paid"))
+    member = broker.join("g", ["orders"], tags=["paid"])
+    assert sorted(d.message_id for d in drain(broker, member)) == ["b0", "b1"]
+    assert broker.pending("g", ["orders"]) == 0  # UNMATCHED counts as consumed
+
+
+def test_a_scheduled_message_waits_for_its_time(broker: Broker, clock: FakeClock) -> None:
+    broker.publish("orders", [OutgoingMessage(b"later", message_id="later", deliver_at=clock.time() + 60)])
+    member = broker.join("g", ["orders"])
+    assert broker.fetch(member, 1, 0) == [] and broker.next_due("g") == clock.time() + 60
+    clock.advance(60)
+    assert [d.body for d in broker.fetch(member, 1, 0)] == [b"later"]
+
+
+def test_broadcasting_members_each_get_everything(broker: Broker) -> None:
+    broker.publish("news", messages(6))
+    first = broker.join("readers", ["news"], broadcast=True)
+    second = broker.join("readers", ["news"], broadcast=True)
+    assert len(drain(broker, first)) == len(drain(broker, second)) == 6
+    with pytest.raises(DeliveryError, match="broadcasting"):
+        broker.join("readers", ["news"])
+
+
+def test_committed_offsets_survive_a_restart_and_only_unacked_work_comes_back(
+    open_broker: Open, tmp_path
+) -> None:
+    broker = open_broker(queues=1)
+    broker.publish("orders", messages(10))
+    member = broker.join("g", ["orders"])
+    deliveries = broker.fetch(member, 10, 0)
+    broker.ack(member, [d.receipt for d in deliveries[:6]])
+    broker.close()
+    reopened = open_broker(queues=1)
+    again = drain(reopened, reopened.join("g", ["orders"]))
+    assert [d.message_id for d in again] == [f"m{n}" for n in range(6, 10)]
+
+
+def test_prefetch_bounds_what_a_member_holds(open_broker: Open) -> None:
+    broker = open_broker(prefetch=3, queues=1)
+    broker.publish("orders", messages(10))
+    member = broker.join("g", ["orders"])
+    first = broker.fetch(member, 10, 0)
+    assert len(first) == 3 and broker.fetch(member, 10, 0) == []
+    broker.ack(member, [first[0].receipt])
+    assert len(broker.fetch(member, 10, 0)) == 1
+
+
+def test_bad_names_and_arguments_are_named(broker: Broker) -> None:
+    with pytest.raises(InvalidNameError, match="%RETRY%"):
+        broker.publish("%RETRY%g", messages(1))
+    with pytest.raises(InvalidNameError, match="topic name ''"):
+        broker.publish("", messages(1))
+    with pytest.raises(DeliveryError, match="bytes"):
+        broker.publish("t", [OutgoingMessage("text")])  # type: ignore[arg-type]
+    with pytest.raises(DeliveryError, match="at least one topic"):
+        broker.join("g", [])
+    with pytest.raises(UnknownMemberError, match="nobody"):
+        broker.fetch("nobody", 1, 0)

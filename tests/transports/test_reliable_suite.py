@@ -1,0 +1,23 @@
+"""How the shared suites open ``reliable://``: one broker server process for the test session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.broker.server.serving import ServerProcess
+
+
+@pytest.fixture(scope="session")
+def reliable_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = ServerProcess(tmp_path_factory.mktemp("reliable-server") / "data").start()
+    yield server
+    server.stop()
+
+
+def reliable(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> tuple[str, dict[str, Any]]:
+    """The contract suite's place on ``reliable://``: topics and groups are fresh per test."""
+    return request.getfixturevalue("reliable_server").url, {}
