@@ -226,9 +226,10 @@ class NatsSubscription(Subscription):
 
 
 async def _fetch(pull: JetStreamContext.PullSubscription, batch: int, wait: float) -> list[Msg]:
+    """Up to ``batch`` messages; none when the pull expired empty (nats-py raises a timeout for it)."""
     try:
         return await pull.fetch(batch, timeout=wait)
-    except nats.errors.TimeoutError:
+    except (TimeoutError, nats.errors.TimeoutError):
         return []
 
 

@@ -149,9 +149,10 @@ def test_kill_9_at_random_points_each_token_once_each_poison_dead_lettered_once(
         producer.close()
     assert mid_work >= 15  # the kills landed while tokens were still being processed
     assert effect_counts(postgres_url, effects) == {t: 1 for t in tokens if t not in poison}
-    assert set(dead_letter_counts(postgres_url, unique)) == poison
-    by_message = dead_letter_counts(postgres_url, unique, by="message_id")
-    assert set(by_message.values()) == {1} and len(by_message) == sum(b["poison"] for b in bodies)
+    # each poison token dead-lettered once: its duplicates (and its redeliveries after a kill)
+    # find the record written and are acked as duplicates
+    assert dead_letter_counts(postgres_url, unique) == {t: 1 for t in poison}
+    assert sum(b["poison"] for b in bodies) > len(poison)  # duplicates of poison messages were sent
 
 
 def test_a_cut_connection_reconnects_and_loses_nothing(
