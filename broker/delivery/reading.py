@@ -58,3 +58,19 @@ def commit_group(broker: Broker, group: str, topic: str, offsets: Sequence[int])
             saved = broker.offsets.get((group, topic, queue))
             broker.offsets.put((group, topic, queue), max(int(offset), saved or 0))
     broker.save_offsets()
+
+
+def first_at(broker: Broker, topic: str, queue: int, when: float) -> int:
+    """The first offset of (topic, queue) stored at or after ``when`` (the end if none):
+    a binary search over store times, which grow with the offset."""
+    low, high = broker.store.min_offset(topic, queue), broker.store.max_offset(topic, queue)
+    while low < high:
+        middle = (low + high) // 2
+        found = broker.store.read(topic, queue, middle, max_count=1)
+        if not found:
+            return high
+        if found[0].store_time < when:
+            low = found[0].queue_offset + 1
+        else:
+            high = middle
+    return low
