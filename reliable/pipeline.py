@@ -24,6 +24,7 @@ import structlog
 from backends.errors import ReliableError, StoreUnavailableError
 from backends.store.base import TokenState, Transaction
 from backends.types import DeadLetter, Failure, Message
+from reliable import metrics
 from reliable.commit import OffsetWatermark
 from reliable.handler import Handler
 from reliable.idempotency import Guard
@@ -207,6 +208,7 @@ class Pipeline:
     def _retrying(self, fn: Callable[[], Any]) -> Any:
         def retried(exc: BaseException, attempt: int) -> None:
             self.runtime.counters.incr("retried")
+            metrics.count(self.handler.name, "retried")
             log.info("retrying_in_process", handler=self.handler.name, attempt=attempt, error=repr(exc))
 
         return call_with_retry(
@@ -279,6 +281,7 @@ class Pipeline:
         tally = Counter(r.outcome for r in results)
         for outcome, count in tally.items():
             self.runtime.counters.incr(outcome.value, count)
+            metrics.count(self.handler.name, outcome.value, count)
         for result in results:
             if result.outcome in _FAILURE_EVENTS:
                 self._log_failure(result)

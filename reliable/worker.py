@@ -16,6 +16,7 @@ de-duplicated by their tokens.
 from __future__ import annotations
 
 import threading
+import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,7 @@ from backends.clock import Clock
 from backends.errors import BackendUnavailableError
 from backends.transport.base import SubscribeOptions, Subscription
 from backends.types import Message, QueueRef
+from reliable import metrics
 from reliable.commit import CommitStrategy, OffsetWatermark
 from reliable.handler import Handler
 from reliable.outcome import Outcome, Result
@@ -189,7 +191,9 @@ class Worker:
             if self.stopping.is_set():
                 log.info("worker_stopping", handler=self.handler.name, handed_back=len(messages) - i)
                 break
+            started = time.perf_counter()
             results += self.pipeline.process(messages[i : i + size])
+            metrics.observe(self.handler.name, time.perf_counter() - started)
         return results
 
     def _settle(self, results: Sequence[Result]) -> None:

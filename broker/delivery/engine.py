@@ -20,7 +20,7 @@ from pathlib import Path
 
 import structlog
 
-from broker.delivery import admin, consume
+from broker.delivery import admin, consume, reading
 from broker.delivery.allocation import STRATEGIES, Strategy
 from broker.delivery.config import DeliveryConfig
 from broker.delivery.cursor import DELIVER_AT_HEADER, QueueCursor
@@ -300,6 +300,20 @@ class Broker:
     def dlq_purge(self, group: str) -> int:
         with self.lock:
             return admin.dlq_purge(self, group)
+
+    # -- reading by position (see `reading`) -------------------------------------
+
+    def read(self, topic: str, queue: int, offset: int, max_messages: int) -> list[Delivery]:
+        return reading.read(self, topic, queue, offset, max_messages)
+
+    def queue_offsets(self, topic: str) -> list[list[int]]:
+        return reading.queue_offsets(self, topic)
+
+    def group_offsets(self, group: str, topic: str) -> list[int | None]:
+        return reading.group_offsets(self, group, topic)
+
+    def commit_group(self, group: str, topic: str, offsets: Sequence[int]) -> None:
+        reading.commit_group(self, group, topic, offsets)
 
     # -- lifecycle ------------------------------------------------------------
 

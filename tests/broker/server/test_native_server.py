@@ -117,3 +117,28 @@ def test_connection_n_plus_one_is_refused(server) -> None:
     assert refused["error"]["code"] == "too_many_connections"
     for sock in (*held, extra):
         sock.close()
+
+
+def test_prometheus_metrics_of_the_broker(tmp_path, unique) -> None:
+    import urllib.request
+
+    settings = tmp_path / "reliable.toml"
+    settings.write_text("[broker]\nmetrics_port = 0\n")
+    server = ServerProcess(tmp_path / "data", "--settings", str(settings)).start()
+    client = Client(server.url)
+    client.publish(unique, [OutgoingMessage(b"12345", message_id=f"m{n}") for n in range(3)])
+    member = client.join("audit", [unique])
+    first = client.fetch(member, 3, 2.0)
+    client.nack(member, [first[0].receipt], 0.0)
+    client.ack(member, [d.receipt for d in first[1:]])
+    again = client.fetch(member, 3, 2.0)
+    client.dead_letter(member, [again[0].receipt], "poison")
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    assert f'broker_messages_published_total{{topic="{unique}"}} 3.0' in text
+    assert f'broker_bytes_published_total{{topic="{unique}"}} 15.0' in text
+    assert 'broker_messages_redelivered_total{topic="%RETRY%audit"} 1.0' in text
+    assert 'broker_messages_dead_lettered_total{group="audit"} 1.0' in text
+    assert 'broker_group_lag{group="audit"' in text and "broker_connections_total" in text
+    client.close()
+    server.stop()
