@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -25,7 +25,12 @@ from nats.js.client import JetStreamContext
 
 from backends.clock import Clock
 from backends.errors import TransportError
-from backends.transport.base import SubscribeOptions, Subscription, origin_topic
+from backends.transport.base import (
+    ORIGIN_TOPIC_HEADER,
+    SubscribeOptions,
+    Subscription,
+    origin_topic,
+)
 from backends.transport.kafka_layout import failure_headers
 from backends.transport.nats_client import Connection
 from backends.transport.nats_layout import (
@@ -60,7 +65,7 @@ class NatsSubscription(Subscription):
         *,
         connection: Connection,
         layout: Layout,
-        ensure_stream: Any,
+        ensure_stream: Callable[[str], None],
         ack_wait: float,
         clock: Clock,
     ) -> None:
@@ -135,7 +140,7 @@ class NatsSubscription(Subscription):
         """POISON: the message with its failure to the group's dead-letter stream, then ``+TERM``."""
         receipt = self._receipt(message)
         headers = {**message.headers, **failure_headers(failure, message), ID_HEADER: message.id,
-                   "x-reliable-origin-topic": origin_topic(message)}
+                   ORIGIN_TOPIC_HEADER: origin_topic(message)}
         if message.key is not None:
             headers[KEY_HEADER] = message.key
         subject = self._layout.dead_letter_subject(self.group)
