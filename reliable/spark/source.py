@@ -70,7 +70,8 @@ class QueueRange(InputPartition):  # type: ignore[misc]
 
 
 class ReliableSource(DataSource):  # type: ignore[misc]
-    """``format("reliable")``: options ``url``, ``topic``, ``group``, ``maxRowsPerBatch``."""
+    """``format("reliable")``: options ``url`` (or ``settings``: a reliable.toml whose
+    ``[transport] url`` names the broker), ``topic``, ``group``, ``maxRowsPerBatch``."""
 
     @classmethod
     def name(cls) -> str:
@@ -87,6 +88,11 @@ class ReliableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets, admission control and commits on the driver; `read` on the executors."""
 
     def __init__(self, options: dict[str, str]) -> None:
+        options = dict(options)
+        if not options.get("url") and options.get("settings"):  # the same reliable.toml as the app
+            from reliable.settings import Settings
+
+            options["url"] = Settings.load(options["settings"]).transport.url
         missing = [name for name in ("url", "topic") if not options.get(name)]
         if missing:
             raise ConfigurationError(f"reliable source: option(s) {', '.join(missing)} required")

@@ -55,3 +55,19 @@ def test_every_message_once_in_batches_of_at_most_the_limit_and_the_group_follow
     fresh.awaitTermination()
     assert batches[-1][2] == [1000]  # the replay the commit timing implies: the same row again
     broker.close()
+
+
+def test_options_come_from_the_settings_file_and_bad_ones_are_named(tmp_path):
+    from backends.errors import ConfigurationError
+    from reliable.spark.source import ReliableStreamReader, share
+
+    settings = tmp_path / "reliable.toml"
+    settings.write_text('[transport]\nurl = "reliable://broker.internal:7600"\n')
+    reader = ReliableStreamReader({"settings": str(settings), "topic": "orders"})
+    assert reader.url == "reliable://broker.internal:7600"
+    with pytest.raises(ConfigurationError, match="topic"):
+        ReliableStreamReader({"url": "embedded://x"})
+    with pytest.raises(ConfigurationError, match="maxRowsPerBatch"):
+        ReliableStreamReader({"url": "embedded://x", "topic": "t", "maxRowsPerBatch": "lots"})
+    # admission control shares the rows fairly and never passes the end of a queue
+    assert share({"q0": 0, "q1": 0, "q2": 5}, {"q0": 100, "q1": 3, "q2": 5}, 10) == {"q0": 7, "q1": 3, "q2": 5}
