@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from broker.errors import BrokerError
-from broker.server import native_codec, native_ops
+from broker.server import native_admin, native_codec, native_ops
 from broker.server.auth import Authenticator, Principal
 from broker.server.connection import Connection, ConnectionTimedOut
 from broker.server.engine import Engine
@@ -73,14 +73,14 @@ class NativeSession:
                 await self._hello(request_id, request)
                 return
             ctx = self._context()
-            operation = native_ops.OPERATIONS.get(op)
+            operation = OPERATIONS.get(op)
             if operation is None:
                 raise UnknownOperationError(f"unknown operation {op[:40]!r}; known: {sorted(_KNOWN)}")
         except ServerError as error:
             if await self._reply_error(request_id, error):
                 raise _Close from error
             return
-        if op in native_ops.CONCURRENT:
+        if op in CONCURRENT:
             task = asyncio.create_task(self._run(request_id, operation, ctx, request))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -163,7 +163,9 @@ class _Close(ConnectionError):
     """Internal: a fatal error was reported; the connection ends."""
 
 
-_KNOWN = frozenset(native_ops.OPERATIONS) | {"hello"}
+OPERATIONS = {**native_ops.OPERATIONS, **native_admin.OPERATIONS}
+CONCURRENT = native_ops.CONCURRENT | native_admin.CONCURRENT
+_KNOWN = frozenset(OPERATIONS) | {"hello"}
 
 
 def _code(error: Exception) -> str:
