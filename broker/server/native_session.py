@@ -47,7 +47,12 @@ class NativeSession:
         try:
             while True:
                 waiting = self.ctx is None and self.authenticator.required
-                data = await self.conn.read(handshake_ends - loop.time() if waiting else None)
+                try:
+                    data = await self.conn.read(handshake_ends - loop.time() if waiting else None)
+                except ConnectionTimedOut:
+                    if self._tasks:  # a client waiting for a long fetch is not idle
+                        continue
+                    raise
                 if not data:
                     return
                 for payload in decoder.feed(data):
@@ -55,8 +60,9 @@ class NativeSession:
         except ProtocolError as error:
             await self._reply_error(0, error, fatal=True)
         except ConnectionTimedOut as timeout:
-            self.conn.metrics.timeouts.labels("native", timeout.reason).inc()
-            self.conn.log.info("connection_timed_out", reason=timeout.reason)
+            if timeout.reason != "slow_client":  # a slow client is counted where it is cut off
+                self.conn.metrics.timeouts.labels("native", timeout.reason).inc()
+                self.conn.log.info("connection_timed_out", reason=timeout.reason)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
