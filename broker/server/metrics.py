@@ -59,7 +59,7 @@ class ServerMetrics:
                        self.dead_lettered, self.bytes_in, self.bytes_out, self.connections,
                        self.open, self.refused, self.auth_failures):
             for family in metric.collect():
-                total = sum(s.value for s in family.samples if not s.name.endswith("_created"))
+                total = float(sum(s.value for s in family.samples if not s.name.endswith("_created")))
                 sums[family.name.removeprefix("broker_")] = int(total) if total.is_integer() else total
         return sums
 
