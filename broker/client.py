@@ -21,7 +21,7 @@ import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -254,8 +254,17 @@ class Client:
 
 
 def outgoing_map(message: OutgoingMessage) -> dict[str, Any]:
-    fields = asdict(message)
-    fields["headers"] = dict(message.headers)
+    """The message as the protocol carries it; fields left at their default are not sent."""
+    fields: dict[str, Any] = {"body": message.body}
+    for name in ("key", "tag", "message_id"):
+        if value := getattr(message, name):
+            fields[name] = value
+    if message.headers:
+        fields["headers"] = dict(message.headers)
+    if message.queue is not None:
+        fields["queue"] = message.queue
+    if message.deliver_at:
+        fields["deliver_at"] = message.deliver_at
     return fields
 
 
