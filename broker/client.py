@@ -134,6 +134,20 @@ class Client:
     def commit_group(self, group: str, topic: str, offsets: Sequence[int]) -> None:
         self._call("commit_group", group=group, topic=topic, offsets=list(offsets))
 
+    def dlq_list(self, group: str, limit: int = 100) -> list[Delivery]:
+        return [Delivery(**m) for m in self._call("dlq", group=group, action="list", limit=limit)["messages"]]
+
+    def dlq_replay(self, group: str) -> int:
+        return int(self._call("dlq", group=group, action="replay")["count"])
+
+    def dlq_purge(self, group: str) -> int:
+        return int(self._call("dlq", group=group, action="purge")["count"])
+
+    def lookup(self, topic: str, key: str | None = None, message_id: str | None = None,
+               begin: float = 0.0, end: float = 1e18) -> list[Delivery]:
+        reply = self._call("lookup", topic=topic, key=key, message_id=message_id, begin=begin, end=end)
+        return [Delivery(**m) for m in reply["messages"]]
+
     def topics(self) -> list[TopicInfo]:
         return [TopicInfo(**t) for t in self._call("topics")["topics"]]
 

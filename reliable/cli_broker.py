@@ -107,3 +107,95 @@ def lag(group: str, url: str | None, settings_path: str | None, as_json: bool) -
     """GROUP's committed offset against the end of every queue it reads."""
     with _api(url, settings_path) as api:
         _show([dataclasses.replace(q) for q in api.lag(group)], as_json)
+
+
+@broker.group("dlq")
+def broker_dlq() -> None:
+    """The broker's dead-letter queues (%DLQ%<group>)."""
+
+
+@broker_dlq.command("list")
+@click.argument("group")
+@click.option("--limit", default=100, show_default=True)
+@_inspect
+def dlq_list(group: str, limit: int, url: str | None, settings_path: str | None, as_json: bool) -> None:
+    """GROUP's dead letters, oldest first, with their cause."""
+    with _api(url, settings_path) as api:
+        _show([_letter(d) for d in api.dlq_list(group, limit)], as_json)
+
+
+@broker_dlq.command("replay")
+@click.argument("group")
+@_inspect
+def dlq_replay(group: str, url: str | None, settings_path: str | None, as_json: bool) -> None:
+    """Every dead letter of GROUP back to GROUP only; the queue is emptied."""
+    with _api(url, settings_path) as api:
+        count = api.dlq_replay(group)
+        click.echo(json.dumps({"replayed": count}) if as_json else f"replayed {count} dead letter(s) of {group}")
+
+
+@broker_dlq.command("purge")
+@click.argument("group")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@_inspect
+def dlq_purge(group: str, yes: bool, url: str | None, settings_path: str | None, as_json: bool) -> None:
+    """Delete GROUP's dead letters from the broker's queue."""
+    if not yes:
+        click.confirm(f"purge every dead letter of {group}?", abort=True)
+    with _api(url, settings_path) as api:
+        count = api.dlq_purge(group)
+        click.echo(json.dumps({"purged": count}) if as_json else f"purged {count} dead letter(s) of {group}")
+
+
+@broker.command()
+@click.argument("topic")
+@click.option("--key", help="messages with this key (the store's key index)")
+@click.option("--id", "message_id", help="the message with this id")
+@click.option("--since", type=float, default=0.0, help="seconds since the epoch (with --key)")
+@click.option("--until", type=float, default=1e18, help="seconds since the epoch (with --key)")
+@_inspect
+def find(topic: str, key: str | None, message_id: str | None, since: float, until: float,
+         url: str | None, settings_path: str | None, as_json: bool) -> None:
+    """Messages of TOPIC by key within a time range, or one by id."""
+    if not key and not message_id:
+        raise click.UsageError("give --key or --id")
+    with _api(url, settings_path) as api:
+        _show([_letter(d) for d in api.lookup(topic, key, message_id, since, until)], as_json)
+
+
+@broker.command()
+@_inspect
+def stats(url: str | None, settings_path: str | None, as_json: bool) -> None:
+    """Topics, messages kept, groups and their total lag."""
+    with _api(url, settings_path) as api:
+        rows = [Stat(g.name, ",".join(g.topics), g.members, sum(q.lag for q in api.lag(g.name)))
+                for g in api.groups()]
+        if not as_json:
+            kept = sum(t.messages for t in api.topics())
+            click.echo(f"{len(api.topics())} topic(s), {kept} message(s) kept, {len(rows)} group(s)")
+        _show(rows, as_json)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stat:
+    group: str
+    topics: str
+    members: int
+    lag: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Letter:
+    topic: str
+    queue: int
+    offset: int
+    message_id: str
+    key: str
+    body: str
+    cause: str
+
+
+def _letter(d: Any) -> Letter:
+    body = d.body.decode("utf-8", "replace")
+    return Letter(d.topic, d.queue, d.offset, d.message_id, d.key, body[:200],
+                  d.headers.get("x-dlq-cause", ""))

@@ -91,6 +91,19 @@ class Engine:
     async def commit_group(self, group: str, topic: str, offsets: Sequence[int]) -> None:
         await self._run(self.api.commit_group, group, topic, offsets)
 
+    async def dlq_list(self, group: str, limit: int) -> list[Delivery]:
+        return await self._run(self.api.dlq_list, group, limit)  # type: ignore[attr-defined]
+
+    async def dlq_replay(self, group: str) -> int:
+        return await self._run(self.api.dlq_replay, group)  # type: ignore[attr-defined]
+
+    async def dlq_purge(self, group: str) -> int:
+        return await self._run(self.api.dlq_purge, group)  # type: ignore[attr-defined]
+
+    async def lookup(self, topic: str, key: str | None, message_id: str | None, begin: float,
+                     end: float) -> list[Delivery]:
+        return await self._run(self.api.lookup, topic, key, message_id, begin, end)  # type: ignore[attr-defined]
+
     async def topics(self) -> list[TopicInfo]:
         return await self._run(self.api.topics)
 
