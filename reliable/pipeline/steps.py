@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
+from sqlalchemy.exc import DBAPIError
 
 from backends.errors import ReliableError, StoreUnavailableError
 from backends.store.base import Transaction
@@ -44,6 +45,13 @@ class Work:
 
 
 Step = Callable[[list[Work]], None]
+
+
+def store_down(exc: BaseException) -> bool:
+    """Whether ``exc`` means the store cannot be reached: wrapped by the store already, or a
+    database error that lost its connection (the handler's own statements, a savepoint). Not
+    every ``OperationalError``: SQLite's "no such table" is one, and no retry fixes it."""
+    return isinstance(exc, StoreUnavailableError) or (isinstance(exc, DBAPIError) and exc.connection_invalidated)
 
 
 def undecided(work: Sequence[Work]) -> list[Work]:

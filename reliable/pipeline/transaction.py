@@ -16,7 +16,7 @@ from backends.errors import StoreUnavailableError
 from backends.store.base import Transaction
 from backends.types import Message
 from reliable.outcome import Outcome, Result
-from reliable.pipeline.steps import Steps, Work, undecided
+from reliable.pipeline.steps import Steps, Work, store_down, undecided
 
 log = structlog.get_logger("reliable.pipeline")
 
@@ -26,10 +26,9 @@ def each_in_transaction(steps: Steps, work: list[Work]) -> None:
     for w in undecided(work):
         try:
             claimed, value = steps.retrying(partial(_one, steps, w.message, w.token))
-        except StoreUnavailableError as exc:
-            w.result = steps.deferred(w.message, w.token, exc)
         except Exception as exc:
-            w.result = steps.failed(w.message, w.token, exc)
+            down = store_down(exc)
+            w.result = steps.deferred(w.message, w.token, exc) if down else steps.failed(w.message, w.token, exc)
         else:
             w.decide(Outcome.PROCESSED if claimed else Outcome.DUPLICATE, value=value)
 
@@ -68,9 +67,9 @@ def _batch(steps: Steps, tx: Transaction, fresh: list[Work]) -> None:
             run = [w.message for w in fresh if w.token is None or w.token in claimed]
             if run:
                 steps.call(run, tx, batch=True)
-    except StoreUnavailableError:
-        raise
     except Exception as exc:
+        if store_down(exc):
+            raise StoreUnavailableError(f"store unavailable in batch transaction: {exc}") from exc
         log.info("batch_isolating_failure", handler=steps.handler.name, size=len(fresh), error=str(exc))
         for w in fresh:
             w.result = _isolated(steps, tx, w)
@@ -89,8 +88,8 @@ def _isolated(steps: Steps, tx: Transaction, w: Work) -> Result:
 
     try:
         processed = steps.retrying(attempt)
-    except StoreUnavailableError:
-        raise
     except Exception as exc:
+        if store_down(exc):
+            raise StoreUnavailableError(f"store unavailable in isolated savepoint: {exc}") from exc
         return steps.failed(w.message, w.token, exc)
     return Result(w.message, Outcome.PROCESSED if processed else Outcome.DUPLICATE, w.token)
