@@ -8,10 +8,10 @@ idempotency on (PostgreSQL store + Redis cache):
   framework/4  ``@app.handler`` per message, 4 handler threads (key-ordered dispatch)
   batch/500    ``@app.handler(batch=500)``: one transaction and one cache round trip per batch
 
-Transports: Redis Streams and Kafka (librdkafka's mock cluster, in process) here;
-a module ``benchmarks/transports_<name>.py`` with ``place()`` (a transport URL and
-options), and ``raw_rate(count) -> float`` joins the table when present (amqp, nats,
-broker).
+Transports: ``embedded://`` (the broker engine), Redis Streams and Kafka
+(librdkafka's mock cluster) here; a module ``benchmarks/transports_<name>.py``
+with ``rows(count) -> [{"transport", "run", "msgs_per_s"}]`` joins the table
+when present (nats, amqp).
 
     python -m benchmarks.transports [--messages N]
 """
@@ -36,7 +36,7 @@ from reliable.settings import Settings
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-PLUGGED = ("amqp", "nats", "broker")
+PLUGGED = ("amqp", "nats")
 
 
 def workload(count: int, seed: int = 11) -> list[dict[str, Any]]:
@@ -141,24 +141,53 @@ def kafka_raw_rate(url: str, count: int) -> float:
     return (count - first) / elapsed
 
 
-def transports() -> list[tuple[str, str, dict[str, str], Callable[[int], float], Callable[[], None]]]:
-    """(name, url, settings overrides, raw rate, cleanup) for every transport benchmarked."""
+def embedded_raw_rate(count: int) -> float:
+    """The broker engine's own consume+ack (what ``embedded://`` runs on)."""
+    import tempfile
+
+    from broker.delivery.engine import Broker
+    from broker.delivery.values import OutgoingMessage as BrokerMessage
+
+    with tempfile.TemporaryDirectory() as folder, Broker(folder) as broker:
+        body = json.dumps({"token": "x" * 32, "amount": 1}).encode()
+        for start in range(0, count, 1000):
+            broker.publish("bench", [BrokerMessage(body) for _ in range(min(1000, count - start))])
+        member = broker.join("g", ["bench"])
+        began, done = time.perf_counter(), 0
+        while done < count:
+            deliveries = broker.fetch(member, 500, 1.0)
+            broker.ack(member, [d.receipt for d in deliveries])
+            done += len(deliveries)
+        return count / (time.perf_counter() - began)
+
+
+def measured(count: int, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of (transport, run, msg/s) for every transport benchmarked here."""
+    import tempfile
+
     from backends.transport.kafka_mock import MockCluster
 
-    cluster = MockCluster(brokers=1)
-    cluster.__enter__()
-    found = [
-        ("redis", f"{REDIS_URL}?namespace=bench-{uuid.uuid4().hex[:6]}", {}, redis_raw_rate, lambda: None),
-        ("kafka (mock)", cluster.url, {}, lambda n: kafka_raw_rate(cluster.url, n),
-         lambda: cluster.__exit__(None, None, None)),
-    ]
-    for name in PLUGGED:
+    found: list[dict[str, Any]] = []
+
+    def add(name: str, url: str, raw: Callable[[int], float], what: str) -> None:
+        found.append({"transport": name, "run": what, "msgs_per_s": raw(count)})
+        for batch, label in ((None, "framework, 4 threads"), (500, "framework, batch 500")):
+            found.append({"transport": name, "run": f"{label}, PostgreSQL + Redis",
+                          "msgs_per_s": framework_rate(url, {}, bodies, batch=batch)})
+
+    with tempfile.TemporaryDirectory() as folder:
+        add("embedded", f"embedded://{folder}/broker", embedded_raw_rate, "raw: engine fetch(500) + ack")
+    add("redis", f"{REDIS_URL}?namespace=bench-{uuid.uuid4().hex[:6]}", redis_raw_rate,
+        "raw: XREADGROUP 500 + XACK")
+    with MockCluster(brokers=1) as cluster:
+        add("kafka (mock)", cluster.url, lambda n: kafka_raw_rate(cluster.url, n),
+            "raw: consume(500) + async commit")
+    for name in PLUGGED:  # a transport's own piece: benchmarks/transports_<name>.py
         try:
             module = importlib.import_module(f"benchmarks.transports_{name}")
         except ModuleNotFoundError:
             continue
-        url, options = module.place()
-        found.append((name, url, options, module.raw_rate, getattr(module, "cleanup", lambda: None)))
+        found.extend(module.rows(count))
     return found
 
 
@@ -168,14 +197,9 @@ def main() -> None:
     args = parser.parse_args()
     bodies = workload(args.messages)
     print(f"{args.messages} messages (10% duplicate tokens), PostgreSQL store + Redis cache\n")
-    print(f"{'transport':<14} {'raw consume+ack':>16} {'framework/4':>12} {'batch/500':>10}   msg/s")
-    for name, url, options, raw, cleanup in transports():
-        try:
-            rates = (raw(args.messages), framework_rate(url, options, bodies, batch=None),
-                     framework_rate(url, options, bodies, batch=500))
-        finally:
-            cleanup()
-        print(f"{name:<14} {rates[0]:>16,.0f} {rates[1]:>12,.0f} {rates[2]:>10,.0f}")
+    print(f"{'transport':<14} {'run':<52} {'msg/s':>10}")
+    for row in measured(args.messages, bodies):
+        print(f"{row['transport']:<14} {row['run']:<52} {row['msgs_per_s']:>10,.0f}")
 
 
 if __name__ == "__main__":

@@ -121,6 +121,19 @@ class Client:
     def next_due(self, group: str) -> float | None:
         return self._call("pending", group=group, topics=[])["next_due"]  # type: ignore[no-any-return]
 
+    def read(self, topic: str, queue: int, offset: int, max_messages: int) -> list[Delivery]:
+        reply = self._call("read", topic=topic, queue=queue, offset=offset, max_messages=max_messages)
+        return [Delivery(**m) for m in reply["messages"]]
+
+    def queue_offsets(self, topic: str) -> list[list[int]]:
+        return [list(pair) for pair in self._call("queue_offsets", topic=topic)["offsets"]]
+
+    def group_offsets(self, group: str, topic: str) -> list[int | None]:
+        return list(self._call("group_offsets", group=group, topic=topic)["offsets"])
+
+    def commit_group(self, group: str, topic: str, offsets: Sequence[int]) -> None:
+        self._call("commit_group", group=group, topic=topic, offsets=list(offsets))
+
     def topics(self) -> list[TopicInfo]:
         return [TopicInfo(**t) for t in self._call("topics")["topics"]]
 

@@ -65,6 +65,10 @@ _REPLIES: dict[str, Callable[[Any], Any]] = {
     "groups": lambda r: [GroupInfo(**{**g, "topics": tuple(g["topics"])}) for g in r],
     "lag": lambda r: [QueueLag(**q) for q in r],
     "dlq_list": lambda r: [Delivery(**d) for d in r],
+    "read": lambda r: [Delivery(**d) for d in r],
+    "queue_offsets": lambda r: r,
+    "group_offsets": lambda r: r,
+    "commit_group": lambda r: None,
     "dlq_replay": int,
     "dlq_purge": int,
 }

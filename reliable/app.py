@@ -102,7 +102,7 @@ class App:
                 if not structlog.is_configured():  # leave an application's own logging alone
                     configure_logging(s.log.level, s.log.format)
                 store = open_store(s.store.url, self.clock)
-                cache = None if s.cache.url == "none" else open_cache(s.cache.url, self.clock)
+                cache = None if s.cache.url == "none" else open_cache(s.cache.url, self.clock, s.cache.prefix)
                 transport = open_transport(s.transport.url, self.clock, visibility_timeout=s.transport.visibility_timeout)
                 self._runtime = Runtime(transport=transport, store=store, cache=cache, clock=self.clock)
                 log.info("backends_opened", transport=redact(s.transport.url), store=redact(s.store.url),
@@ -235,7 +235,7 @@ class App:
 
     def _worker(self, handler: Handler) -> Worker:
         handler.config = self.config_for(handler)
-        return Worker(handler, self.runtime, self._strategy(handler.config))
+        return Worker(handler, self.runtime, self._strategy(handler.config), self._stop)
 
     def config_for(self, handler: Handler) -> HandlerConfig:
         """The handler's effective settings: its decorator options over the settings file."""

@@ -163,6 +163,8 @@ class CacheSettings(Section):
 
     url: CacheUrl = "memory://"
     ttl: PositiveSeconds = 86400.0
+    prefix: Annotated[str, _rule(lambda v: bool(v) and ":" not in v, "a non-empty name without ':'")] = "reliable"
+    """Start of every Redis key, so deployments sharing one Redis never skip each other's tokens."""
 
 
 class StoreSettings(Section):
@@ -227,11 +229,14 @@ class LogSettings(Section):
 
 
 class BrokerSettings(Section):
-    """``[broker]``: the broker server (``reliable broker serve``)."""
+    """``[broker]``: the broker server (``reliable broker serve``); the server checks its other
+    keys (users, TLS, limits, ports) when it starts (`broker.server.config.ServerConfig`)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
 
     host: str = "127.0.0.1"
     port: Port = 7600
-    data_dir: str = "./.reliable/broker"
+    data_dir: str = "./.reliable/broker-server"
     flush: Literal["sync", "async", "none"] = "sync"
 
 
@@ -288,4 +293,10 @@ def _validate(data: Mapping[str, Any], origin: Origin, prefix: tuple[str, ...]) 
     except ValidationError as exc:
         raise SettingsError([describe(error, origin, prefix, Settings) for error in exc.errors()]) from exc
     settings._origin = origin
+    if settings.cache.ttl > settings.store.token_ttl:
+        where = origin.source((*prefix, "cache", "ttl"))
+        raise SettingsError([
+            f"{where}: cache.ttl = {settings.cache.ttl:.0f}s is longer than store.token_ttl = "
+            f"{settings.store.token_ttl:.0f}s; allowed: at most store.token_ttl (a token the store has "
+            "forgotten must not still be skipped by the cache)"])
     return settings

@@ -7,6 +7,7 @@ came from; `Origin` records it so errors can name the variable.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import tomllib
@@ -52,13 +53,16 @@ def read_toml(file: Path) -> dict[str, Any]:
 def apply_env(
     data: dict[str, Any], environ: Mapping[str, str], origin: Origin, sections: Collection[str]
 ) -> None:
-    """Set each ``RELIABLE_SECTION__KEY`` on ``data``; variables naming none of ``sections`` are ignored."""
+    """Set each ``RELIABLE_SECTION__KEY`` on ``data``; a ``RELIABLE_`` variable that names no
+    section is a `SettingsError` with the closest names (a typo must not be silently ignored)."""
+    unknown: list[str] = []
     for variable, value in sorted(environ.items()):
         upper = variable.upper()
         if not upper.startswith(ENV_PREFIX) or upper == SETTINGS_ENV:
             continue
         parts = variable[len(ENV_PREFIX):].lower().split("__")
         if parts[0] not in sections or len(parts) < 2:
+            unknown.append(_unknown_variable(variable, parts, sections))
             continue
         node: dict[str, Any] = data
         loc: tuple[str, ...] = ()
@@ -70,6 +74,20 @@ def apply_env(
         key = _same_key(node, parts[-1])
         node[key] = _env_value(value)
         origin.variables[(*loc, key)] = variable
+    if unknown:
+        raise SettingsError(unknown)
+
+
+def _unknown_variable(variable: str, parts: list[str], sections: Collection[str]) -> str:
+    """Why ``variable`` names no setting, with the closest ``RELIABLE_SECTION__KEY`` spelling."""
+    guess = difflib.get_close_matches(parts[0].split("_")[0] if len(parts) == 1 else parts[0],
+                                      list(sections), n=1)
+    hint = ""
+    if guess:
+        rest = parts[1:] or ["_".join(parts[0].split("_")[1:]) or "KEY"]
+        hint = f"; did you mean {ENV_PREFIX}{guess[0].upper()}__{'__'.join(rest).upper()}?"
+    return (f"environment variable {variable} names no setting: expected "
+            f"{ENV_PREFIX}SECTION__KEY with SECTION one of {', '.join(sorted(sections))}{hint}")
 
 
 def _same_key(node: Mapping[str, Any], part: str) -> str:

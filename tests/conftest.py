@@ -18,6 +18,7 @@ import pytest
 DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+NATS_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
@@ -53,6 +54,11 @@ def redis_url() -> str:
 @pytest.fixture(scope="session")
 def amqp_url() -> str:
     return require_service("RabbitMQ", AMQP_URL, 5672)
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> str:
+    return require_service("NATS", NATS_URL, 4222)
 
 
 _UNIQUE_NAMES: list[str] = []

@@ -19,15 +19,16 @@ ALLOWED_SCHEMES = ("memory", "redis", "rediss")
 __all__ = ["ALLOWED_SCHEMES", "Cache", "MemoryCache", "open_cache"]
 
 
-def open_cache(url: str, clock: Clock = SYSTEM_CLOCK) -> Cache:
-    """The cache for ``url``; an unknown scheme raises `UnsupportedURLError`."""
+def open_cache(url: str, clock: Clock = SYSTEM_CLOCK, prefix: str = "reliable") -> Cache:
+    """The cache for ``url`` (Redis keys start with ``prefix``); an unknown scheme raises
+    `UnsupportedURLError`."""
     scheme = urlsplit(url).scheme
     if scheme == "memory":
         return MemoryCache(_max_entries(url), clock=clock)
     if scheme in ("redis", "rediss"):
         from backends.cache.redis import RedisCache  # redis-py is an optional dependency
 
-        return RedisCache(url)
+        return RedisCache(url, prefix)
     raise UnsupportedURLError(
         f"cache URL {_redacted(url)!r} has scheme {scheme!r}; "
         f"allowed schemes: {', '.join(ALLOWED_SCHEMES)}"

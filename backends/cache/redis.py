@@ -35,8 +35,9 @@ return #KEYS
 class RedisCache(Cache):
     """The `Cache` on Redis (``redis://`` or ``rediss://`` for TLS)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, prefix: str = KEY_PREFIX) -> None:
         self.url = url
+        self.prefix = prefix  # two deployments sharing one Redis keep apart by their prefixes
         self._client = redis.Redis.from_url(
             url,
             socket_timeout=DEFAULT_TIMEOUT,
@@ -50,10 +51,9 @@ class RedisCache(Cache):
         where = options.get("path") or f"{options.get('host', '?')}:{options.get('port', '?')}"
         return f"RedisCache('{where}/{options.get('db', 0)}')"
 
-    @staticmethod
-    def key(namespace: str, token: str) -> str:
+    def key(self, namespace: str, token: str) -> str:
         """The Redis key holding ``token`` of ``namespace``."""
-        return f"{KEY_PREFIX}:{namespace}:{token}"
+        return f"{self.prefix}:{namespace}:{token}"
 
     def _seen(self, namespace: str, tokens: list[str]) -> set[str]:
         keys = [self.key(namespace, token) for token in tokens]

@@ -29,6 +29,7 @@ _TRANSPORTS: dict[str, tuple[str, str, str]] = {
     "embedded": ("backends.transport.embedded", "EmbeddedTransport", "location"),
     "redis": ("backends.transport.redis_streams", "RedisStreamsTransport", "url"),
     "kafka": ("backends.transport.kafka", "KafkaTransport", "url"),
+    "nats": ("backends.transport.nats_transport", "NatsTransport", "url"),
     "reliable": ("backends.transport.remote", "RemoteBrokerTransport", "url"),
 }
 SCHEMES = tuple(_TRANSPORTS)

@@ -80,6 +80,18 @@ class BrokerApi(Protocol):
     def assignment(self, member: str) -> list[tuple[str, int]]:
         """The (topic, queue) pairs ``member`` holds now."""
 
+    def read(self, topic: str, queue: int, offset: int, max_messages: int) -> list[Delivery]:
+        """Messages of (topic, queue) from ``offset`` on, outside any group (a stream processor)."""
+
+    def queue_offsets(self, topic: str) -> list[list[int]]:
+        """``[first kept, end]`` per queue of ``topic``."""
+
+    def group_offsets(self, group: str, topic: str) -> list[int | None]:
+        """``group``'s committed offset per queue of ``topic`` (None: never committed)."""
+
+    def commit_group(self, group: str, topic: str, offsets: Sequence[int]) -> None:
+        """Record the next offset per queue as ``group``'s (a stream processor's commit)."""
+
     def topics(self) -> list[TopicInfo]:
         """Every topic with its queue and message counts."""
 

@@ -57,6 +57,16 @@ def ack(broker: Broker, member: str, receipts: Sequence[str]) -> None:
             finish(broker, cursor, offset)
         broker.lock.notify_all()
 
+def delivered(broker: Broker, member: str, receipts: Sequence[str]) -> None:
+    with broker.lock:
+        broker.member(member)
+        for _, _, held in _valid(broker, receipts):
+            if not held.delivered:
+                held.delivered = True
+                broker.held_count[held.member] -= 1
+        broker.lock.notify_all()
+
+
 def extend(broker: Broker, member: str, receipts: Sequence[str]) -> None:
     """Still working: the leases of ``receipts`` start again (JetStream's in-progress)."""
     with broker.lock:
@@ -71,16 +81,17 @@ def nack(broker: Broker, member: str, receipts: Sequence[str], delay: float) -> 
         due = broker.clock.time() + max(0.0, delay)
         copies: list[tuple[QueueCursor, int, Record]] = []
         for cursor, offset, held in _valid(broker, receipts):
-            if group.broadcast:  # a broadcast member retries in place, nothing is copied
+            if 0 <= broker.config.max_deliveries <= held.count:
+                cause = f"delivered {held.count} times (max_deliveries={broker.config.max_deliveries})"
+                copies.append((cursor, offset, _dead_letter(group, held, cause)))
+            elif group.broadcast or group.ordered:  # retried in place: an ordered queue waits for it
                 release(broker, cursor, offset)
                 cursor.ready.pop(offset, None)
                 cursor.park(due, held.message, held.count)
-            elif 0 <= broker.config.max_deliveries <= held.count:
-                cause = f"delivered {held.count} times (max_deliveries={broker.config.max_deliveries})"
-                copies.append((cursor, offset, _dead_letter(group, held, cause)))
             else:
                 copies.append((cursor, offset, _retry(group, held, due)))
         _move(broker, copies)
+
 
 def dead_letter(broker: Broker, member: str, receipts: Sequence[str], reason: str) -> None:
     with broker.lock:
@@ -118,13 +129,13 @@ def _valid(broker: Broker, receipts: Sequence[str]) -> list[tuple[QueueCursor, i
 
 def finish(broker: Broker, cursor: QueueCursor, offset: int) -> None:
     held = cursor.held.get(offset)
-    if held is not None and held.member in broker.held_count:
+    if held is not None and held.member in broker.held_count and not held.delivered:
         broker.held_count[held.member] -= 1
     cursor.finish(offset)
 
 def release(broker: Broker, cursor: QueueCursor, offset: int) -> None:
     held = cursor.held.get(offset)
-    if held is not None and held.member in broker.held_count:
+    if held is not None and held.member in broker.held_count and not held.delivered:
         broker.held_count[held.member] -= 1
     cursor.release(offset)
 
@@ -153,12 +164,30 @@ def _take(broker: Broker, member: Member, max_messages: int, now: float) -> list
         if any(held.member != member.ident for held in cursor.held.values()):
             continue  # the queue moved here; its previous holder still finishes what it has
         cursor.unpark_due(now)
+        if group.ordered:
+            _take_in_order(broker, group, member, cursor, now, taken)
+            continue
         for offset in sorted(cursor.ready)[: room - len(taken)]:
             message, count = cursor.ready.pop(offset)
             taken.append(_hand(broker, member, cursor, message, count + 1, now))
         while len(taken) < room and _read(broker, group, member, cursor, room - len(taken), now, taken):
             pass
     return taken
+
+def _take_in_order(broker: Broker, group: Group, member: Member, cursor: QueueCursor, now: float,
+                   taken: list[Delivery]) -> None:
+    """Ordered: the queue's next message only when nothing of it is held or waiting."""
+    if cursor.held or cursor.parked:
+        return
+    if cursor.ready:
+        offset = min(cursor.ready)
+        message, count = cursor.ready.pop(offset)
+        taken.append(_hand(broker, member, cursor, message, count + 1, now))
+        return
+    before = len(taken)
+    while len(taken) == before and _read(broker, group, member, cursor, 1, now, taken):
+        pass
+
 
 def _read(broker: Broker, group: Group, member: Member, cursor: QueueCursor, count: int,
           now: float, taken: list[Delivery]) -> bool:

@@ -27,6 +27,7 @@ class Held:
     member: str
     deadline: float
     count: int  # deliveries of this message so far, this one included
+    delivered: bool = False  # DELIVERED ack: received, no longer counted in the prefetch window
 
 
 class QueueCursor:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import structlog
 
-from broker.delivery import admin, consume
+from broker.delivery import admin, consume, reading
 from broker.delivery.allocation import STRATEGIES, Strategy
 from broker.delivery.config import DeliveryConfig
 from broker.delivery.cursor import DELIVER_AT_HEADER, QueueCursor
@@ -151,6 +151,10 @@ class Broker:
     def dead_letter(self, member: str, receipts: Sequence[str], reason: str) -> None:
         consume.dead_letter(self, member, receipts, reason)
 
+    def delivered(self, member: str, receipts: Sequence[str]) -> None:
+        """DELIVERED: received, not done; they stay leased but leave the prefetch window."""
+        consume.delivered(self, member, receipts)
+
     def extend(self, member: str, receipts: Sequence[str]) -> None:
         """Still working: the leases of ``receipts`` start again (JetStream's in-progress)."""
         consume.extend(self, member, receipts)
@@ -162,25 +166,31 @@ class Broker:
 
     def join(self, group: str, topics: Sequence[str], *, broadcast: bool = False,
              from_end: bool = False, prefetch: int | None = None, lease: float | None = None,
-             tags: Sequence[str] | None = None) -> str:
-        check_name("group", group)
+             tags: Sequence[str] | None = None, ordered: bool = False,
+             from_time: float | None = None) -> str:
+        """A new member of ``group`` (see `BrokerApi.join`). A new group starts at the first kept
+        message, at the end (``from_end``) or at the first message stored at or after
+        ``from_time``. ``ordered``: one message of a queue at a time, and a nacked message holds
+        its queue until it is redelivered (RocketMQ's orderly consumption)."""
+        check_name("group", group, internal=True)  # reading %DLQ%<group> is allowed; writing is not
         if not topics:
             raise DeliveryError(f"group {group!r}: join at least one topic")
         for topic in topics:
-            check_name("topic", topic)
+            check_name("topic", topic, internal=True)
         with self.lock:
             existing = self.group_table.get(group)
-            if existing is not None and existing.broadcast != broadcast:
+            if existing is not None and (existing.broadcast, existing.ordered) != (broadcast, ordered):
                 kind = "broadcasting" if existing.broadcast else "clustering"
+                kind += ", ordered" if existing.ordered else ""
                 raise DeliveryError(f"group {group!r} is {kind}; a member cannot join it otherwise")
-            found = existing or Group(group, broadcast=broadcast, strategy=self.strategy)
+            found = existing or Group(group, broadcast=broadcast, strategy=self.strategy, ordered=ordered)
             self.group_table[group] = found
             member = found.new_member(tuple(topics), prefetch or self.config.prefetch,
                                       lease or self.config.lease, self.clock.time(),
                                       frozenset(tags) if tags else None)
             self.members[member.ident] = member
             self.held_count[member.ident] = 0
-            self._rebalance(found, from_end)
+            self._rebalance(found, from_end, from_time)
             log.info("delivery.member_joined", group=group, member=member.ident, topics=list(topics),
                      queues=len(member.queues))
             return member.ident
@@ -216,19 +226,22 @@ class Broker:
         log.info(event, group=member.group, member=member.ident)
         self.lock.notify_all()
 
-    def _rebalance(self, group: Group, from_end: bool) -> None:
+    def _rebalance(self, group: Group, from_end: bool, from_time: float | None = None) -> None:
         moved = group.rebalance(self.topic_table.queues)
         for member in group.members.values():
             table = member.own if group.broadcast else group.cursors
             for topic, queue in member.queues:
                 if (topic, queue) not in table:
-                    table[(topic, queue)] = self._cursor(group, topic, queue, from_end)
+                    table[(topic, queue)] = self._cursor(group, topic, queue, from_end, from_time)
         if moved:  # the new holder waits until the old one has finished what it holds
             log.info("delivery.rebalanced", group=group.name, generation=group.generation,
                      moved=len(moved), members=len(group.members))
 
-    def _cursor(self, group: Group, topic: str, queue: int, from_end: bool) -> QueueCursor:
+    def _cursor(self, group: Group, topic: str, queue: int, from_end: bool,
+                from_time: float | None) -> QueueCursor:
         saved = None if group.broadcast else self.offsets.get((group.name, topic, queue))
+        if saved is None and from_time is not None:
+            saved = reading.first_at(self, topic, queue, from_time)
         if saved is None:
             saved = self.store.max_offset(topic, queue) if from_end else self.store.min_offset(topic, queue)
         cursor = QueueCursor(next(self.cursor_ids), topic, queue, saved)
@@ -300,6 +313,20 @@ class Broker:
     def dlq_purge(self, group: str) -> int:
         with self.lock:
             return admin.dlq_purge(self, group)
+
+    # -- reading by position (see `reading`) -------------------------------------
+
+    def read(self, topic: str, queue: int, offset: int, max_messages: int) -> list[Delivery]:
+        return reading.read(self, topic, queue, offset, max_messages)
+
+    def queue_offsets(self, topic: str) -> list[list[int]]:
+        return reading.queue_offsets(self, topic)
+
+    def group_offsets(self, group: str, topic: str) -> list[int | None]:
+        return reading.group_offsets(self, group, topic)
+
+    def commit_group(self, group: str, topic: str, offsets: Sequence[int]) -> None:
+        reading.commit_group(self, group, topic, offsets)
 
     # -- lifecycle ------------------------------------------------------------
 

@@ -52,9 +52,10 @@ class Member:
 class Group:
     """A consumer group: its members and, when clustering, its cursors per queue."""
 
-    def __init__(self, name: str, *, broadcast: bool, strategy: Strategy) -> None:
+    def __init__(self, name: str, *, broadcast: bool, strategy: Strategy, ordered: bool = False) -> None:
         self.name = name
         self.broadcast = broadcast
+        self.ordered = ordered  # one message of a queue at a time; a failing one holds its queue
         self.strategy = strategy
         self.members: dict[str, Member] = {}
         self.cursors: dict[QueueKey, QueueCursor] = {}  # clustering: shared by the members

@@ -34,10 +34,20 @@ class Limits:
     handshake_timeout: float = 10.0
     max_fetch_wait: float = 30.0
     stomp_prefetch: int = 100
+    stomp_max_redeliveries: int = 6  # ActiveMQ's maximumRedeliveries; then %DLQ%<group>
+    stomp_redelivery_delay: float = 1.0  # ActiveMQ's initialRedeliveryDelay, seconds
+    stomp_redelivery_multiplier: float = 1.0  # ActiveMQ's backOffMultiplier (1: a constant delay)
 
     def __post_init__(self) -> None:
         for name in ("max_frame_size", "max_connections", "stomp_prefetch"):
             _require(f"broker.{name}", getattr(self, name), int, 1)
+        _require("broker.stomp_max_redeliveries", self.stomp_max_redeliveries, int, 0)
+        _require("broker.stomp_redelivery_delay", self.stomp_redelivery_delay, (int, float), 0)
+        _require("broker.stomp_redelivery_multiplier", self.stomp_redelivery_multiplier, (int, float), 1)
+
+    def stomp_nack_delay(self, delivery_count: int) -> float:
+        """Seconds before a NACKed message comes back, after its ``delivery_count``-th delivery."""
+        return self.stomp_redelivery_delay * self.stomp_redelivery_multiplier ** (delivery_count - 1)
         for name in ("idle_timeout", "slow_client_timeout", "handshake_timeout", "max_fetch_wait"):
             _require(f"broker.{name}", getattr(self, name), (int, float), 0.001)
 

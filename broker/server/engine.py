@@ -79,6 +79,18 @@ class Engine:
     async def next_due(self, group: str) -> float | None:
         return await self._run(self.api.next_due, group)
 
+    async def read(self, topic: str, queue: int, offset: int, max_messages: int) -> list[Delivery]:
+        return await self._run(self.api.read, topic, queue, offset, max_messages)
+
+    async def queue_offsets(self, topic: str) -> list[list[int]]:
+        return await self._run(self.api.queue_offsets, topic)
+
+    async def group_offsets(self, group: str, topic: str) -> list[int | None]:
+        return await self._run(self.api.group_offsets, group, topic)
+
+    async def commit_group(self, group: str, topic: str, offsets: Sequence[int]) -> None:
+        await self._run(self.api.commit_group, group, topic, offsets)
+
     async def topics(self) -> list[TopicInfo]:
         return await self._run(self.api.topics)
 

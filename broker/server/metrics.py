@@ -7,6 +7,7 @@ messages published / delivered / acked per topic, auth failures.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -35,8 +36,20 @@ class ServerMetrics:
                                  registry=r)
         self.timeouts = Counter("broker_connections_timed_out", "Connections closed for idleness "
                                 "or a slow reader", ["listener", "reason"], registry=r)
+        self.bytes_in = Counter("broker_bytes_published", "Body bytes published", ["topic"], registry=r)
+        self.bytes_out = Counter("broker_bytes_delivered", "Body bytes delivered", ["topic"], registry=r)
+        self.redelivered = Counter("broker_messages_redelivered", "Deliveries after the first",
+                                   ["topic"], registry=r)
+        self.dead_lettered = Counter("broker_messages_dead_lettered", "Messages moved to %DLQ%",
+                                     ["group"], registry=r)
+        self.lag = Gauge("broker_group_lag", "Messages a group has not finished, per queue",
+                         ["group", "topic", "queue"], registry=r)
+        self.lag_source: Callable[[], Iterable[tuple[str, str, int, int]]] | None = None
 
     def exposition(self) -> bytes:
+        if self.lag_source is not None:  # lag is read from the engine when scraped
+            for group, topic, queue, lag in self.lag_source():
+                self.lag.labels(group, topic, str(queue)).set(lag)
         return generate_latest(self.registry)
 
     async def serve_http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -97,6 +97,7 @@ async def publish(ctx: Context, request: Mapping[str, Any]) -> Reply:
     placements = await ctx.engine.publish(topic, messages)
     fresh = sum(not p.duplicate for p in placements)
     ctx.metrics.published.labels(topic).inc(fresh)
+    ctx.metrics.bytes_in.labels(topic).inc(sum(len(m.body) for m in messages))
     ctx.metrics.duplicates.labels(topic).inc(len(placements) - fresh)
     return _placements(topic, placements)
 
@@ -152,6 +153,9 @@ async def fetch(ctx: Context, request: Mapping[str, Any]) -> Reply:
     deliveries = await ctx.engine.fetch(member, count, min(float(timeout), ctx.max_fetch_wait))
     for d in deliveries:
         ctx.metrics.delivered.labels(d.topic).inc()
+        ctx.metrics.bytes_out.labels(d.topic).inc(len(d.body))
+        if d.delivery_count > 1:
+            ctx.metrics.redelivered.labels(d.topic).inc()
     return {"messages": [delivery_map(d) for d in deliveries]}
 
 
@@ -170,9 +174,10 @@ async def nack(ctx: Context, request: Mapping[str, Any]) -> Reply:
 
 
 async def dead_letter(ctx: Context, request: Mapping[str, Any]) -> Reply:
-    await ctx.engine.dead_letter(ctx.member(request, "dead_letter"),
-                                 _strings(request, "dead_letter", "receipts"),
-                                 need(request, "dead_letter", "reason", str, ""))
+    member = ctx.member(request, "dead_letter")
+    receipts = _strings(request, "dead_letter", "receipts")
+    await ctx.engine.dead_letter(member, receipts, need(request, "dead_letter", "reason", str, ""))
+    ctx.metrics.dead_lettered.labels(member.partition("/")[0]).inc(len(receipts))
     return {}
 
 
@@ -201,6 +206,37 @@ async def commit(ctx: Context, request: Mapping[str, Any]) -> Reply:
     return {}
 
 
+async def read(ctx: Context, request: Mapping[str, Any]) -> Reply:
+    topic = need(request, "read", "topic", str)
+    ctx.principal.check_consume([topic])
+    queue, offset = need(request, "read", "queue", int), need(request, "read", "offset", int)
+    count = need(request, "read", "max_messages", int, 500)
+    deliveries = await ctx.engine.read(topic, queue, offset, count)
+    return {"messages": [delivery_map(d) for d in deliveries]}
+
+
+async def queue_offsets(ctx: Context, request: Mapping[str, Any]) -> Reply:
+    topic = need(request, "queue_offsets", "topic", str)
+    ctx.principal.check_consume([topic])
+    return {"offsets": await ctx.engine.queue_offsets(topic)}
+
+
+async def group_offsets(ctx: Context, request: Mapping[str, Any]) -> Reply:
+    topic = need(request, "group_offsets", "topic", str)
+    ctx.principal.check_consume([topic])
+    return {"offsets": await ctx.engine.group_offsets(need(request, "group_offsets", "group", str), topic)}
+
+
+async def commit_group(ctx: Context, request: Mapping[str, Any]) -> Reply:
+    topic = need(request, "commit_group", "topic", str)
+    ctx.principal.check_consume([topic])
+    offsets = need(request, "commit_group", "offsets", list)
+    if not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets):
+        raise MalformedFrameError("commit_group: offsets must be a list of int")
+    await ctx.engine.commit_group(need(request, "commit_group", "group", str), topic, offsets)
+    return {}
+
+
 async def topics(ctx: Context, request: Mapping[str, Any]) -> Reply:
     return {"topics": [{"name": t.name, "queues": t.queues, "messages": t.messages}
                        for t in await ctx.engine.topics()]}
@@ -224,9 +260,10 @@ async def ping(ctx: Context, request: Mapping[str, Any]) -> Reply:
 Operation = Callable[[Context, Mapping[str, Any]], Awaitable[Reply]]
 OPERATIONS: dict[str, Operation] = {
     "publish": publish, "publish_to_group": publish_to_group, "extend": extend, "pending": pending,
-    "subscribe": subscribe, "unsubscribe": unsubscribe, "fetch": fetch,
+    "read": read, "queue_offsets": queue_offsets, "group_offsets": group_offsets,
+    "commit_group": commit_group, "subscribe": subscribe, "unsubscribe": unsubscribe, "fetch": fetch,
     "ack": ack, "nack": nack, "dead_letter": dead_letter, "commit": commit, "topics": topics,
     "groups": groups, "lag": lag, "ping": ping,
 }
 #: operations that may wait long: they run beside the connection's other requests
-CONCURRENT = frozenset({"fetch"})
+CONCURRENT = frozenset({"fetch", "read"})

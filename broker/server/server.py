@@ -53,7 +53,12 @@ class BrokerServer:
     def open_connections(self) -> int:
         return len(self._sessions)
 
+    def _lag(self) -> list[tuple[str, str, int, int]]:
+        api = self.engine.api
+        return [(group.name, q.topic, q.queue, q.lag) for group in api.groups() for q in api.lag(group.name)]
+
     async def start(self) -> None:
+        self.metrics.lag_source = self._lag
         tls = self.config.tls.context() if self.config.tls else None
         host = self.config.host
         self._servers["native"] = await asyncio.start_server(

@@ -91,7 +91,7 @@ class StompHandlers:
         subscription = StompSubscription(
             sub_id, destination, _mode(ack_mode), prefetch, member, engine, self._message,
             lambda: f"{self.session.session_id}-{next(self._ack_ids)}",
-            self.session.conn.limits.max_fetch_wait)
+            self.session.conn.limits)
         self.subscriptions[sub_id] = subscription
         subscription.start(self.session.report_failure)
 

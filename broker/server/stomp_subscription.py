@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from broker.server.config import Limits
 from broker.server.engine import Delivery, Engine
 from broker.server.errors import MalformedFrameError, RequestError
 
@@ -49,7 +50,7 @@ class StompSubscription:
 
     def __init__(self, sub_id: str, destination: Destination, ack_mode: AckMode, prefetch: int,
                  member: str, engine: Engine, send: SendMessage, next_ack_id: Callable[[], str],
-                 max_wait: float) -> None:
+                 limits: Limits) -> None:
         self.id = sub_id
         self.destination = destination
         self.ack_mode = ack_mode
@@ -58,7 +59,8 @@ class StompSubscription:
         self.engine = engine
         self._send = send
         self._next_ack_id = next_ack_id
-        self._wait = min(FETCH_WAIT, max_wait)
+        self._wait = min(FETCH_WAIT, limits.max_fetch_wait)
+        self.limits = limits
         self.pending: OrderedDict[str, Delivery] = OrderedDict()
         self._by_message_id: dict[str, str] = {}
         self._window_open = asyncio.Event()
@@ -110,12 +112,23 @@ class StompSubscription:
             self._by_message_id.pop(delivery.message_id, None)
         if not deliveries:
             return
-        receipts = [d.receipt for d in deliveries]
-        if redeliver:
-            await self.engine.nack(self.member, receipts, 0.0)
-        else:
-            await self.engine.ack(self.member, receipts)
+        if not redeliver:
+            await self.engine.ack(self.member, [d.receipt for d in deliveries])
+        for delivery in deliveries if redeliver else ():
+            await self._nacked(delivery)
         self._window_open.set()
+
+    async def _nacked(self, delivery: Delivery) -> None:
+        """NACK follows the redelivery policy: delivered again after its delay, and after
+        ``stomp_max_redeliveries`` redeliveries to ``%DLQ%<group>`` with the cause."""
+        redeliveries = delivery.delivery_count - 1
+        if redeliveries >= self.limits.stomp_max_redeliveries:
+            reason = (f"NACKed after {redeliveries} redeliveries "
+                      f"(stomp_max_redeliveries={self.limits.stomp_max_redeliveries})")
+            await self.engine.dead_letter(self.member, [delivery.receipt], reason)
+        else:
+            delay = self.limits.stomp_nack_delay(delivery.delivery_count)
+            await self.engine.nack(self.member, [delivery.receipt], delay)
 
     async def stop(self) -> None:
         """Stop delivering and leave the group: unacknowledged messages are redelivered."""

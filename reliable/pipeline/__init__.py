@@ -30,7 +30,7 @@ from reliable.commit import OffsetWatermark
 from reliable.handler import Handler
 from reliable.outcome import Result
 from reliable.pipeline.lease import InProgress, Leased
-from reliable.pipeline.observe import Observer, Observers, Report
+from reliable.pipeline.observe import Metrics, Observer, Observers, Report
 from reliable.pipeline.steps import Step, Steps, Work
 from reliable.pipeline.transaction import each_in_transaction, together_in_transaction
 from reliable.runtime import Runtime
@@ -51,7 +51,7 @@ class Pipeline:
     def __init__(self, handler: Handler, runtime: Runtime, offsets: OffsetWatermark | None = None,
                  in_progress: InProgress | None = None) -> None:
         self.handler = handler
-        self.observers = Observers([Report(runtime.counters)])
+        self.observers = Observers([Report(runtime.counters), Metrics()])
         self.steps = Steps(handler, runtime, offsets, self.observers)
         self.guard = self.steps.guard
         run: Step

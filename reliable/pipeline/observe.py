@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import structlog
 
+from reliable import metrics
 from reliable.handler import Handler
 from reliable.log import Counters
 from reliable.outcome import Outcome, Result
@@ -64,6 +65,17 @@ class Report(Observer):
                 _log_failure(handler, result)
         log.debug("messages_handled", handler=handler.name, group=handler.group,
                   **{o.value: n for o, n in tally.items()})
+
+
+class Metrics(Observer):
+    """Prometheus counters (`reliable.metrics`): one per outcome, and in-process retries."""
+
+    def outcomes(self, handler: Handler, results: Sequence[Result]) -> None:
+        for outcome, n in Counter(r.outcome for r in results).items():
+            metrics.count(handler.name, outcome.value, n)
+
+    def retried(self, handler: Handler, error: BaseException, attempt: int) -> None:
+        metrics.count(handler.name, "retried")
 
 
 def _log_failure(handler: Handler, result: Result) -> None:

@@ -134,6 +134,17 @@ def read(connection: Connection, table: str, name: str | None = None) -> list[Ro
     return [RowDeadLetter(**_fields(row._mapping)) for row in connection.execute(statement)]
 
 
+def tokens_in(connection: Connection, table: str, name: str, tokens: Sequence[str]) -> set[str]:
+    """Which of ``tokens`` already have a dead letter of wrapper ``name`` in ``table``."""
+    t = table_for(table)
+    found: set[str] = set()
+    for start in range(0, len(tokens), 1000):
+        part = list(tokens[start:start + 1000])
+        statement = select(t.c.token).where(t.c.name == name, t.c.token.in_(part))
+        found.update(row[0] for row in connection.execute(statement))
+    return found
+
+
 def row_json(row: Mapping[str, Any]) -> str:
     """A row as JSON; values JSON cannot hold (timestamps, decimals, bytes) become strings."""
     return json.dumps(dict(row), default=str, ensure_ascii=False, separators=(",", ":"))

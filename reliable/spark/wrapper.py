@@ -177,8 +177,13 @@ class BatchWriter:
 
     def _poison(self, prepared: PreparedBatch, env: Resolved) -> list[PoisonRow]:
         """The poison rows to dead-letter: not those whose token is already recorded (a bad
-        copy of a row processed before is a duplicate, not poison)."""
-        known = env.store.known(self.name, [p.token for p in prepared.poison if p.token])
+        copy of a row processed before is a duplicate, not poison), nor those whose token is
+        already in the dead-letter table (a copy of a poison row is dead-lettered once)."""
+        tokens = [p.token for p in prepared.poison if p.token]
+        known = env.store.known(self.name, tokens)
+        if tokens and self.options.dead_letters is not None:  # and not one dead-lettered before
+            with env.store.transaction() as tx:
+                known |= deadletters.tokens_in(tx.connection, self.options.dead_letters, self.name, tokens)
         return [p for p in prepared.poison if p.token not in known]
 
     def _record_poison(

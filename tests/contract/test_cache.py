@@ -158,3 +158,12 @@ def test_unknown_scheme_names_url_and_allowed(url: str) -> None:
     with pytest.raises(UnsupportedURLError) as raised:
         open_cache(url)
     assert url in str(raised.value) and "redis" in str(raised.value)
+
+
+def test_two_deployments_sharing_one_redis_keep_apart_by_prefix(redis_url, unique):
+    from backends.cache import open_cache
+
+    eu, us = open_cache(redis_url, prefix=f"eu-{unique}"), open_cache(redis_url, prefix=f"us-{unique}")
+    eu.remember("billing", ["t1"], 60)
+    assert eu.seen("billing", ["t1"]) == {"t1"}
+    assert us.seen("billing", ["t1"]) == set()  # same group, same token: another deployment's

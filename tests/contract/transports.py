@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.transports.test_kafka_suite import kafka
+from tests.transports.test_nats_suite import nats
 from tests.transports.test_reliable_suite import reliable
 
 Place = tuple[str, dict[str, Any]]
@@ -37,6 +38,7 @@ TRANSPORTS: dict[str, Callable[[pytest.FixtureRequest, Path, str], Place]] = {
     "embedded": embedded,
     "redis": redis,
     "kafka": kafka,
+    "nats": nats,
     "reliable": reliable,
 }
 

@@ -92,7 +92,6 @@ def test_environment_beats_file(tmp_path):
         "RELIABLE_STORE__URL": "sqlite:///b.db",
         "RELIABLE_RETRY__MAX_REDELIVERIES": "7",
         "RELIABLE_RETRY__DELAY_LEVELS": '["5s", "1m"]',
-        "RELIABLE_UNRELATED": "ignored",
     }
     settings = Settings.load(path, env=env)
     assert settings.store.url == "sqlite:///b.db"
@@ -198,3 +197,23 @@ def test_unknown_url_schemes_name_file_key_value_and_schemes(tmp_path, section, 
     assert allowed in message
     env_message = load_error(None, {f"RELIABLE_{section.upper()}__URL": url})
     assert env_message.startswith(f"environment variable RELIABLE_{section.upper()}__URL") and allowed in env_message
+
+
+def test_a_cache_ttl_longer_than_the_token_ttl_is_refused(tmp_path):
+    path = tmp_path / "reliable.toml"
+    path.write_text('[cache]\nttl = "30d"\n[store]\ntoken_ttl = "7d"\n')
+    with pytest.raises(SettingsError, match=r"reliable.toml: cache.ttl = 2592000s is longer than store.token_ttl = 604800s"):
+        Settings.load(path, env={})
+
+
+def test_a_reliable_variable_naming_no_setting_is_reported_with_the_closest_name():
+    with pytest.raises(SettingsError, match="RELIABLE_STOR__URL names no setting.*did you mean RELIABLE_STORE__URL"):
+        Settings.load(None, env={"RELIABLE_STOR__URL": "sqlite:///x.db"})
+    with pytest.raises(SettingsError, match="did you mean RELIABLE_LOG__LEVEL"):
+        Settings.load(None, env={"RELIABLE_LOG_LEVEL": "debug"})
+
+
+def test_cache_prefix_is_checked():
+    assert Settings.load(None, env={"RELIABLE_CACHE__PREFIX": "billing-eu"}).cache.prefix == "billing-eu"
+    with pytest.raises(SettingsError, match="cache.prefix = 'a:b' is not allowed"):
+        Settings.load(None, env={"RELIABLE_CACHE__PREFIX": "a:b"})

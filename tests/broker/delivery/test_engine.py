@@ -152,3 +152,48 @@ def test_bad_names_and_arguments_are_named(broker: Broker) -> None:
         broker.join("g", [])
     with pytest.raises(UnknownMemberError, match="nobody"):
         broker.fetch("nobody", 1, 0)
+
+
+def test_delivered_acks_widen_the_prefetch_window_but_keep_the_lease(open_broker: Open, clock: FakeClock) -> None:
+    broker = open_broker(prefetch=2, queues=1, lease=10.0)
+    broker.publish("orders", messages(5))
+    member = broker.join("g", ["orders"])
+    first = broker.fetch(member, 10, 0)
+    assert len(first) == 2 and broker.fetch(member, 10, 0) == []
+    broker.delivered(member, [d.receipt for d in first])  # received, not done
+    second = broker.fetch(member, 10, 0)
+    assert [d.message_id for d in second] == ["m2", "m3"]
+    clock.advance(11)  # the DELIVERED ones are still leased: they come back when the lease ends
+    again = broker.fetch(member, 10, 0)
+    assert {d.message_id for d in again} >= {"m0", "m1"} and all(
+        d.delivery_count == 2 for d in again if d.message_id in ("m0", "m1"))
+
+
+def test_a_new_group_can_start_at_a_time(broker: Broker, clock: FakeClock) -> None:
+    broker.publish("orders", messages(3, prefix="old"))
+    clock.advance(60)
+    since = clock.time()
+    broker.publish("orders", messages(2, prefix="new"))
+    member = broker.join("late", ["orders"], from_time=since)
+    assert sorted(d.message_id for d in drain(broker, member)) == ["new0", "new1"]
+
+
+def test_ordered_consumption_holds_a_queue_behind_a_failing_message(open_broker: Open, clock: FakeClock) -> None:
+    broker = open_broker(queues=1)
+    broker.publish("orders", messages(4, key="customer-1"))
+    member = broker.join("g", ["orders"], ordered=True)
+    (first,) = broker.fetch(member, 10, 0)  # one message of the queue at a time
+    assert first.message_id == "m0" and broker.fetch(member, 10, 0) == []
+    broker.nack(member, [first.receipt], 5.0)  # fails: retried in place, the queue waits
+    assert broker.fetch(member, 10, 0) == []
+    clock.advance(5)
+    (retried,) = broker.fetch(member, 10, 0)
+    assert (retried.message_id, retried.delivery_count) == ("m0", 2)
+    order = [retried.message_id]
+    broker.ack(member, [retried.receipt])
+    while deliveries := broker.fetch(member, 10, 0):
+        order += [d.message_id for d in deliveries]
+        broker.ack(member, [d.receipt for d in deliveries])
+    assert order == ["m0", "m1", "m2", "m3"]
+    with pytest.raises(DeliveryError, match="ordered"):
+        broker.join("g", ["orders"])  # a member must consume the group's way

@@ -12,6 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 STARTED = re.compile(r"native_port=(\d+)")
+STOMP = re.compile(r"stomp_port=(\d+)")
+METRICS = re.compile(r"metrics_port=(\d+)")
 
 
 class ServerProcess:
@@ -21,6 +23,8 @@ class ServerProcess:
         self.data_dir = data_dir
         self.extra = extra
         self.port = port
+        self.stomp_port = 0
+        self.metrics_port = 0
         self.process: subprocess.Popen[str] | None = None
         self.log = data_dir.parent / f"{data_dir.name}-server.log"
 
@@ -40,6 +44,10 @@ class ServerProcess:
             found = STARTED.findall(self.log.read_text())
             if found and self.process.poll() is None and (self.port == 0 or int(found[-1]) == self.port):
                 self.port = int(found[-1])
+                stomp = STOMP.findall(self.log.read_text())
+                self.stomp_port = int(stomp[-1]) if stomp else 0
+                metrics = METRICS.findall(self.log.read_text())
+                self.metrics_port = int(metrics[-1]) if metrics else 0
                 return self
             if self.process.poll() is not None:
                 raise RuntimeError(f"the broker server exited:\n{self.log.read_text()[-3000:]}")

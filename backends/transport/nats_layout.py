@@ -1,0 +1,123 @@
+"""Where `nats://` keeps things in JetStream: streams, subjects, consumers, headers.
+
+A topic ``orders`` read by group ``billing``, in namespace ``reliable``:
+
+=================================  ===============================================
+stream ``reliable_T_orders``       subjects ``reliable.t.orders`` and
+                                   ``reliable.t.orders.>``, limits retention
+subject ``reliable.t.orders``      the messages as published; every group reads it
+subject ``reliable.t.orders.g.billing``
+                                   ``publish_to_group``: read by ``billing`` alone
+consumer ``m_billing``             durable pull consumer of ``billing`` on the
+                                   published messages (members share its work)
+consumer ``r_billing``             the same on the group's own subject
+stream ``reliable_DLQ_billing``    subject ``reliable.dlq.billing``: POISON
+                                   messages with their failure
+=================================  ===============================================
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+
+from backends.errors import ConfigurationError, TransportError
+from backends.transport.base import ORIGIN_TOPIC_HEADER, Capabilities
+from backends.types import Message
+
+CAPABILITIES = Capabilities(consumer_offsets=False, drain=True, native_delay=True, dead_letter_queue=True)
+
+ID_HEADER = "x-reliable-id"
+KEY_HEADER = "x-reliable-key"
+DUE_HEADER = "x-reliable-due"
+"""When a delayed publish falls due: a member handed it earlier naks it until then."""
+MSG_ID_HEADER = "Nats-Msg-Id"
+"""JetStream's de-duplication id: a second publish within the stream's duplicate window is dropped."""
+INTERNAL_HEADERS = frozenset({ID_HEADER, KEY_HEADER, DUE_HEADER, MSG_ID_HEADER})
+
+_LEGAL = re.compile(r"[A-Za-z0-9_-]+")
+MAX_NAME_LENGTH = 200
+
+
+def check_nats_name(kind: str, name: str) -> None:
+    """A `TransportError` unless ``name`` is a legal subject token and stream/consumer name part."""
+    if not _LEGAL.fullmatch(name) or len(name) > MAX_NAME_LENGTH:
+        raise TransportError(
+            f"{kind} name {name!r}: nats:// allows letters, digits, '_' and '-' "
+            f"(at most {MAX_NAME_LENGTH} characters)"
+        )
+
+
+def check_namespace(namespace: str) -> str:
+    if not isinstance(namespace, str) or not _LEGAL.fullmatch(namespace):
+        raise ConfigurationError(
+            f"transport option namespace={namespace!r}: letters, digits, '_' and '-' only"
+        )
+    return namespace
+
+
+class Layout:
+    """The JetStream names of one namespace."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = check_namespace(namespace)
+
+    def stream(self, topic: str) -> str:
+        return f"{self.namespace}_T_{topic}"
+
+    def subject(self, topic: str) -> str:
+        return f"{self.namespace}.t.{topic}"
+
+    def stream_subjects(self, topic: str) -> list[str]:
+        return [self.subject(topic), f"{self.subject(topic)}.>"]
+
+    def group_subject(self, topic: str, group: str) -> str:
+        return f"{self.subject(topic)}.g.{group}"
+
+    def dead_letter_stream(self, group: str) -> str:
+        return f"{self.namespace}_DLQ_{group}"
+
+    def dead_letter_subject(self, group: str) -> str:
+        return f"{self.namespace}.dlq.{group}"
+
+    @staticmethod
+    def consumers(group: str) -> tuple[str, str]:
+        """The group's durable consumers of a topic stream: published messages, its own subject."""
+        return f"m_{group}", f"r_{group}"
+
+
+def new_message_id() -> str:
+    return uuid.uuid4().hex
+
+
+def due_at(headers: Mapping[str, str]) -> float:
+    """When a delayed publish falls due (0: at once)."""
+    try:
+        return float(headers.get(DUE_HEADER, 0) or 0)
+    except ValueError:
+        return 0.0
+
+
+def to_message(
+    topic: str, sequence: int, payload: bytes, headers: Mapping[str, str], delivered: int,
+    published_at: float, receipt: str,
+) -> Message:
+    """A delivered `Message`: internal headers become its fields, the stream sequence its offset.
+
+    ``attempt`` is JetStream's delivery count; a delayed publish is handed out
+    once early and nak'ed until due, a delivery it does not count.
+    """
+    deferred = 1 if DUE_HEADER in headers and delivered > 1 else 0
+    return Message(
+        id=headers.get(ID_HEADER) or headers.get(MSG_ID_HEADER) or f"{topic}-{sequence}",
+        topic=headers.get(ORIGIN_TOPIC_HEADER, topic),
+        queue=0,
+        offset=sequence,
+        payload=payload,
+        key=headers.get(KEY_HEADER),
+        headers={name: value for name, value in headers.items() if name not in INTERNAL_HEADERS},
+        attempt=delivered - deferred,
+        published_at=published_at,
+        receipt=receipt,
+    )

@@ -1,0 +1,247 @@
+"""One member of a group on `nats://`: durable pull consumers, acks through reply subjects.
+
+Per topic the group has two durable pull consumers on the topic's stream (see
+`nats_layout`): one on the published messages, one on the group's own
+subject. Every member of the group pulls from the same consumers, so
+JetStream shares the work among them. A message's ``receipt`` is its ack
+reply subject; acknowledging publishes JetStream's ack protocol to it:
+``+ACK``, ``-NAK {"delay": ns}``, ``+TERM``, ``+WPI``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import nats.errors
+import structlog
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.client import JetStreamContext
+
+from backends.clock import Clock
+from backends.errors import TransportError
+from backends.transport.base import (
+    ORIGIN_TOPIC_HEADER,
+    SubscribeOptions,
+    Subscription,
+    origin_topic,
+)
+from backends.transport.kafka_layout import failure_headers
+from backends.transport.nats_client import Connection
+from backends.transport.nats_layout import (
+    CAPABILITIES,
+    ID_HEADER,
+    INTERNAL_HEADERS,
+    KEY_HEADER,
+    Layout,
+    check_nats_name,
+    due_at,
+    to_message,
+)
+from backends.types import Failure, Message
+
+log = structlog.get_logger(__name__)
+
+POLL = 0.5
+"""Seconds the waiting pull of a round waits at most (a round asks every consumer once)."""
+NO_WAIT = 0.01
+"""Seconds the other pulls of a round wait: long enough for the server's answer on a LAN."""
+ACK, TERM, WPI = b"+ACK", b"+TERM", b"+WPI"
+
+
+class NatsSubscription(Subscription):
+    """A member of a group on JetStream (see `backends.transport.nats_transport`)."""
+
+    def __init__(
+        self,
+        group: str,
+        topics: Sequence[str],
+        options: SubscribeOptions,
+        *,
+        connection: Connection,
+        layout: Layout,
+        ensure_stream: Callable[[str], None],
+        ack_wait: float,
+        clock: Clock,
+    ) -> None:
+        super().__init__(group, topics, options)
+        check_nats_name("group", group)
+        for topic in self.topics:
+            check_nats_name("topic", topic)
+        self.capabilities = CAPABILITIES
+        self._connection = connection
+        self._layout = layout
+        self._clock = clock
+        self._ack_wait = options.lease or ack_wait
+        self._lock = threading.Lock()
+        self._open: set[str] = set()
+        self._closed = False
+        self._pulls: list[tuple[str, Any]] = []
+        for topic in self.topics:
+            ensure_stream(topic)
+            main, own = layout.consumers(group)
+            for durable, subject in ((main, layout.subject(topic)), (own, layout.group_subject(topic, group))):
+                self._pulls.append((topic, connection.guarded(
+                    partial(self._pull, topic, durable, subject), f"subscribe {group!r} to {topic!r}"
+                )))
+        self._next = 0
+
+    async def _pull(self, topic: str, durable: str, subject: str) -> JetStreamContext.PullSubscription:
+        config = ConsumerConfig(
+            durable_name=durable,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self._ack_wait,
+            max_deliver=-1,  # the framework's redelivery policy decides when a message is poison
+            max_ack_pending=-1,
+            filter_subject=subject,
+        )
+        stream = self._layout.stream(topic)
+        await self._connection.js.add_consumer(stream, config)
+        return await self._connection.js.pull_subscribe_bind(durable, stream)
+
+    def fetch(self, max_messages: int, timeout: float) -> list[Message]:
+        self._check_fetch(max_messages)
+        self._check_open()
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            # every consumer but the last of the round is asked without waiting; the last waits
+            start, self._next = self._next, (self._next + 1) % len(self._pulls)
+            for step in range(len(self._pulls)):
+                topic, pull = self._pulls[(start + step) % len(self._pulls)]
+                last = step == len(self._pulls) - 1
+                wait = max(NO_WAIT, min(POLL, deadline - time.monotonic())) if last else NO_WAIT
+                messages = self._accept(topic, self._connection.guarded(
+                    partial(_fetch, pull, max_messages, wait), f"fetch for group {self.group!r}", wait + 10
+                ))
+                if messages:
+                    return messages
+            if time.monotonic() >= deadline:
+                return []
+
+    def ack(self, messages: Sequence[Message]) -> None:
+        """STANDARD: ``+ACK`` each, then one flush so the server has them before we return."""
+        self._reply([(self._receipt(m), ACK) for m in messages], "ack")
+
+    def nack(self, message: Message, delay: float) -> None:
+        """REDELIVERED: ``-NAK`` with the delay; JetStream redelivers then and counts it."""
+        if delay < 0:
+            raise TransportError(f"nack delay {delay!r}: must be >= 0")
+        self._reply([(self._receipt(message), _nak(delay))], "nack")
+        log.info("transport.nack", group=self.group, topic=message.topic, offset=message.offset,
+                 attempt=message.attempt, delay=delay)
+
+    def dead_letter(self, message: Message, failure: Failure) -> None:
+        """POISON: the message with its failure to the group's dead-letter stream, then ``+TERM``."""
+        receipt = self._receipt(message)
+        headers = {**message.headers, **failure_headers(failure, message), ID_HEADER: message.id,
+                   ORIGIN_TOPIC_HEADER: origin_topic(message)}
+        if message.key is not None:
+            headers[KEY_HEADER] = message.key
+        subject = self._layout.dead_letter_subject(self.group)
+        self._connection.guarded(
+            lambda: self._connection.js.publish(subject, message.payload, headers=headers),
+            f"dead letter for group {self.group!r}",
+        )
+        self._reply([(receipt, TERM)], "term")
+        log.info("transport.dead_letter", group=self.group, topic=message.topic, offset=message.offset,
+                 attempt=message.attempt, error_type=failure.error_type)
+
+    def in_progress(self, messages: Sequence[Message]) -> None:
+        """``+WPI``: JetStream restarts each message's AckWait."""
+        self._reply([(self._receipt(m), WPI) for m in messages], "in progress", settle=False)
+
+    def pending(self) -> int:
+        """Published messages not yet handed out plus handed out and not acked, per consumer."""
+        total = 0
+        for _topic, pull in self._pulls:
+            info = self._connection.guarded(pull.consumer_info, f"pending of group {self.group!r}")
+            total += info.num_pending + info.num_ack_pending
+        return total
+
+    def close(self) -> None:
+        """Leave: what this member holds unacknowledged is nak'ed to the other members at once."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            held, self._open = list(self._open), set()
+        try:
+            if held:
+                self._send([(receipt, _nak(0.0)) for receipt in held], "hand back")
+            for _, pull in self._pulls:
+                self._connection.guarded(pull.unsubscribe, "unsubscribe")
+        except Exception as exc:  # leaving over a dead connection: the AckWait hands them back
+            log.info("transport.close_unclean", group=self.group, error=str(exc))
+
+    # helpers
+
+    def _accept(self, topic: str, records: list[Msg]) -> list[Message]:
+        now = self._clock.time()
+        delivered: list[Message] = []
+        for record in records:
+            headers = dict(record.headers or {})
+            due = due_at(headers)
+            if due > now:  # a delayed publish handed out early: wait inside JetStream until due
+                self._send([(record.reply, _nak(due - now))], "defer")
+                continue
+            meta = record.metadata
+            delivered.append(to_message(
+                topic, meta.sequence.stream, record.data, headers, meta.num_delivered,
+                meta.timestamp.timestamp(), record.reply,
+            ))
+        with self._lock:
+            self._open.update(m.receipt for m in delivered if m.receipt)
+        return delivered
+
+    def _receipt(self, message: Message) -> str:
+        receipt = message.receipt or ""
+        if not receipt.startswith("$JS.ACK."):
+            raise TransportError(
+                f"message {message.id!r} has no nats:// receipt {receipt!r}: "
+                "acknowledge messages fetched from this transport"
+            )
+        return receipt
+
+    def _reply(self, replies: list[tuple[str, bytes]], doing: str, settle: bool = True) -> None:
+        self._check_open()
+        self._send(replies, doing)
+        if settle:
+            with self._lock:
+                self._open.difference_update(receipt for receipt, _ in replies)
+
+    def _send(self, replies: list[tuple[str, bytes]], doing: str) -> None:
+        client = self._connection.client
+
+        async def send() -> None:
+            for receipt, body in replies:
+                await client.publish(receipt, body)
+            await client.flush(timeout=max(1, round(self._connection.request_timeout)))
+
+        self._connection.guarded(send, f"{doing} for group {self.group!r}")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError(f"subscription of group {self.group!r} is closed")
+
+
+async def _fetch(pull: JetStreamContext.PullSubscription, batch: int, wait: float) -> list[Msg]:
+    """Up to ``batch`` messages; none when the pull expired empty (nats-py raises a timeout for it)."""
+    try:
+        return await pull.fetch(batch, timeout=wait)
+    except (TimeoutError, nats.errors.TimeoutError):
+        return []
+
+
+def _nak(delay: float) -> bytes:
+    if delay <= 0:
+        return b"-NAK"
+    return b"-NAK " + json.dumps({"delay": int(delay * 1_000_000_000)}).encode()
+
+
+__all__ = ["INTERNAL_HEADERS", "NatsSubscription"]

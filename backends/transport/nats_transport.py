@@ -1,0 +1,235 @@
+"""`nats://host:port[,host:port]`: NATS JetStream through nats-py.
+
+Each topic is a stream (limits retention: every group reads every message);
+each group has durable pull consumers per topic whose work its members share
+(`nats_layout`). JetStream does the rest natively:
+
+* ``attempt`` is JetStream's delivery count (``num_delivered``);
+* a fetched message stays with its member for AckWait (the ``lease``, or the
+  transport's ``visibility_timeout``), restarted by ``in_progress`` (``+WPI``);
+* ``nack(delay)`` is ``-NAK`` with the delay: redelivered then, counted;
+* ``dead_letter`` publishes the message with its failure to the group's
+  dead-letter stream (waiting for the stream's ack), then ``+TERM``;
+* ``publish`` sets ``Nats-Msg-Id`` to the message id (de-duplicated within the
+  stream's duplicate window); ``publish_to_group`` goes to the group's subject;
+* ``pending`` is the consumers' ``num_pending + num_ack_pending``.
+
+MaxDeliver is unlimited: the framework's redelivery policy decides when a
+message is poison. A publish with ``delay`` carries its due time in a header:
+a member handed it earlier naks it until then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import nats.js.errors
+import structlog
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+
+from backends.clock import SYSTEM_CLOCK, Clock
+from backends.errors import ConfigurationError, TransportError
+from backends.transport.base import (
+    ORIGIN_TOPIC_HEADER,
+    SubscribeOptions,
+    Transport,
+    check_name,
+    check_outgoing,
+)
+from backends.transport.nats_client import Connection, Servers
+from backends.transport.nats_layout import (
+    CAPABILITIES,
+    DUE_HEADER,
+    ID_HEADER,
+    KEY_HEADER,
+    MSG_ID_HEADER,
+    Layout,
+    check_nats_name,
+    new_message_id,
+)
+from backends.transport.nats_subscription import NatsSubscription
+from backends.types import OutgoingMessage
+
+log = structlog.get_logger(__name__)
+
+
+class NatsTransport(Transport):
+    """A `Transport` over NATS JetStream.
+
+    Options: ``namespace`` (prefix of every stream and subject, default
+    ``reliable``), ``visibility_timeout`` (AckWait in seconds, default 30),
+    ``request_timeout`` (seconds a request may take before the server counts
+    as unreachable, default 10), ``duplicate_window`` (seconds JetStream
+    remembers a ``Nats-Msg-Id``, default 120), ``replicas`` (stream replicas
+    on a cluster, default 1).
+    """
+
+    capabilities = CAPABILITIES
+
+    def __init__(
+        self,
+        url: str,
+        clock: Clock = SYSTEM_CLOCK,
+        *,
+        namespace: str = "reliable",
+        visibility_timeout: float | str = 30.0,
+        request_timeout: float | str = 10.0,
+        duplicate_window: float | str = 120.0,
+        replicas: int | str = 1,
+    ) -> None:
+        servers = Servers.parse(url)
+        self._layout = Layout(namespace)
+        self._clock = clock
+        self._ack_wait = seconds("visibility_timeout", visibility_timeout)
+        self._duplicate_window = seconds("duplicate_window", duplicate_window)
+        self._replicas = _replicas(replicas)
+        self._connection = Connection(servers, seconds("request_timeout", request_timeout))
+        self._streams: set[str] = set()
+        self._subscriptions: list[NatsSubscription] = []
+        self._closed = False
+
+    def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        self._check_open()
+        check_name("topic", topic)
+        check_nats_name("topic", topic)
+        check_outgoing(messages)
+        self.ensure_stream(topic)
+        self._send(self._layout.subject(topic), messages, {}, dedupe=True)
+
+    def publish_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        """To the group's own subject; never de-duplicated (a replay repeats a published id)."""
+        self._check_open()
+        for kind, name in (("group", group), ("topic", topic)):
+            check_name(kind, name)
+            check_nats_name(kind, name)
+        check_outgoing(messages)
+        self.ensure_stream(topic)
+        self._send(self._layout.group_subject(topic, group), messages, {ORIGIN_TOPIC_HEADER: topic}, dedupe=False)
+
+    def subscribe(
+        self, group: str, topics: Sequence[str], options: SubscribeOptions | None = None
+    ) -> NatsSubscription:
+        self._check_open()
+        check_name("group", group)
+        check_nats_name("group", group)
+        self.ensure_dead_letter_stream(group)
+        subscription = NatsSubscription(
+            group, topics, options or SubscribeOptions(), connection=self._connection, layout=self._layout,
+            ensure_stream=self.ensure_stream, ack_wait=self._ack_wait, clock=self._clock,
+        )
+        self._subscriptions.append(subscription)
+        return subscription
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for subscription in self._subscriptions:
+            subscription.close()
+        self._connection.close()
+
+    @property
+    def connected(self) -> bool:
+        return self._connection.connected
+
+    @property
+    def reconnects(self) -> int:
+        """How many times the connection was lost and made again."""
+        return self._connection.reconnects
+
+    def purge(self) -> None:
+        """Delete every stream of this namespace (tests' clean-up)."""
+        prefix = f"{self._layout.namespace}_"
+        js = self._connection.js
+
+        async def delete() -> None:
+            for name in await js.streams_info():
+                if name.config.name and name.config.name.startswith(prefix):
+                    await js.delete_stream(name.config.name)
+
+        self._connection.guarded(delete, "purge")
+        self._streams.clear()
+
+    def ensure_stream(self, topic: str) -> None:
+        """The topic's stream, created on first use (file storage, limits retention)."""
+        stream = self._layout.stream(topic)
+        if stream not in self._streams:
+            self._add_stream(stream, self._layout.stream_subjects(topic))
+
+    def ensure_dead_letter_stream(self, group: str) -> None:
+        stream = self._layout.dead_letter_stream(group)
+        if stream not in self._streams:
+            self._add_stream(stream, [self._layout.dead_letter_subject(group)])
+
+    def _add_stream(self, stream: str, subjects: list[str]) -> None:
+        config = StreamConfig(
+            name=stream,
+            subjects=subjects,
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            discard=DiscardPolicy.OLD,
+            duplicate_window=self._duplicate_window,
+            num_replicas=self._replicas,
+        )
+        js = self._connection.js
+
+        async def add() -> None:
+            try:
+                await js.add_stream(config)
+            except nats.js.errors.BadRequestError as exc:
+                if exc.err_code != 10058:  # "stream name already in use": made by another client
+                    raise
+
+        self._connection.guarded(add, f"create stream {stream!r}")
+        self._streams.add(stream)
+
+    def _send(
+        self, subject: str, messages: Sequence[OutgoingMessage], extra: dict[str, str], *, dedupe: bool
+    ) -> None:
+        now = self._clock.time()
+        js = self._connection.js
+        prepared = []
+        for message in messages:
+            headers = {**message.headers, **extra, ID_HEADER: message.message_id or new_message_id()}
+            if message.key is not None:
+                headers[KEY_HEADER] = message.key
+            if message.delay > 0:
+                headers[DUE_HEADER] = repr(now + message.delay)
+            if dedupe and message.message_id:
+                headers[MSG_ID_HEADER] = message.message_id
+            prepared.append((message.payload, headers))
+
+        timeout = self._connection.request_timeout
+
+        async def send() -> None:
+            # every publish in flight together, then every stream ack awaited
+            acks = [await js.publish_async(subject, payload, headers=headers) for payload, headers in prepared]
+            await asyncio.wait_for(asyncio.gather(*acks), timeout)
+
+        self._connection.guarded(send, f"publish to {subject!r}")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError("NatsTransport is closed")
+
+
+def seconds(name: str, value: float | str) -> float:
+    """``value`` (a number, or its text from the URL) if positive, else a `ConfigurationError`."""
+    try:
+        number = float(value) if isinstance(value, str) else value
+    except ValueError:
+        number = 0.0
+    if isinstance(number, bool) or not isinstance(number, int | float) or not number > 0:
+        raise ConfigurationError(f"transport option {name}={value!r}: a positive number of seconds is required")
+    return float(number)
+
+
+def _replicas(value: int | str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if isinstance(value, bool) or not 1 <= number <= 5:
+        raise ConfigurationError(f"transport option replicas={value!r}: an integer from 1 to 5 is required")
+    return number

@@ -1,0 +1,76 @@
+"""Reading a topic by position, outside any group: what a stream processor (Spark) needs.
+
+A stream processor keeps its own positions (its checkpoint) and asks for
+exact ranges: the same (topic, queue, offset range) always gives the same
+messages. It tells the broker how far it has committed, so the group's
+offsets (lag, retention) follow it: `commit_group` moves them, never back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from broker.delivery.topics import check_name
+from broker.delivery.values import Delivery
+from broker.errors import DeliveryError
+
+if TYPE_CHECKING:
+    from broker.delivery.engine import Broker
+
+
+def read(broker: Broker, topic: str, queue: int, offset: int, max_messages: int) -> list[Delivery]:
+    """Up to ``max_messages`` messages of (topic, queue) from ``offset`` on; no lease, no receipt."""
+    check_name("topic", topic, internal=True)
+    if offset < 0 or max_messages < 1:
+        raise DeliveryError(f"read of {topic}/{queue}: offset {offset} must be >= 0 and "
+                            f"max_messages {max_messages} >= 1")
+    stored = broker.store.read(topic, queue, offset, max_count=max_messages)
+    return [Delivery("", m.topic, m.queue, m.queue_offset, m.message_id, m.body, m.key, m.tag,
+                     dict(m.headers), m.attempt + 1, m.store_time) for m in stored]
+
+
+def queue_offsets(broker: Broker, topic: str) -> list[list[int]]:
+    """``[first kept, end]`` per queue of ``topic`` (created if new)."""
+    check_name("topic", topic, internal=True)
+    with broker.lock:
+        count = broker.topic_table.queues(topic)
+    return [[broker.store.min_offset(topic, q), broker.store.max_offset(topic, q)] for q in range(count)]
+
+
+def group_offsets(broker: Broker, group: str, topic: str) -> list[int | None]:
+    """``group``'s committed offset per queue of ``topic`` (None: never committed)."""
+    with broker.lock:
+        count = broker.topic_table.queues(topic)
+        return [broker.offsets.get((group, topic, q)) for q in range(count)]
+
+
+def commit_group(broker: Broker, group: str, topic: str, offsets: Sequence[int]) -> None:
+    """Record ``offsets`` (the next offset per queue) as ``group``'s; never moves one back."""
+    check_name("group", group)
+    with broker.lock:
+        if len(offsets) != broker.topic_table.queues(topic):
+            raise DeliveryError(f"commit_group {group!r}: {len(offsets)} offsets for "
+                                f"{broker.topic_table.queues(topic)} queues of {topic!r}")
+        if group in broker.group_table:
+            raise DeliveryError(f"group {group!r} has live members; its offsets are the broker's")
+        for queue, offset in enumerate(offsets):
+            saved = broker.offsets.get((group, topic, queue))
+            broker.offsets.put((group, topic, queue), max(int(offset), saved or 0))
+    broker.save_offsets()
+
+
+def first_at(broker: Broker, topic: str, queue: int, when: float) -> int:
+    """The first offset of (topic, queue) stored at or after ``when`` (the end if none):
+    a binary search over store times, which grow with the offset."""
+    low, high = broker.store.min_offset(topic, queue), broker.store.max_offset(topic, queue)
+    while low < high:
+        middle = (low + high) // 2
+        found = broker.store.read(topic, queue, middle, max_count=1)
+        if not found:
+            return high
+        if found[0].store_time < when:
+            low = found[0].queue_offset + 1
+        else:
+            high = middle
+    return low

@@ -1,0 +1,1 @@
+"""Producers → broker server → Spark (the broker as a streaming source, ``@foreach_batch``) → PostgreSQL."""

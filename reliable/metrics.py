@@ -1,0 +1,33 @@
+"""Prometheus metrics of a worker: what each handler did, and how long it took.
+
+``reliable run --metrics-port 9100`` (or `serve_metrics`) serves them on
+``/metrics``. Names follow DESIGN.md's vocabulary:
+
+* ``reliable_messages_total{handler, outcome}``: outcome ``processed``,
+  ``duplicate``, ``redelivered``, ``dead_lettered``, ``deferred``, and
+  ``retried`` for in-process retries;
+* ``reliable_handler_seconds{handler}``: the pipeline's time per message
+  (per batch in batch mode), the handler's own call included.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+
+MESSAGES = Counter("reliable_messages", "Messages by handler and outcome", ["handler", "outcome"])
+HANDLER_SECONDS = Histogram("reliable_handler_seconds", "Pipeline seconds per message (batch)",
+                            ["handler"])
+
+
+def count(handler: str, outcome: str, n: int = 1) -> None:
+    MESSAGES.labels(handler, outcome).inc(n)
+
+
+def observe(handler: str, seconds: float) -> None:
+    HANDLER_SECONDS.labels(handler).observe(seconds)
+
+
+def serve_metrics(port: int, host: str = "127.0.0.1", registry: CollectorRegistry = REGISTRY) -> int:
+    """Serve ``/metrics`` on ``host:port`` from a background thread; the port bound (0: any)."""
+    server, _ = start_http_server(port, addr=host, registry=registry)
+    return int(server.server_port)

@@ -1,0 +1,176 @@
+"""The STOMP listener driven by a real STOMP client (stomp.py), versions 1.1 and 1.2.
+
+One server process with users and a short redelivery policy for the module;
+each test uses destinations of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import stomp
+from stomp.exception import ConnectFailedException
+
+from broker.server.auth import hash_password
+from tests.broker.server.serving import ServerProcess
+
+WAIT = 20.0
+
+
+class Inbox(stomp.ConnectionListener):
+    """What a connection received: MESSAGE, RECEIPT and ERROR frames."""
+
+    def __init__(self) -> None:
+        self.messages: list[stomp.utils.Frame] = []
+        self.receipts: list[str] = []
+        self.errors: list[stomp.utils.Frame] = []
+        self.changed = threading.Condition()
+
+    def on_message(self, frame) -> None:  # type: ignore[no-untyped-def]
+        with self.changed:
+            self.messages.append(frame)
+            self.changed.notify_all()
+
+    def on_receipt(self, frame) -> None:  # type: ignore[no-untyped-def]
+        with self.changed:
+            self.receipts.append(frame.headers["receipt-id"])
+            self.changed.notify_all()
+
+    def on_error(self, frame) -> None:  # type: ignore[no-untyped-def]
+        with self.changed:
+            self.errors.append(frame)
+            self.changed.notify_all()
+
+    def wait_for(self, count: int, what: str = "messages") -> list:  # type: ignore[type-arg]
+        with self.changed:
+            self.changed.wait_for(lambda: len(getattr(self, what)) >= count, timeout=WAIT)
+            return list(getattr(self, what))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    folder = tmp_path_factory.mktemp("stomp")
+    settings = folder / "reliable.toml"
+    settings.write_text(
+        "[broker]\nstomp_max_redeliveries = 2\nstomp_redelivery_delay = 0.2\n"
+        f'[broker.users.app]\npassword_hash = "{hash_password("s3cret")}"\n'
+        'produce = ["*"]\nconsume = ["*"]\n'
+        f'[broker.users.reader]\npassword_hash = "{hash_password("r3ad")}"\n'
+        'produce = []\nconsume = ["orders-*"]\n')
+    started = ServerProcess(folder / "data", "--settings", str(settings)).start()
+    yield started
+    started.stop()
+
+
+def connect(server: ServerProcess, version: str = "1.2", user: str = "app",
+            password: str = "s3cret", **options) -> tuple[stomp.Connection, Inbox]:  # type: ignore[no-untyped-def]
+    kind = stomp.Connection12 if version == "1.2" else stomp.Connection11
+    connection = kind([("127.0.0.1", server.stomp_port)], **options)
+    inbox = Inbox()
+    connection.set_listener("inbox", inbox)
+    connection.connect(user, password, wait=True)
+    return connection, inbox
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.2"])
+def test_send_and_receive_binary_and_non_ascii_bodies_with_receipts(server, unique, version) -> None:
+    connection, inbox = connect(server, version, auto_decode=False)  # bodies as bytes
+    destination = f"/queue/{unique}"
+    connection.subscribe(destination, id="1", ack="client-individual")
+    bodies = [b"\x00\x01binary\x00body\xff", "café ünïcode €".encode()]
+    for number, body in enumerate(bodies):
+        connection.send(destination, body, headers={"content-type": "application/octet-stream"},
+                        receipt=f"r{number}")
+    assert inbox.wait_for(2, "receipts") == ["r0", "r1"]
+    received = inbox.wait_for(2)
+    assert sorted(m.body for m in received) == sorted(bodies)
+    for message in received:
+        assert message.headers["message-id"] and message.headers["destination"] == destination
+        ack = message.headers.get("ack") or message.headers["message-id"]
+        connection.ack(ack, subscription="1") if version == "1.1" else connection.ack(ack)
+    connection.disconnect()
+
+
+def test_client_ack_is_cumulative_and_unacked_messages_come_back(server, unique) -> None:
+    destination = f"/queue/{unique}"
+    sender, _ = connect(server)
+    for number in range(4):
+        sender.send(destination, f"m{number}")
+    first, inbox = connect(server)
+    first.subscribe(destination, id="1", ack="client")
+    received = inbox.wait_for(4)
+    first.ack(received[1].headers["ack"])  # client mode: acks the first two delivered
+    first.disconnect()  # the other two were never acked
+    second, again = connect(server)
+    second.subscribe(destination, id="1", ack="client-individual")
+    redelivered = again.wait_for(2)
+    time.sleep(0.5)  # nothing else may come (bounded look, not a synchronisation)
+    assert sorted(m.body for m in again.messages) == sorted(m.body for m in received[2:])
+    assert all(m.headers.get("redelivered") == "true" for m in redelivered)
+    second.disconnect()
+    sender.disconnect()
+
+
+def test_nack_follows_the_redelivery_policy_then_the_dead_letter_queue(server, unique) -> None:
+    connection, inbox = connect(server)
+    connection.subscribe(f"/queue/{unique}", id="1", ack="client-individual")
+    connection.send(f"/queue/{unique}", "poison")
+    for delivery in range(1, 4):  # the first delivery and 2 redeliveries, each NACKed
+        message = inbox.wait_for(delivery)[-1]
+        connection.nack(message.headers["ack"])
+    time.sleep(0.6)  # past the redelivery delay: nothing more comes
+    assert len(inbox.messages) == 3
+    connection.subscribe(f"/queue/%DLQ%{unique}", id="2", ack="auto")
+    letter = inbox.wait_for(4)[-1]
+    assert letter.body == "poison" and "NACKed after 2 redeliveries" in letter.headers["x-dlq-cause"]
+    connection.disconnect()
+
+
+def test_a_transaction_sends_and_acks_on_commit_and_nothing_on_abort(server, unique) -> None:
+    destination = f"/queue/{unique}"
+    connection, inbox = connect(server)
+    connection.subscribe(destination, id="1", ack="client-individual")
+    aborted = connection.begin()
+    connection.send(destination, "never", transaction=aborted)
+    connection.abort(aborted)
+    committed = connection.begin()
+    connection.send(destination, "once", transaction=committed)
+    time.sleep(0.3)
+    assert inbox.messages == []  # nothing before COMMIT
+    connection.commit(committed)
+    (message,) = inbox.wait_for(1)
+    assert message.body == "once"
+    connection.disconnect()
+
+
+def test_topics_broadcast_to_every_subscriber(server, unique) -> None:
+    first, one = connect(server)
+    second, two = connect(server)
+    for connection in (first, second):
+        connection.subscribe(f"/topic/{unique}", id="1", ack="auto")
+    time.sleep(0.3)  # subscriptions start at the end of the topic
+    first.send(f"/topic/{unique}", "news")
+    assert one.wait_for(1)[0].body == two.wait_for(1)[0].body == "news"
+    first.disconnect()
+    second.disconnect()
+
+
+def test_heart_beats_keep_an_idle_connection_open(server, unique) -> None:
+    connection, inbox = connect(server, heartbeats=(200, 200))
+    time.sleep(1.5)  # several heart-beat periods with no traffic
+    assert connection.is_connected()
+    connection.send(f"/queue/{unique}", "still here", receipt="alive")
+    assert inbox.wait_for(1, "receipts") == ["alive"]
+    connection.disconnect()
+
+
+def test_bad_credentials_are_refused_and_permissions_hold(server, unique) -> None:
+    with pytest.raises(ConnectFailedException):
+        connect(server, password="wrong")
+    reader, inbox = connect(server, user="reader", password="r3ad")
+    reader.send(f"/queue/{unique}", "not allowed", receipt="x")
+    errors = inbox.wait_for(1, "errors")
+    assert "permission" in errors[0].headers.get("message", "").lower()
