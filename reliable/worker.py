@@ -76,7 +76,8 @@ class Worker:
         if strategy.in_transaction and self.watermark is None:
             log.info("offsets_not_saved", handler=handler.name,
                      reason="the transport acknowledges each message; transactional acts as per_message")
-        self.pipeline = Pipeline(handler, runtime, self.watermark if saves_offsets else None)
+        self.pipeline = Pipeline(handler, runtime, self.watermark if saves_offsets else None, self._in_progress)
+        self._renewing = threading.Lock()
         self._saves_offsets = saves_offsets
         self.lanes = handler.config.concurrency
         self._pool = ThreadPoolExecutor(self.lanes, thread_name_prefix=f"reliable-{handler.name}") if self.lanes > 1 else None
@@ -208,6 +209,17 @@ class Worker:
         if result.outcome is Outcome.DEAD_LETTERED and failure is not None:
             return self._guarded(lambda: self.subscription.dead_letter(message, failure)) is not FAILED
         return False
+
+    def _in_progress(self, messages: Sequence[Message]) -> None:
+        """Extend the transport's lease on ``messages`` (from a lease heartbeat; lanes take turns).
+
+        Called while the worker's own thread waits for the pipeline, so it never
+        races the worker's acks; an outage is left to the heartbeat to log.
+        """
+        with self._renewing:
+            subscription = self._subscription
+            if subscription is not None:
+                subscription.in_progress(messages)
 
     def _ack(self, messages: Sequence[Message]) -> None:
         if self._guarded(lambda: self.subscription.ack(messages)) is not FAILED:
