@@ -134,20 +134,6 @@ class Client:
     def commit_group(self, group: str, topic: str, offsets: Sequence[int]) -> None:
         self._call("commit_group", group=group, topic=topic, offsets=list(offsets))
 
-    def dlq_list(self, group: str, limit: int = 100) -> list[Delivery]:
-        return [Delivery(**m) for m in self._call("dlq", group=group, action="list", limit=limit)["messages"]]
-
-    def dlq_replay(self, group: str) -> int:
-        return int(self._call("dlq", group=group, action="replay")["count"])
-
-    def dlq_purge(self, group: str) -> int:
-        return int(self._call("dlq", group=group, action="purge")["count"])
-
-    def lookup(self, topic: str, key: str | None = None, message_id: str | None = None,
-               begin: float = 0.0, end: float = 1e18) -> list[Delivery]:
-        reply = self._call("lookup", topic=topic, key=key, message_id=message_id, begin=begin, end=end)
-        return [Delivery(**m) for m in reply["messages"]]
-
     def topics(self) -> list[TopicInfo]:
         return [TopicInfo(**t) for t in self._call("topics")["topics"]]
 
@@ -157,6 +143,32 @@ class Client:
     def lag(self, group: str) -> list[QueueLag]:
         return [QueueLag(q["topic"], q["queue"], q["committed"], q["end"])
                 for q in self._call("lag", group=group)["lag"]]
+
+    # -- operator calls (broker/server/native_admin.py) ----------------------------
+
+    def dlq_list(self, group: str, limit: int = 100) -> list[Delivery]:
+        return [Delivery(**m) for m in self._call("dlq_list", group=group, limit=limit)["messages"]]
+
+    def dlq_waiting(self, group: str) -> int:
+        return int(self._call("dlq_waiting", group=group)["waiting"])
+
+    def dlq_replay(self, group: str) -> int:
+        return int(self._call("dlq_replay", group=group)["replayed"])
+
+    def dlq_purge(self, group: str) -> int:
+        return int(self._call("dlq_purge", group=group)["purged"])
+
+    def lookup_key(self, topic: str, key: str, begin: float, end: float,
+                   limit: int = 64) -> list[Delivery]:
+        reply = self._call("lookup_key", topic=topic, key=key, begin=begin, end=end, limit=limit)
+        return [Delivery(**m) for m in reply["messages"]]
+
+    def lookup_id(self, message_id: str) -> Delivery | None:
+        found = self._call("lookup_id", message_id=message_id)["messages"]
+        return Delivery(**found[0]) if found else None
+
+    def stats(self) -> dict[str, float]:
+        return dict(self._call("stats")["stats"])
 
     def close(self) -> None:
         with self._lock:

@@ -66,7 +66,6 @@ _REPLIES: dict[str, Callable[[Any], Any]] = {
     "lag": lambda r: [QueueLag(**q) for q in r],
     "dlq_list": lambda r: [Delivery(**d) for d in r],
     "read": lambda r: [Delivery(**d) for d in r],
-    "lookup": lambda r: [Delivery(**d) for d in r],
     "queue_offsets": lambda r: r,
     "group_offsets": lambda r: r,
     "commit_group": lambda r: None,

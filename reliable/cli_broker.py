@@ -9,10 +9,14 @@ settings' transport URL. Tables in a terminal, JSON lines with ``--json``.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
+import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -109,93 +113,179 @@ def lag(group: str, url: str | None, settings_path: str | None, as_json: bool) -
         _show([dataclasses.replace(q) for q in api.lag(group)], as_json)
 
 
-@broker.group("dlq")
-def broker_dlq() -> None:
-    """The broker's dead-letter queues (%DLQ%<group>)."""
+class _EmbeddedAdmin:
+    """The operator calls a `broker.client.Client` has, over an embedded directory's engine."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.api, name)
+
+    def dlq_waiting(self, group: str) -> int:
+        from broker.server import lookup
+
+        return lookup.dlq_waiting(self.api, group)
+
+    def lookup_key(self, topic: str, key: str, begin: float, end: float, limit: int) -> list[Any]:
+        from broker.server import lookup
+
+        return lookup.by_key(self.api.engine, topic, key, begin, end, limit)
+
+    def lookup_id(self, message_id: str) -> Any:
+        from broker.server import lookup
+
+        return lookup.by_id(self.api.engine, message_id)
+
+    def stats(self) -> dict[str, float]:
+        topics = [t for t in self.api.topics() if not t.name.startswith("%")]
+        groups = self.api.groups()
+        return {"topics": len(topics), "messages": sum(t.messages for t in topics),
+                "groups": len(groups), "members": sum(g.members for g in groups)}
 
 
-@broker_dlq.command("list")
-@click.argument("group")
-@click.option("--limit", default=100, show_default=True)
-@_inspect
-def dlq_list(group: str, limit: int, url: str | None, settings_path: str | None, as_json: bool) -> None:
-    """GROUP's dead letters, oldest first, with their cause."""
+@contextmanager
+def _admin(url: str | None, settings_path: str | None) -> Iterator[Any]:
     with _api(url, settings_path) as api:
-        _show([_letter(d) for d in api.dlq_list(group, limit)], as_json)
-
-
-@broker_dlq.command("replay")
-@click.argument("group")
-@_inspect
-def dlq_replay(group: str, url: str | None, settings_path: str | None, as_json: bool) -> None:
-    """Every dead letter of GROUP back to GROUP only; the queue is emptied."""
-    with _api(url, settings_path) as api:
-        count = api.dlq_replay(group)
-        click.echo(json.dumps({"replayed": count}) if as_json else f"replayed {count} dead letter(s) of {group}")
-
-
-@broker_dlq.command("purge")
-@click.argument("group")
-@click.option("--yes", is_flag=True, help="do not ask for confirmation")
-@_inspect
-def dlq_purge(group: str, yes: bool, url: str | None, settings_path: str | None, as_json: bool) -> None:
-    """Delete GROUP's dead letters from the broker's queue."""
-    if not yes:
-        click.confirm(f"purge every dead letter of {group}?", abort=True)
-    with _api(url, settings_path) as api:
-        count = api.dlq_purge(group)
-        click.echo(json.dumps({"purged": count}) if as_json else f"purged {count} dead letter(s) of {group}")
-
-
-@broker.command()
-@click.argument("topic")
-@click.option("--key", help="messages with this key (the store's key index)")
-@click.option("--id", "message_id", help="the message with this id")
-@click.option("--since", type=float, default=0.0, help="seconds since the epoch (with --key)")
-@click.option("--until", type=float, default=1e18, help="seconds since the epoch (with --key)")
-@_inspect
-def find(topic: str, key: str | None, message_id: str | None, since: float, until: float,
-         url: str | None, settings_path: str | None, as_json: bool) -> None:
-    """Messages of TOPIC by key within a time range, or one by id."""
-    if not key and not message_id:
-        raise click.UsageError("give --key or --id")
-    with _api(url, settings_path) as api:
-        _show([_letter(d) for d in api.lookup(topic, key, message_id, since, until)], as_json)
+        yield api if hasattr(api, "stats") else _EmbeddedAdmin(api)
 
 
 @broker.command()
 @_inspect
 def stats(url: str | None, settings_path: str | None, as_json: bool) -> None:
-    """Topics, messages kept, groups and their total lag."""
-    with _api(url, settings_path) as api:
-        rows = [Stat(g.name, ",".join(g.topics), g.members, sum(q.lag for q in api.lag(g.name)))
-                for g in api.groups()]
-        if not as_json:
-            kept = sum(t.messages for t in api.topics())
-            click.echo(f"{len(api.topics())} topic(s), {kept} message(s) kept, {len(rows)} group(s)")
-        _show(rows, as_json)
+    """Topics, messages, groups, members; on a server also its counters since it started."""
+    with _admin(url, settings_path) as api:
+        values = api.stats()
+    if as_json:
+        click.echo(json.dumps(values, sort_keys=True))
+        return
+    width = max(map(len, values))
+    for name, value in sorted(values.items()):
+        click.echo(f"{name.ljust(width)}  {value:g}")
+
+
+@broker.group()
+def dlq() -> None:
+    """A group's dead-letter queue %DLQ%<group> in the broker: list, replay, purge."""
+
+
+@dlq.command("list")
+@click.argument("group")
+@click.option("--limit", default=100, show_default=True, help="at most this many, oldest first")
+@_inspect
+def dlq_list(group: str, limit: int, url: str | None, settings_path: str | None, as_json: bool) -> None:
+    """GROUP's dead letters not yet replayed or purged, with their cause."""
+    with _admin(url, settings_path) as api:
+        _show_messages(api.dlq_list(group, limit), as_json)
+
+
+@dlq.command("replay")
+@click.argument("group")
+@_inspect
+def dlq_replay(group: str, url: str | None, settings_path: str | None, as_json: bool) -> None:
+    """Send GROUP's dead letters back to GROUP only (a progress bar in a terminal)."""
+    with _admin(url, settings_path) as api:
+        total = api.dlq_waiting(group)
+        outcome: dict[str, Any] = {}
+        done = threading.Event()
+
+        def replay() -> None:
+            try:
+                outcome["replayed"] = api.dlq_replay(group)
+            except Exception as exc:  # reported below, on the command's thread
+                outcome["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=replay, name="dlq-replay", daemon=True).start()
+        with click.progressbar(length=total, label=f"replaying %DLQ%{group}", file=sys.stderr) as bar:
+            while not done.wait(0.2):
+                bar.update(max(0, total - api.dlq_waiting(group) - bar.pos))
+            bar.update(max(0, total - bar.pos))
+    if "error" in outcome:
+        raise click.ClickException(str(outcome["error"]))
+    click.echo(json.dumps({"group": group, "replayed": outcome["replayed"]}) if as_json
+               else f"replayed {outcome['replayed']} dead letter(s) to {group}")
+
+
+@dlq.command("purge")
+@click.argument("group")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@_inspect
+def dlq_purge(group: str, yes: bool, url: str | None, settings_path: str | None, as_json: bool) -> None:
+    """Drop GROUP's dead letters (they stay in the log until retention removes them)."""
+    if not yes:
+        click.confirm(f"purge every dead letter of {group}?", abort=True)
+    with _admin(url, settings_path) as api:
+        purged = api.dlq_purge(group)
+    click.echo(json.dumps({"group": group, "purged": purged}) if as_json
+               else f"purged {purged} dead letter(s) of {group}")
+
+
+@broker.command()
+@click.argument("topic", required=False)
+@click.option("--key", help="the messages of TOPIC with this key (the store's key index)")
+@click.option("--since", default="0", show_default=True, help="stored at or after: ISO time or epoch seconds")
+@click.option("--until", default=None, help="stored at or before (default: now)")
+@click.option("--id", "message_id", help="the message with this id (TOPIC not needed)")
+@click.option("--limit", default=64, show_default=True)
+@_inspect
+def message(topic: str | None, key: str | None, since: str, until: str | None, message_id: str | None,
+            limit: int, url: str | None, settings_path: str | None, as_json: bool) -> None:
+    """Look messages up: by --id, or by TOPIC and --key within --since / --until."""
+    if bool(message_id) == bool(key):
+        raise click.UsageError("give either --id ID, or TOPIC with --key KEY")
+    if key and not topic:
+        raise click.UsageError("--key needs the TOPIC argument")
+    with _admin(url, settings_path) as api:
+        if message_id:
+            found = api.lookup_id(message_id)
+            rows = [found] if found is not None else []
+        else:
+            end = _moment(until, "--until") if until else datetime.now(UTC).timestamp()
+            rows = api.lookup_key(topic, key, _moment(since, "--since"), end, limit)
+    _show_messages(rows, as_json)
+
+
+def _moment(text: str, option: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither epoch seconds nor an ISO time", param_hint=option) from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def _show_messages(rows: Sequence[Any], as_json: bool) -> None:
+    if as_json:
+        for row in rows:
+            record = {k: v for k, v in dataclasses.asdict(row).items() if k not in ("receipt", "body")}
+            try:
+                record["body"] = row.body.decode()
+            except UnicodeDecodeError:
+                record["body_base64"] = base64.b64encode(row.body).decode()
+            click.echo(json.dumps(record, default=list))
+        return
+    _show([_MessageRow(r.topic, r.queue, r.offset, r.message_id, r.key,
+                       datetime.fromtimestamp(r.published_at, UTC).isoformat(timespec="seconds"),
+                       r.headers.get("x-dlq-cause", "")[:40], _preview(r.body)) for r in rows], False)
+
+
+def _preview(body: bytes) -> str:
+    text = body.decode(errors="replace")
+    return text if len(text) <= 40 else text[:39] + "…"
 
 
 @dataclasses.dataclass(frozen=True)
-class Stat:
-    group: str
-    topics: str
-    members: int
-    lag: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Letter:
+class _MessageRow:
     topic: str
     queue: int
     offset: int
     message_id: str
     key: str
-    body: str
+    stored: str
     cause: str
-
-
-def _letter(d: Any) -> Letter:
-    body = d.body.decode("utf-8", "replace")
-    return Letter(d.topic, d.queue, d.offset, d.message_id, d.key, body[:200],
-                  d.headers.get("x-dlq-cause", ""))
+    body: str

@@ -84,14 +84,3 @@ def dlq_replay(broker: Broker, group: str) -> int:
     broker.offsets.flush()
     return replayed
 
-
-def lookup(broker: Broker, topic: str, key: str | None, message_id: str | None, begin: float,
-           end: float) -> list[Delivery]:
-    """Messages by key within [begin, end] (the store's key index), or the one with ``message_id``."""
-    if message_id:
-        found = broker.store.lookup_id(message_id)
-        stored = [found] if found is not None and (not topic or found.topic == topic) else []
-    else:
-        stored = broker.store.lookup_key(topic, key or "", begin, end)
-    return [Delivery("", m.topic, m.queue, m.queue_offset, m.message_id, m.body, m.key, m.tag,
-                     dict(m.headers), m.attempt + 1, m.store_time) for m in stored]

@@ -310,11 +310,6 @@ class Broker:
         """Every dead letter of ``group`` back to the group only; the dead-letter queue is emptied."""
         return admin.dlq_replay(self, group)
 
-    def lookup(self, topic: str, key: str | None = None, message_id: str | None = None,
-               begin: float = 0.0, end: float = float("inf")) -> list[Delivery]:
-        """Messages of ``topic`` by key within a time range, or one by id (RocketMQ's query)."""
-        return admin.lookup(self, topic, key, message_id, begin, end)
-
     def dlq_purge(self, group: str) -> int:
         with self.lock:
             return admin.dlq_purge(self, group)

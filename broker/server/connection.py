@@ -50,12 +50,15 @@ class Connection:
             raise ConnectionTimedOut("idle") from None
 
     async def send(self, data: bytes) -> None:
-        """Write ``data``; a client that does not take it in time is cut off."""
+        """Write ``data``; a client that does not take it in time is cut off (and counted here)."""
         async with self._write_lock:
             self._writer.write(data)
             try:
                 await asyncio.wait_for(self._writer.drain(), self.limits.slow_client_timeout)
             except TimeoutError:
+                self.metrics.timeouts.labels(self.listener, "slow_client").inc()
+                self.log.info("connection_timed_out", reason="slow_client")
+                self.abort()
                 raise ConnectionTimedOut("slow_client") from None
 
     def abort(self) -> None:

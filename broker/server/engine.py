@@ -26,6 +26,7 @@ from broker.delivery.values import (
     QueueLag,
     TopicInfo,
 )
+from broker.server import lookup
 
 __all__ = ["Delivery", "Engine", "GroupInfo", "OutgoingMessage", "Placement", "QueueLag", "TopicInfo"]
 T = TypeVar("T")
@@ -100,9 +101,15 @@ class Engine:
     async def dlq_purge(self, group: str) -> int:
         return await self._run(self.api.dlq_purge, group)  # type: ignore[attr-defined]
 
-    async def lookup(self, topic: str, key: str | None, message_id: str | None, begin: float,
-                     end: float) -> list[Delivery]:
-        return await self._run(self.api.lookup, topic, key, message_id, begin, end)  # type: ignore[attr-defined]
+    async def dlq_waiting(self, group: str) -> int:
+        return await self._run(lookup.dlq_waiting, self.api, group)
+
+    async def lookup_key(self, topic: str, key: str, begin: float, end: float,
+                         limit: int) -> list[Delivery]:
+        return await self._run(lookup.by_key, self.api, topic, key, begin, end, limit)
+
+    async def lookup_id(self, message_id: str) -> Delivery | None:
+        return await self._run(lookup.by_id, self.api, message_id)
 
     async def topics(self) -> list[TopicInfo]:
         return await self._run(self.api.topics)

@@ -52,6 +52,17 @@ class ServerMetrics:
                 self.lag.labels(group, topic, str(queue)).set(lag)
         return generate_latest(self.registry)
 
+    def totals(self) -> dict[str, float]:  # int where the value is whole
+        """Each counter and gauge summed over its labels (``reliable broker stats``)."""
+        sums: dict[str, float] = {}
+        for metric in (self.published, self.duplicates, self.delivered, self.redelivered,
+                       self.dead_lettered, self.bytes_in, self.bytes_out, self.connections,
+                       self.open, self.refused, self.auth_failures):
+            for family in metric.collect():
+                total = float(sum(s.value for s in family.samples if not s.name.endswith("_created")))
+                sums[family.name.removeprefix("broker_")] = int(total) if total.is_integer() else total
+        return sums
+
     async def serve_http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Answer one HTTP request: ``GET /metrics`` gets the exposition, anything else 404."""
         try:

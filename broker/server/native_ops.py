@@ -237,31 +237,6 @@ async def commit_group(ctx: Context, request: Mapping[str, Any]) -> Reply:
     return {}
 
 
-async def dlq(ctx: Context, request: Mapping[str, Any]) -> Reply:
-    """``action`` list | replay | purge of ``group``'s dead-letter queue."""
-    group = need(request, "dlq", "group", str)
-    action = need(request, "dlq", "action", str)
-    ctx.principal.check_consume([f"%DLQ%{group}"])
-    if action == "list":
-        letters = await ctx.engine.dlq_list(group, need(request, "dlq", "limit", int, 100))
-        return {"messages": [delivery_map(d) for d in letters]}
-    if action == "replay":
-        return {"count": await ctx.engine.dlq_replay(group)}
-    if action == "purge":
-        return {"count": await ctx.engine.dlq_purge(group)}
-    raise MalformedFrameError(f"dlq: action {action!r} is not list, replay or purge")
-
-
-async def lookup(ctx: Context, request: Mapping[str, Any]) -> Reply:
-    topic = need(request, "lookup", "topic", str)
-    ctx.principal.check_consume([topic])
-    found = await ctx.engine.lookup(topic, need(request, "lookup", "key", str, None),
-                                    need(request, "lookup", "message_id", str, None),
-                                    float(need(request, "lookup", "begin", (int, float), 0.0)),
-                                    float(need(request, "lookup", "end", (int, float), 1e18)))
-    return {"messages": [delivery_map(d) for d in found]}
-
-
 async def topics(ctx: Context, request: Mapping[str, Any]) -> Reply:
     return {"topics": [{"name": t.name, "queues": t.queues, "messages": t.messages}
                        for t in await ctx.engine.topics()]}
@@ -286,7 +261,7 @@ Operation = Callable[[Context, Mapping[str, Any]], Awaitable[Reply]]
 OPERATIONS: dict[str, Operation] = {
     "publish": publish, "publish_to_group": publish_to_group, "extend": extend, "pending": pending,
     "read": read, "queue_offsets": queue_offsets, "group_offsets": group_offsets,
-    "commit_group": commit_group, "dlq": dlq, "lookup": lookup, "subscribe": subscribe, "unsubscribe": unsubscribe, "fetch": fetch,
+    "commit_group": commit_group, "subscribe": subscribe, "unsubscribe": unsubscribe, "fetch": fetch,
     "ack": ack, "nack": nack, "dead_letter": dead_letter, "commit": commit, "topics": topics,
     "groups": groups, "lag": lag, "ping": ping,
 }

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from broker.errors import BrokerError
-from broker.server import native_codec, native_ops
+from broker.server import native_admin, native_codec, native_ops
 from broker.server.auth import Authenticator, Principal
 from broker.server.connection import Connection, ConnectionTimedOut
 from broker.server.engine import Engine
@@ -47,7 +47,12 @@ class NativeSession:
         try:
             while True:
                 waiting = self.ctx is None and self.authenticator.required
-                data = await self.conn.read(handshake_ends - loop.time() if waiting else None)
+                try:
+                    data = await self.conn.read(handshake_ends - loop.time() if waiting else None)
+                except ConnectionTimedOut:
+                    if self._tasks:  # a client waiting for a long fetch is not idle
+                        continue
+                    raise
                 if not data:
                     return
                 for payload in decoder.feed(data):
@@ -55,8 +60,9 @@ class NativeSession:
         except ProtocolError as error:
             await self._reply_error(0, error, fatal=True)
         except ConnectionTimedOut as timeout:
-            self.conn.metrics.timeouts.labels("native", timeout.reason).inc()
-            self.conn.log.info("connection_timed_out", reason=timeout.reason)
+            if timeout.reason != "slow_client":  # a slow client is counted where it is cut off
+                self.conn.metrics.timeouts.labels("native", timeout.reason).inc()
+                self.conn.log.info("connection_timed_out", reason=timeout.reason)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -73,14 +79,14 @@ class NativeSession:
                 await self._hello(request_id, request)
                 return
             ctx = self._context()
-            operation = native_ops.OPERATIONS.get(op)
+            operation = OPERATIONS.get(op)
             if operation is None:
                 raise UnknownOperationError(f"unknown operation {op[:40]!r}; known: {sorted(_KNOWN)}")
         except ServerError as error:
             if await self._reply_error(request_id, error):
                 raise _Close from error
             return
-        if op in native_ops.CONCURRENT:
+        if op in CONCURRENT:
             task = asyncio.create_task(self._run(request_id, operation, ctx, request))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -163,7 +169,9 @@ class _Close(ConnectionError):
     """Internal: a fatal error was reported; the connection ends."""
 
 
-_KNOWN = frozenset(native_ops.OPERATIONS) | {"hello"}
+OPERATIONS = {**native_ops.OPERATIONS, **native_admin.OPERATIONS}
+CONCURRENT = native_ops.CONCURRENT | native_admin.CONCURRENT
+_KNOWN = frozenset(OPERATIONS) | {"hello"}
 
 
 def _code(error: Exception) -> str:

@@ -114,26 +114,3 @@ def test_broker_topics_groups_and_lag_from_the_shell(project: Path) -> None:
     assert table.stdout.splitlines()[0].split() == ["name", "topics", "members", "broadcast"]
     refused = reliable_cmd(project, "broker", "topics", "--url", "reliable://127.0.0.1:1")
     assert refused.returncode == 2 and "unreachable" in refused.stderr
-
-
-def test_broker_dead_letters_lookup_and_stats_from_the_shell(tmp_path: Path, unique: str) -> None:
-    from broker.delivery.values import OutgoingMessage
-    from broker.embedded import open_embedded
-
-    directory = tmp_path / "broker"
-    with open_embedded(directory) as api:  # closed before the commands run: they own it in turn
-        api.publish(unique, [OutgoingMessage(b'{"n": 1}', key="customer-7", message_id="m-1")])
-        member = api.join("billing", [unique])
-        (delivery,) = api.fetch(member, 1, 1.0)
-        api.dead_letter(member, [delivery.receipt], "ValueError: bad amount")
-    url = f"embedded://{directory}"
-    letters = [json.loads(x) for x in reliable_cmd(tmp_path, "broker", "dlq", "list", "billing", "--url", url,
-                                                   "--json").stdout.splitlines()]
-    assert [(x["message_id"], x["cause"]) for x in letters] == [("m-1", "ValueError: bad amount")]
-    found = reliable_cmd(tmp_path, "broker", "find", unique, "--key", "customer-7", "--url", url, "--json")
-    assert [json.loads(x)["message_id"] for x in found.stdout.splitlines()] == ["m-1"]
-    stats = reliable_cmd(tmp_path, "broker", "stats", "--url", url)
-    assert stats.stdout.splitlines()[0].startswith("3 topic(s)")
-    replay = reliable_cmd(tmp_path, "broker", "dlq", "replay", "billing", "--url", url, "--json")
-    assert json.loads(replay.stdout) == {"replayed": 1}
-    assert reliable_cmd(tmp_path, "broker", "dlq", "list", "billing", "--url", url).stdout.strip() == "(none)"
