@@ -114,6 +114,23 @@ def test_client_ack_is_cumulative_and_unacked_messages_come_back(server, unique)
     sender.disconnect()
 
 
+def test_prefetch_size_bounds_the_unacknowledged_messages_in_flight(server, unique) -> None:
+    destination = f"/queue/{unique}"
+    connection, inbox = connect(server)
+    for number in range(5):
+        connection.send(destination, f"m{number}")
+    connection.subscribe(destination, id="1", ack="client-individual",
+                         headers={"activemq.prefetchSize": "2"})
+    first = inbox.wait_for(2)
+    time.sleep(0.5)  # nothing else may come (bounded look, not a synchronisation)
+    assert len(inbox.messages) == 2
+    connection.ack(first[0].headers["ack"])
+    assert len(inbox.wait_for(3)) == 3
+    time.sleep(0.5)
+    assert len(inbox.messages) == 3
+    connection.disconnect()
+
+
 def test_nack_follows_the_redelivery_policy_then_the_dead_letter_queue(server, unique) -> None:
     connection, inbox = connect(server)
     connection.subscribe(f"/queue/{unique}", id="1", ack="client-individual")

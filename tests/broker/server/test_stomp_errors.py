@@ -106,3 +106,16 @@ def test_a_client_without_credentials_reads_nothing(server, unique) -> None:
     assert len(frames) == 1 and frames[0].startswith(b"ERROR") and b"credentials" in frames[0]
     assert queue_contents(server, destination, 1) == ["secret"]  # still there, unread
     sender.disconnect()
+
+
+def test_the_server_beats_and_drops_a_client_that_promised_beats_and_went_silent(server) -> None:
+    promise = frame("CONNECT", {"accept-version": "1.2", "host": "/", "login": "app",
+                                "passcode": "s3cret", "heart-beat": "1000,1000"})
+    with socket.create_connection(("127.0.0.1", server.stomp_port), timeout=WAIT) as sock:
+        sock.sendall(promise)
+        received = b""
+        while data := sock.recv(65536):  # never beating: the server must close (2 intervals)
+            received += data
+    connected, _, after = received.partition(b"\0")
+    assert connected.startswith(b"CONNECTED") and b"heart-beat:1000,1000" in connected
+    assert after and after.strip(b"\r\n") == b""  # the server's heart-beats: EOLs only
