@@ -1,12 +1,13 @@
 """The per-message pipeline: token → cache → claim → handler → commit → cache fill.
 
 The pipeline is one chain of shared steps (`reliable.pipeline.steps`), in
-the manner of structlog's processor chain:
+the manner of structlog's processor chain; the steps around ``run`` see the
+whole fetch, ``run`` one chunk at a time:
 
     tokens → repeats → cache → run → dead letters → cache fill → observers
 
-Only the ``run`` step differs between the modes, and how many messages each
-step sees:
+Only the ``run`` step differs between the modes, and how many messages it
+sees at a time:
 * single: chunks of one message; run = claim, handler and commit in one
   transaction (`transaction.each_in_transaction`);
 * batch: the whole batch as one chunk; run = one transaction with the batch
@@ -23,7 +24,9 @@ every outcome.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+import structlog
 
 from backends.types import Message
 from reliable.commit import OffsetWatermark
@@ -34,6 +37,8 @@ from reliable.pipeline.observe import Metrics, Observer, Observers, Report
 from reliable.pipeline.steps import Step, Steps, Work
 from reliable.pipeline.transaction import each_in_transaction, together_in_transaction
 from reliable.runtime import Runtime
+
+log = structlog.get_logger("reliable.pipeline")
 
 __all__ = ["Observer", "Pipeline"]
 
@@ -62,19 +67,35 @@ class Pipeline:
         else:
             run = lambda work: each_in_transaction(self.steps, work)  # noqa: E731
         s = self.steps
-        self.chain: list[Step] = [s.tokens, s.repeats, s.cached, run, s.dead_letters, s.remember]
-        self.chunked = bool(handler.batch)
+        self.before: list[Step] = [s.tokens, s.repeats, s.cached]
+        self.run = run
+        self.after: list[Step] = [s.dead_letters, s.remember]
+        self.chunk = handler.batch or 1
 
-    def process(self, messages: Sequence[Message]) -> list[Result]:
-        """Run ``messages`` through the chain; one `Result` per message, in order."""
-        chunks = [list(messages)] if self.chunked else [[m] for m in messages]
-        results: list[Result] = []
-        for chunk in chunks:
-            work = [Work(m) for m in chunk]
-            for step in self.chain:
-                step(work)
-            for w in work:
-                assert w.result is not None, f"no step decided message {w.message.id}"
-                results.append(w.result)
+    def process(self, messages: Sequence[Message], stopping: Callable[[], bool] = lambda: False) -> list[Result]:
+        """Run ``messages`` through the chain; one `Result` per message, in order.
+
+        The steps before ``run`` see the whole fetch (one cache round trip for
+        it); ``run`` sees one chunk at a time (a batch, or one message). Once
+        ``stopping()`` is true no further chunk starts: the messages left get
+        no result (unacknowledged, they go back to the group).
+        """
+        work = [Work(m) for m in messages]
+        for step in self.before:
+            step(work)
+        done: list[Work] = []
+        for start in range(0, len(work), self.chunk):
+            if stopping():
+                log.info("worker_stopping", handler=self.handler.name, handed_back=len(work) - start)
+                break
+            chunk = work[start : start + self.chunk]
+            self.run(chunk)
+            done += chunk
+        for step in self.after:
+            step(done)
+        results = []
+        for w in done:
+            assert w.result is not None, f"no step decided message {w.message.id}"
+            results.append(w.result)
         self.observers.outcomes(self.handler, results)
         return results

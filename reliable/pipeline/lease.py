@@ -52,7 +52,9 @@ class Heartbeat:
 
     def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
-        self._thread.join()
+        # a beat stuck on a dead connection is not waited for: a late renewal changes nothing,
+        # since only an IN_PROGRESS record is renewed and ours is DONE or released by then
+        self._thread.join(self._interval)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):

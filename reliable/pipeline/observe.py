@@ -68,7 +68,7 @@ class Report(Observer):
 
 
 class Metrics(Observer):
-    """Prometheus counters (`reliable.metrics`): one per outcome, and in-process retries."""
+    """Prometheus metrics (`reliable.metrics`): one counter per outcome, retries, handler latency."""
 
     def outcomes(self, handler: Handler, results: Sequence[Result]) -> None:
         for outcome, n in Counter(r.outcome for r in results).items():
@@ -76,6 +76,9 @@ class Metrics(Observer):
 
     def retried(self, handler: Handler, error: BaseException, attempt: int) -> None:
         metrics.count(handler.name, "retried")
+
+    def handler_ran(self, handler: Handler, messages: int, seconds: float) -> None:
+        metrics.observe(handler.name, seconds)
 
 
 def _log_failure(handler: Handler, result: Result) -> None:

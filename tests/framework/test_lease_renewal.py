@@ -17,11 +17,12 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from sqlalchemy import create_engine, text
 
 from backends.clock import SystemClock
 from reliable import Message
-from reliable.testing import test_app
+from reliable.testing import FakeClock, test_app
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -137,3 +138,20 @@ def test_a_holder_killed_with_kill_9_lets_a_twin_in_after_expiry(tmp_path, postg
     assert stats["deferred"] >= 1 and stats["processed"] == 1  # held at first, taken after expiry
     assert marker.read_text() == str(holder.pid)
     twin.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_renew_lease_moves_the_expiry_of_a_held_lease_only(tmp_path, request, unique, backend) -> None:
+    clock = FakeClock()
+    store = request.getfixturevalue("postgres_url") if backend == "postgresql" else None
+    app = test_app(tmp_path, clock=clock, store=store)
+    assert app.store.lease(unique, "t", 30.0).acquired
+    clock.advance(20)
+    assert app.store.renew_lease(unique, "t", 30.0)  # now expires at +50
+    clock.advance(20)
+    held = app.store.lease(unique, "t", 30.0)  # +40: the first lease alone would have expired at +30
+    assert not held.acquired and held.expires_at == pytest.approx(clock.time() + 10)
+    app.store.complete_lease(unique, "t", "done", 60.0)
+    assert not app.store.renew_lease(unique, "t", 30.0)  # a DONE record is not a lease
+    assert not app.store.renew_lease(unique, "other", 30.0)
+    app.close()
