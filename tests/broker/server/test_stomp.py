@@ -163,6 +163,28 @@ def test_a_transaction_sends_and_acks_on_commit_and_nothing_on_abort(server, uni
     connection.disconnect()
 
 
+def test_acks_in_a_transaction_count_on_commit_and_not_on_abort(server, unique) -> None:
+    destination = f"/queue/{unique}"
+    connection, inbox = connect(server)
+    connection.subscribe(destination, id="1", ack="client-individual")
+    connection.send(destination, "kept")
+    connection.send(destination, "acked")
+    received = {m.body: m for m in inbox.wait_for(2)}
+    aborted = connection.begin()
+    connection.ack(received["kept"].headers["ack"], transaction=aborted)
+    connection.abort(aborted)
+    committed = connection.begin()
+    connection.ack(received["acked"].headers["ack"], transaction=committed)
+    connection.commit(committed)
+    connection.disconnect()  # its receipt comes once the subscription left its group
+    again, second = connect(server)
+    again.subscribe(destination, id="1", ack="client-individual")
+    (back,) = second.wait_for(1)
+    time.sleep(0.5)  # nothing else may come (bounded look, not a synchronisation)
+    assert [m.body for m in second.messages] == ["kept"] and back.headers["redelivered"] == "true"
+    again.disconnect()
+
+
 def test_topics_broadcast_to_every_subscriber(server, unique) -> None:
     first, one = connect(server)
     second, two = connect(server)
