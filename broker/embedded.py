@@ -128,6 +128,12 @@ class EmbeddedBroker:
             if self._client is not None:
                 self._client.close()
 
+    def __enter__(self) -> EmbeddedBroker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
 
 def open_embedded(directory: str | Path, config: DeliveryConfig | None = None, *,
                   store_config: StoreConfig | None = None, clock: Clock = SYSTEM_CLOCK) -> EmbeddedBroker:

@@ -16,7 +16,6 @@ de-duplicated by their tokens.
 from __future__ import annotations
 
 import threading
-import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +27,6 @@ from backends.clock import Clock
 from backends.errors import BackendUnavailableError
 from backends.transport.base import SubscribeOptions, Subscription
 from backends.types import Message, QueueRef
-from reliable import metrics
 from reliable.commit import CommitStrategy, OffsetWatermark
 from reliable.handler import Handler
 from reliable.outcome import Outcome, Result
@@ -76,7 +74,8 @@ class Worker:
         if strategy.in_transaction and self.watermark is None:
             log.info("offsets_not_saved", handler=handler.name,
                      reason="the transport acknowledges each message; transactional acts as per_message")
-        self.pipeline = Pipeline(handler, runtime, self.watermark if saves_offsets else None)
+        self.pipeline = Pipeline(handler, runtime, self.watermark if saves_offsets else None, self._in_progress)
+        self._renewing = threading.Lock()
         self._saves_offsets = saves_offsets
         self.lanes = handler.config.concurrency
         self._pool = ThreadPoolExecutor(self.lanes, thread_name_prefix=f"reliable-{handler.name}") if self.lanes > 1 else None
@@ -183,18 +182,9 @@ class Worker:
         return [result for future in futures for result in future.result()]
 
     def _process(self, messages: list[Message]) -> list[Result]:
-        """Run the pipeline on ``messages`` (one batch, or one message, at a time); once stopping,
-        the rest stay unacknowledged and go back to the group when this member leaves."""
-        size = self.handler.batch or 1
-        results: list[Result] = []
-        for i in range(0, len(messages), size):
-            if self.stopping.is_set():
-                log.info("worker_stopping", handler=self.handler.name, handed_back=len(messages) - i)
-                break
-            started = time.perf_counter()
-            results += self.pipeline.process(messages[i : i + size])
-            metrics.observe(self.handler.name, time.perf_counter() - started)
-        return results
+        """Run the pipeline on ``messages``; once stopping, the rest stay unacknowledged and go
+        back to the group when this member leaves."""
+        return self.pipeline.process(messages, self.stopping.is_set)
 
     def _settle(self, results: Sequence[Result]) -> None:
         self._advance([r.message for r in results if self._hand_back(r)])
@@ -208,6 +198,17 @@ class Worker:
         if result.outcome is Outcome.DEAD_LETTERED and failure is not None:
             return self._guarded(lambda: self.subscription.dead_letter(message, failure)) is not FAILED
         return False
+
+    def _in_progress(self, messages: Sequence[Message]) -> None:
+        """Extend the transport's lease on ``messages`` (from a lease heartbeat; lanes take turns).
+
+        Called while the worker's own thread waits for the pipeline, so it never
+        races the worker's acks; an outage is left to the heartbeat to log.
+        """
+        with self._renewing:
+            subscription = self._subscription
+            if subscription is not None:
+                subscription.in_progress(messages)
 
     def _ack(self, messages: Sequence[Message]) -> None:
         if self._guarded(lambda: self.subscription.ack(messages)) is not FAILED:

@@ -135,6 +135,10 @@ class Store(ABC):
         """Mark a leased token DONE with its JSON-serialisable ``result``."""
 
     @abstractmethod
+    def renew_lease(self, namespace: str, token: str, lease_seconds: float) -> bool:
+        """Extend an IN_PROGRESS lease to ``now + lease_seconds``; False if there is none to extend."""
+
+    @abstractmethod
     def release_lease(self, namespace: str, token: str) -> None:
         """Drop an IN_PROGRESS lease after a failure, so a redelivery may take it."""
 

@@ -238,6 +238,10 @@ class SqlStore(Store):
         with self._unit() as connection:
             records.complete_lease(connection, namespace, token, result, self._now(), ttl)
 
+    def renew_lease(self, namespace: str, token: str, lease_seconds: float) -> bool:
+        with self._unit() as connection:
+            return records.renew_lease(connection, namespace, token, self._now(), lease_seconds)
+
     def release_lease(self, namespace: str, token: str) -> None:
         with self._unit() as connection:
             records.release_lease(connection, namespace, token)

@@ -11,7 +11,19 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Double, String, any_, bindparam, delete, func, null, select, true
+from sqlalchemy import (
+    Connection,
+    Double,
+    String,
+    any_,
+    bindparam,
+    delete,
+    func,
+    null,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
@@ -183,6 +195,18 @@ def complete_lease(
             index_elements=[tokens.c.namespace, tokens.c.token], set_=values
         )
     )
+
+
+def renew_lease(
+    connection: Connection, namespace: str, token: str, now: float, lease_seconds: float
+) -> bool:
+    """Move ``token``'s IN_PROGRESS expiry to ``now + lease_seconds``; False if no such lease."""
+    statement = (
+        update(tokens)
+        .where(tokens.c.namespace == namespace, tokens.c.token == token, tokens.c.state == IN_PROGRESS)
+        .values(expires_at=now + lease_seconds)
+    )
+    return connection.execute(statement).rowcount > 0
 
 
 def release_lease(connection: Connection, namespace: str, token: str) -> None:

@@ -83,3 +83,4 @@ def dlq_replay(broker: Broker, group: str) -> int:
         replayed += len(letters)
     broker.offsets.flush()
     return replayed
+

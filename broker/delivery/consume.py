@@ -103,6 +103,8 @@ def dead_letter(broker: Broker, member: str, receipts: Sequence[str], reason: st
 def _move(broker: Broker, copies: list[tuple[QueueCursor, int, Record]]) -> None:
     """Append the copies, then finish their originals (a crash between: delivered again)."""
     if copies:
+        for topic in {record.topic for _, _, record in copies}:
+            broker.topic_table.queues(topic)  # %RETRY% and %DLQ% topics are listed like any other
         broker.store.append([record for _, _, record in copies])
         for cursor, offset, record in copies:
             if record.topic.startswith("%DLQ%"):

@@ -215,7 +215,9 @@ class Broker:
 
     def _drop(self, member: Member, event: str) -> None:
         group = self.group_table[member.group]
-        for cursor in list(group.cursors_of(member)):
+        # every cursor: a queue that moved away at a rebalance may still hold its messages
+        owned = member.own.values() if group.broadcast else group.cursors.values()
+        for cursor in list(owned):
             for offset, held in list(cursor.held.items()):
                 if held.member == member.ident:
                     self.release(cursor, offset)

@@ -18,7 +18,7 @@ the bytes buffered so far.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from broker.server.errors import BrokenStreamError, FrameTooLargeError
@@ -94,11 +94,14 @@ class StompDecoder:
 
     def feed(self, data: bytes) -> list[StompFrame]:
         """Add ``data``; return every frame now complete (heart-beats are consumed silently)."""
+        return list(self.frames(data))
+
+    def frames(self, data: bytes) -> Iterator[StompFrame]:
+        """Add ``data``; yield the complete frames one by one, so that each is handled before
+        a broken one after it raises (a CONNECT followed by garbage is still answered)."""
         self._buffer += data
-        frames: list[StompFrame] = []
         while (frame := self._next()) is not None:
-            frames.append(frame)
-        return frames
+            yield frame
 
     def _next(self) -> StompFrame | None:
         if self._pending is None:

@@ -164,7 +164,9 @@ class StompHandlers:
         del self.transactions[frame.get("transaction") or ""]
 
     async def _disconnect(self, frame: StompFrame) -> None:
-        """Nothing to do here: the session closes after the RECEIPT."""
+        """Leave every group before the RECEIPT: once the client has it, what it held
+        unacknowledged is already back for the other members (the session closes after)."""
+        await self.close()
 
     async def close(self) -> None:
         for subscription in self.subscriptions.values():

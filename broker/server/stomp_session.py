@@ -63,7 +63,7 @@ class StompSession:
             data = await self._read()
             if not data:
                 return
-            for frame in self.decoder.feed(data):
+            for frame in self.decoder.frames(data):
                 self.conn.metrics.frames.labels("stomp", frame.command[:16]).inc()
                 await self._dispatch(frame)
 

@@ -29,7 +29,7 @@ def test_cache_outage_degrades_to_the_store(tmp_path) -> None:
     assert effects(app) == ["a", "b", "c"]  # nothing processed twice without the cache
     stats = app.stats()
     assert stats["processed"] == 3 and stats["duplicate"] == 2
-    assert stats["cache_degraded"] >= 5
+    assert stats["cache_degraded"] >= 1  # one lookup per fetch (and per fill), each degraded
     app.close()
 
 

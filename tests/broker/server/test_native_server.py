@@ -54,12 +54,16 @@ def reply(sock: socket.socket) -> dict:  # type: ignore[type-arg]
             return native_codec.decode_body(frames[0])
 
 
-def closed(sock: socket.socket) -> bool:
+def closed(sock: socket.socket, within: float = 5.0) -> bool:
+    """Whether the server closes ``sock`` within ``within`` seconds (reading what it still sends)."""
+    sock.settimeout(within)
     try:
         while sock.recv(65536):
             pass
         return True
-    except (ConnectionError, TimeoutError):
+    except TimeoutError:
+        return False
+    except (ConnectionError, OSError):
         return True
 
 
@@ -143,3 +147,51 @@ def test_prometheus_metrics_of_the_broker(tmp_path, unique) -> None:
     assert "broker_publish_seconds_count 1.0" in text  # one publish request, timed
     client.close()
     server.stop()
+
+
+def test_tls_and_the_idle_timeout(tmp_path, unique) -> None:
+    import ssl
+    import subprocess
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+                    "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    settings = tmp_path / "reliable.toml"
+    settings.write_text(f'[broker]\ntls_certfile = "{cert}"\ntls_keyfile = "{key}"\nidle_timeout = 1.0\n')
+    server = ServerProcess(tmp_path / "data", "--settings", str(settings)).start()
+    context = ssl.create_default_context(cafile=str(cert))
+    client = Client(server.url, tls=context)
+    client.publish(unique, [OutgoingMessage(b"secret", message_id="s")])
+    member = client.join("g", [unique])
+    assert [d.body for d in client.fetch(member, 1, 2.0)] == [b"secret"]
+    plain = raw(server)  # no TLS handshake: refused, nothing served
+    plain.sendall(native_codec.encode({"id": 1, "op": "topics"}))
+    assert closed(plain)
+    old = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    old.check_hostname, old.verify_mode = False, ssl.CERT_NONE
+    old.maximum_version = ssl.TLSVersion.TLSv1_1
+    with pytest.raises(ssl.SSLError):
+        old.wrap_socket(raw(server), server_hostname="127.0.0.1")  # below TLS 1.2: refused
+    quiet = context.wrap_socket(raw(server), server_hostname="127.0.0.1")
+    assert closed(quiet)  # idle_timeout: a silent connection is closed by the server
+    client.close()
+    server.stop()
+
+
+def test_the_asyncio_client_shares_one_connection_between_coroutines(server, unique) -> None:
+    import asyncio
+
+    from broker.aio_client import AsyncClient
+
+    async def scenario() -> list[bytes]:
+        client = AsyncClient(server.url, user="app", password="s3cret")
+        member = await client.join("g", [unique])
+        waiting = asyncio.create_task(client.fetch(member, 5, 10.0))  # a long poll ...
+        await asyncio.sleep(0.2)
+        await client.publish(unique, [OutgoingMessage(b"hello", message_id="h")])  # ... does not block this
+        bodies = [d.body for d in await waiting]
+        await client.close()
+        return bodies
+
+    assert asyncio.run(scenario()) == [b"hello"]

@@ -114,6 +114,23 @@ def test_client_ack_is_cumulative_and_unacked_messages_come_back(server, unique)
     sender.disconnect()
 
 
+def test_prefetch_size_bounds_the_unacknowledged_messages_in_flight(server, unique) -> None:
+    destination = f"/queue/{unique}"
+    connection, inbox = connect(server)
+    for number in range(5):
+        connection.send(destination, f"m{number}")
+    connection.subscribe(destination, id="1", ack="client-individual",
+                         headers={"activemq.prefetchSize": "2"})
+    first = inbox.wait_for(2)
+    time.sleep(0.5)  # nothing else may come (bounded look, not a synchronisation)
+    assert len(inbox.messages) == 2
+    connection.ack(first[0].headers["ack"])
+    assert len(inbox.wait_for(3)) == 3
+    time.sleep(0.5)
+    assert len(inbox.messages) == 3
+    connection.disconnect()
+
+
 def test_nack_follows_the_redelivery_policy_then_the_dead_letter_queue(server, unique) -> None:
     connection, inbox = connect(server)
     connection.subscribe(f"/queue/{unique}", id="1", ack="client-individual")
@@ -144,6 +161,28 @@ def test_a_transaction_sends_and_acks_on_commit_and_nothing_on_abort(server, uni
     (message,) = inbox.wait_for(1)
     assert message.body == "once"
     connection.disconnect()
+
+
+def test_acks_in_a_transaction_count_on_commit_and_not_on_abort(server, unique) -> None:
+    destination = f"/queue/{unique}"
+    connection, inbox = connect(server)
+    connection.subscribe(destination, id="1", ack="client-individual")
+    connection.send(destination, "kept")
+    connection.send(destination, "acked")
+    received = {m.body: m for m in inbox.wait_for(2)}
+    aborted = connection.begin()
+    connection.ack(received["kept"].headers["ack"], transaction=aborted)
+    connection.abort(aborted)
+    committed = connection.begin()
+    connection.ack(received["acked"].headers["ack"], transaction=committed)
+    connection.commit(committed)
+    connection.disconnect()  # its receipt comes once the subscription left its group
+    again, second = connect(server)
+    again.subscribe(destination, id="1", ack="client-individual")
+    (back,) = second.wait_for(1)
+    time.sleep(0.5)  # nothing else may come (bounded look, not a synchronisation)
+    assert [m.body for m in second.messages] == ["kept"] and back.headers["redelivered"] == "true"
+    again.disconnect()
 
 
 def test_topics_broadcast_to_every_subscriber(server, unique) -> None:

@@ -1,0 +1,101 @@
+"""The per-message pipeline: token → cache → claim → handler → commit → cache fill.
+
+The pipeline is one chain of shared steps (`reliable.pipeline.steps`), in
+the manner of structlog's processor chain; the steps around ``run`` see the
+whole fetch, ``run`` one chunk at a time:
+
+    tokens → repeats → cache → run → dead letters → cache fill → observers
+
+Only the ``run`` step differs between the modes, and how many messages it
+sees at a time:
+* single: chunks of one message; run = claim, handler and commit in one
+  transaction (`transaction.each_in_transaction`);
+* batch: the whole batch as one chunk; run = one transaction with the batch
+  in a savepoint, each message isolated on failure
+  (`transaction.together_in_transaction`);
+* lease: chunks of one; run = lease, handler with the lease renewed, stored
+  result (`lease.Leased`).
+The failure branch is shared: a failing message is classified (redeliver
+with the policy's next delay, or dead-letter), and every dead letter is
+recorded in the store before the worker hands it to the transport. The
+worker turns each `Result` into an ack; observers (`observe.Observer`) see
+every outcome.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from backends.types import Message
+from reliable.commit import OffsetWatermark
+from reliable.handler import Handler
+from reliable.outcome import Result
+from reliable.pipeline.lease import InProgress, Leased
+from reliable.pipeline.observe import Metrics, Observer, Observers, Report
+from reliable.pipeline.steps import Step, Steps, Work
+from reliable.pipeline.transaction import each_in_transaction, together_in_transaction
+from reliable.runtime import Runtime
+
+log = structlog.get_logger("reliable.pipeline")
+
+__all__ = ["Observer", "Pipeline"]
+
+
+class Pipeline:
+    """Runs one handler's messages through the chain of steps against a runtime.
+
+    With ``offsets`` (the transactional commit strategy on a transport whose
+    consumer keeps offsets), every transaction also saves where its queues
+    stand once its messages are done: the contiguous prefix of the watermark,
+    never past a message still in flight. ``in_progress`` tells the
+    transport a leased message is still being worked on.
+    """
+
+    def __init__(self, handler: Handler, runtime: Runtime, offsets: OffsetWatermark | None = None,
+                 in_progress: InProgress | None = None) -> None:
+        self.handler = handler
+        self.observers = Observers([Report(runtime.counters), Metrics()])
+        self.steps = Steps(handler, runtime, offsets, self.observers)
+        self.guard = self.steps.guard
+        run: Step
+        if handler.lease is not None:
+            run = Leased(self.steps, in_progress)
+        elif handler.batch:
+            run = lambda work: together_in_transaction(self.steps, work)  # noqa: E731
+        else:
+            run = lambda work: each_in_transaction(self.steps, work)  # noqa: E731
+        s = self.steps
+        self.before: list[Step] = [s.tokens, s.repeats, s.cached]
+        self.run = run
+        self.after: list[Step] = [s.dead_letters, s.remember]
+        self.chunk = handler.batch or 1
+
+    def process(self, messages: Sequence[Message], stopping: Callable[[], bool] = lambda: False) -> list[Result]:
+        """Run ``messages`` through the chain; one `Result` per message, in order.
+
+        The steps before ``run`` see the whole fetch (one cache round trip for
+        it); ``run`` sees one chunk at a time (a batch, or one message). Once
+        ``stopping()`` is true no further chunk starts: the messages left get
+        no result (unacknowledged, they go back to the group).
+        """
+        work = [Work(m) for m in messages]
+        for step in self.before:
+            step(work)
+        done: list[Work] = []
+        for start in range(0, len(work), self.chunk):
+            if stopping():
+                log.info("worker_stopping", handler=self.handler.name, handed_back=len(work) - start)
+                break
+            chunk = work[start : start + self.chunk]
+            self.run(chunk)
+            done += chunk
+        for step in self.after:
+            step(done)
+        results = []
+        for w in done:
+            assert w.result is not None, f"no step decided message {w.message.id}"
+            results.append(w.result)
+        self.observers.outcomes(self.handler, results)
+        return results

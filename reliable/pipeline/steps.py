@@ -1,0 +1,202 @@
+"""The steps every mode shares: token, repeats, cache, the failure branch, dead letters, cache fill.
+
+A step is a plain callable over the chunk of `Work` the mode hands it
+(`Step`): one message in single and lease mode, the whole batch in batch
+mode. A step decides a message by giving it a `Result`; later steps leave
+decided messages alone, except the dead-letter step, which writes the record
+of every message decided DEAD_LETTERED (no dead letter without its record).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import structlog
+from sqlalchemy.exc import DBAPIError
+
+from backends.errors import ReliableError, StoreUnavailableError
+from backends.store.base import Transaction
+from backends.types import DeadLetter, Failure, Message
+from reliable.commit import OffsetWatermark
+from reliable.handler import Handler
+from reliable.idempotency import Guard
+from reliable.message import REPLAYS_HEADER
+from reliable.outcome import Outcome, Result
+from reliable.pipeline.observe import Observers
+from reliable.retry import Verdict, call_with_retry, classify
+from reliable.runtime import Runtime
+
+log = structlog.get_logger("reliable.pipeline")
+
+
+@dataclass
+class Work:
+    """One message on its way through the pipeline: its token once found, its result once decided."""
+
+    message: Message
+    token: str | None = None
+    result: Result | None = None
+
+    def decide(self, outcome: Outcome, **details: Any) -> None:
+        self.result = Result(self.message, outcome, self.token, **details)
+
+
+Step = Callable[[list[Work]], None]
+
+
+def store_down(exc: BaseException) -> bool:
+    """Whether ``exc`` means the store cannot be reached: wrapped by the store already, or a
+    database error that lost its connection (the handler's own statements, a savepoint). Not
+    every ``OperationalError``: SQLite's "no such table" is one, and no retry fixes it."""
+    return isinstance(exc, StoreUnavailableError) or (isinstance(exc, DBAPIError) and exc.connection_invalidated)
+
+
+def undecided(work: Sequence[Work]) -> list[Work]:
+    return [w for w in work if w.result is None]
+
+
+class Steps:
+    """The shared steps of one handler's pipeline, bound to its runtime."""
+
+    def __init__(self, handler: Handler, runtime: Runtime, offsets: OffsetWatermark | None,
+                 observers: Observers) -> None:
+        self.handler, self.runtime, self.offsets, self.observers = handler, runtime, offsets, observers
+        self.config = handler.config
+        self.guard = Guard(
+            namespace=handler.group,
+            cache=runtime.cache,
+            cache_ttl=self.config.cache_ttl,
+            token_ttl=self.config.token_ttl,
+            on_cache_down=lambda: runtime.counters.incr("cache_degraded"),
+        )
+
+    # -- before the handler -------------------------------------------------------------
+
+    def tokens(self, work: list[Work]) -> None:
+        """Find each message's token; a message without one (or with an undecodable body) fails.
+
+        In lease mode a handler without a token spec uses the message id: the lease needs a key.
+        """
+        for w in undecided(work):
+            try:
+                found = None if self.handler.token is None else self.handler.token(w.message)
+            except ReliableError as exc:
+                w.result = self.failed(w.message, None, exc)
+                continue
+            w.token = found if found is not None or self.handler.lease is None else w.message.id
+
+    def repeats(self, work: list[Work]) -> None:
+        """A token seen earlier in the same chunk is a duplicate of that message."""
+        first: set[str] = set()
+        for w in undecided(work):
+            if w.token is not None and w.token in first:
+                w.decide(Outcome.DUPLICATE)
+            elif w.token is not None:
+                first.add(w.token)
+
+    def cached(self, work: list[Work]) -> None:
+        """One cache round trip: tokens the cache has seen are duplicates."""
+        seen = self.guard.cached([w.token for w in undecided(work) if w.token is not None])
+        for w in undecided(work):
+            if w.token is not None and w.token in seen:
+                w.decide(Outcome.DUPLICATE)
+
+    # -- around the handler ---------------------------------------------------------------
+
+    def call(self, messages: list[Message], tx: Transaction | None, *, batch: bool = False) -> Any:
+        """The handler itself, timed for the observers."""
+        started = self.runtime.clock.time()
+        try:
+            if batch:
+                assert tx is not None, "batch mode runs in a transaction"
+                return self.handler.call_batch(messages, tx)
+            return self.handler.call(messages[0], tx)
+        finally:
+            self.observers.handler_ran(self.handler, len(messages), self.runtime.clock.time() - started)
+
+    def retrying(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` under the in-process retry policy (transient errors retried in place)."""
+        def retried(exc: BaseException, attempt: int) -> None:
+            self.runtime.counters.incr("retried")
+            self.observers.retried(self.handler, exc, attempt)
+            log.info("retrying_in_process", handler=self.handler.name, attempt=attempt, error=repr(exc))
+
+        return call_with_retry(fn, policy=self.config.in_process, classifier=self.handler.classifier,
+                               clock=self.runtime.clock, on_retry=retried)
+
+    def save_offsets(self, tx: Transaction, messages: Sequence[Message]) -> None:
+        """Save, in ``tx``, where the queues stand once ``messages`` are done too."""
+        if self.offsets is None or not messages:
+            return
+        positions = self.offsets.positions_if_done(messages)
+        if positions:
+            tx.save_offsets(self.handler.group, positions)
+
+    def offsets_saved(self, messages: Sequence[Message]) -> None:
+        """The transaction that saved ``messages``' positions committed: they are done."""
+        if self.offsets is not None:
+            self.offsets.mark_done(messages)
+
+    # -- the failure branch -------------------------------------------------------------
+
+    def failed(self, message: Message, token: str | None, exc: BaseException) -> Result:
+        """Classify: redeliver with the policy's next delay, or dead-letter (recorded later)."""
+        now = self.runtime.clock.time()
+        policy = self.config.redelivery
+        if classify(exc, self.handler.classifier) is Verdict.RETRY and not policy.gives_up(message.attempt):
+            delay = policy.next_delay(None, self.runtime.rng, attempt=message.attempt)
+            return Result(message, Outcome.REDELIVERED, token, delay=delay, error=exc)
+        failure = Failure(
+            error_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+            error_message=str(exc),
+            traceback="".join(traceback.format_exception(exc)),
+            attempts=message.attempt,
+            first_failure_at=message.first_failure_at or now,
+            last_failure_at=now,
+        )
+        return Result(message, Outcome.DEAD_LETTERED, token, failure=failure, error=exc)
+
+    def deferred(self, message: Message, token: str | None, exc: Exception) -> Result:
+        """The store was down: no ack at all, the message comes back after the policy's first delay."""
+        delay = self.config.redelivery.next_delay(None, self.runtime.rng, attempt=1)
+        return Result(message, Outcome.DEFERRED, token, delay=delay, error=exc)
+
+    def dead_letters(self, work: list[Work]) -> None:
+        """Record every DEAD_LETTERED message, with the offsets, in one transaction.
+
+        A message the group has a record of already (a duplicate of a poison
+        message, a redelivery after a crash before the ack) becomes a
+        DUPLICATE; with the store down every one becomes DEFERRED: it is not
+        handed to the transport's dead-letter queue without its record.
+        """
+        poisoned = [w for w in work if w.result is not None and w.result.outcome is Outcome.DEAD_LETTERED]
+        if not poisoned:
+            return
+        try:
+            with self.runtime.store.transaction() as tx:
+                for w in poisoned:
+                    assert w.result is not None
+                    w.result = self._record(tx, w.result)
+                self.save_offsets(tx, [w.message for w in poisoned])
+        except StoreUnavailableError as exc:
+            for w in poisoned:
+                w.result = self.deferred(w.message, w.token, exc)
+            return
+        self.offsets_saved([w.message for w in poisoned])
+
+    def _record(self, tx: Transaction, result: Result) -> Result:
+        assert result.failure is not None
+        replays = int(result.message.headers.get(REPLAYS_HEADER, 0) or 0)
+        letter = DeadLetter(self.handler.group, result.message, result.token, result.failure, replays=replays)
+        if tx.add_dead_letter(letter) is None:
+            return replace(result, outcome=Outcome.DUPLICATE)
+        return result
+
+    # -- after ----------------------------------------------------------------------------
+
+    def remember(self, work: list[Work]) -> None:
+        """Queue the tokens of acked messages for the cache (written behind)."""
+        self.guard.remember([w.result.token for w in work if w.result and w.result.acked and w.result.token])

@@ -1,0 +1,95 @@
+"""The claim → handler → commit step of single and batch mode.
+
+Single mode: one transaction per message, retried whole in process. Batch
+mode: one transaction for the chunk with the claim and the handler in a
+savepoint; if that fails, each message runs again in its own savepoint so a
+poison message does not roll back its neighbours.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import structlog
+
+from backends.errors import StoreUnavailableError
+from backends.store.base import Transaction
+from backends.types import Message
+from reliable.outcome import Outcome, Result
+from reliable.pipeline.steps import Steps, Work, store_down, undecided
+
+log = structlog.get_logger("reliable.pipeline")
+
+
+def each_in_transaction(steps: Steps, work: list[Work]) -> None:
+    """Single mode: claim, call and commit each message in a transaction of its own."""
+    for w in undecided(work):
+        try:
+            claimed, value = steps.retrying(partial(_one, steps, w.message, w.token))
+        except Exception as exc:
+            down = store_down(exc)
+            w.result = steps.deferred(w.message, w.token, exc) if down else steps.failed(w.message, w.token, exc)
+        else:
+            w.decide(Outcome.PROCESSED if claimed else Outcome.DUPLICATE, value=value)
+
+
+def _one(steps: Steps, message: Message, token: str | None) -> tuple[bool, object]:
+    with steps.runtime.store.transaction() as tx:
+        if token is not None and not steps.guard.claim(tx, [token]):
+            return False, None
+        value = steps.call([message], tx)
+        steps.save_offsets(tx, [message])
+    steps.offsets_saved([message])
+    return True, value
+
+
+def together_in_transaction(steps: Steps, work: list[Work]) -> None:
+    """Batch mode: claim, call and commit the chunk in one transaction (isolating a failure)."""
+    fresh = undecided(work)
+    if not fresh:
+        return
+    try:
+        with steps.runtime.store.transaction() as tx:
+            _batch(steps, tx, fresh)
+            done = [w.message for w in fresh if w.result is not None and w.result.acked]
+            steps.save_offsets(tx, done)
+    except StoreUnavailableError as exc:
+        for w in fresh:
+            w.result = steps.deferred(w.message, w.token, exc)
+        return
+    steps.offsets_saved(done)
+
+
+def _batch(steps: Steps, tx: Transaction, fresh: list[Work]) -> None:
+    try:
+        with tx.savepoint():
+            claimed = steps.guard.claim(tx, [w.token for w in fresh if w.token is not None])
+            run = [w.message for w in fresh if w.token is None or w.token in claimed]
+            if run:
+                steps.call(run, tx, batch=True)
+    except Exception as exc:
+        if store_down(exc):
+            raise StoreUnavailableError(f"store unavailable in batch transaction: {exc}") from exc
+        log.info("batch_isolating_failure", handler=steps.handler.name, size=len(fresh), error=str(exc))
+        for w in fresh:
+            w.result = _isolated(steps, tx, w)
+        return
+    for w in fresh:
+        w.decide(Outcome.PROCESSED if w.token is None or w.token in claimed else Outcome.DUPLICATE)
+
+
+def _isolated(steps: Steps, tx: Transaction, w: Work) -> Result:
+    def attempt() -> bool:
+        with tx.savepoint():
+            if w.token is not None and not steps.guard.claim(tx, [w.token]):
+                return False
+            steps.call([w.message], tx, batch=True)
+            return True
+
+    try:
+        processed = steps.retrying(attempt)
+    except Exception as exc:
+        if store_down(exc):
+            raise StoreUnavailableError(f"store unavailable in isolated savepoint: {exc}") from exc
+        return steps.failed(w.message, w.token, exc)
+    return Result(w.message, Outcome.PROCESSED if processed else Outcome.DUPLICATE, w.token)
