@@ -3,8 +3,8 @@
 The server speaks two protocols on one asyncio loop and turns every request
 into one call of the engine. The engine is synchronous (`broker.delivery`),
 so each call runs on a thread of the engine's own pool; a long-poll fetch
-waits on its thread, never on the loop, and the pool is large enough that
-waiting fetches do not starve acks and publishes. When a connection ends,
+waits on a thread of a second pool, never on the loop, so however many
+fetches wait, acks and publishes are not starved. When a connection ends,
 the server calls `Engine.leave` for each of its members, and the engine
 redelivers whatever they held unacknowledged.
 """
@@ -35,13 +35,20 @@ T = TypeVar("T")
 class Engine:
     """The async face of a `BrokerApi`; every call may be awaited concurrently."""
 
-    def __init__(self, api: BrokerApi, threads: int = 64) -> None:
+    def __init__(self, api: BrokerApi, threads: int = 32, waiting_threads: int = 64) -> None:
         self.api = api
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="broker-engine")
+        self._waits = ThreadPoolExecutor(max_workers=waiting_threads, thread_name_prefix="broker-wait")
 
     async def _run(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(call, *args, **kwargs))
+
+    async def _wait(self, call: Callable[..., T], *args: Any) -> T:
+        """A call that may block for long (a long-poll fetch) on a pool of its own, so
+        however many wait, publishes and acks still find a thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._waits, functools.partial(call, *args))
 
     async def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
         return await self._run(self.api.publish, topic, messages)
@@ -57,7 +64,7 @@ class Engine:
         await self._run(self.api.leave, member)
 
     async def fetch(self, member: str, max_messages: int, timeout: float) -> list[Delivery]:
-        return await self._run(self.api.fetch, member, max_messages, timeout)
+        return await self._wait(self.api.fetch, member, max_messages, timeout)
 
     async def ack(self, member: str, receipts: Sequence[str]) -> None:
         await self._run(self.api.ack, member, receipts)
@@ -96,7 +103,7 @@ class Engine:
         return await self._run(self.api.dlq_list, group, limit)  # type: ignore[attr-defined]
 
     async def dlq_replay(self, group: str) -> int:
-        return await self._run(self.api.dlq_replay, group)  # type: ignore[attr-defined]
+        return await self._wait(self.api.dlq_replay, group)  # type: ignore[attr-defined]
 
     async def dlq_purge(self, group: str) -> int:
         return await self._run(self.api.dlq_purge, group)  # type: ignore[attr-defined]
@@ -122,3 +129,4 @@ class Engine:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._waits.shutdown(wait=True, cancel_futures=True)
