@@ -5,7 +5,7 @@ queue and publisher confirms, JetStream with acknowledged publishes) and
 consume+ack per second, 256-byte bodies, each client batching as it allows:
 
   reliable broker   `broker.client.Client`: publish 100 per request; fetch 500, ack the receipts
-  ... pipelined     `broker.aio_client.AsyncClient`: 4 publishes of 500 in flight; acks sent
+  ... pipelined     `broker.async_client.AsyncClient`: 4 publishes of 500 in flight; acks sent
                     while the next batch is fetched
   RabbitMQ          pika BlockingConnection: confirm per publish; prefetch 500, ack multiple
   Redis Streams     redis-py: XADD 100 per pipeline; XREADGROUP 500, XACK (this Redis keeps nothing on disk)
@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from broker.aio_client import AsyncClient
+from broker.async_client import AsyncClient
 from broker.client import Client
 from broker.delivery.values import OutgoingMessage
 

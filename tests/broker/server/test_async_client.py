@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.aio_client import AsyncClient, AsyncConsumer
+from broker.async_client import AsyncClient, AsyncConsumer
 from broker.client import Client
 from broker.delivery.values import OutgoingMessage
 from tests.broker.server.serving import ServerProcess
