@@ -21,7 +21,7 @@ import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -74,13 +74,13 @@ class Client:
 
     def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
         named = [m if m.message_id else replace(m, message_id=uuid.uuid4().hex) for m in messages]
-        reply = self._resending("publish", topic=topic, messages=[_outgoing(m) for m in named])
+        reply = self._resending("publish", topic=topic, messages=[outgoing_map(m) for m in named])
         return [Placement(**p) for p in reply["placements"]]
 
     def publish_to_group(self, group: str, topic: str,
                          messages: Sequence[OutgoingMessage]) -> list[Placement]:
         reply = self._call("publish_to_group", group=group, topic=topic,
-                           messages=[_outgoing(m) for m in messages])
+                           messages=[outgoing_map(m) for m in messages])
         return [Placement(**p) for p in reply["placements"]]
 
     def join(self, group: str, topics: Sequence[str], *, broadcast: bool = False,
@@ -201,7 +201,7 @@ class Client:
             self._waiting.pop(request_id, None)
             self._lost(sock, exc)
             raise BrokerUnavailableError(f"broker {self._where()} unreachable: {exc}") from exc
-        return _result(waiting.result())
+        return result(waiting.result())
 
     def _connected(self) -> socket.socket:
         with self._lock:
@@ -253,13 +253,22 @@ class Client:
         return f"{self.address[0]}:{self.address[1]}"
 
 
-def _outgoing(message: OutgoingMessage) -> dict[str, Any]:
-    fields = asdict(message)
-    fields["headers"] = dict(message.headers)
+def outgoing_map(message: OutgoingMessage) -> dict[str, Any]:
+    """The message as the protocol carries it; fields left at their default are not sent."""
+    fields: dict[str, Any] = {"body": message.body}
+    for name in ("key", "tag", "message_id"):
+        if value := getattr(message, name):
+            fields[name] = value
+    if message.headers:
+        fields["headers"] = dict(message.headers)
+    if message.queue is not None:
+        fields["queue"] = message.queue
+    if message.deliver_at:
+        fields["deliver_at"] = message.deliver_at
     return fields
 
 
-def _result(reply: dict[str, Any]) -> dict[str, Any]:
+def result(reply: dict[str, Any]) -> dict[str, Any]:
     if reply.get("ok"):
         return reply
     error = reply.get("error") or {}

@@ -144,6 +144,7 @@ def test_prometheus_metrics_of_the_broker(tmp_path, unique) -> None:
     assert 'broker_messages_redelivered_total{topic="%RETRY%audit"} 1.0' in text
     assert 'broker_messages_dead_lettered_total{group="audit"} 1.0' in text
     assert 'broker_group_lag{group="audit"' in text and "broker_connections_total" in text
+    assert "broker_publish_seconds_count 1.0" in text  # one publish request, timed
     client.close()
     server.stop()
 

@@ -1,0 +1,247 @@
+"""`AsyncClient` and `AsyncConsumer`: the broker server's native protocol for asyncio programs.
+
+The calls of `broker.client.Client`, awaited: one connection carries every
+request, each with an id, and a reader task resolves each reply's future, so
+any number of coroutines pipeline publishes, fetches and acks on it. When the
+connection breaks, waiting calls fail with `BrokerUnavailableError` and the
+next call connects again; a publish is retried with backoff (tenacity) and
+keeps its message ids, so a resend whose first copy reached the store is
+dropped by the broker. `AsyncConsumer` is one group member that joins again
+after a reconnect and goes on from the group's committed offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import ssl
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import structlog
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from broker.client import CONNECT_TIMEOUT, outgoing_map, parse_address, result
+from broker.delivery.values import (
+    Delivery,
+    GroupInfo,
+    OutgoingMessage,
+    Placement,
+    QueueLag,
+    TopicInfo,
+)
+from broker.errors import BrokerError, BrokerUnavailableError, UnknownMemberError
+from broker.server import native_codec
+from broker.server.native_codec import FrameDecoder, decode_body
+
+log = structlog.get_logger("broker.client")
+_Link = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class AsyncClient:
+    """The broker server's calls as coroutines, over one pipelined connection."""
+
+    def __init__(self, address: str, *, user: str | None = None, password: str | None = None,
+                 tls: ssl.SSLContext | None = None, publish_retry_seconds: float = 30.0) -> None:
+        self.address = parse_address(address)
+        self._credentials = (user, password)
+        self._tls = tls
+        self._retry_seconds = publish_retry_seconds
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._link: _Link | None = None
+        self._connecting = asyncio.Lock()
+        self._reader_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
+        named = [m if m.message_id else replace(m, message_id=uuid.uuid4().hex) for m in messages]
+        fields = {"topic": topic, "messages": [outgoing_map(m) for m in named]}
+        async for attempt in AsyncRetrying(retry=retry_if_exception_type(BrokerUnavailableError),
+                                           wait=wait_exponential(multiplier=0.05, max=2.0),
+                                           stop=stop_after_delay(self._retry_seconds), reraise=True):
+            with attempt:
+                reply = await self._call("publish", **fields)
+        return [Placement(**p) for p in reply["placements"]]
+
+    async def join(self, group: str, topics: Sequence[str], *, broadcast: bool = False,
+                   from_end: bool = False, prefetch: int | None = None,
+                   lease: float | None = None) -> str:
+        reply = await self._call("subscribe", group=group, topics=list(topics), broadcast=broadcast,
+                                 from_end=from_end, prefetch=prefetch, lease=lease)
+        return str(reply["member"])
+
+    async def leave(self, member: str) -> None:
+        await self._call("unsubscribe", member=member)
+
+    async def fetch(self, member: str, max_messages: int, timeout: float) -> list[Delivery]:
+        reply = await self._call("fetch", member=member, max_messages=max_messages, timeout=timeout)
+        return [Delivery(**m) for m in reply["messages"]]
+
+    async def ack(self, member: str, receipts: Sequence[str]) -> None:
+        await self._call("ack", member=member, receipts=list(receipts))
+
+    async def nack(self, member: str, receipts: Sequence[str], delay: float) -> None:
+        await self._call("nack", member=member, receipts=list(receipts), delay=delay)
+
+    async def dead_letter(self, member: str, receipts: Sequence[str], reason: str) -> None:
+        await self._call("dead_letter", member=member, receipts=list(receipts), reason=reason)
+
+    async def commit(self, member: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        await self._call("commit", member=member, offsets=[[t, q, o] for (t, q), o in offsets.items()])
+
+    async def topics(self) -> list[TopicInfo]:
+        return [TopicInfo(**t) for t in (await self._call("topics"))["topics"]]
+
+    async def groups(self) -> list[GroupInfo]:
+        return [GroupInfo(**{**g, "topics": tuple(g["topics"])})
+                for g in (await self._call("groups"))["groups"]]
+
+    async def lag(self, group: str) -> list[QueueLag]:
+        return [QueueLag(q["topic"], q["queue"], q["committed"], q["end"])
+                for q in (await self._call("lag", group=group))["lag"]]
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._link is not None:
+            self._drop(self._link, ConnectionError("closed by the client"))
+        if self._reader_task is not None:
+            await asyncio.gather(self._reader_task, return_exceptions=True)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- the connection ------------------------------------------------------------
+
+    async def _call(self, op: str, **fields: Any) -> dict[str, Any]:
+        link = await self._connected()
+        return await self._request(link, op, fields)
+
+    async def _request(self, link: _Link, op: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+        request_id = next(self._ids)
+        waiting = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = waiting
+        given = {k: v for k, v in fields.items() if v is not None}  # absent: the server's default
+        try:
+            link[1].write(native_codec.encode({"id": request_id, "op": op, **given}))
+            await link[1].drain()
+        except OSError as exc:
+            self._drop(link, exc)
+        return result(await waiting)
+
+    async def _connected(self) -> _Link:
+        async with self._connecting:
+            if self._closed:
+                raise BrokerError("this broker client is closed")
+            if self._link is not None:
+                return self._link
+            host, port = self.address
+            try:
+                link = await asyncio.wait_for(asyncio.open_connection(
+                    host, port, ssl=self._tls, server_hostname=host if self._tls else None),
+                    CONNECT_TIMEOUT)
+            except (OSError, TimeoutError) as exc:
+                raise BrokerUnavailableError(f"broker {host}:{port} unreachable: {exc}") from exc
+            self._link = link
+            self._reader_task = asyncio.create_task(self._read(link), name="broker-client-reader")
+            user, password = self._credentials
+            if user is not None:
+                await self._request(link, "hello", {"user": user, "password": password})
+            return link
+
+    async def _read(self, link: _Link) -> None:
+        decoder = FrameDecoder(1 << 30)
+        try:
+            while data := await link[0].read(1 << 20):
+                for payload in decoder.feed(data):
+                    reply = decode_body(payload)
+                    waiting = self._waiting.pop(reply.get("id", 0), None)
+                    if waiting is not None and not waiting.done():
+                        waiting.set_result(reply)
+                    elif not reply.get("ok", True):  # an error for no request: the server ends
+                        log.warning("client.refused", error=reply.get("error"))
+            raise ConnectionError("the broker closed the connection")
+        except Exception as exc:  # noqa: BLE001 - every waiter learns the connection is gone
+            self._drop(link, exc)
+
+    def _drop(self, link: _Link, exc: BaseException) -> None:
+        if self._link is link:
+            self._link = None
+        link[1].transport.abort()
+        host, port = self.address
+        for request_id in list(self._waiting):
+            waiting = self._waiting.pop(request_id)
+            if not waiting.done():
+                waiting.set_exception(BrokerUnavailableError(f"broker {host}:{port} lost: {exc}"))
+
+
+class AsyncConsumer:
+    """One member of ``group`` over ``topics`` that joins again whenever its connection was lost.
+
+    The server lets a member go with its connection, so its unacknowledged
+    messages go to other members (or back to this one, joined again); acks
+    for deliveries of a member that is gone are dropped, since those
+    messages are delivered again.
+    """
+
+    def __init__(self, client: AsyncClient, group: str, topics: Sequence[str], *,
+                 reconnect_seconds: float = 30.0, **join_options: Any) -> None:
+        self.client = client
+        self.group = group
+        self.topics = list(topics)
+        self._options = join_options
+        self._reconnect_seconds = reconnect_seconds
+        self._member: str | None = None
+        self._holders: dict[str, str] = {}  # receipt -> the member it was delivered to
+
+    async def fetch(self, max_messages: int, timeout: float) -> list[Delivery]:
+        """Up to ``max_messages``; on a lost connection, reconnect and rejoin (with backoff) first."""
+        async for attempt in self._retrying():
+            with attempt:
+                member = await self._joined()
+                try:
+                    got = await self.client.fetch(member, max_messages, timeout)
+                except (BrokerUnavailableError, UnknownMemberError):
+                    self._member = None
+                    raise BrokerUnavailableError(f"member of {self.group!r} lost") from None
+        self._holders.update({d.receipt: member for d in got})
+        return got
+
+    async def ack(self, deliveries: Sequence[Delivery]) -> None:
+        """STANDARD for the deliveries this member still holds (others come back anyway)."""
+        await self._settle(deliveries, self.client.ack)
+
+    async def nack(self, deliveries: Sequence[Delivery], delay: float) -> None:
+        await self._settle(deliveries, lambda m, r: self.client.nack(m, r, delay))
+
+    async def close(self) -> None:
+        if self._member is not None:
+            try:
+                await self.client.leave(self._member)
+            except (BrokerUnavailableError, UnknownMemberError):
+                pass
+            self._member = None
+
+    async def _settle(self, deliveries: Sequence[Delivery], call: Any) -> None:
+        receipts = [d.receipt for d in deliveries if self._holders.pop(d.receipt, None) == self._member]
+        if receipts and self._member is not None:
+            try:
+                await call(self._member, receipts)
+            except (BrokerUnavailableError, UnknownMemberError):
+                self._member = None  # they are delivered again; the next fetch rejoins
+
+    async def _joined(self) -> str:
+        if self._member is None:
+            self._member = await self.client.join(self.group, self.topics, **self._options)
+            log.info("client.joined", group=self.group, member=self._member)
+        return self._member
+
+    def _retrying(self) -> AsyncRetrying:
+        return AsyncRetrying(retry=retry_if_exception_type(BrokerUnavailableError),
+                             wait=wait_exponential(multiplier=0.05, max=2.0),
+                             stop=stop_after_delay(self._reconnect_seconds), reraise=True)
