@@ -177,21 +177,3 @@ def test_tls_and_the_idle_timeout(tmp_path, unique) -> None:
     assert closed(quiet)  # idle_timeout: a silent connection is closed by the server
     client.close()
     server.stop()
-
-
-def test_the_asyncio_client_shares_one_connection_between_coroutines(server, unique) -> None:
-    import asyncio
-
-    from broker.aio_client import AsyncClient
-
-    async def scenario() -> list[bytes]:
-        client = AsyncClient(server.url, user="app", password="s3cret")
-        member = await client.join("g", [unique])
-        waiting = asyncio.create_task(client.fetch(member, 5, 10.0))  # a long poll ...
-        await asyncio.sleep(0.2)
-        await client.publish(unique, [OutgoingMessage(b"hello", message_id="h")])  # ... does not block this
-        bodies = [d.body for d in await waiting]
-        await client.close()
-        return bodies
-
-    assert asyncio.run(scenario()) == [b"hello"]
