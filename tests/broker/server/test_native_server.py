@@ -147,33 +147,3 @@ def test_prometheus_metrics_of_the_broker(tmp_path, unique) -> None:
     assert "broker_publish_seconds_count 1.0" in text  # one publish request, timed
     client.close()
     server.stop()
-
-
-def test_tls_and_the_idle_timeout(tmp_path, unique) -> None:
-    import ssl
-    import subprocess
-
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-                    "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
-    settings = tmp_path / "reliable.toml"
-    settings.write_text(f'[broker]\ntls_certfile = "{cert}"\ntls_keyfile = "{key}"\nidle_timeout = 1.0\n')
-    server = ServerProcess(tmp_path / "data", "--settings", str(settings)).start()
-    context = ssl.create_default_context(cafile=str(cert))
-    client = Client(server.url, tls=context)
-    client.publish(unique, [OutgoingMessage(b"secret", message_id="s")])
-    member = client.join("g", [unique])
-    assert [d.body for d in client.fetch(member, 1, 2.0)] == [b"secret"]
-    plain = raw(server)  # no TLS handshake: refused, nothing served
-    plain.sendall(native_codec.encode({"id": 1, "op": "topics"}))
-    assert closed(plain)
-    old = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    old.check_hostname, old.verify_mode = False, ssl.CERT_NONE
-    old.maximum_version = ssl.TLSVersion.TLSv1_1
-    with pytest.raises(ssl.SSLError):
-        old.wrap_socket(raw(server), server_hostname="127.0.0.1")  # below TLS 1.2: refused
-    quiet = context.wrap_socket(raw(server), server_hostname="127.0.0.1")
-    assert closed(quiet)  # idle_timeout: a silent connection is closed by the server
-    client.close()
-    server.stop()
