@@ -23,7 +23,7 @@ from typing import Any
 import structlog
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from broker.client import CONNECT_TIMEOUT, outgoing_map, parse_address, result
+from broker.client import CONNECT_TIMEOUT, outgoing_map, parse_address, result, unix_path, where
 from broker.delivery.values import (
     Delivery,
     GroupInfo,
@@ -46,6 +46,8 @@ class AsyncClient:
     def __init__(self, address: str, *, user: str | None = None, password: str | None = None,
                  tls: ssl.SSLContext | None = None, publish_retry_seconds: float = 30.0) -> None:
         self.address = parse_address(address)
+        self.path = unix_path(address)
+        self._name = where(address)
         self._credentials = (user, password)
         self._tls = tls
         self._retry_seconds = publish_retry_seconds
@@ -141,12 +143,14 @@ class AsyncClient:
             if self._link is not None:
                 return self._link
             host, port = self.address
+            hostname = host if self._tls else None
+            opening = (asyncio.open_unix_connection(self.path, ssl=self._tls, server_hostname=hostname)
+                       if self.path is not None else
+                       asyncio.open_connection(host, port, ssl=self._tls, server_hostname=hostname))
             try:
-                link = await asyncio.wait_for(asyncio.open_connection(
-                    host, port, ssl=self._tls, server_hostname=host if self._tls else None),
-                    CONNECT_TIMEOUT)
+                link = await asyncio.wait_for(opening, CONNECT_TIMEOUT)
             except (OSError, TimeoutError) as exc:
-                raise BrokerUnavailableError(f"broker {host}:{port} unreachable: {exc}") from exc
+                raise BrokerUnavailableError(f"broker {self._name} unreachable: {exc}") from exc
             self._link = link
             self._reader_task = asyncio.create_task(self._read(link), name="broker-client-reader")
             user, password = self._credentials
@@ -173,11 +177,10 @@ class AsyncClient:
         if self._link is link:
             self._link = None
         link[1].transport.abort()
-        host, port = self.address
         for request_id in list(self._waiting):
             waiting = self._waiting.pop(request_id)
             if not waiting.done():
-                waiting.set_exception(BrokerUnavailableError(f"broker {host}:{port} lost: {exc}"))
+                waiting.set_exception(BrokerUnavailableError(f"broker {self._name} lost: {exc}"))
 
 
 class AsyncConsumer:

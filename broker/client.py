@@ -45,8 +45,23 @@ log = structlog.get_logger("broker.client")
 CONNECT_TIMEOUT = 5.0
 
 
+def unix_path(address: str) -> str | None:
+    """The socket path of ``unix:///path/broker.sock`` (or a bare ``/path``), else None."""
+    if address.startswith("unix://"):
+        return address.removeprefix("unix://")
+    return address if address.startswith("/") else None
+
+
+def where(address: str) -> str:
+    """How log lines and errors name the broker at ``address``."""
+    path = unix_path(address)
+    return path if path is not None else "{}:{}".format(*parse_address(address))
+
+
 def parse_address(address: str) -> tuple[str, int]:
     """``host:port`` (or ``reliable://host:port``) as a pair; a `BrokerError` naming it if not."""
+    if unix_path(address) is not None:
+        return "localhost", 0
     rest = address.partition("://")[2] if "://" in address else address
     host, _, port = rest.split("/")[0].split("?")[0].rpartition(":")
     if not host or not port.isdigit():
@@ -60,9 +75,11 @@ class Client:
     def __init__(self, address: str, *, user: str | None = None, password: str | None = None,
                  tls: ssl.SSLContext | None = None, publish_retry_seconds: float = 30.0) -> None:
         self.address = parse_address(address)
+        self.path = unix_path(address)
         self._credentials = (user, password)
         self._tls = tls
         self._retry_seconds = publish_retry_seconds
+        self._name = where(address)
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -210,19 +227,30 @@ class Client:
             if self._sock is not None:
                 return self._sock
             try:
-                sock = socket.create_connection(self.address, timeout=CONNECT_TIMEOUT)
-                if self._tls is not None:
-                    sock = self._tls.wrap_socket(sock, server_hostname=self.address[0])
+                sock = self._open()
             except OSError as exc:
                 raise BrokerUnavailableError(f"broker {self._where()} unreachable: {exc}") from exc
             sock.settimeout(None)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sock = sock
             threading.Thread(target=self._read, args=(sock,), name="broker-client", daemon=True).start()
         user, password = self._credentials
         if user is not None:
             self._call("hello", user=user, password=password)
         return sock
+
+    def _open(self) -> socket.socket:
+        if self.path is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(CONNECT_TIMEOUT)
+            try:
+                sock.connect(self.path)
+            except OSError:
+                sock.close()
+                raise
+        else:
+            sock = socket.create_connection(self.address, timeout=CONNECT_TIMEOUT)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return self._tls.wrap_socket(sock, server_hostname=self.address[0]) if self._tls else sock
 
     def _read(self, sock: socket.socket) -> None:
         decoder = FrameDecoder(1 << 30)
@@ -250,7 +278,7 @@ class Client:
                 waiting.set_exception(BrokerUnavailableError(f"broker {self._where()} lost: {exc}"))
 
     def _where(self) -> str:
-        return f"{self.address[0]}:{self.address[1]}"
+        return self._name
 
 
 def outgoing_map(message: OutgoingMessage) -> dict[str, Any]:

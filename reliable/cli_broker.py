@@ -50,7 +50,7 @@ def _api(url: str | None, settings_path: str | None) -> Iterator[Any]:
     configure_logging("warning")  # the output is the table (or JSON); logs go to stderr
     url = url or Settings.load(settings_path).transport.url
     scheme, _, rest = url.partition("://")
-    if scheme == "reliable":
+    if scheme in ("reliable", "unix"):
         from broker.client import Client
 
         api: Any = Client(url)
@@ -59,7 +59,7 @@ def _api(url: str | None, settings_path: str | None) -> Iterator[Any]:
 
         api = open_embedded(rest.partition("?")[0] or ".reliable/broker")
     else:
-        raise click.BadParameter(f"{url!r} is not a reliable:// or embedded:// broker URL", param_hint="--url")
+        raise click.BadParameter(f"{url!r} is not a reliable://, unix:// or embedded:// broker URL", param_hint="--url")
     try:
         yield api
     finally:

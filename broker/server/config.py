@@ -88,6 +88,7 @@ class ServerConfig:
     tls: TlsConfig | None = None
     users: Mapping[str, User] = field(default_factory=dict)
     allow_open_network: bool = False
+    unix_socket: str | None = None  # a path: the native protocol there too (owner-only access)
 
     def __post_init__(self) -> None:
         for name in ("port", "stomp_port", "metrics_port"):
@@ -115,7 +116,7 @@ class ServerConfig:
         for port in ("stomp_port", "metrics_port"):
             if data.get(port) is False:
                 data[port] = None
-        allowed = {"host", "port", "stomp_port", "metrics_port", "allow_open_network"}
+        allowed = {"host", "port", "stomp_port", "metrics_port", "allow_open_network", "unix_socket"}
         unknown = set(data) - allowed - ENGINE_KEYS
         if unknown:
             raise BrokerConfigError(f"broker: unknown keys {sorted(unknown)}; allowed: "

@@ -88,7 +88,7 @@ class ServerMetrics:
         try:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
             found = request.split(b" ", 2)[:2] == [b"GET", b"/metrics"]
-            body = self.exposition() if found else b"not found\n"
+            body = await asyncio.to_thread(self.exposition) if found else b"not found\n"
             status = b"200 OK" if found else b"404 Not Found"
             kind = CONTENT_TYPE_LATEST.encode() if found else b"text/plain"
             writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + kind +

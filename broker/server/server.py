@@ -10,6 +10,7 @@ runs a server until SIGINT or SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import tomllib
 from collections.abc import Awaitable, Callable
@@ -69,8 +70,18 @@ class BrokerServer:
         if self.config.metrics_port is not None:
             self._servers["metrics"] = await asyncio.start_server(
                 self.metrics.serve_http, host, self.config.metrics_port)
+        if self.config.unix_socket is not None:
+            self._servers["unix"] = await self._unix_listener(self.config.unix_socket)
         log.info("server_started", host=host, tls=tls is not None, auth=self.authenticator.required,
-                 **{f"{name}_port": self.port(name) for name in self._servers})
+                 unix_socket=self.config.unix_socket,
+                 **{f"{name}_port": self.port(name) for name in self._servers if name != "unix"})
+
+    async def _unix_listener(self, path: str) -> asyncio.Server:
+        """The native protocol on a unix socket only this user may open (no TLS: it never leaves the host)."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        server = await asyncio.start_unix_server(self._accept("native", self._native), path)
+        os.chmod(path, 0o600)
+        return server
 
     async def stop(self) -> None:
         for server in self._servers.values():
