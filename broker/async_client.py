@@ -7,7 +7,7 @@ connection breaks, waiting calls fail with `BrokerUnavailableError` and the
 next call connects again; a publish is retried with backoff (tenacity) and
 keeps its message ids, so a resend whose first copy reached the store is
 dropped by the broker. `AsyncConsumer` is one group member that joins again
-after a reconnect and goes on from the group's committed offsets.
+after a reconnect (`broker.consumer.Consumer` for threads) and goes on from the group's committed offsets.
 """
 
 from __future__ import annotations
@@ -221,6 +221,9 @@ class AsyncConsumer:
 
     async def nack(self, deliveries: Sequence[Delivery], delay: float) -> None:
         await self._settle(deliveries, lambda m, r: self.client.nack(m, r, delay))
+
+    async def dead_letter(self, deliveries: Sequence[Delivery], reason: str) -> None:
+        await self._settle(deliveries, lambda m, r: self.client.dead_letter(m, r, reason))
 
     async def close(self) -> None:
         if self._member is not None:
