@@ -51,7 +51,8 @@ class StompSession:
         except BrokerError as error:
             await self._error(error, None)
         except ConnectionTimedOut as timeout:
-            self.conn.metrics.timeouts.labels("stomp", timeout.reason).inc()
+            if timeout.reason != "slow_client":  # Connection.send counts a slow client itself
+                self.conn.metrics.timeouts.labels("stomp", timeout.reason).inc()
             self.conn.log.info("connection_timed_out", reason=timeout.reason)
         except (ConnectionError, _Done):
             pass
