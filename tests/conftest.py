@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
+import structlog
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -100,3 +101,11 @@ def sqlite_url(tmp_path) -> Iterator[str]:
 
 from tests.transports.test_kafka_suite import kafka_url  # noqa: E402, F401  (the kafka:// contract entry)
 from tests.transports.test_reliable_suite import reliable_server  # noqa: E402, F401  (reliable://)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_structlog() -> Iterator[None]:
+    """Each test starts with structlog's defaults: a CLI run in process (click's CliRunner) or an
+    App configures it (warning level, say), and a later `capture_logs` must still see info events."""
+    yield
+    structlog.reset_defaults()
