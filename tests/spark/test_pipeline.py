@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -29,10 +30,12 @@ COUNT = 100_000
 WAIT = 900.0
 
 
-def child(*args: str) -> subprocess.Popen[str]:
+def child(log: Path, *args: str) -> subprocess.Popen[str]:
+    """``python -m args...`` writing to ``log`` (a pipe nobody reads could stall it)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    with open(log, "a") as out:
+        return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=env, text=True,
+                                stdout=out, stderr=subprocess.STDOUT)
 
 
 def counts(database, table: str) -> tuple[dict[str, int], dict[str, int]]:
@@ -41,6 +44,13 @@ def counts(database, table: str) -> tuple[dict[str, int], dict[str, int]]:
         poisoned = dict(connection.execute(text(
             f"select token, count(*) from {table}_dlq group by token")).all()) if _exists(connection, f"{table}_dlq") else {}
     return written, poisoned
+
+
+def _written(database, table: str) -> int:  # type: ignore[no-untyped-def]
+    with database.connect() as connection:
+        if not _exists(connection, table):
+            return 0
+        return int(connection.execute(text(f"select count(*) from {table}")).scalar_one())
 
 
 def _exists(connection, table: str) -> bool:  # type: ignore[no-untyped-def]
@@ -59,31 +69,32 @@ def test_producers_broker_spark_postgres_with_the_broker_and_the_driver_killed(t
     database = create_engine(postgres_url)
     server = ServerProcess(tmp_path / "broker").start()
     url = server.url
-    producer = child("examples.pipeline.produce", url, unique, str(COUNT))
-    time.sleep(rng.uniform(0.5, 3.0))
-    server.kill()  # mid-production: the producers' sends fail and are resent
-    server = ServerProcess(tmp_path / "broker", port=server.port).start()
-    driver_killed = False
-    deadline = time.monotonic() + WAIT
+    producer = child(tmp_path / "producer.log", "examples.pipeline.produce", url, unique, str(COUNT))
     try:
-        while True:
-            job = child("examples.pipeline.job", url, unique, str(tmp_path / "checkpoint"), postgres_url,
-                        "--max-rows", "20000", "--table", table)
-            if not driver_killed:
-                time.sleep(rng.uniform(15.0, 30.0))
-                if job.poll() is None:
-                    job.send_signal(signal.SIGKILL)
-                    driver_killed = True
-                job.wait()
-                continue
-            output, _ = job.communicate(timeout=WAIT)
-            assert job.returncode == 0, output[-5000:]
+        time.sleep(rng.uniform(0.5, 3.0))
+        server.kill()  # mid-production: the producers' sends fail and are resent
+        server = ServerProcess(tmp_path / "broker", port=server.port).start()
+        assert producer.wait(timeout=WAIT) == 0, (tmp_path / "producer.log").read_text()[-5000:]
+
+        job_args = ("examples.pipeline.job", url, unique, str(tmp_path / "checkpoint"), postgres_url,
+                    "--max-rows", "20000", "--table", table)
+        log = tmp_path / "driver.log"
+        first = child(log, *job_args)
+        deadline = time.monotonic() + WAIT
+        while not _written(database, table):  # the driver is killed once it has written
+            assert first.poll() is None, log.read_text()[-5000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(rng.uniform(0.0, 3.0))
+        assert first.poll() is None, "the driver finished before it could be killed"
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        for _ in range(3):  # restarted from its checkpoint until everything is in
+            job = child(log, *job_args)
+            assert job.wait(timeout=WAIT) == 0, log.read_text()[-5000:]
             written, poisoned = counts(database, table)
-            if producer.poll() is not None and set(written) | set(poisoned) >= valid | poison:
+            if set(written) | set(poisoned) >= valid | poison:
                 break
-            assert time.monotonic() < deadline, f"{len(written)} written, {len(poisoned)} poisoned"
-        assert producer.wait(timeout=60) == 0
-        assert driver_killed
         assert written == dict.fromkeys(valid, 1)  # every valid order exactly once
         assert poisoned == dict.fromkeys(poison, 1)  # every poison order dead-lettered exactly once
     finally:
