@@ -1,4 +1,4 @@
-"""A TCP forwarder the tests can cut and restore: a real network outage of a real server."""
+"""A TCP forwarder the tests can cut, hang and restore: a real network outage of a real server."""
 
 from __future__ import annotations
 
@@ -7,7 +7,16 @@ import threading
 
 
 class TcpProxy:
-    """Forwards 127.0.0.1:<port> to ``target``; `cut()` drops every connection and refuses new ones."""
+    """Forwards 127.0.0.1:<port> to ``target``.
+
+    `cut()` drops every connection and refuses new ones; `hang()` keeps every
+    socket open (new ones are accepted too) but forwards nothing, as a server
+    that stopped answering; `lose_next_reply()` lets requests through until
+    the server answers one, then drops that answer and every connection: a
+    request the server carried out whose client never learns it did.
+    `restore()` ends a cut or a hang (the connections that hung are dropped:
+    a stream that lost bytes cannot be resumed).
+    """
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
@@ -15,12 +24,35 @@ class TcpProxy:
         self.port = self._listener.getsockname()[1]
         self._up = threading.Event()
         self._up.set()
+        self._hung = threading.Event()
+        self._lose_reply = threading.Event()
+        self.replies_lost = 0
+        self.chunks_swallowed = 0
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def cut(self) -> None:
         self._up.clear()
+        self._drop_connections()
+
+    def hang(self) -> None:
+        self._hung.set()
+
+    def lose_next_reply(self) -> None:
+        self._lose_reply.set()
+
+    def restore(self) -> None:
+        if self._hung.is_set():
+            self._drop_connections()
+            self._hung.clear()
+        self._up.set()
+
+    def close(self) -> None:
+        self.cut()
+        self._listener.close()
+
+    def _drop_connections(self) -> None:
         with self._lock:
             for s in self._sockets:
                 try:
@@ -29,13 +61,6 @@ class TcpProxy:
                     pass
                 s.close()
             self._sockets.clear()
-
-    def restore(self) -> None:
-        self._up.set()
-
-    def close(self) -> None:
-        self.cut()
-        self._listener.close()
 
     def _accept(self) -> None:
         while True:
@@ -48,18 +73,26 @@ class TcpProxy:
                 continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
+                upstream.settimeout(None)
             except OSError:
                 client.close()
                 continue
             with self._lock:
                 self._sockets += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            for a, b, replies in ((client, upstream, False), (upstream, client, True)):
+                threading.Thread(target=self._pipe, args=(a, b, replies), daemon=True).start()
 
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket, replies: bool) -> None:
         try:
             while data := source.recv(65536):
+                if self._hung.is_set():
+                    self.chunks_swallowed += 1
+                    continue
+                if replies and self._lose_reply.is_set():
+                    self._lose_reply.clear()
+                    self.replies_lost += 1
+                    self._drop_connections()
+                    return
                 sink.sendall(data)
         except OSError:
             pass
