@@ -64,6 +64,7 @@ class App:
         self._runtime = runtime
         self._stop = threading.Event()
         self._purged_at = float("-inf")
+        self._declared: set[str] = set()  # topics whose groups are declared to the transport
         self._lock = threading.Lock()
 
     @classmethod
@@ -160,7 +161,18 @@ class App:
             OutgoingMessage(encode_body(b, content_type), key=key, headers=all_headers, delay=delay, message_id=i)
             for b, i in zip(bodies, ids, strict=True)
         ]
+        self._declare_groups(topic)
         self.runtime.transport.publish(topic, outgoing)
+
+    def _declare_groups(self, topic: str) -> None:
+        """Declare this app's groups on ``topic`` before its first publish there, so a queue
+        broker keeps the message for them even before their workers join."""
+        if topic in self._declared:
+            return
+        transport = self.runtime.transport
+        for group in sorted({h.group for h in self.handlers.values() if h.topic == topic}):
+            transport.declare(group, [topic])
+        self._declared.add(topic)
 
     # -- consuming ------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Transports, chosen by URL: ``memory://``, ``embedded://PATH``, ``redis://HOST:PORT/DB``.
+"""Transports, chosen by URL: ``memory://``, ``embedded://PATH``, ``redis://``, ``kafka://``,
+``nats://``, ``amqp://``, ``reliable://``.
 
 ``open_transport(url, clock, **options)`` builds one. Options common to every
 transport: ``queues`` (queues per new topic, default 4) and
@@ -30,6 +31,7 @@ _TRANSPORTS: dict[str, tuple[str, str, str]] = {
     "redis": ("backends.transport.redis_streams", "RedisStreamsTransport", "url"),
     "kafka": ("backends.transport.kafka", "KafkaTransport", "url"),
     "nats": ("backends.transport.nats_transport", "NatsTransport", "url"),
+    "amqp": ("backends.transport.amqp_transport", "AmqpTransport", "url"),
     "reliable": ("backends.transport.remote", "RemoteBrokerTransport", "url"),
 }
 SCHEMES = tuple(_TRANSPORTS)
@@ -41,6 +43,7 @@ _OPTION_TYPES: dict[str, Callable[[str], Any]] = {
     "visibility_timeout": float,
     "session_timeout": float,
     "max_deliveries": int,
+    "connect_timeout": float,
 }
 
 

@@ -176,6 +176,13 @@ class Transport(ABC):
     ) -> Subscription:
         """A new member of ``group`` on ``topics`` (and on the group's ``%RETRY%`` queue)."""
 
+    def declare(self, group: str, topics: Sequence[str]) -> None:
+        """Keep what is published to ``topics`` from now on for ``group``, before any member joins.
+
+        A no-op where every group reads a topic's whole log; a queue broker
+        (``amqp://``) keeps a message only for the groups it knows of.
+        """
+
     @abstractmethod
     def publish_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         """Deliver ``messages`` of ``topic`` to ``group`` only (a dead-letter replay)."""

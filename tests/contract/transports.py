@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.transports.test_amqp_suite import amqp
 from tests.transports.test_kafka_suite import kafka
 from tests.transports.test_nats_suite import nats
 from tests.transports.test_reliable_suite import reliable
@@ -39,6 +40,7 @@ TRANSPORTS: dict[str, Callable[[pytest.FixtureRequest, Path, str], Place]] = {
     "redis": redis,
     "kafka": kafka,
     "nats": nats,
+    "amqp": amqp,
     "reliable": reliable,
 }
 

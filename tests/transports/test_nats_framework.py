@@ -8,12 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import signal
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -26,6 +21,7 @@ from backends.types import OutgoingMessage
 from reliable import App, Message
 from reliable.settings import Settings
 from tests.tcp_proxy import TcpProxy
+from tests.transports.chaos import kill_9_chaos
 from tests.transports.test_kafka_framework import (
     Flaky,
     Poison,
@@ -109,53 +105,8 @@ def test_a_handler_on_nats_with_transactional_commits(
 def test_kill_9_at_random_points_each_token_once_each_poison_dead_lettered_once(
     place: str, postgres_url: str, redis_url: str, effects: str, unique: str, kills: int, count: int  # noqa: F811
 ) -> None:
-    tokens = [f"t{n}" for n in range(count)]
-    poison = set(random.Random(14).sample(tokens, count // 100))
-    bodies = [{"token": t, "poison": t in poison} for t in tokens]
-    bodies += random.Random(15).sample(bodies, count // 10)  # 10% duplicates
-    random.Random(16).shuffle(bodies)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
-    env.update(settings_env(place, postgres_url, redis_url), PYTHONPATH=str(ROOT))
-    producer = App(Settings.load(None, env=env))
-    sending = threading.Thread(
-        target=lambda: [producer.publish_many(unique, bodies[i : i + 500]) for i in range(0, len(bodies), 500)]
-    )
-    sending.start()
-
-    def start() -> subprocess.Popen:
-        # the framework worker of the Kafka chaos test: nothing in it is Kafka's
-        return subprocess.Popen([sys.executable, "-m", "tests.transports.test_kafka_worker", effects, unique, unique],
-                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def done() -> int:
-        return sum(effect_counts(postgres_url, effects).values()) + len(dead_letter_counts(postgres_url, unique))
-
-    rng, mid_work = random.Random(), 0
-    try:
-        for _ in range(kills):
-            worker, before = start(), done()
-            target = before + rng.randint(1, 250)  # kill after a random amount of progress
-            wait_until(lambda: done() >= min(target, len(tokens)), lambda: worker.poll() is None, 0.05)  # noqa: B023
-            time.sleep(rng.uniform(0, 0.1))  # and at a random moment after it
-            mid_work += done() < len(tokens)
-            worker.send_signal(signal.SIGKILL)
-            assert worker.wait(timeout=30) == -signal.SIGKILL
-        sending.join()
-        survivor = start()
-        try:
-            wait_until(lambda: done() >= len(tokens), lambda: survivor.poll() is None)
-        finally:
-            survivor.send_signal(signal.SIGTERM)
-            survivor.wait(timeout=60)
-    finally:
-        sending.join()
-        producer.close()
-    assert mid_work >= kills * 3 // 4  # the kills landed while tokens were still being processed
-    assert effect_counts(postgres_url, effects) == {t: 1 for t in tokens if t not in poison}
-    # each poison token dead-lettered once: its duplicates (and its redeliveries after a kill)
-    # find the record written and are acked as duplicates
-    assert dead_letter_counts(postgres_url, unique) == {t: 1 for t in poison}
-    assert sum(b["poison"] for b in bodies) > len(poison)  # duplicates of poison messages were sent
+    kill_9_chaos({**env, **settings_env(place, postgres_url, redis_url)}, postgres_url, effects, unique, kills, count)
 
 
 def test_a_cut_connection_reconnects_and_loses_nothing(

@@ -1,0 +1,233 @@
+"""One member of a group on `amqp://`: a consumer per topic queue, manual acks, a prefetch.
+
+The member has a connection of its own. RabbitMQ pushes up to ``prefetch``
+unacked messages to it (``basic.qos``); they wait in a buffer until fetched.
+A message's ``receipt`` is its delivery tag on the member's channel. Closing
+the member (or its death) returns every unacked message to the queue, where
+RabbitMQ counts the return in ``x-delivery-count``.
+
+``nack`` and ``dead_letter`` publish a copy (to a delay queue, to the DLQ) in
+a transaction, and ack the original only once the copy is committed: a crash
+between the two leaves both, and the framework's token check drops the
+duplicate. A delayed message that comes back before it is due (a delay is
+served by a sum of bucket TTLs) is sent on the same way, never handed out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pika
+from pika.adapters.blocking_connection import BlockingChannel
+
+from backends.clock import Clock
+from backends.errors import TransportError
+from backends.transport.amqp_client import Connection, Publish
+from backends.transport.amqp_layout import (
+    CAPABILITIES,
+    DELIVERED_HEADER,
+    DELIVERY_COUNT_HEADER,
+    DUE_HEADER,
+    Layout,
+    bucket_for,
+    check_amqp_name,
+    delivered_before,
+    text_headers,
+    to_message,
+)
+from backends.transport.amqp_topology import Topology
+from backends.transport.base import SubscribeOptions, Subscription
+from backends.transport.kafka_layout import failure_headers
+from backends.types import Failure, Message
+
+SLICE = 0.05
+"""Seconds a waiting fetch holds the connection at a time (keep-alive and acks get their turn)."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A message as RabbitMQ delivered it, kept until it is settled."""
+
+    topic: str
+    tag: int
+    properties: pika.BasicProperties
+    body: bytes
+    headers: dict[str, str]
+
+
+class AmqpSubscription(Subscription):
+    """A member of a group on RabbitMQ (see `backends.transport.amqp_transport`)."""
+
+    def __init__(
+        self,
+        group: str,
+        topics: Sequence[str],
+        options: SubscribeOptions,
+        *,
+        parameters: pika.URLParameters,
+        layout: Layout,
+        clock: Clock,
+        single_active_consumer: bool = False,
+    ) -> None:
+        super().__init__(group, topics, options)
+        check_amqp_name("group", group)
+        for topic in self.topics:
+            check_amqp_name("topic", topic)
+        self.capabilities = CAPABILITIES
+        self._layout = layout
+        self._clock = clock
+        self._buffer: deque[Delivery] = deque()
+        self._unsettled: dict[int, Delivery] = {}
+        self.closed = False
+        connection = Connection(parameters, f"member of {group!r}")
+        try:
+            self._topology = Topology(connection, layout, single_active_consumer)
+            self._channel = self._consume(connection)
+        except BaseException:
+            connection.close()
+            raise
+
+    def _consume(self, connection: Connection) -> BlockingChannel:
+        queues = {topic: self._topology.group(self.group, topic) for topic in self.topics}
+        channel = connection.channel("open the consumer channel")
+
+        def start() -> None:
+            channel.basic_qos(prefetch_count=self.options.prefetch)
+            for topic, queue in queues.items():
+                channel.basic_consume(queue, self._on_delivery(topic), auto_ack=False)
+
+        connection.call(start, f"consume as group {self.group!r}")
+        return channel
+
+    def _on_delivery(self, topic: str) -> Any:
+        def deliver(_channel: Any, method: Any, properties: pika.BasicProperties, body: bytes) -> None:
+            delivery = Delivery(topic, method.delivery_tag, properties, body, text_headers(properties.headers))
+            self._unsettled[delivery.tag] = delivery
+            self._buffer.append(delivery)
+
+        return deliver
+
+    # -- the contract -------------------------------------------------------------------------
+
+    def fetch(self, max_messages: int, timeout: float) -> list[Message]:
+        self._check_open()
+        self._check_fetch(max_messages)
+        deadline = time.monotonic() + timeout
+        connection = self._topology.connection
+        while True:
+            connection.wait(0, f"fetch for group {self.group!r}")
+            messages = self._take(max_messages)
+            remaining = deadline - time.monotonic()
+            if messages or remaining <= 0:
+                return messages
+            connection.wait(min(SLICE, remaining), f"fetch for group {self.group!r}")
+
+    def ack(self, messages: Sequence[Message]) -> None:
+        self._check_open()
+        if not messages:
+            return
+        tags = [self._delivery(m).tag for m in messages]
+
+        def ack() -> None:
+            for tag in tags:
+                self._channel.basic_ack(tag)
+                del self._unsettled[tag]
+
+        self._topology.connection.call(ack, f"ack for group {self.group!r}")
+
+    def nack(self, message: Message, delay: float) -> None:
+        """A copy counting this delivery waits ``delay`` seconds in a delay queue; the original is acked."""
+        self._check_open()
+        delivery = self._delivery(message)
+        due = self._clock.time() + delay
+        self._send_on(delivery, due, delivered=delivered_before(delivery.headers) + 1)
+
+    def dead_letter(self, message: Message, failure: Failure) -> None:
+        """A copy with its failure goes to the group's DLQ; the original is acked."""
+        self._check_open()
+        delivery = self._delivery(message)
+        headers = {**delivery.headers, **failure_headers(failure, message)}
+        headers.pop(DELIVERY_COUNT_HEADER, None)
+        headers[DELIVERED_HEADER] = str(message.attempt)
+        copy = Publish("", self._layout.dead_letter_queue(self.group), delivery.body,
+                       _with_headers(delivery.properties, headers))
+        self._settle(delivery, copy, f"dead-letter for group {self.group!r}")
+
+    def pending(self) -> int:
+        """Ready in the group's queues and delay queues, plus what this member holds.
+
+        AMQP 0-9-1 does not tell how many messages other members hold unacked.
+        """
+        self._check_open()
+        queues = []
+        for topic in self.topics:
+            queues.append(self._layout.queue(topic, self.group))
+            queues += self._topology.delay_queues(self.group, topic)
+        return self._topology.ready(queues) + len(self._unsettled)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._topology.connection.close()  # RabbitMQ returns every unacked message to its queue
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _take(self, max_messages: int) -> list[Message]:
+        """Up to ``max_messages`` due messages from the buffer; early ones are sent on."""
+        messages: list[Message] = []
+        now = self._clock.time()
+        while self._buffer and len(messages) < max_messages:
+            delivery = self._buffer.popleft()
+            due = float(delivery.headers.get(DUE_HEADER, 0) or 0)
+            if bucket_for(due - now) is not None:
+                self._send_on(delivery, due, delivered=delivered_before(delivery.headers))
+                continue
+            messages.append(to_message(delivery.topic, delivery.properties.message_id, delivery.body,
+                                       delivery.headers, str(delivery.tag), now))
+        return messages
+
+    def _send_on(self, delivery: Delivery, due: float, *, delivered: int) -> None:
+        """A copy due at ``due`` to the delay queue that serves it next (or the work queue); ack the original."""
+        headers = {**delivery.headers, DELIVERED_HEADER: str(delivered)}
+        headers.pop(DELIVERY_COUNT_HEADER, None)
+        bucket = bucket_for(due - self._clock.time())
+        if bucket is None:
+            headers.pop(DUE_HEADER, None)
+            queue = self._layout.queue(delivery.topic, self.group)
+        else:
+            headers[DUE_HEADER] = repr(due)
+            queue = self._topology.group_delay(self.group, delivery.topic, bucket)
+        copy = Publish("", queue, delivery.body, _with_headers(delivery.properties, headers))
+        self._settle(delivery, copy, f"redeliver for group {self.group!r}")
+
+    def _settle(self, delivery: Delivery, copy: Publish, doing: str) -> None:
+        connection = self._topology.connection
+        connection.publish([copy], doing)
+
+        def ack() -> None:
+            self._channel.basic_ack(delivery.tag)
+            self._unsettled.pop(delivery.tag, None)
+
+        connection.call(ack, doing)
+
+    def _delivery(self, message: Message) -> Delivery:
+        delivery = self._unsettled.get(int(message.receipt or -1))
+        if delivery is None:
+            raise TransportError(f"message {message.id!r} is not held by this member of group {self.group!r}")
+        return delivery
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise TransportError(f"subscription of group {self.group!r} is closed")
+
+
+def _with_headers(properties: pika.BasicProperties, headers: dict[str, str]) -> pika.BasicProperties:
+    return pika.BasicProperties(
+        delivery_mode=2, message_id=properties.message_id, timestamp=properties.timestamp, headers=headers
+    )
+

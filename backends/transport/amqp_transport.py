@@ -1,0 +1,203 @@
+"""`amqp://user:password@host:port/vhost`: RabbitMQ through pika, on quorum queues.
+
+Each topic is a fanout exchange; each group has a durable quorum queue per
+topic bound to it, which its members share (`amqp_layout`). RabbitMQ keeps
+a message for the groups whose queues exist when it is published: a group
+is declared when a member subscribes, or beforehand with `declare` (the
+`App` declares the groups of its own handlers before it publishes). A
+publish that no queue takes is refused with a `TransportError` rather than
+dropped.
+
+* ``attempt`` counts deliveries: quorum queues' ``x-delivery-count`` (a member
+  died or left holding the message) plus the deliveries of earlier copies;
+* ``nack(delay)`` publishes a copy to the group's delay queue for that delay
+  (quorum, TTL, dead-lettered at-least-once back to the work queue), then
+  acks the original: no delayed-message plugin;
+* ``dead_letter`` publishes a copy with its failure to ``%DLQ%``'s place,
+  ``<namespace>:dlq:<group>``, then acks; the work queues also dead-letter
+  there at-least-once what RabbitMQ itself rejects;
+* a member that dies or leaves hands its unacked messages back at once (its
+  connection closes); one that hangs loses them when its heartbeat times out
+  (``visibility_timeout``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import pika
+
+from backends.clock import SYSTEM_CLOCK, Clock
+from backends.errors import ConfigurationError, TransportError
+from backends.transport.amqp_client import Connection, Publish, parameters
+from backends.transport.amqp_layout import (
+    CAPABILITIES,
+    DUE_HEADER,
+    KEY_HEADER,
+    PUBLISHED_HEADER,
+    Layout,
+    bucket_for,
+    check_amqp_name,
+    new_message_id,
+)
+from backends.transport.amqp_subscription import AmqpSubscription
+from backends.transport.amqp_topology import Topology
+from backends.transport.base import (
+    ORIGIN_TOPIC_HEADER,
+    SubscribeOptions,
+    Transport,
+    check_name,
+    check_outgoing,
+)
+from backends.transport.nats_transport import seconds
+from backends.types import OutgoingMessage
+
+PERSISTENT = 2
+
+
+class AmqpTransport(Transport):
+    """A `Transport` over RabbitMQ quorum queues.
+
+    Options: ``namespace`` (prefix of every exchange and queue, default
+    ``reliable``), ``visibility_timeout`` (the AMQP heartbeat: a member that
+    stops answering loses its messages after about this many seconds,
+    default 30), ``connect_timeout`` (seconds, default 10),
+    ``single_active_consumer`` (``true``: one member of a group consumes a
+    queue at a time, the others stand by: order across members kept).
+    """
+
+    capabilities = CAPABILITIES
+
+    def __init__(
+        self,
+        url: str,
+        clock: Clock = SYSTEM_CLOCK,
+        *,
+        namespace: str = "reliable",
+        visibility_timeout: float | str = 30.0,
+        connect_timeout: float | str = 10.0,
+        single_active_consumer: bool | str = False,
+    ) -> None:
+        self._parameters = parameters(
+            url, seconds("visibility_timeout", visibility_timeout), seconds("connect_timeout", connect_timeout)
+        )
+        self._layout = Layout(namespace)
+        self._single_active = _flag("single_active_consumer", single_active_consumer)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._topology: Topology | None = None
+        self._subscriptions: list[AmqpSubscription] = []
+        self._groups: set[tuple[str, str]] = set()
+        self._closed = False
+
+    def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        self._check_topic(topic)
+        check_outgoing(messages)
+        with self._lock:
+            topology = self._open()
+            exchange = topology.topic(topic)
+            now = self._clock.time()
+            batch = []
+            for message in messages:
+                bucket = bucket_for(message.delay)
+                if bucket is None:
+                    batch.append(Publish(exchange, "", message.payload, self._properties(message, now, {})))
+                else:
+                    due = {DUE_HEADER: repr(now + message.delay)}
+                    batch.append(Publish("", topology.publish_delay(topic, bucket), message.payload,
+                                         self._properties(message, now, due)))
+            topology.connection.publish(batch, f"publish to {topic!r}")
+
+    def publish_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        """Straight into the group's work queue (a replay), marked with the topic it came from."""
+        self._check_topic(topic)
+        check_name("group", group)
+        check_amqp_name("group", group)
+        check_outgoing(messages)
+        with self._lock:
+            topology = self._open()
+            queue = self._layout.queue(topic, group)
+            now = self._clock.time()
+            batch = [
+                Publish("", queue, m.payload, self._properties(m, now, {ORIGIN_TOPIC_HEADER: topic}))
+                for m in messages
+            ]
+            topology.connection.publish(batch, f"publish to group {group!r}")
+
+    def declare(self, group: str, topics: Sequence[str]) -> None:
+        """Make RabbitMQ keep what is published to ``topics`` from now on for ``group``."""
+        check_name("group", group)
+        check_amqp_name("group", group)
+        for topic in topics:
+            self._check_topic(topic)
+        with self._lock:
+            topology = self._open()
+            for topic in topics:
+                topology.group(group, topic)
+                self._groups.add((group, topic))
+
+    def subscribe(
+        self, group: str, topics: Sequence[str], options: SubscribeOptions | None = None
+    ) -> AmqpSubscription:
+        if self._closed:
+            raise TransportError("AmqpTransport is closed")
+        subscription = AmqpSubscription(
+            group, topics, options or SubscribeOptions(), parameters=self._parameters, layout=self._layout,
+            clock=self._clock, single_active_consumer=self._single_active,
+        )
+        with self._lock:
+            self._subscriptions = [s for s in self._subscriptions if not s.closed] + [subscription]
+            self._groups.update((group, topic) for topic in subscription.topics)
+        return subscription
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for subscription in self._subscriptions:
+                subscription.close()
+            if self._topology is not None:
+                self._topology.connection.close()
+
+    def purge(self) -> None:
+        """Delete the queues and exchanges of the groups and topics this transport has seen (tests)."""
+        with self._lock:
+            topology = self._open()
+            for group, topic in sorted(self._groups):
+                topology.delete(group, topic)
+            for topic in sorted({topic for _, topic in self._groups}):
+                topology.delete(None, topic)
+            self._groups.clear()
+
+    def _open(self) -> Topology:
+        """The publishing connection (a new one after a failure)."""
+        if self._closed:
+            raise TransportError("AmqpTransport is closed")
+        if self._topology is None or not self._topology.connection.open:
+            self._topology = Topology(Connection(self._parameters, "publisher"), self._layout, self._single_active)
+        return self._topology
+
+    def _check_topic(self, topic: str) -> None:
+        check_name("topic", topic)
+        check_amqp_name("topic", topic)
+
+    @staticmethod
+    def _properties(message: OutgoingMessage, now: float, extra: dict[str, str]) -> pika.BasicProperties:
+        headers = {**message.headers, **extra, PUBLISHED_HEADER: repr(now)}
+        if message.key is not None:
+            headers[KEY_HEADER] = message.key
+        return pika.BasicProperties(
+            delivery_mode=PERSISTENT, message_id=message.message_id or new_message_id(),
+            timestamp=int(now), headers=headers,
+        )
+
+
+def _flag(name: str, value: bool | str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+        return value.lower() in ("true", "1", "yes")
+    raise ConfigurationError(f"transport option {name}={value!r}: true or false is required")
+

@@ -1,0 +1,104 @@
+"""pika or aio-pika for `amqp://`: the same durable workload through each, in one run.
+
+Both clients publish N persistent messages to a quorum queue with publisher
+confirms (nothing counts as sent before the broker confirmed it), then
+consume them with manual acks and a prefetch of 500.
+
+* pika's `BlockingChannel` waits for each confirm before the next publish;
+* aio-pika keeps a window of publishes in flight and awaits their confirms
+  together.
+
+Run: ``python -m benchmarks.amqp_clients [--count N]`` (RabbitMQ at ``AMQP_URL``,
+default ``amqp://guest:guest@127.0.0.1:5672/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+import uuid
+
+import aio_pika
+import pika
+
+URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+QUORUM = {"x-queue-type": "quorum"}
+PREFETCH = 500
+WINDOW = 500
+"""Publishes aio-pika keeps in flight before awaiting their confirms."""
+
+
+def pika_run(count: int, body: bytes) -> tuple[float, float]:
+    connection = pika.BlockingConnection(pika.URLParameters(URL))
+    channel = connection.channel()
+    queue = f"bench-pika-{uuid.uuid4().hex}"
+    channel.queue_declare(queue, durable=True, arguments=QUORUM)
+    channel.confirm_delivery()
+    properties = pika.BasicProperties(delivery_mode=2)
+    started = time.perf_counter()
+    for _ in range(count):
+        channel.basic_publish("", queue, body, properties)
+    publish = count / (time.perf_counter() - started)
+    channel.basic_qos(prefetch_count=PREFETCH)
+    received = 0
+    started = time.perf_counter()
+    for method, _properties, _body in channel.consume(queue, inactivity_timeout=5):
+        if method is None:
+            break
+        channel.basic_ack(method.delivery_tag)
+        received += 1
+        if received == count:
+            break
+    consume = received / (time.perf_counter() - started)
+    channel.cancel()
+    channel.queue_delete(queue)
+    connection.close()
+    return publish, consume
+
+
+async def aio_pika_run(count: int, body: bytes) -> tuple[float, float]:
+    connection = await aio_pika.connect_robust(URL)
+    channel = await connection.channel(publisher_confirms=True)
+    queue_name = f"bench-aio-{uuid.uuid4().hex}"
+    queue = await channel.declare_queue(queue_name, durable=True, arguments=QUORUM)
+    started = time.perf_counter()
+    for start in range(0, count, WINDOW):
+        await asyncio.gather(*(
+            channel.default_exchange.publish(
+                aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), queue_name
+            )
+            for _ in range(min(WINDOW, count - start))
+        ))
+    publish = count / (time.perf_counter() - started)
+    await channel.set_qos(prefetch_count=PREFETCH)
+    received = 0
+    started = time.perf_counter()
+    async with queue.iterator() as messages:
+        async for message in messages:
+            await message.ack()
+            received += 1
+            if received == count:
+                break
+    consume = received / (time.perf_counter() - started)
+    await queue.delete(if_unused=False, if_empty=False)
+    await connection.close()
+    return publish, consume
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=20_000)
+    count = parser.parse_args().count
+    body = b'{"token": "t-000000", "amount": 100}'
+    rows = [("pika (BlockingConnection)", *pika_run(count, body)),
+            ("aio-pika (connect_robust)", *asyncio.run(aio_pika_run(count, body)))]
+    print(f"{count} persistent messages, quorum queue, publisher confirms, prefetch {PREFETCH}")
+    print(f"{'client':<28}{'publish msg/s':>16}{'consume+ack msg/s':>20}")
+    for name, publish, consume in rows:
+        print(f"{name:<28}{publish:>16,.0f}{consume:>20,.0f}")
+
+
+if __name__ == "__main__":
+    main()

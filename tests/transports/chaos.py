@@ -1,0 +1,78 @@
+"""The kill -9 chaos run every transport's framework suite shares.
+
+A producer publishes ``count`` tokens (1% poison, 10% sent twice, shuffled)
+while framework workers (`tests.transports.test_kafka_worker`, nothing in it
+is Kafka's) are started one after another and each killed with SIGKILL after
+a random amount of progress and at a random moment after it. A last worker
+finishes the work. Then every token's side effect must be in PostgreSQL
+exactly once and every poison token dead-lettered exactly once.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from reliable import App
+from reliable.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def kill_9_chaos(env: Mapping[str, str], postgres_url: str, effects: str, topic: str, kills: int, count: int) -> None:
+    """Run the chaos described above on the transport ``env`` configures; assert its outcome."""
+    # imported here: the Kafka suite imports this module
+    from tests.transports.test_kafka_framework import dead_letter_counts, effect_counts, wait_until
+
+    tokens = [f"t{n}" for n in range(count)]
+    poison = set(random.Random(14).sample(tokens, count // 100))
+    bodies = [{"token": t, "poison": t in poison} for t in tokens]
+    bodies += random.Random(15).sample(bodies, count // 10)  # 10% duplicates
+    random.Random(16).shuffle(bodies)
+    env = {**env, "PYTHONPATH": str(ROOT)}
+    producer = App(Settings.load(None, env=env))
+    producer.transport.declare(topic, [topic])  # a queue broker keeps messages for known groups only
+    sending = threading.Thread(
+        target=lambda: [producer.publish_many(topic, bodies[i : i + 500]) for i in range(0, len(bodies), 500)]
+    )
+    sending.start()
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "tests.transports.test_kafka_worker", effects, topic, topic],
+                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def done() -> int:
+        return sum(effect_counts(postgres_url, effects).values()) + len(dead_letter_counts(postgres_url, topic))
+
+    rng, mid_work = random.Random(), 0
+    try:
+        for _ in range(kills):
+            worker, before = start(), done()
+            target = before + rng.randint(1, 250)  # kill after a random amount of progress
+            wait_until(lambda: done() >= min(target, len(tokens)), lambda: worker.poll() is None, 0.05)  # noqa: B023
+            time.sleep(rng.uniform(0, 0.1))  # and at a random moment after it
+            mid_work += done() < len(tokens)
+            worker.send_signal(signal.SIGKILL)
+            assert worker.wait(timeout=30) == -signal.SIGKILL
+        sending.join()
+        survivor = start()
+        try:
+            wait_until(lambda: done() >= len(tokens), lambda: survivor.poll() is None)
+        finally:
+            survivor.send_signal(signal.SIGTERM)
+            survivor.wait(timeout=60)
+    finally:
+        sending.join()
+        producer.close()
+    assert mid_work >= kills * 3 // 4  # the kills landed while tokens were still being processed
+    assert effect_counts(postgres_url, effects) == {t: 1 for t in tokens if t not in poison}
+    # each poison token dead-lettered once: its duplicates (and its redeliveries after a kill)
+    # find the record written and are acked as duplicates
+    assert dead_letter_counts(postgres_url, topic) == {t: 1 for t in poison}
+    assert sum(b["poison"] for b in bodies) > len(poison)  # duplicates of poison messages were sent
