@@ -8,10 +8,10 @@ idempotency on (PostgreSQL store + Redis cache):
   framework/4  ``@app.handler`` per message, 4 handler threads (key-ordered dispatch)
   batch/500    ``@app.handler(batch=500)``: one transaction and one cache round trip per batch
 
-Transports: ``embedded://`` (the broker engine), Redis Streams and Kafka
-(librdkafka's mock cluster) here; a module ``benchmarks/transports_<name>.py``
-with ``rows(count) -> [{"transport", "run", "msgs_per_s"}]`` joins the table
-when present (nats, amqp).
+Transports: ``embedded://`` (the broker engine), Redis Streams, Kafka
+(librdkafka's mock cluster) and RabbitMQ here; a module
+``benchmarks/transports_<name>.py`` with ``rows(count) -> [{"transport",
+"run", "msgs_per_s"}]`` joins the table when present (nats).
 
     python -m benchmarks.transports [--messages N]
 """
@@ -36,7 +36,8 @@ from reliable.settings import Settings
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-PLUGGED = ("amqp", "nats")
+AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+PLUGGED = ("nats",)
 
 
 def workload(count: int, seed: int = 11) -> list[dict[str, Any]]:
@@ -87,6 +88,9 @@ def framework_rate(url: str, options: dict[str, str], bodies: list[dict[str, Any
     with app.store.transaction() as tx:
         written = tx.execute(text(f"select count(*) from {table}")).scalar_one()
         tx.execute(text(f"drop table {table}"))
+    purge = getattr(app.transport, "purge", None)
+    if purge is not None:  # a server's queues or streams of this run
+        purge()
     app.close()
     assert written == len({b["token"] for b in bodies}), f"{written} rows for {len(bodies)} messages"
     return (len(bodies) - first) / elapsed
@@ -141,6 +145,37 @@ def kafka_raw_rate(url: str, count: int) -> float:
     return (count - first) / elapsed
 
 
+def amqp_raw_rate(count: int) -> float:
+    """pika alone on a quorum queue: prefetch 500, manual ack of each message (publish not timed)."""
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    channel = connection.channel()
+    queue = f"bench-raw-{uuid.uuid4().hex[:8]}"
+    channel.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    channel.tx_select()
+    body = json.dumps({"token": "x" * 32, "amount": 1}).encode()
+    for start in range(0, count, 1000):
+        for _ in range(min(1000, count - start)):
+            channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+        channel.tx_commit()
+    consumer = connection.channel()
+    consumer.basic_qos(prefetch_count=500)
+    began, done = time.perf_counter(), 0
+    for method, _properties, _body in consumer.consume(queue, inactivity_timeout=10):
+        if method is None:
+            break
+        consumer.basic_ack(method.delivery_tag)
+        done += 1
+        if done == count:
+            break
+    elapsed = time.perf_counter() - began
+    consumer.cancel()
+    consumer.queue_delete(queue)
+    connection.close()
+    return done / elapsed
+
+
 def embedded_raw_rate(count: int) -> float:
     """The broker engine's own consume+ack (what ``embedded://`` runs on)."""
     import tempfile
@@ -182,6 +217,8 @@ def measured(count: int, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
     with MockCluster(brokers=1) as cluster:
         add("kafka (mock)", cluster.url, lambda n: kafka_raw_rate(cluster.url, n),
             "raw: consume(500) + async commit")
+    add("rabbitmq", f"{AMQP_URL}?namespace=bench-{uuid.uuid4().hex[:6]}", amqp_raw_rate,
+        "raw: pika, quorum queue, prefetch 500 + ack")
     for name in PLUGGED:  # a transport's own piece: benchmarks/transports_<name>.py
         try:
             module = importlib.import_module(f"benchmarks.transports_{name}")
