@@ -1,0 +1,36 @@
+"""The kill -9 chaos run (`tests/transports/chaos.py`) on `redis://` and `embedded://`.
+
+Kafka, NATS and RabbitMQ run it in their own framework suites; these two
+transports keep their leases themselves (a Lua script; the broker engine),
+so a killed worker's messages come back when its lease ends.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.transports.chaos import kill_9_chaos
+from tests.transports.test_kafka_framework import effects  # noqa: F401  (a fixture)
+
+LEASE = 3.0
+
+
+@pytest.mark.parametrize("transport", ["redis", "embedded"])
+def test_kill_9_at_random_points_each_token_once_each_poison_dead_lettered_once(
+    transport: str, tmp_path: Path, postgres_url: str, redis_url: str, effects: str, unique: str  # noqa: F811
+) -> None:
+    url = f"{redis_url}?namespace={unique}" if transport == "redis" else f"embedded://{tmp_path / 'broker'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
+    env.update({
+        "RELIABLE_TRANSPORT__URL": url,
+        "RELIABLE_TRANSPORT__VISIBILITY_TIMEOUT": str(LEASE),
+        "RELIABLE_STORE__URL": postgres_url,
+        "RELIABLE_CACHE__URL": redis_url,
+        "RELIABLE_RETRY__INITIAL_DELAY": "0.5",
+        "RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1",
+        "RELIABLE_LOG__LEVEL": "warning",
+    })
+    kill_9_chaos(env, postgres_url, effects, unique, kills=20, count=10_000)
