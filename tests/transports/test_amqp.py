@@ -170,3 +170,19 @@ def test_single_active_consumer_keeps_one_member_consuming(transport: AmqpTransp
     finally:
         ordered.purge()
         ordered.close()
+
+
+def test_a_member_busy_longer_than_its_heartbeat_keeps_its_messages(amqp_url: str, unique: str) -> None:
+    # a handler that makes no call for three heartbeat periods: the keep-alive thread answers for it
+    with AmqpTransport(amqp_url, namespace=unique, visibility_timeout=2) as transport:
+        busy = transport.subscribe("g", [unique])
+        transport.publish(unique, [OutgoingMessage(b"{}", message_id="slow")])
+        held = take(busy, 1, ack=False)
+        other = transport.subscribe("g", [unique])
+        time.sleep(6)  # the work itself, not synchronisation: no call on the connection meanwhile
+        assert other.fetch(1, 0.5) == []  # the busy member's connection lived: nothing came back
+        busy.ack(held)
+        assert busy.pending() == 0
+        busy.close()
+        other.close()
+        transport.purge()
