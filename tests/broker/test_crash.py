@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from storetools import body_for, read_all
 
 from broker.store import MessageStore, StoreConfig
@@ -64,13 +65,14 @@ def check_everything(store: MessageStore, acked: set[str], run: int) -> None:
         assert offsets == list(range(len(offsets))), f"gap in {topic}/{queue}"
 
 
-def test_kill_minus_nine_never_loses_an_acknowledged_record(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kills", [KILLS, pytest.param(500, marks=pytest.mark.soak)])
+def test_kill_minus_nine_never_loses_an_acknowledged_record(tmp_path: Path, kills: int) -> None:
     directory, ack_file = tmp_path / "store", tmp_path / "acks"
     ack_file.touch()
     rng = random.Random(20261121)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     acked: set[str] = set()
-    for run in range(KILLS):
+    for run in range(kills):
         previous = ack_file.stat().st_size
         proc = subprocess.Popen(
             [sys.executable, str(WRITER), str(directory), str(ack_file), str(run), "4"],
@@ -85,4 +87,4 @@ def test_kill_minus_nine_never_loses_an_acknowledged_record(tmp_path: Path) -> N
         fresh = acked_ids(ack_file) - acked
         acked |= fresh
         check(directory, acked, fresh, run)
-    assert len(acked) > KILLS
+    assert len(acked) > kills

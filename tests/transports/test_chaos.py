@@ -18,9 +18,11 @@ from tests.transports.test_kafka_framework import effects  # noqa: F401  (a fixt
 LEASE = 3.0
 
 
+@pytest.mark.parametrize(("kills", "count"), [(20, 10_000), pytest.param(100, 50_000, marks=pytest.mark.soak)])
 @pytest.mark.parametrize("transport", ["redis", "embedded"])
 def test_kill_9_at_random_points_each_token_once_each_poison_dead_lettered_once(
-    transport: str, tmp_path: Path, postgres_url: str, redis_url: str, effects: str, unique: str  # noqa: F811
+    transport: str, tmp_path: Path, postgres_url: str, redis_url: str, effects: str, unique: str,  # noqa: F811
+    kills: int, count: int,
 ) -> None:
     url = f"{redis_url}?namespace={unique}" if transport == "redis" else f"embedded://{tmp_path / 'broker'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
@@ -33,4 +35,4 @@ def test_kill_9_at_random_points_each_token_once_each_poison_dead_lettered_once(
         "RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1",
         "RELIABLE_LOG__LEVEL": "warning",
     })
-    kill_9_chaos(env, postgres_url, effects, unique, kills=20, count=10_000)
+    kill_9_chaos(env, postgres_url, effects, unique, kills, count)

@@ -139,8 +139,11 @@ def test_a_handler_on_kafka_with_transactional_commits(cluster, postgres_url: st
     app.close()
 
 
+@pytest.mark.parametrize(
+    ("kills", "count"), [(20, 10_000), pytest.param(100, 50_000, marks=pytest.mark.soak)]
+)
 def test_kill_9_at_random_points_each_token_once_each_poison_dead_lettered_once(
-    cluster, postgres_url: str, effects: str, unique: str
+    cluster, postgres_url: str, effects: str, unique: str, kills: int, count: int
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
-    kill_9_chaos({**env, **settings_env(cluster.url, postgres_url)}, postgres_url, effects, unique, kills=20, count=10_000)
+    kill_9_chaos({**env, **settings_env(cluster.url, postgres_url)}, postgres_url, effects, unique, kills, count)

@@ -16,6 +16,8 @@ import threading
 import time
 from collections import Counter
 
+import pytest
+
 from broker.client import Client
 from broker.delivery.values import OutgoingMessage
 from broker.errors import BrokerError
@@ -24,7 +26,8 @@ from tests.broker.server.serving import ServerProcess
 KILLS = 50
 
 
-def test_fifty_kills_during_sync_produce_lose_nothing_and_invent_nothing(tmp_path, unique):
+@pytest.mark.parametrize("kills", [KILLS, pytest.param(300, marks=pytest.mark.soak)])
+def test_fifty_kills_during_sync_produce_lose_nothing_and_invent_nothing(tmp_path, unique, kills):
     server = ServerProcess(tmp_path / "data").start()
     port = server.port
     sent: set[str] = set()
@@ -50,7 +53,7 @@ def test_fifty_kills_during_sync_produce_lose_nothing_and_invent_nothing(tmp_pat
     for producer in producers:
         producer.start()
     rng = random.Random(50)
-    for _ in range(KILLS):
+    for _ in range(kills):
         time.sleep(rng.uniform(0.05, 0.4))
         server.kill()
         server = ServerProcess(tmp_path / "data", port=port).start()
