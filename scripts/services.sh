@@ -48,6 +48,17 @@ if ! amqp_up; then
   wait_for rabbitmq amqp_up || missing+=("RabbitMQ on 127.0.0.1:5672")
 fi
 
+nats_up() { (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null; }
+if ! nats_up; then
+  command -v nats-server >/dev/null || apt_install nats-server
+  if command -v nats-server >/dev/null; then
+    mkdir -p /var/lib/nats-server 2>/dev/null
+    start-stop-daemon --start --oknodo --background --exec "$(command -v nats-server)" -- \
+      -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log >/dev/null 2>&1
+  fi
+  wait_for nats nats_up || missing+=("NATS with JetStream on 127.0.0.1:4222")
+fi
+
 if ! java -version >/dev/null 2>&1; then
   apt_install openjdk-17-jre-headless || missing+=("Java 17 (for Spark)")
 fi
