@@ -130,11 +130,16 @@ class AmqpSubscription(Subscription):
         self._check_open()
         if not messages:
             return
-        tags = [self._delivery(m).tag for m in messages]
+        tags = {self._delivery(m).tag for m in messages}
+        top = max(tags)
 
         def ack() -> None:
+            if all(tag in tags for tag in self._unsettled if tag <= top):
+                self._channel.basic_ack(top, multiple=True)  # every earlier delivery too: one frame
+            else:
+                for tag in sorted(tags):
+                    self._channel.basic_ack(tag)
             for tag in tags:
-                self._channel.basic_ack(tag)
                 del self._unsettled[tag]
 
         self._topology.connection.call(ack, f"ack for group {self.group!r}")
