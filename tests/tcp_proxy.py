@@ -54,13 +54,9 @@ class TcpProxy:
 
     def _drop_connections(self) -> None:
         with self._lock:
-            for s in self._sockets:
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
-            self._sockets.clear()
+            sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            _close(s)
 
     def _accept(self) -> None:
         while True:
@@ -97,8 +93,15 @@ class TcpProxy:
         except OSError:
             pass
         finally:
-            for s in (source, sink):
-                try:
-                    s.close()
-                except OSError:
-                    pass
+            _close(source)
+            _close(sink)
+
+
+def _close(s: socket.socket) -> None:
+    """Shut down, then close: the FIN goes out even while another thread is blocked in ``recv``
+    on the socket (a bare close would leave the server's side open, its transaction with it)."""
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    s.close()
