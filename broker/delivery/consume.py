@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from itertools import compress, groupby
+from operator import attrgetter, itemgetter
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
-from broker.delivery.cursor import DELIVER_AT_HEADER, Held, QueueCursor
+from broker.delivery.cursor import DELIVER_AT_HEADER, Held, Lease, QueueCursor
 from broker.delivery.group import Group, Member, dlq_topic, retry_topic
-from broker.delivery.values import Delivery
-from broker.store import Record, StoredMessage
+from broker.delivery.values import Delivery, deliveries
+from broker.store import Record, StoredBatch
+from broker.store.record import NO_HEADERS
 
 if TYPE_CHECKING:
     from broker.delivery.engine import Broker
@@ -32,6 +36,9 @@ ORIGIN_TOPIC, ORIGIN_QUEUE, ORIGIN_OFFSET = "x-origin-topic", "x-origin-queue", 
 DLQ_CAUSE, DELIVERY_COUNT = "x-dlq-cause", "x-delivery-count"
 SWEEP_EVERY = 0.05  # seconds of clock time between sweeps
 IDLE_WAIT = 0.05  # the longest a waiting fetch sleeps before it looks at the clock again
+T = TypeVar("T")
+_delivery_of, _lease_of = itemgetter(0), itemgetter(1)  # of a Held
+_offset_of, _receipt_of = attrgetter("offset"), attrgetter("receipt")
 
 
 
@@ -53,17 +60,24 @@ def fetch(broker: Broker, member: str, max_messages: int, timeout: float) -> lis
 def ack(broker: Broker, member: str, receipts: Sequence[str]) -> None:
     with broker.lock:
         broker.member(member)
-        for cursor, offset, _ in _valid(broker, receipts):
-            finish(broker, cursor, offset)
+        for lease, helds in groupby(_valid(broker, receipts), _lease_of):
+            done = list(map(_delivery_of, helds))
+            lease.cursor.finish_held(list(map(_offset_of, done)), list(map(_receipt_of, done)))
+            if not lease.delivered and lease.member in broker.held_count:
+                broker.held_count[lease.member] -= len(done)
         broker.lock.notify_all()
 
 def delivered(broker: Broker, member: str, receipts: Sequence[str]) -> None:
     with broker.lock:
         broker.member(member)
-        for _, _, held in _valid(broker, receipts):
-            if not held.delivered:
-                held.delivered = True
-                broker.held_count[held.member] -= 1
+        for lease, helds in groupby(_valid(broker, receipts), _lease_of):
+            if not lease.delivered:
+                again = Lease(lease.cursor, lease.member, lease.deadline, delivered=True)
+                moved = list(helds)
+                for held in moved:
+                    lease.cursor.relet(held, again)
+                if lease.member in broker.held_count:
+                    broker.held_count[lease.member] -= len(moved)
         broker.lock.notify_all()
 
 
@@ -71,8 +85,11 @@ def extend(broker: Broker, member: str, receipts: Sequence[str]) -> None:
     """Still working: the leases of ``receipts`` start again (JetStream's in-progress)."""
     with broker.lock:
         found = broker.member(member)
-        for _, _, held in _valid(broker, receipts):
-            held.deadline = broker.clock.time() + found.lease
+        deadline = broker.clock.time() + found.lease
+        for lease, helds in groupby(_valid(broker, receipts), _lease_of):
+            again = Lease(lease.cursor, lease.member, deadline, lease.delivered)
+            for held in helds:
+                lease.cursor.relet(held, again)
 
 def nack(broker: Broker, member: str, receipts: Sequence[str], delay: float) -> None:
     with broker.lock:
@@ -80,23 +97,26 @@ def nack(broker: Broker, member: str, receipts: Sequence[str], delay: float) -> 
         group = broker.group_table[found.group]
         due = broker.clock.time() + max(0.0, delay)
         copies: list[tuple[QueueCursor, int, Record]] = []
-        for cursor, offset, held in _valid(broker, receipts):
-            if 0 <= broker.config.max_deliveries <= held.count:
-                cause = f"delivered {held.count} times (max_deliveries={broker.config.max_deliveries})"
-                copies.append((cursor, offset, _dead_letter(group, held, cause)))
+        for held in _valid(broker, receipts):
+            cursor, message = held.lease.cursor, held.delivery
+            count = message.delivery_count
+            if 0 <= broker.config.max_deliveries <= count:
+                cause = f"delivered {count} times (max_deliveries={broker.config.max_deliveries})"
+                copies.append((cursor, message.offset, _dead_letter(group, message, cause)))
             elif group.broadcast or group.ordered:  # retried in place: an ordered queue waits for it
-                release(broker, cursor, offset)
-                cursor.ready.pop(offset, None)
-                cursor.park(due, held.message, held.count)
+                release(broker, cursor, message.offset)
+                cursor.ready.pop(message.offset, None)
+                cursor.park(due, message)
             else:
-                copies.append((cursor, offset, _retry(group, held, due)))
+                copies.append((cursor, message.offset, _retry(group, message, due)))
         _move(broker, copies)
 
 
 def dead_letter(broker: Broker, member: str, receipts: Sequence[str], reason: str) -> None:
     with broker.lock:
         group = broker.group_table[broker.member(member).group]
-        _move(broker, [(c, o, _dead_letter(group, h, reason)) for c, o, h in _valid(broker, receipts)])
+        _move(broker, [(h.lease.cursor, h.delivery.offset, _dead_letter(group, h.delivery, reason))
+                       for h in _valid(broker, receipts)])
 
 # -- inside the lock ----------------------------------------------------------
 
@@ -113,33 +133,23 @@ def _move(broker: Broker, copies: list[tuple[QueueCursor, int, Record]]) -> None
             finish(broker, cursor, offset)
         broker.lock.notify_all()
 
-def _valid(broker: Broker, receipts: Sequence[str]) -> list[tuple[QueueCursor, int, Held]]:
-    """The held deliveries ``receipts`` name; stale ones (a lease ended, a queue moved) are
-    left out: their message is delivered again anyway."""
-    found = []
-    cursors = broker.cursor_by_id
-    for receipt in receipts:
-        parts = receipt.split(":")
-        if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
-            continue
-        cursor = cursors.get(int(parts[0]))
-        offset = int(parts[1])
-        held = cursor.held.get(offset) if cursor is not None else None
-        if held is not None and held.receipt == receipt and cursor is not None:
-            found.append((cursor, offset, held))
-    return found
+def _valid(broker: Broker, receipts: Sequence[str]) -> list[Held]:
+    """The held deliveries ``receipts`` name, each once, in order; stale ones (a lease ended,
+    a queue moved) are left out: their message is delivered again anyway."""
+    return list(filter(None, map(broker.receipts.get, dict.fromkeys(receipts))))
 
 def finish(broker: Broker, cursor: QueueCursor, offset: int) -> None:
-    held = cursor.held.get(offset)
-    if held is not None and held.member in broker.held_count and not held.delivered:
-        broker.held_count[held.member] -= 1
+    _uncount(broker, cursor.held.get(offset))
     cursor.finish(offset)
 
 def release(broker: Broker, cursor: QueueCursor, offset: int) -> None:
-    held = cursor.held.get(offset)
-    if held is not None and held.member in broker.held_count and not held.delivered:
-        broker.held_count[held.member] -= 1
+    _uncount(broker, cursor.held.get(offset))
     cursor.release(offset)
+
+def _uncount(broker: Broker, held: Held | None) -> None:
+    """``held`` leaves its member's prefetch window (unless a DELIVERED ack took it out before)."""
+    if held is not None and held.member in broker.held_count and not held.lease.delivered:
+        broker.held_count[held.member] -= 1
 
 def _sweep(broker: Broker, now: float) -> None:
     if 0 <= now - broker.last_sweep < SWEEP_EVERY:
@@ -151,7 +161,7 @@ def _sweep(broker: Broker, now: float) -> None:
     for group in broker.group_table.values():
         for cursor in group.all_cursors():
             for offset, held in list(cursor.held.items()):
-                if held.deadline <= now:
+                if held.lease.deadline <= now:
                     log.debug("delivery.lease_expired", group=group.name, topic=cursor.topic,
                               queue=cursor.queue, offset=offset, member=held.member)
                     release(broker, cursor, offset)
@@ -163,15 +173,15 @@ def _take(broker: Broker, member: Member, max_messages: int, now: float) -> list
     for cursor in group.cursors_of(member):
         if len(taken) >= room:
             break
-        if any(held.member != member.ident for held in cursor.held.values()):
+        if any(lease.member != member.ident for lease in set(map(_lease_of, cursor.held.values()))):
             continue  # the queue moved here; its previous holder still finishes what it has
         cursor.unpark_due(now)
         if group.ordered:
             _take_in_order(broker, group, member, cursor, now, taken)
             continue
-        for offset in sorted(cursor.ready)[: room - len(taken)]:
-            message, count = cursor.ready.pop(offset)
-            taken.append(_hand(broker, member, cursor, message, count + 1, now))
+        if cursor.ready:
+            again = [cursor.ready.pop(offset) for offset in sorted(cursor.ready)[: room - len(taken)]]
+            taken += _hand_again(broker, member, cursor, again, now)
         while len(taken) < room and _read(broker, group, member, cursor, room - len(taken), now, taken):
             pass
     return taken
@@ -182,9 +192,7 @@ def _take_in_order(broker: Broker, group: Group, member: Member, cursor: QueueCu
     if cursor.held or cursor.parked:
         return
     if cursor.ready:
-        offset = min(cursor.ready)
-        message, count = cursor.ready.pop(offset)
-        taken.append(_hand(broker, member, cursor, message, count + 1, now))
+        taken += _hand_again(broker, member, cursor, [cursor.ready.pop(min(cursor.ready))], now)
         return
     before = len(taken)
     while len(taken) == before and _read(broker, group, member, cursor, 1, now, taken):
@@ -194,59 +202,112 @@ def _take_in_order(broker: Broker, group: Group, member: Member, cursor: QueueCu
 def _read(broker: Broker, group: Group, member: Member, cursor: QueueCursor, count: int,
           now: float, taken: list[Delivery]) -> bool:
     """Read up to ``count`` new messages of ``cursor``'s queue; False when there are none."""
-    batch = broker.store.read(cursor.topic, cursor.queue, cursor.next,
-                            max_count=min(count, broker.config.read_batch))
-    if not batch:
+    batch = broker.store.read_batch(cursor.topic, cursor.queue, cursor.next,
+                                    max_count=min(count, broker.config.read_batch))
+    offsets = batch.queue_offsets
+    if not offsets:
         return False
-    if batch[0].queue_offset > cursor.next:
-        skipped = cursor.skip_to(batch[0].queue_offset)
+    if offsets[0] > cursor.next:
+        skipped = cursor.skip_to(offsets[0])
         if skipped:
             log.warning("delivery.gap_skipped", group=group.name, topic=cursor.topic,
                         queue=cursor.queue, skipped=skipped, reason="retention deleted them")
-    for message in batch:
-        cursor.next = message.queue_offset + 1
-        if not member.wants(message.tag):
-            cursor.finish(message.queue_offset)  # UNMATCHED: consumed without delivery
-            continue
-        due = message.headers.get(DELIVER_AT_HEADER)
-        if due is not None and float(due) > now:
-            cursor.park(float(due), message, message.attempt)
-            continue
-        taken.append(_hand(broker, member, cursor, message, message.attempt + 1, now))
+    cursor.next = offsets[-1] + 1
+    if member.tags is not None or batch.headers.count(NO_HEADERS) != len(offsets):
+        batch = _sort_out(member, cursor, batch, now)
+    taken += _hand_new(broker, member, cursor, batch, now)
     return True
 
-def _hand(broker: Broker, member: Member, cursor: QueueCursor, message: StoredMessage,
-          count: int, now: float) -> Delivery:
-    receipt = f"{cursor.ident}:{message.queue_offset}:{count}"
-    cursor.held[message.queue_offset] = Held(message, receipt, member.ident, now + member.lease, count)
-    broker.held_count[member.ident] += 1
-    headers = message.headers
-    if DELIVER_AT_HEADER in headers:
-        headers = {k: v for k, v in headers.items() if k != DELIVER_AT_HEADER}
-    return Delivery(receipt, message.topic, message.queue, message.queue_offset, message.message_id,
-                    message.body, message.key, message.tag, headers, count, message.store_time)
+
+def _sort_out(member: Member, cursor: QueueCursor, batch: StoredBatch, now: float) -> StoredBatch:
+    """What of ``batch`` is delivered now: a tag the member does not want is consumed unseen
+    (``UNMATCHED``), a message scheduled later is parked until due."""
+    keep: list[bool] = []
+    headers = list(batch.headers)
+    for index, message in enumerate(batch.messages()):
+        if not member.wants(message.tag):
+            cursor.finish(message.queue_offset)
+            keep.append(False)
+            continue
+        due = message.headers.get(DELIVER_AT_HEADER)
+        if due is not None:
+            headers[index] = {k: v for k, v in message.headers.items() if k != DELIVER_AT_HEADER}
+            if float(due) > now:
+                cursor.park(float(due), Delivery(
+                    "", message.topic, message.queue, message.queue_offset, message.message_id,
+                    message.body, message.key, message.tag, headers[index], message.attempt,
+                    message.store_time))
+                keep.append(False)
+                continue
+        keep.append(True)
+    return StoredBatch(batch.topic, batch.queue, _kept(batch.queue_offsets, keep),
+                       _kept(batch.log_offsets, keep), _kept(batch.message_ids, keep),
+                       _kept(batch.keys, keep), _kept(batch.tags, keep), _kept(headers, keep),
+                       _kept(batch.bodies, keep), _kept(batch.store_times, keep),
+                       _kept(batch.attempts, keep))
 
 
-def _origin(held: Held) -> dict[str, str]:
+def _kept(column: Sequence[T], keep: list[bool]) -> list[T]:
+    return list(compress(column, keep))
+
+
+def _hand_new(broker: Broker, member: Member, cursor: QueueCursor, batch: StoredBatch,
+              now: float) -> list[Delivery]:
+    """Deliver ``batch`` (read from the store) to ``member``: one lease, one receipt each."""
+    offsets, attempts = batch.queue_offsets, batch.attempts
+    count = len(offsets)
+    if not count:
+        return []
+    same: dict[str, Any] = {"topic": cursor.topic, "queue": cursor.queue}
+    columns: dict[str, Sequence[Any]] = {"offset": offsets, "message_id": batch.message_ids,
+                                          "body": batch.bodies, "published_at": batch.store_times}
+    for name, column, empty in (("key", batch.keys, ""), ("tag", batch.tags, ""),
+                                ("headers", batch.headers, NO_HEADERS)):
+        if column.count(empty) == count:
+            same[name] = empty
+        else:
+            columns[name] = column
+    if min(attempts) == max(attempts):  # first deliveries, or all retried as often
+        same["delivery_count"] = attempts[0] + 1
+        columns["receipt"] = receipts = list(map(f"{cursor.ident}:{{}}:{attempts[0] + 1}".format, offsets))
+    else:
+        columns["delivery_count"] = counts = list(map((1).__add__, attempts))
+        columns["receipt"] = receipts = list(map(f"{cursor.ident}:{{}}:{{}}".format, offsets, counts))
+    handed = deliveries(count, same, columns)
+    cursor.hold(handed, offsets, receipts, Lease(cursor, member.ident, now + member.lease))
+    broker.held_count[member.ident] += count
+    return handed
+
+
+def _hand_again(broker: Broker, member: Member, cursor: QueueCursor, messages: list[Delivery],
+                now: float) -> list[Delivery]:
+    """Deliver again what a lease, a nack or a schedule put back (ready): a new receipt each."""
+    handed = [replace(m, receipt=f"{cursor.ident}:{m.offset}:{m.delivery_count + 1}",
+                      delivery_count=m.delivery_count + 1) for m in messages]
+    cursor.hold(handed, [d.offset for d in handed], [d.receipt for d in handed],
+                Lease(cursor, member.ident, now + member.lease))
+    broker.held_count[member.ident] += len(handed)
+    return handed
+
+
+def _origin(message: Delivery) -> dict[str, str]:
     """The headers naming where a message was first published (kept through every copy)."""
-    message = held.message
     headers = dict(message.headers)
     headers.pop(DELIVER_AT_HEADER, None)
     if ORIGIN_TOPIC not in headers:
         headers.update({ORIGIN_TOPIC: message.topic, ORIGIN_QUEUE: str(message.queue),
-                        ORIGIN_OFFSET: str(message.queue_offset)})
+                        ORIGIN_OFFSET: str(message.offset)})
     return headers
 
 
-def _retry(group: Group, held: Held, due: float) -> Record:
-    message = held.message
-    headers = {**_origin(held), DELIVER_AT_HEADER: repr(due)}
+def _retry(group: Group, message: Delivery, due: float) -> Record:
+    headers = {**_origin(message), DELIVER_AT_HEADER: repr(due)}
     return Record(retry_topic(group.name), 0, message.body, message.key, message.tag, headers,
-                  message.message_id, held.count)
+                  message.message_id, message.delivery_count)
 
 
-def _dead_letter(group: Group, held: Held, cause: str) -> Record:
-    message = held.message
-    headers = {**_origin(held), DLQ_CAUSE: cause, DELIVERY_COUNT: str(held.count)}
+def _dead_letter(group: Group, message: Delivery, cause: str) -> Record:
+    count = message.delivery_count
+    headers = {**_origin(message), DLQ_CAUSE: cause, DELIVERY_COUNT: str(count)}
     return Record(dlq_topic(group.name), 0, message.body, message.key, message.tag, headers,
-                  message.message_id, held.count)
+                  message.message_id, count)

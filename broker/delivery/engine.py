@@ -23,7 +23,7 @@ import structlog
 from broker.delivery import admin, consume, reading
 from broker.delivery.allocation import STRATEGIES, Strategy
 from broker.delivery.config import DeliveryConfig
-from broker.delivery.cursor import DELIVER_AT_HEADER, QueueCursor
+from broker.delivery.cursor import DELIVER_AT_HEADER, QueueCursor, Receipts
 from broker.delivery.dedup import DedupWindow
 from broker.delivery.group import Group, Member, retry_topic
 from broker.delivery.offsets import OffsetBook
@@ -67,6 +67,7 @@ class Broker:
         self.cursor_ids = itertools.count(1)
         self.cursor_by_id: dict[int, QueueCursor] = {}
         self.held_count: dict[str, int] = {}
+        self.receipts: Receipts = {}  # every held delivery by its receipt
         self.lock = threading.Condition(threading.RLock())
         self.last_sweep = float("-inf")
         self._needed: dict[tuple[str, int], int] = self.offsets.lowest_needed()
@@ -120,7 +121,8 @@ class Broker:
             for index, result in zip(slots, results):
                 placed = Placement(topic, result.queue, result.queue_offset, result.message_id)
                 placements[index] = placed
-                self.dedup.add(placed)
+                if messages[index].message_id:  # an id the store made cannot be sent again
+                    self.dedup.add(placed)
             self.lock.notify_all()
         first = {m.message_id: p for m, p in zip(messages, placements) if p is not None}  # in-batch copies
         return [p if p is not None else replace(first[m.message_id], duplicate=True)
@@ -246,7 +248,7 @@ class Broker:
             saved = reading.first_at(self, topic, queue, from_time)
         if saved is None:
             saved = self.store.max_offset(topic, queue) if from_end else self.store.min_offset(topic, queue)
-        cursor = QueueCursor(next(self.cursor_ids), topic, queue, saved)
+        cursor = QueueCursor(next(self.cursor_ids), topic, queue, saved, self.receipts)
         self.cursor_by_id[cursor.ident] = cursor
         return cursor
 

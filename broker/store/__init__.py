@@ -11,7 +11,7 @@ a checkpoint with crash recovery, and retention. Use `MessageStore`::
 
 from broker.store.clock import Clock, FakeClock, SystemClock
 from broker.store.config import FlushPolicy, StoreConfig
-from broker.store.record import AppendResult, Record, StoredMessage
+from broker.store.record import AppendResult, Record, StoredBatch, StoredMessage
 from broker.store.retention import Deletion
 from broker.store.store import MessageStore, RetentionGuard
 
@@ -25,6 +25,7 @@ __all__ = [
     "Record",
     "RetentionGuard",
     "StoreConfig",
+    "StoredBatch",
     "StoredMessage",
     "SystemClock",
 ]

@@ -120,6 +120,30 @@ class ConsumeQueue:
                 queue_offset += 1
         return entries
 
+    def span(self, queue_offset: int, count: int) -> tuple[list[int], list[int]]:
+        """The log offsets and sizes of up to ``count`` entries from ``queue_offset`` (as `get`,
+        column-wise: no value per entry is built in Python)."""
+        log_offsets: list[int] = []
+        sizes: list[int] = []
+        end = min(self.length, queue_offset + count)
+        while queue_offset < end:
+            base = queue_offset - queue_offset % self.per_file
+            mapped = self._files.get(base)
+            if mapped is None:
+                break
+            stop = min(end, base + self.per_file)
+            position = (queue_offset - base) * ENTRY.size
+            found, lengths, _ = zip(*ENTRY.iter_unpack(mapped[position : (stop - base) * ENTRY.size]))
+            if 0 in lengths:  # an empty slot ends the queue
+                taken = lengths.index(0)
+                log_offsets += found[:taken]
+                sizes += lengths[:taken]
+                break
+            log_offsets += found
+            sizes += lengths
+            queue_offset = stop
+        return log_offsets, sizes
+
     def truncate(self, queue_offset: int) -> None:
         """Forget every entry from ``queue_offset`` on."""
         for offset in range(queue_offset, self.length):

@@ -2,66 +2,92 @@
 
 Entries that lie close together in the log are read with one ``pread`` of at
 most ``chunk`` bytes, so memory stays bounded by the batch whatever the log's
-size. Every record is CRC-checked and compared with the entry that pointed at
-it; a mismatch is a `CorruptRecordError` naming the file and offset, or, when
-the store skips corrupt records, a logged gap. A wrong body is never returned.
+size, and each such run is decoded column-wise (`columns`). Every record is
+CRC-checked and compared with the entry that pointed at it; a mismatch is a
+`CorruptRecordError` naming the file and offset, or, when the store skips
+corrupt records, a logged gap. A wrong body is never returned.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from bisect import bisect_right
+from collections.abc import Callable, Iterable
+from itertools import islice, repeat
+from operator import add, le, sub
+from typing import Any
 
 import structlog
 
 from broker.errors import CorruptRecordError, StoreError
 from broker.store import codec
 from broker.store.codec import FrameError
+from broker.store.columns import decode_run
 from broker.store.commitlog import CommitLog
 from broker.store.consumequeue import QueueEntry
-from broker.store.record import StoredMessage
+from broker.store.record import StoredBatch, StoredMessage
 from broker.store.segment import Segment
 
 log = structlog.get_logger("broker.store")
 
 
-def read_entries(
+def read_span(
     commit_log: CommitLog,
-    entries: Sequence[QueueEntry],
     place: tuple[str, int],
+    first: int,
+    log_offsets: list[int],
+    sizes: list[int],
     visible: int,
     chunk: int,
     skip: bool,
-) -> list[StoredMessage]:
-    """The messages ``entries`` of queue ``place`` point at, up to the ``visible`` log offset."""
-    messages: list[StoredMessage] = []
-    i = 0
-    while i < len(entries) and entries[i].log_offset + entries[i].size <= visible:
-        first = entries[i]
-        if first.log_offset < commit_log.min_offset:
+) -> StoredBatch:
+    """The messages of queue ``place`` from queue offset ``first`` whose consume-queue entries are
+    ``log_offsets`` and ``sizes``, up to the ``visible`` log offset."""
+    topic, queue = place
+    topic_b = topic.encode()
+    columns: list[list[Any]] = [[] for _ in StoredBatch._fields[2:]]
+    ends = list(map(add, log_offsets, sizes))
+    in_order = all(map(le, ends, islice(log_offsets, 1, None)))  # always, unless the queue is damaged
+    i, count = 0, len(log_offsets)
+    while i < count and ends[i] <= visible:
+        start = log_offsets[i]
+        if start < commit_log.min_offset:
             i += 1  # deleted by retention
             continue
-        segment = commit_log.locate(first.log_offset)
-        j, run_end = i + 1, first.log_offset + first.size
-        while j < len(entries):
-            end = entries[j].log_offset + entries[j].size
-            if (entries[j].log_offset < run_end or end > visible or end > segment.end
-                    or end - first.log_offset > chunk):
-                break
-            run_end, j = end, j + 1
+        segment = commit_log.locate(start)
+        j = max(i + 1, bisect_right(ends, min(visible, segment.end, start + chunk), i)) if in_order else i + 1
         try:
-            data = segment.read(first.log_offset - segment.base, run_end - first.log_offset)
+            data = segment.read(start - segment.base, ends[j - 1] - start)
         except StoreError:
             i = j  # the segment was deleted under us by retention
             continue
-        for entry in entries[i:j]:
-            message = _decode(data, entry.log_offset - first.log_offset, entry, segment, skip)
-            if message is not None and (message.topic, message.queue) != place:
-                _reject(segment, entry, "record belongs to another queue", skip)
-                message = None
-            if message is not None:
-                messages.append(message)
+        positions = list(map(sub, log_offsets[i:j], repeat(start)))
+        run = decode_run(data, positions, sizes[i:j], first + i, topic_b, queue)
+        decoded: Iterable[Iterable[Any]] = (
+            (range(first + i, first + j), log_offsets[i:j], *run) if run is not None
+            else _one_by_one(data, positions, first + i, log_offsets[i:j], sizes[i:j], place, segment, skip))
+        for column, values in zip(columns, decoded):
+            column += values
         i = j
-    return messages
+    return StoredBatch(topic, queue, *columns)
+
+
+def _one_by_one(data: bytes, positions: list[int], first: int, log_offsets: list[int],
+                sizes: list[int], place: tuple[str, int], segment: Segment,
+                skip: bool) -> Iterable[Iterable[Any]]:
+    """A run that failed the column-wise checks, decoded record by record: a bad one is named
+    (`CorruptRecordError`) or, when skipping, logged and left out."""
+    messages = []
+    for number, (position, log_offset, size) in enumerate(zip(positions, log_offsets, sizes)):
+        entry = QueueEntry(first + number, log_offset, size, 0)
+        message = _decode(data, position, entry, segment, skip)
+        if message is not None and (message.topic, message.queue) != place:
+            _reject(segment, entry, "record belongs to another queue", skip)
+            message = None
+        if message is not None:
+            messages.append(message)
+    if not messages:
+        return [()] * (len(StoredBatch._fields) - 2)
+    return list(zip(*messages))[2:]
 
 
 def lookup(

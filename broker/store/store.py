@@ -33,8 +33,8 @@ from broker.store.groupcommit import GroupCommit
 from broker.store.keyindex import KeyIndex, id_hash, key_hash, offset_in_id
 from broker.store.prepare import Prepared, prepare
 from broker.store.queues import QueueTable
-from broker.store.reader import lookup, read_entries, read_frame_at
-from broker.store.record import AppendResult, Record, StoredMessage
+from broker.store.reader import lookup, read_frame_at, read_span
+from broker.store.record import AppendResult, Record, StoredBatch, StoredMessage
 from broker.store.recovery import RecoveryReport, recover
 from broker.store.segment import Segment
 from broker.store.writer import BatchWriter
@@ -157,6 +157,10 @@ class MessageStore:
         Messages retention removed are left out: the first one returned may then
         have a higher queue offset than asked for (see `min_offset`).
         """
+        return self.read_batch(topic, queue, queue_offset, max_count).messages()
+
+    def read_batch(self, topic: str, queue: int, queue_offset: int, max_count: int = 32) -> StoredBatch:
+        """`read`, column-wise: one list per field (the delivery engine's read)."""
         self._check_open()
         if queue_offset < 0 or max_count < 0:
             raise InvalidRequestError(
@@ -165,12 +169,17 @@ class MessageStore:
             )
         consume_queue = self._queues.get(topic, queue)
         if consume_queue is None or not max_count:
-            return []
-        if queue_offset < consume_queue.min_file_offset + consume_queue.per_file:
-            queue_offset = max(queue_offset, consume_queue.first_offset(self._log.min_offset))
-        entries = consume_queue.get(queue_offset, max_count)
-        return read_entries(self._log, entries, (topic, queue), self._visible_end(),
-                            self.config.read_chunk, self.config.skip_corrupt)
+            return StoredBatch(topic, queue, *([] for _ in StoredBatch._fields[2:]))
+        log_offsets, sizes = consume_queue.span(queue_offset, max_count)
+        log_min = self._log.min_offset
+        if ((log_offsets[0] < log_min if log_offsets else queue_offset < consume_queue.length)
+                and queue_offset < consume_queue.min_file_offset + consume_queue.per_file):
+            first = consume_queue.first_offset(log_min)  # retention removed what lies below
+            if first > queue_offset:
+                queue_offset = first
+                log_offsets, sizes = consume_queue.span(queue_offset, max_count)
+        return read_span(self._log, (topic, queue), queue_offset, log_offsets, sizes,
+                         self._visible_end(), self.config.read_chunk, self.config.skip_corrupt)
 
     def lookup_key(self, topic: str, key: str, begin: float, end: float,
                    max_count: int = 64) -> list[StoredMessage]:
