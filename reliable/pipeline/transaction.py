@@ -1,13 +1,15 @@
 """The claim → handler → commit step of single and batch mode.
 
 Single mode: one transaction per message, retried whole in process. Batch
-mode: one transaction for the chunk with the claim and the handler in a
-savepoint; if that fails, each message runs again in its own savepoint so a
-poison message does not roll back its neighbours.
+mode: one transaction for the chunk, the claim and the handler together; if
+that fails it is rolled back and each message runs again in its own savepoint
+of a second transaction, so a poison message does not roll back its
+neighbours.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import structlog
@@ -44,15 +46,19 @@ def _one(steps: Steps, message: Message, token: str | None) -> tuple[bool, objec
 
 
 def together_in_transaction(steps: Steps, work: list[Work]) -> None:
-    """Batch mode: claim, call and commit the chunk in one transaction (isolating a failure)."""
+    """Batch mode: claim, call and commit the chunk in one transaction; if the claim or the
+    handler fails, roll that transaction back and run each message again in a savepoint of a
+    second one, so a poison message does not roll back its neighbours."""
     fresh = undecided(work)
     if not fresh:
         return
     try:
-        with steps.runtime.store.transaction() as tx:
-            _batch(steps, tx, fresh)
-            done = [w.message for w in fresh if w.result is not None and w.result.acked]
-            steps.save_offsets(tx, done)
+        try:
+            done = _in_transaction(steps, fresh, _together)
+        except _BatchFailed as failed:
+            log.info("batch_isolating_failure", handler=steps.handler.name, size=len(fresh),
+                     error=str(failed.__cause__))
+            done = _in_transaction(steps, fresh, _one_by_one)
     except StoreUnavailableError as exc:
         for w in fresh:
             w.result = steps.deferred(w.message, w.token, exc)
@@ -60,22 +66,39 @@ def together_in_transaction(steps: Steps, work: list[Work]) -> None:
     steps.offsets_saved(done)
 
 
-def _batch(steps: Steps, tx: Transaction, fresh: list[Work]) -> None:
+class _BatchFailed(Exception):
+    """The claim or the handler of a whole batch raised: its transaction is rolled back."""
+
+
+Run = Callable[[Steps, Transaction, list[Work]], None]
+
+
+def _in_transaction(steps: Steps, fresh: list[Work], run: Run) -> list[Message]:
+    """``run`` the chunk in one transaction with the offsets of the messages it decided done."""
+    with steps.runtime.store.transaction() as tx:
+        run(steps, tx, fresh)
+        done = [w.message for w in fresh if w.result is not None and w.result.acked]
+        steps.save_offsets(tx, done)
+    return done
+
+
+def _together(steps: Steps, tx: Transaction, fresh: list[Work]) -> None:
     try:
-        with tx.savepoint():
-            claimed = steps.guard.claim(tx, [w.token for w in fresh if w.token is not None])
-            run = [w.message for w in fresh if w.token is None or w.token in claimed]
-            if run:
-                steps.call(run, tx, batch=True)
+        claimed = steps.guard.claim(tx, [w.token for w in fresh if w.token is not None])
+        run = [w.message for w in fresh if w.token is None or w.token in claimed]
+        if run:
+            steps.call(run, tx, batch=True)
     except Exception as exc:
         if store_down(exc):
             raise StoreUnavailableError(f"store unavailable in batch transaction: {exc}") from exc
-        log.info("batch_isolating_failure", handler=steps.handler.name, size=len(fresh), error=str(exc))
-        for w in fresh:
-            w.result = _isolated(steps, tx, w)
-        return
+        raise _BatchFailed from exc
     for w in fresh:
         w.decide(Outcome.PROCESSED if w.token is None or w.token in claimed else Outcome.DUPLICATE)
+
+
+def _one_by_one(steps: Steps, tx: Transaction, fresh: list[Work]) -> None:
+    for w in fresh:
+        w.result = _isolated(steps, tx, w)
 
 
 def _isolated(steps: Steps, tx: Transaction, w: Work) -> Result:
