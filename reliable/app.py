@@ -14,7 +14,6 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import structlog
 
@@ -26,6 +25,7 @@ from backends.store.base import Store
 from backends.transport import open_transport
 from backends.transport.base import Transport
 from backends.types import JSON, DeadLetter, OutgoingMessage, encode_body
+from backends.urls import redact
 from reliable.commit import CommitStrategy, commit_strategy
 from reliable.deadletter import DeadLetters
 from reliable.errors import HandlerOptionError, StoreUnavailableError, UnknownHandlerError
@@ -38,14 +38,6 @@ from reliable.worker import Worker
 
 log = structlog.get_logger("reliable.app")
 
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced, for logs."""
-    parts = urlsplit(url)
-    if not parts.password:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 OPTIMIZE_ACK_FRACTION = 0.65
 """The batch commit strategy acks once this fraction of the prefetch is pending (ActiveMQ)."""

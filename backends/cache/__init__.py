@@ -6,13 +6,13 @@
 
 from __future__ import annotations
 
-import re
 from urllib.parse import parse_qs, urlsplit
 
 from backends.cache.base import Cache
 from backends.cache.memory import DEFAULT_MAX_ENTRIES, MemoryCache
 from backends.clock import SYSTEM_CLOCK, Clock
 from backends.errors import ConfigurationError, UnsupportedURLError
+from backends.urls import redact
 
 ALLOWED_SCHEMES = ("memory", "redis", "rediss")
 
@@ -30,14 +30,9 @@ def open_cache(url: str, clock: Clock = SYSTEM_CLOCK, prefix: str = "reliable") 
 
         return RedisCache(url, prefix)
     raise UnsupportedURLError(
-        f"cache URL {_redacted(url)!r} has scheme {scheme!r}; "
+        f"cache URL {redact(url)!r} has scheme {scheme!r}; "
         f"allowed schemes: {', '.join(ALLOWED_SCHEMES)}"
     )
-
-
-def _redacted(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (URLs end up in logs and errors)."""
-    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
 
 
 def _max_entries(url: str) -> int:
@@ -45,7 +40,7 @@ def _max_entries(url: str) -> int:
     unknown = set(options) - {"max_entries"}
     if unknown:
         raise ConfigurationError(
-            f"cache URL {url!r}: unknown option(s) {', '.join(sorted(unknown))}; "
+            f"cache URL {redact(url)!r}: unknown option(s) {', '.join(sorted(unknown))}; "
             "allowed: max_entries"
         )
     raw = options.get("max_entries", [str(DEFAULT_MAX_ENTRIES)])[-1]
@@ -55,6 +50,6 @@ def _max_entries(url: str) -> int:
         value = 0
     if value < 1:
         raise ConfigurationError(
-            f"cache URL {url!r}: max_entries={raw!r} is not allowed; use a positive integer"
+            f"cache URL {redact(url)!r}: max_entries={raw!r} is not allowed; use a positive integer"
         )
     return value

@@ -56,14 +56,14 @@ class RedisCache(Cache):
         return f"{self.prefix}:{namespace}:{token}"
 
     def _seen(self, namespace: str, tokens: list[str]) -> set[str]:
-        keys = [self.key(namespace, token) for token in tokens]
-        values = self._call("seen", lambda: self._client.mget(keys))
+        start = self.key(namespace, "")
+        values = self._call("seen", lambda: self._client.mget([start + token for token in tokens]))
         return {token for token, value in zip(tokens, values, strict=True) if value is not None}
 
     def _remember(self, namespace: str, tokens: list[str], ttl: float) -> None:
         milliseconds = max(1, round(ttl * 1000))
-
-        keys = [self.key(namespace, token) for token in tokens]
+        start = self.key(namespace, "")
+        keys = [start + token for token in tokens]
         self._call("remember", lambda: self._remember_script(keys=keys, args=[milliseconds]))
 
     def _forget(self, namespace: str, tokens: list[str]) -> None:

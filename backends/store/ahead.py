@@ -12,14 +12,13 @@ fail as a whole, and the transaction must then be rolled back.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any, NoReturn
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
-from backends.store.base import TokenState
+from backends.store.claims import Claim
 from backends.store.schema import tokens
 
 _CLAIM = (
@@ -31,12 +30,10 @@ _FROM_ARRAY = _CLAIM.replace("{tokens}", "%s::text[]")
 
 
 class ClaimAhead:
-    """The claim of every token of ``batch`` (distinct), sent into a pipeline left open."""
+    """The claim of every token of ``claim``'s batch, sent into a pipeline left open."""
 
-    def __init__(
-        self, connection: Connection, namespace: str, batch: Sequence[str], now: float, ttl: float
-    ) -> None:
-        self._batch = batch
+    def __init__(self, connection: Connection, claim: Claim) -> None:
+        self._batch = batch = claim.batch
         self._claimed: set[str] | None = None
         driver = connection.connection.driver_connection
         assert driver is not None
@@ -49,7 +46,7 @@ class ClaimAhead:
             statement = _FROM_LINES
             if lines.count("\n") != len(batch) - 1:  # a token holds a line break
                 statement, sent = _FROM_ARRAY, list(batch)
-            self._cursor.execute(statement, (namespace, TokenState.DONE.value, now, now + ttl, sent))
+            self._cursor.execute(statement, (claim.namespace, claim.state, claim.now, claim.expires_at, sent))
         except BaseException as exc:
             self._pipeline.close()
             _reraise(exc)
@@ -95,6 +92,9 @@ def rides_pipeline(statement: Any, parameters: Any) -> bool:
     (several parameter sets) of an SQLAlchemy ``INSERT`` / ``UPDATE`` / ``DELETE`` that
     returns nothing. Anything that could return rows must wait for the pipeline to end."""
     bulk = isinstance(parameters, list | tuple) and len(parameters) > 1
-    dml = bool(getattr(statement, "is_dml", False))
-    returns = bool(getattr(statement, "_returning", ())) or bool(getattr(statement, "_return_defaults", False))  # fmt: skip
-    return bulk and dml and not returns
+    if not (bulk and getattr(statement, "is_dml", False)):
+        return False
+    # RETURNING columns (public since SQLAlchemy 1.4). A ``return_defaults()`` statement has
+    # none and rides: reading its rows makes psycopg sync the pipeline first, which raises the
+    # claim's failure, if any, there (see `reliable.spark.ahead`).
+    return not statement.exported_columns

@@ -7,21 +7,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, delete, func, inspect, select, text, update
-from sqlalchemy.dialects import postgresql, sqlite
 
-from backends.store.engine import chunk_size, chunks
+from backends.store.dialect import Dialect
+from backends.store.engine import chunks
 from backends.store.schema import dead_letters
 from backends.types import DeadLetter, Failure, Message
 
 
-def add(connection: Connection, letter: DeadLetter, now: float) -> int | None:
+def add(connection: Connection, dialect: Dialect, letter: DeadLetter, now: float) -> int | None:
     """Insert ``letter``; its id, or None when the group already has a record of this message
     (same token, or same message id without a token) at the same replay count."""
     message, failure = letter.message, letter.failure
-    insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
     identity = f"token:{letter.token}" if letter.token is not None else f"message:{message.id}"
     result = connection.execute(
-        insert(dead_letters)
+        dialect.insert(dead_letters)
         .values(
             identity=identity,
             group=letter.group,
@@ -77,10 +76,10 @@ def get(connection: Connection, letter_id: int) -> DeadLetter | None:
     return None if row is None else _from_row(row)
 
 
-def remove(connection: Connection, ids: Sequence[int]) -> int:
+def remove(connection: Connection, dialect: Dialect, ids: Sequence[int]) -> int:
     """Delete dead letters by id; return how many existed."""
     deleted = 0
-    for part in chunks(ids, chunk_size(connection)):
+    for part in chunks(ids, dialect.chunk):
         deleted += connection.execute(
             delete(dead_letters).where(dead_letters.c.id.in_(part))
         ).rowcount
@@ -93,10 +92,10 @@ def count(connection: Connection, group: str) -> int:
     return int(connection.execute(statement).scalar_one())
 
 
-def mark_replayed(connection: Connection, ids: Sequence[int]) -> int:
+def mark_replayed(connection: Connection, dialect: Dialect, ids: Sequence[int]) -> int:
     """Add one to the replay count of each dead letter in ``ids``; return how many."""
     changed = 0
-    for part in chunks(ids, chunk_size(connection)):
+    for part in chunks(ids, dialect.chunk):
         statement = (
             update(dead_letters)
             .where(dead_letters.c.id.in_(part))

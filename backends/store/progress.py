@@ -7,18 +7,20 @@ from collections.abc import Mapping
 from sqlalchemy import Connection, case, delete, select
 
 from backends.errors import FenceConflictError
-from backends.store.engine import upsert
+from backends.store.dialect import Dialect
 from backends.store.schema import fences, offsets
 from backends.types import QueueRef
 
 FENCE_HISTORY = 1_000  # batches kept per fence name below the newest (for inspection)
 
 
-def save_offsets(connection: Connection, group: str, positions: Mapping[QueueRef, int]) -> None:
+def save_offsets(
+    connection: Connection, dialect: Dialect, group: str, positions: Mapping[QueueRef, int]
+) -> None:
     """Upsert the next offset to consume per queue; a saved position never moves backwards."""
     if not positions:
         return
-    insert = upsert(connection, offsets)
+    insert = dialect.insert(offsets)
     statement = insert.on_conflict_do_update(
         index_elements=[offsets.c.group, offsets.c.topic, offsets.c.queue],
         set_={"next_offset": case(
@@ -43,7 +45,9 @@ def load_offsets(connection: Connection, group: str) -> dict[QueueRef, int]:
     }
 
 
-def fence(connection: Connection, name: str, batch_id: int, run_id: str, now: float) -> bool:
+def fence(
+    connection: Connection, dialect: Dialect, name: str, batch_id: int, run_id: str, now: float
+) -> bool:
     """Record batch ``batch_id`` of ``name``; False if it (or a later batch) was recorded.
 
     Batch ids of one run only grow, so any id at or below the newest recorded
@@ -60,7 +64,7 @@ def fence(connection: Connection, name: str, batch_id: int, run_id: str, now: fl
     if newest is not None and batch_id <= newest.batch_id:
         _check_run(name, batch_id, run_id, newest.run_id)
         return False
-    insert = upsert(connection, fences)
+    insert = dialect.insert(fences)
     inserted = connection.execute(
         insert.values(name=name, batch_id=batch_id, run_id=run_id, recorded_at=now)
         .on_conflict_do_nothing(index_elements=[fences.c.name, fences.c.batch_id])

@@ -1,8 +1,11 @@
 """`SqlStore`: the `Store` on any supported SQLAlchemy database (SQLite, PostgreSQL).
 
-Core only (no ORM): the claim and the lookups are one statement each. A store
-is safe to share between threads; every transaction takes its own pooled
-connection. Database errors that mean "cannot reach the database" become
+Every public operation is written once here, over the primitives of the
+URL's `Dialect` (`backends.store.sqlite`, `backends.store.postgresql`): the
+template method, with the primitives supplied per database. Core only (no
+ORM): the claim and the lookups are one statement each. A store is safe to
+share between threads; every transaction takes its own pooled connection.
+Database errors that mean "cannot reach the database" become
 `StoreUnavailableError`; the user's own exceptions inside a transaction
 propagate unchanged.
 """
@@ -24,11 +27,15 @@ from backends.clock import SYSTEM_CLOCK, Clock
 from backends.errors import StoreUnavailableError
 from backends.store import deadletters, progress
 from backends.store import tokens as records
-from backends.store.ahead import ClaimAhead
 from backends.store.base import LeaseOutcome, Store, Transaction
-from backends.store.engine import READ_ONLY, build_engine, is_unavailable, parse_store_url
+from backends.store.claims import Claim
+from backends.store.dialect import Dialect
+from backends.store.engine import is_unavailable, parse_store_url
+from backends.store.postgresql import PostgreSQL
 from backends.store.schema import metadata
+from backends.store.sqlite import SQLite
 from backends.types import DeadLetter, QueueRef
+from backends.urls import redact
 
 log = structlog.get_logger(__name__)
 
@@ -61,24 +68,15 @@ def _lock_order(tokens: Sequence[str]) -> list[str]:
 class SqlTransaction(Transaction):
     """One database transaction on a pooled connection; see `Transaction`."""
 
-    def __init__(self, connection: Connection, clock: Clock, conflicted: set[str]) -> None:
+    def __init__(self, connection: Connection, dialect: Dialect, clock: Clock) -> None:
         self.connection = connection
+        self._dialect = dialect
         self._clock = clock
-        self._conflicted = conflicted  # the store's: namespaces whose last large claim met a known token
 
     @_guarded
     def claim(self, namespace: str, tokens: Sequence[str], ttl: float) -> set[str]:
         batch = _lock_order(tokens)
-        now = self._clock.time()
-        large = len(batch) >= records.COPY_CLAIM_MIN and self.connection.dialect.name == "postgresql"
-        if large and namespace not in self._conflicted:
-            if records.claim_by_copy(self.connection, namespace, batch, now, ttl):
-                return set(batch)
-            self._conflicted.add(namespace)  # claim the usual way until a batch is all new
-        claimed = records.claim(self.connection, namespace, batch, now, ttl)
-        if large and len(claimed) == len(batch):
-            self._conflicted.discard(namespace)
-        return claimed
+        return records.claim(self.connection, self._dialect, namespace, batch, self._clock.time(), ttl)
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -94,21 +92,26 @@ class SqlTransaction(Transaction):
 
     @_guarded
     def save_offsets(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
-        progress.save_offsets(self.connection, group, offsets)
+        progress.save_offsets(self.connection, self._dialect, group, offsets)
 
     @_guarded
     def add_dead_letter(self, letter: DeadLetter) -> int | None:
-        return deadletters.add(self.connection, letter, self._clock.time())
+        return deadletters.add(self.connection, self._dialect, letter, self._clock.time())
 
     @_guarded
     def fence(self, name: str, batch_id: int, run_id: str) -> bool:
-        return progress.fence(self.connection, name, batch_id, run_id, self._clock.time())
+        return progress.fence(self.connection, self._dialect, name, batch_id, run_id, self._clock.time())
 
     @_guarded
-    def claim_ahead(self, namespace: str, tokens: Sequence[str], ttl: float) -> ClaimAhead | None:
-        if self.connection.dialect.name != "postgresql" or not tokens:
-            return None  # psycopg's pipeline only
-        return ClaimAhead(self.connection, namespace, _lock_order(tokens), self._clock.time(), ttl)
+    def claim_ahead(self, namespace: str, tokens: Sequence[str], ttl: float) -> Any:
+        if not tokens:
+            return None
+        now = self._clock.time()
+        return self._dialect.claim_ahead(self.connection, Claim(namespace, _lock_order(tokens), now, now + ttl))
+
+
+DIALECTS: dict[str, type[Dialect]] = {"sqlite": SQLite, "postgresql": PostgreSQL}
+"""The dialect of each backend name a store URL may have (`ALLOWED_SCHEMES`)."""
 
 
 class SqlStore(Store):
@@ -116,14 +119,14 @@ class SqlStore(Store):
 
     def __init__(self, url: str | URL, clock: Clock = SYSTEM_CLOCK) -> None:
         self.url = parse_store_url(url) if isinstance(url, str) else url
-        self.engine: Engine = build_engine(self.url)
+        self.dialect = DIALECTS[self.url.get_backend_name()]()
+        self.engine: Engine = self.dialect.engine(self.url)
         self._clock = clock
         self._tables_ready = False
         self._tables_lock = threading.Lock()
-        self._conflicted: set[str] = set()  # see SqlTransaction.claim
 
     def __repr__(self) -> str:
-        return f"SqlStore({self.url.render_as_string(hide_password=True)!r})"
+        return f"SqlStore({redact(self.url.render_as_string(hide_password=False))!r})"
 
     # -- transactions -------------------------------------------------------------------
 
@@ -131,7 +134,7 @@ class SqlStore(Store):
     def transaction(self) -> Iterator[SqlTransaction]:
         connection = self._begin()
         try:
-            yield SqlTransaction(connection, self._clock, self._conflicted)
+            yield SqlTransaction(connection, self.dialect, self._clock)
         except BaseException:
             self._rollback_quietly(connection)
             connection.close()
@@ -151,11 +154,8 @@ class SqlStore(Store):
         except DBAPIError as exc:
             self._raise(exc, "connect")
         try:
-            if read_only and connection.dialect.name == "postgresql":
-                # a lone SELECT needs no BEGIN/ROLLBACK round trips around it
-                connection.execution_options(isolation_level="AUTOCOMMIT")
-            elif read_only:
-                connection.execution_options(**{READ_ONLY: True})
+            if read_only:
+                self.dialect.read_only(connection)
             connection.begin()
         except DBAPIError as exc:
             connection.close()
@@ -222,21 +222,21 @@ class SqlStore(Store):
         if not tokens:
             return set()
         with self._unit(read_only=True) as connection:
-            return records.known(connection, namespace, list(dict.fromkeys(tokens)), self._now())
+            return self.dialect.known(connection, namespace, list(dict.fromkeys(tokens)), self._now())
 
     def forget(self, namespace: str, tokens: Sequence[str]) -> int:
         if not tokens:
             return 0
         with self._unit() as connection:
-            return records.forget(connection, namespace, list(dict.fromkeys(tokens)))
+            return records.forget(connection, self.dialect, namespace, list(dict.fromkeys(tokens)))
 
     def lease(self, namespace: str, token: str, lease_seconds: float) -> LeaseOutcome:
         with self._unit() as connection:
-            return records.lease(connection, namespace, token, self._now(), lease_seconds)
+            return records.lease(connection, self.dialect, namespace, token, self._now(), lease_seconds)
 
     def complete_lease(self, namespace: str, token: str, result: Any, ttl: float) -> None:
         with self._unit() as connection:
-            records.complete_lease(connection, namespace, token, result, self._now(), ttl)
+            records.complete_lease(connection, self.dialect, namespace, token, result, self._now(), ttl)
 
     def renew_lease(self, namespace: str, token: str, lease_seconds: float) -> bool:
         with self._unit() as connection:
@@ -259,7 +259,7 @@ class SqlStore(Store):
     def save_offsets(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
         """Upsert offsets in a transaction of their own (outside any handler)."""
         with self._unit() as connection:
-            progress.save_offsets(connection, group, offsets)
+            progress.save_offsets(connection, self.dialect, group, offsets)
 
     def dead_letters(self, group: str, limit: int = 100, after_id: int = 0) -> list[DeadLetter]:
         with self._unit(read_only=True) as connection:
@@ -273,7 +273,7 @@ class SqlStore(Store):
         if not ids:
             return 0
         with self._unit() as connection:
-            return deadletters.remove(connection, list(ids))
+            return deadletters.remove(connection, self.dialect, list(ids))
 
     def count_dead_letters(self, group: str) -> int:
         with self._unit(read_only=True) as connection:
@@ -284,7 +284,7 @@ class SqlStore(Store):
         if not ids:
             return 0
         with self._unit() as connection:
-            return deadletters.mark_replayed(connection, list(ids))
+            return deadletters.mark_replayed(connection, self.dialect, list(ids))
 
     def close(self) -> None:
         self.engine.dispose()

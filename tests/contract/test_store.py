@@ -20,7 +20,7 @@ from backends.errors import (
     UnsupportedURLError,
 )
 from backends.store import SqlStore, Store, TokenState, open_store
-from backends.store.tokens import COPY_CLAIM_MIN
+from backends.store.postgresql import COPY_CLAIM_MIN
 from backends.types import DeadLetter, Failure, Message, QueueRef
 
 TTL = 3600.0
@@ -128,6 +128,19 @@ class TestClaim:
         assert store.known(unique, odd) == set()  # the namespace kept its tab and backslash
         with store.transaction() as tx:
             assert tx.claim(namespace, batch, TTL) == set()
+
+    @pytest.mark.parametrize("odd", ["new\nline", ""], ids=["line-break", "empty"])
+    def test_a_batch_claims_odd_tokens_as_given(self, store: Store, unique: str, odd: str) -> None:
+        """A batch travels as one text of lines on PostgreSQL: a token with a line break, or an
+        empty one, must neither split nor vanish, whether it is claimed or already known."""
+        batch = [odd, "a", "b"]
+        with store.transaction() as tx:
+            assert tx.claim(unique, batch, TTL) == set(batch)
+        with store.transaction() as tx:
+            assert tx.claim(unique, [*batch, "c"], TTL) == {"c"}
+        with store.transaction() as tx:
+            assert tx.claim(unique, ["d", odd, "e"], TTL) == {"d", "e"}
+        assert store.known(unique, [odd, "new", "line", "z"]) == {odd}
 
     def test_concurrent_copy_size_claims_take_each_token_once(
         self, store: Store, unique: str
@@ -492,16 +505,16 @@ def test_postgresql_claims_large_all_new_batches_with_copy(
 ) -> None:
     """The COPY path is taken for a large batch, given up after a conflict, and retried once a
     batch is all new again (the outcomes themselves are the contract tests above)."""
-    from backends.store import tokens as records
+    from backends.store import postgresql
 
     outcomes: list[bool] = []
-    real = records.claim_by_copy
+    real = postgresql.claim_by_copy
 
     def spy(*args: object) -> bool:
         outcomes.append(real(*args))  # type: ignore[arg-type]
         return outcomes[-1]
 
-    monkeypatch.setattr(records, "claim_by_copy", spy)
+    monkeypatch.setattr(postgresql, "claim_by_copy", spy)
     store = open_store(postgres_url)
     batch = [f"p-{i:05d}" for i in range(COPY_CLAIM_MIN)]
     try:

@@ -9,7 +9,7 @@ import time
 import pytest
 from sqlalchemy import text
 
-from backends.store.tokens import COPY_CLAIM_MIN
+from backends.store.postgresql import COPY_CLAIM_MIN
 from reliable.spark import BatchStatus, foreach_batch, insert_rows
 from reliable.testing import test_app
 from tests.spark.test_fence import as_query

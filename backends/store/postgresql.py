@@ -1,0 +1,202 @@
+"""The store's primitives on PostgreSQL (psycopg 3).
+
+Its unique index makes a concurrent twin wait natively. A batch of tokens is
+claimed in one statement whose text stays the same whatever the batch size
+(prepared once): the tokens travel as one text of lines, the claimed ones
+come back in one row. A large batch is first tried with ``COPY``, and a whole
+batch's claim can be sent ahead in a pipeline (`backends.store.ahead`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    String,
+    Table,
+    any_,
+    bindparam,
+    create_engine,
+    func,
+    literal,
+    select,
+)
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
+
+from backends.store.ahead import ClaimAhead
+from backends.store.claims import (
+    CLAIM_COLUMNS,
+    DONE,
+    Claim,
+    ClaimPath,
+    OneRow,
+    claimed_row,
+    on_conflict_reclaim,
+)
+from backends.store.dialect import Dialect
+from backends.store.schema import tokens
+
+POOL_SIZE = 16  # one connection per worker thread
+MAX_OVERFLOW = 8
+INSERT_PAGE = 5_000  # rows per multi-row INSERT of executemany (offsets)
+RECYCLE_SECONDS = 1800
+CHUNK = 20_000
+
+COPY_CLAIM_MIN = 5_000
+"""Batches at least this large are first claimed with ``COPY`` (see `claim_by_copy`)."""
+
+
+def _claim_from(tokens_set: Any) -> Any:
+    return on_conflict_reclaim(
+        postgresql.insert(tokens).from_select(CLAIM_COLUMNS, select(*claimed_row(tokens_set)))
+    )
+
+
+_LINE = literal("\n")
+_CLAIMED = _claim_from(
+    func.unnest(func.string_to_array(bindparam("lines", type_=String), _LINE)).column_valued("token")
+).cte("claimed")
+_CLAIM_LINES = select(func.count(), func.string_agg(_CLAIMED.c.token, _LINE))
+_TOKEN_ARRAY = bindparam("tokens", type_=postgresql.ARRAY(String))
+_CLAIM_ARRAY = _claim_from(func.unnest(_TOKEN_ARRAY).column_valued("token"))
+_KNOWN = select(tokens.c.token).where(
+    tokens.c.namespace == bindparam("namespace", type_=String),
+    tokens.c.token == any_(_TOKEN_ARRAY),
+    tokens.c.state == DONE,
+    tokens.c.expires_at >= bindparam("now"),
+)
+
+
+class _Batch(ClaimPath):
+    """Any batch: as one text of lines (far cheaper to send and read back than arrays), or
+    as an array when a token holds a line break."""
+
+    def __call__(self, connection: Connection, claim: Claim) -> set[str]:
+        lines = "\n".join(claim.batch)
+        if lines.count("\n") != len(claim.batch) - 1:
+            parameters = {**claim.parameters, "tokens": list(claim.batch)}
+            return set(connection.execute(_CLAIM_ARRAY, parameters).scalars())
+        count, claimed = connection.execute(_CLAIM_LINES, {**claim.parameters, "lines": lines}).one()
+        if count == len(claim.batch):
+            return set(claim.batch)
+        return set(claimed.split("\n")) if count else set()
+
+
+class _CopyFirst(ClaimPath):
+    """A large batch of DONE tokens is first claimed with ``COPY`` (`claim_by_copy`); after a
+    conflict in a namespace, ``then`` claims its batches until one is all new again."""
+
+    def __init__(self, then: ClaimPath, min_size: int = COPY_CLAIM_MIN) -> None:
+        self.then, self.min_size = then, min_size
+        self._conflicted: set[str] = set()  # namespaces whose last large claim met a known token
+
+    def __call__(self, connection: Connection, claim: Claim) -> set[str] | None:
+        if len(claim.batch) < self.min_size or claim.state != DONE:
+            return self.then(connection, claim)
+        if claim.namespace not in self._conflicted:
+            if claim_by_copy(connection, claim):
+                return set(claim.batch)
+            self._conflicted.add(claim.namespace)
+        claimed = self.then(connection, claim)
+        if claimed is not None and len(claimed) == len(claim.batch):
+            self._conflicted.discard(claim.namespace)
+        return claimed
+
+
+class PostgreSQL(Dialect):
+    chunk = CHUNK
+
+    def engine(self, url: URL) -> Engine:
+        # No pre-ping: it would cost a round trip per transaction. A connection that died
+        # idle fails its next transaction as StoreUnavailableError (the message is deferred,
+        # not lost), and SQLAlchemy then invalidates the pool; recycling bounds idle age.
+        return create_engine(
+            url,
+            pool_recycle=RECYCLE_SECONDS,
+            pool_size=POOL_SIZE,
+            max_overflow=MAX_OVERFLOW,
+            pool_timeout=30,
+            insertmanyvalues_page_size=INSERT_PAGE,
+            connect_args={"connect_timeout": 10},
+        )
+
+    def insert(self, table: Table) -> Any:
+        return postgresql.insert(table)
+
+    def read_only(self, connection: Connection) -> None:
+        # a lone SELECT needs no BEGIN/ROLLBACK round trips around it
+        connection.execution_options(isolation_level="AUTOCOMMIT")
+
+    def claim_paths(self) -> ClaimPath:
+        return _CopyFirst(OneRow(postgresql.insert) | _Batch())
+
+    def known(self, connection: Connection, namespace: str, batch: Sequence[str], now: float) -> set[str]:
+        parameters = {"namespace": namespace, "tokens": list(batch), "now": now}
+        return set(connection.execute(_KNOWN, parameters).scalars())
+
+    def claim_ahead(self, connection: Connection, claim: Claim) -> ClaimAhead:
+        return ClaimAhead(connection, claim)
+
+
+_COPY = f"COPY {tokens.name} (namespace, token, state, created_at, expires_at) FROM STDIN"
+
+
+def claim_by_copy(connection: Connection, claim: Claim) -> bool:
+    """Claim all of ``claim``'s batch with one ``COPY``; False if any token has a row.
+
+    ``COPY`` inserts about twice as fast as ``INSERT ... ON CONFLICT`` but
+    cannot skip a conflict: a token with any row (done, leased, expired, or
+    being inserted by a concurrent twin that then commits) fails it with a
+    unique violation. It runs in a savepoint, so a failure rolls back to where
+    it started and the caller claims the batch the usual way.
+    """
+    import psycopg  # the postgres extra; only reached on PostgreSQL
+
+    nested = connection.begin_nested()
+    try:
+        driver = connection.connection.driver_connection
+        assert driver is not None
+        with driver.cursor() as cursor, cursor.copy(_COPY) as copy:
+            data = copy_rows(claim.namespace, claim.batch, claim.now, claim.expires_at)
+            if data is not None:
+                copy.write(data)
+            else:  # a NUL in a token: let the driver refuse it, as the INSERT would
+                for token in claim.batch:
+                    copy.write_row((claim.namespace, token, DONE, claim.now, claim.expires_at))
+    except psycopg.errors.UniqueViolation:
+        nested.rollback()
+        return False
+    except psycopg.Error as exc:  # as SQLAlchemy would raise it: outages are recognised
+        nested.rollback()
+        raise DBAPIError.instance(_COPY, None, exc, psycopg.Error) from exc
+    except BaseException:
+        nested.rollback()
+        raise
+    nested.commit()
+    return True
+
+
+_COPY_ESCAPES = (("\\", "\\\\"), ("\t", "\\t"), ("\n", "\\n"), ("\r", "\\r"))
+
+
+def copy_rows(namespace: str, batch: Sequence[str], now: float, expires_at: float) -> str | None:
+    """The ``COPY`` text of ``batch``'s DONE rows, built in a few passes over one string.
+
+    Per row, ``write_row`` costs more than PostgreSQL's own insert of it; here
+    the tokens are joined with NUL (which no PostgreSQL text can hold), escaped
+    for the text format all at once, and the NULs replaced by the rest of a row
+    and the start of the next. None when a token holds a NUL.
+    """
+    body = "\0".join(batch)
+    if body.count("\0") != len(batch) - 1:
+        return None
+    for plain, escaped in _COPY_ESCAPES:
+        body = body.replace(plain, escaped)
+        namespace = namespace.replace(plain, escaped)
+    start, end = f"{namespace}\t", f"\t{DONE}\t{now!r}\t{expires_at!r}\n"
+    return start + body.replace("\0", end + start) + end

@@ -1,0 +1,114 @@
+"""The store's primitives on SQLite (the embedded default).
+
+SQLite is made to behave like a server database for the token claim: every
+write transaction starts with ``BEGIN IMMEDIATE`` (a concurrent twin waits for
+the writer instead of failing with "database is locked"), in WAL mode with a
+30 s busy timeout and ``synchronous=FULL``; a read-only unit uses a deferred
+``BEGIN`` (WAL readers never block writers). A batch of tokens travels as one
+JSON array read back with ``json_each``: the statement text stays the same
+whatever the batch size, and no bound-parameter limit applies.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    String,
+    Table,
+    bindparam,
+    create_engine,
+    event,
+    func,
+    select,
+    true,
+)
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.engine import URL
+
+from backends.store.claims import (
+    CLAIM_COLUMNS,
+    DONE,
+    Claim,
+    ClaimPath,
+    OneRow,
+    claimed_row,
+    on_conflict_reclaim,
+)
+from backends.store.dialect import Dialect
+from backends.store.schema import tokens
+
+BUSY_TIMEOUT_MS = 30_000
+CHUNK = 900  # values per IN (...) list: under SQLite's classic 999-parameter limit
+
+_READ_ONLY = "reliable_read_only"
+"""Execution option of a read-only unit: its BEGIN is deferred."""
+
+_TOKENS = func.json_each(bindparam("tokens", type_=String)).table_valued("value")
+
+# "WHERE true" keeps INSERT ... SELECT ... ON CONFLICT unambiguous for SQLite's parser.
+_CLAIM = on_conflict_reclaim(
+    sqlite.insert(tokens).from_select(CLAIM_COLUMNS, select(*claimed_row(_TOKENS.c.value)).where(true()))
+)
+_KNOWN = select(tokens.c.token).where(
+    tokens.c.namespace == bindparam("namespace", type_=String),
+    tokens.c.token.in_(select(_TOKENS.c.value)),
+    tokens.c.state == DONE,
+    tokens.c.expires_at >= bindparam("now"),
+)
+
+
+class _JsonBatch(ClaimPath):
+    """Any batch, as one JSON array."""
+
+    def __call__(self, connection: Connection, claim: Claim) -> set[str]:
+        parameters = {**claim.parameters, "tokens": json.dumps(list(claim.batch))}
+        return set(connection.execute(_CLAIM, parameters).scalars())
+
+
+class SQLite(Dialect):
+    chunk = CHUNK
+
+    def engine(self, url: URL) -> Engine:
+        if url.database and not url.query.get("uri"):
+            Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+        event.listen(engine, "connect", _on_connect)
+        event.listen(engine, "begin", _on_begin)
+        return engine
+
+    def insert(self, table: Table) -> Any:
+        return sqlite.insert(table)
+
+    def read_only(self, connection: Connection) -> None:
+        connection.execution_options(**{_READ_ONLY: True})
+
+    def claim_paths(self) -> ClaimPath:
+        return OneRow(sqlite.insert) | _JsonBatch()
+
+    def known(self, connection: Connection, namespace: str, batch: Sequence[str], now: float) -> set[str]:
+        parameters = {"namespace": namespace, "tokens": json.dumps(list(batch)), "now": now}
+        return set(connection.execute(_KNOWN, parameters).scalars())
+
+
+def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.isolation_level = None  # we emit BEGIN ourselves
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = FULL")
+    finally:
+        cursor.close()
+
+
+def _on_begin(connection: Any) -> None:
+    if connection.get_execution_options().get(_READ_ONLY):
+        connection.exec_driver_sql("BEGIN")
+    else:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
