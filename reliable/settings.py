@@ -177,27 +177,30 @@ class StoreSettings(Section):
 class RetrySettings(Section):
     """``[retry]``: the redelivery policy and the in-process retry before it."""
 
-    initial_delay: Seconds = 1.0
-    multiplier: Annotated[float, _no_bool("a number >= 1"), _rule(lambda v: v >= 1, "a number >= 1")] = 5.0
-    max_delay: Cap = 600.0
-    jitter: Annotated[float, _no_bool(_FRACTION), _rule(lambda v: 0 <= v < 1, _FRACTION)] = 0.0
-    max_redeliveries: Limit | None = None  # 6 (ActiveMQ), or 16 with delay_levels (RocketMQ)
-    in_process_attempts: AtLeastOne = 3
-    in_process_max_wait: Seconds = 1.0
+    # the defaults are the policies' own (reliable.retry): one source for each
+    initial_delay: Seconds = RedeliveryPolicy.initial_delay
+    multiplier: Annotated[float, _no_bool("a number >= 1"), _rule(lambda v: v >= 1, "a number >= 1")] = RedeliveryPolicy.multiplier  # noqa: E501
+    max_delay: Cap = RedeliveryPolicy.max_delay
+    jitter: Annotated[float, _no_bool(_FRACTION), _rule(lambda v: 0 <= v < 1, _FRACTION)] = RedeliveryPolicy.jitter
+    max_redeliveries: Limit | None = None  # the policy's: 6 (ActiveMQ), or 16 with delay_levels (RocketMQ)
+    in_process_attempts: AtLeastOne = InProcessRetry.attempts
+    in_process_max_wait: Seconds = InProcessRetry.max_wait
     delay_levels: list[Seconds] | None = None
 
     def policy(self) -> RedeliveryPolicy | DelayLevels:
         """`DelayLevels` when ``delay_levels`` is a non-empty list (redelivery n waits its n-th
         entry, the last one past the end), else `RedeliveryPolicy`."""
+        limit = self.max_redeliveries
         if self.delay_levels:
-            limit = 16 if self.max_redeliveries is None else self.max_redeliveries
-            return DelayLevels(levels=tuple(self.delay_levels), start_level=1, max_redeliveries=limit)
+            levels = tuple(self.delay_levels)
+            limit = DelayLevels.max_redeliveries if limit is None else limit
+            return DelayLevels(levels=levels, start_level=1, max_redeliveries=limit)
         return RedeliveryPolicy(
             initial_delay=self.initial_delay,
             multiplier=self.multiplier,
             max_delay=self.max_delay,
             jitter=self.jitter,
-            max_redeliveries=6 if self.max_redeliveries is None else self.max_redeliveries,
+            max_redeliveries=RedeliveryPolicy.max_redeliveries if limit is None else limit,
         )
 
     def in_process(self) -> InProcessRetry:
