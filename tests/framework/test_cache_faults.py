@@ -12,13 +12,14 @@ once, and the cache holds every token at the end.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import structlog
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, create_engine, event, text
 
 from reliable import App, Message
 from reliable.testing import test_app
@@ -67,6 +68,8 @@ class Fault:
         self.calls = 0
         self.broken_at: int | None = None
         self.restored_at: int | None = None
+        self.claimed_while_down: set[str] = set()  # tokens the store was asked about, cache broken
+        event.listen(app.store.engine, "after_cursor_execute", self._claimed)
         # a hang costs one socket timeout per call: one failed call is enough to prove it
         self.down_for = 1 if kind == "hang" else FETCHES_DOWN
 
@@ -79,6 +82,24 @@ class Fault:
         elif self.broken_at is not None and self.restored_at is None and degraded >= self.broken_at + self.down_for:
             self.restored_at = self.calls
             self.proxy.restore()
+
+    def _claimed(self, _conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        down = self.broken_at is not None and self.restored_at is None
+        if down and "INSERT INTO reliable_tokens" in statement:
+            self.claimed_while_down.update(words(parameters))
+
+
+def words(parameters: Any) -> set[str]:
+    """Every word in a statement's parameters, however the store sends its tokens (one, a list,
+    lines of text)."""
+    values = list(parameters.values()) if isinstance(parameters, dict) else list(parameters or [])
+    found: set[str] = set()
+    for value in values:
+        if isinstance(value, str):
+            found.update(re.findall(r"\w+", value))
+        elif isinstance(value, list | tuple | dict):
+            found |= words(value)
+    return found
 
 
 def register(app: App, mode: str, group: str, engine: Engine, fault: Fault | None) -> None:
@@ -134,6 +155,8 @@ def test_cache_broken_mid_run_loses_nothing_and_doubles_nothing(
     assert len(failures) >= fault.down_for
     if kind == "hang":  # the request went into the black hole and the client gave up on its own
         assert proxy.chunks_swallowed >= 1 and any("Timeout" in error for error in failures), failures
+    # copies of tokens the cache holds arrived while it was broken: the store's claim caught them
+    assert fault.claimed_while_down & set(FIRST), fault.claimed_while_down
     assert counts(engine, unique) == dict.fromkeys(FIRST + SECOND, 1)  # nothing lost, nothing doubled
     stats = app.stats()
     assert stats["processed"] == len(SECOND) and stats["duplicate"] == len(second) - len(SECOND)

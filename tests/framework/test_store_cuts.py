@@ -67,7 +67,7 @@ class Trap:
         event.listen(engine, "connect", self._connected)
 
     def _executed(self, conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if self.sprung or not isinstance(parameters, dict) or not self.match(statement, parameters):
+        if self.sprung or not isinstance(parameters, dict | list | tuple) or not self.match(statement, parameters):
             return
         if self.moment == "mid_transaction":
             self._spring(self.proxy.cut)
@@ -144,7 +144,7 @@ def test_store_cut_in_the_handlers_transaction(
     calls: Counter[str] = Counter()
     write = insert_effect(unique)
     trap = Trap(app.store.engine, proxy, moment=moment,
-                match=lambda sql, p: sql.startswith(f"insert into {unique}") and p.get("t") == TARGET)
+                match=lambda sql, p: sql.startswith(f"insert into {unique}") and TARGET in strings(p))
 
     if mode == "batch":
         @app.handler("orders", group=unique, token="body.id", batch=4)
@@ -179,14 +179,20 @@ def test_store_cut_in_the_handlers_transaction(
     app.close()
 
 
+def strings(parameters: Any) -> list[str]:
+    """The text values of a statement's parameters (whatever names the store gives them)."""
+    values = parameters.values() if isinstance(parameters, dict) else parameters
+    return [value for value in values if isinstance(value, str)]
+
+
 def lease_statement(token: str) -> Match:
-    """The lease's insert of ``token`` (the claim in state in_progress)."""
-    return lambda _sql, p: p.get("token") == token and p.get("state") == "in_progress"
+    """The lease's insert of ``token`` (a token record in state in_progress)."""
+    return lambda sql, p: "INSERT INTO reliable_tokens" in sql and {token, "in_progress"} <= set(strings(p))
 
 
 def result_statement(token: str) -> Match:
-    """The insert of ``token``'s stored result."""
-    return lambda _sql, p: p.get("token") == token and p.get("result") is not None
+    """The insert of ``token``'s stored result (the handler returns "sent <token>")."""
+    return lambda sql, p: "INSERT INTO reliable_tokens" in sql and any(f"sent {token}" in s for s in strings(p))
 
 
 @pytest.mark.parametrize(("moment", "match"), [
