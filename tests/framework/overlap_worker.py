@@ -31,7 +31,7 @@ def wait_at_the_start_line(url: str, table: str) -> None:
         conn.execute(text(f"insert into {table}_ready (pid) values (:p)"), {"p": os.getpid()})
     deadline = time.monotonic() + START_LINE_SECONDS
     with engine.connect() as conn:
-        while conn.execute(text(f"select count(*) from {table}_ready")).scalar() < WORKERS:
+        while (conn.execute(text(f"select count(*) from {table}_ready")).scalar() or 0) < WORKERS:
             if time.monotonic() > deadline:
                 raise SystemExit("the other worker never reached the start line")
             time.sleep(0.01)

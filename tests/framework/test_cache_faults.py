@@ -21,6 +21,7 @@ import pytest
 import structlog
 from sqlalchemy import Engine, create_engine, event, text
 
+from backends.store.sqlalchemy import SqlStore
 from reliable import App, Message
 from reliable.testing import test_app
 from tests.tcp_proxy import TcpProxy
@@ -69,7 +70,7 @@ class Fault:
         self.broken_at: int | None = None
         self.restored_at: int | None = None
         self.claimed_while_down: set[str] = set()  # tokens the store was asked about, cache broken
-        event.listen(app.store.engine, "after_cursor_execute", self._claimed)
+        event.listen(store_engine(app), "after_cursor_execute", self._claimed)
         # a hang costs one socket timeout per call: one failed call is enough to prove it
         self.down_for = 1 if kind == "hang" else FETCHES_DOWN
 
@@ -164,3 +165,9 @@ def test_cache_broken_mid_run_loses_nothing_and_doubles_nothing(
     assert app.runtime.cache is not None
     assert app.runtime.cache.seen(unique, FIRST + SECOND) == set(FIRST + SECOND)  # filled again once back
     app.close()
+
+
+def store_engine(app: App) -> Engine:
+    """The SQLAlchemy engine under the app's PostgreSQL store (the test listens to its events)."""
+    assert isinstance(app.store, SqlStore)
+    return app.store.engine

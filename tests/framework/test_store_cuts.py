@@ -30,6 +30,7 @@ import pytest
 import structlog
 from sqlalchemy import Engine, create_engine, event, text
 
+from backends.store.sqlalchemy import SqlStore
 from reliable import App, Message
 from reliable.testing import FakeClock, test_app
 from tests.tcp_proxy import TcpProxy
@@ -126,6 +127,12 @@ def start(tmp_path, postgres_url: str, proxy: TcpProxy) -> App:
     return app
 
 
+def store_engine(app: App) -> Engine:
+    """The SQLAlchemy engine under the app's PostgreSQL store (the traps listen to its events)."""
+    assert isinstance(app.store, SqlStore)
+    return app.store.engine
+
+
 def insert_effect(table: str) -> Callable[[Any, str], None]:
     """The handler's side effect in its transaction, then one more statement in it."""
     def write(tx: Any, token: str) -> None:
@@ -143,7 +150,7 @@ def test_store_cut_in_the_handlers_transaction(
     app = start(tmp_path, postgres_url, proxy)
     calls: Counter[str] = Counter()
     write = insert_effect(unique)
-    trap = Trap(app.store.engine, proxy, moment=moment,
+    trap = Trap(store_engine(app), proxy, moment=moment,
                 match=lambda sql, p: sql.startswith(f"insert into {unique}") and TARGET in strings(p))
 
     if mode == "batch":
@@ -206,7 +213,7 @@ def test_store_cut_around_the_lease(
 ) -> None:
     app = start(tmp_path, postgres_url, proxy)
     calls: Counter[str] = Counter()
-    trap = Trap(app.store.engine, proxy, match=match(f"{TARGET}"), moment=moment)
+    trap = Trap(store_engine(app), proxy, match=match(f"{TARGET}"), moment=moment)
 
     @app.handler("mail", group=unique, token="body.id", lease=30.0)
     def send(msg: Message) -> str:

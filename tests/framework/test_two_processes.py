@@ -54,11 +54,11 @@ def test_two_processes_consuming_the_same_tokens_overlap_and_each_effect_is_once
     pids = {p.pid for p in procs}
 
     with tables.connect() as conn:
-        effects = dict(conn.execute(text(f"select token, count(*) from {unique} group by token")).all())
-        per_process = dict(conn.execute(text(f"select pid, count(*) from {unique}_calls group by pid")).all())
+        effects: dict[str, int] = dict(conn.execute(text(f"select token, count(*) from {unique} group by token")).all())
+        per_process: dict[int, int] = dict(conn.execute(text(f"select pid, count(*) from {unique}_calls group by pid")).all())
         overlapping = conn.execute(text(
             f"select count(*) from {unique}_calls a join {unique}_calls b "
-            "on a.pid < b.pid and a.started < b.ended and b.started < a.ended")).scalar()
+            "on a.pid < b.pid and a.started < b.ended and b.started < a.ended")).scalar() or 0
     assert set(per_process) == pids and all(n > 0 for n in per_process.values()), per_process
     assert overlapping > 0, "no handler call of one process overlapped one of the other"
     assert effects == {f"t{i}": 1 for i in range(COUNT)}  # every token's effect exactly once
