@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -17,9 +17,9 @@ JSON = "application/json"
 MSGPACK = "application/msgpack"
 
 
-@dataclass(frozen=True, order=True)
-class QueueRef:
-    """One queue of a topic: the unit offsets are kept for."""
+class QueueRef(NamedTuple):
+    """One queue of a topic: the unit offsets are kept for (a tuple: hashed and compared in C,
+    as every message's offset bookkeeping does)."""
 
     topic: str
     queue: int

@@ -71,3 +71,7 @@ class InvalidNameError(DeliveryError):
 
 class BrokerUnavailableError(DeliveryError):
     """Raised when the process that owns an embedded broker's directory cannot be reached."""
+
+
+class SessionError(DeliveryError):
+    """Raised when a `broker.session.Session` call is not one its ack mode allows, or it is closed."""

@@ -173,9 +173,10 @@ class OffsetWatermark:
         """
         advanced: dict[QueueRef, int] = {}
         with self._lock:
-            for m in messages:
-                if m.ref in self._next and m.offset >= self._next[m.ref]:  # revoked: not ours
-                    self._done[m.ref].add(m.offset)
+            for ref, offsets in _offsets_by_queue(messages).items():
+                position = self._next.get(ref)
+                if position is not None:  # else revoked: not ours
+                    self._done[ref].update(filter(position.__le__, offsets))
             for ref, done in self._done.items():
                 position = self._next[ref]
                 while position in done:
@@ -188,9 +189,7 @@ class OffsetWatermark:
 
     def positions_if_done(self, messages: Iterable[Message]) -> dict[QueueRef, int]:
         """Where the queues of ``messages`` would stand once they are done too (nothing changes)."""
-        extra: dict[QueueRef, set[int]] = {}
-        for m in messages:
-            extra.setdefault(m.ref, set()).add(m.offset)
+        extra = _offsets_by_queue(messages)
         positions: dict[QueueRef, int] = {}
         with self._lock:
             for ref, offsets in extra.items():
@@ -220,3 +219,10 @@ class OffsetWatermark:
     def committable(self) -> dict[QueueRef, int]:
         with self._lock:
             return dict(self._next)
+
+
+def _offsets_by_queue(messages: Iterable[Message]) -> dict[QueueRef, set[int]]:
+    found: dict[QueueRef, set[int]] = {}
+    for m in messages:
+        found.setdefault(QueueRef(m.topic, m.queue), set()).add(m.offset)
+    return found

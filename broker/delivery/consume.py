@@ -16,13 +16,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from itertools import compress, groupby
-from operator import attrgetter, itemgetter
+from itertools import compress, groupby, repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
-from broker.delivery.cursor import DELIVER_AT_HEADER, Held, Lease, QueueCursor
+from broker.delivery.cursor import DELIVER_AT_HEADER, Lease, QueueCursor
 from broker.delivery.group import Group, Member, dlq_topic, retry_topic
 from broker.delivery.values import Delivery, deliveries
 from broker.store import Record, StoredBatch
@@ -37,8 +37,7 @@ DLQ_CAUSE, DELIVERY_COUNT = "x-dlq-cause", "x-delivery-count"
 SWEEP_EVERY = 0.05  # seconds of clock time between sweeps
 IDLE_WAIT = 0.05  # the longest a waiting fetch sleeps before it looks at the clock again
 T = TypeVar("T")
-_delivery_of, _lease_of = itemgetter(0), itemgetter(1)  # of a Held
-_offset_of, _receipt_of = attrgetter("offset"), attrgetter("receipt")
+_lease_of, _receipt_of = itemgetter(0), itemgetter(1)  # of what `_valid` gives
 
 
 
@@ -60,22 +59,24 @@ def fetch(broker: Broker, member: str, max_messages: int, timeout: float) -> lis
 def ack(broker: Broker, member: str, receipts: Sequence[str]) -> None:
     with broker.lock:
         broker.member(member)
-        for lease, helds in groupby(_valid(broker, receipts), _lease_of):
-            done = list(map(_delivery_of, helds))
-            lease.cursor.finish_held(list(map(_offset_of, done)), list(map(_receipt_of, done)))
-            if not lease.delivered and lease.member in broker.held_count:
-                broker.held_count[lease.member] -= len(done)
+        leases = list(map(broker.receipts.pop, receipts, repeat(None)))  # a repeat or a stale one: None
+        start = 0
+        for lease, run in groupby(leases):  # the receipts of one fetch of one queue lie together
+            stop = start + len(list(run))
+            if lease is not None:
+                done = lease.cursor.finish_leased(lease, receipts[start:stop])
+                if not lease.delivered and lease.member in broker.held_count:
+                    broker.held_count[lease.member] -= done
+            start = stop
         broker.lock.notify_all()
 
 def delivered(broker: Broker, member: str, receipts: Sequence[str]) -> None:
     with broker.lock:
         broker.member(member)
-        for lease, helds in groupby(_valid(broker, receipts), _lease_of):
+        for lease, named in groupby(_valid(broker, receipts), _lease_of):
             if not lease.delivered:
-                again = Lease(lease.cursor, lease.member, lease.deadline, delivered=True)
-                moved = list(helds)
-                for held in moved:
-                    lease.cursor.relet(held, again)
+                moved = list(map(_receipt_of, named))
+                lease.cursor.relet(moved, Lease(lease.cursor, lease.member, lease.deadline, delivered=True))
                 if lease.member in broker.held_count:
                     broker.held_count[lease.member] -= len(moved)
         broker.lock.notify_all()
@@ -86,10 +87,9 @@ def extend(broker: Broker, member: str, receipts: Sequence[str]) -> None:
     with broker.lock:
         found = broker.member(member)
         deadline = broker.clock.time() + found.lease
-        for lease, helds in groupby(_valid(broker, receipts), _lease_of):
-            again = Lease(lease.cursor, lease.member, deadline, lease.delivered)
-            for held in helds:
-                lease.cursor.relet(held, again)
+        for lease, named in groupby(_valid(broker, receipts), _lease_of):
+            lease.cursor.relet(map(_receipt_of, named),
+                               Lease(lease.cursor, lease.member, deadline, lease.delivered))
 
 def nack(broker: Broker, member: str, receipts: Sequence[str], delay: float) -> None:
     with broker.lock:
@@ -97,8 +97,7 @@ def nack(broker: Broker, member: str, receipts: Sequence[str], delay: float) -> 
         group = broker.group_table[found.group]
         due = broker.clock.time() + max(0.0, delay)
         copies: list[tuple[QueueCursor, int, Record]] = []
-        for held in _valid(broker, receipts):
-            cursor, message = held.lease.cursor, held.delivery
+        for cursor, message in _messages(broker, receipts):
             count = message.delivery_count
             if 0 <= broker.config.max_deliveries <= count:
                 cause = f"delivered {count} times (max_deliveries={broker.config.max_deliveries})"
@@ -115,8 +114,8 @@ def nack(broker: Broker, member: str, receipts: Sequence[str], delay: float) -> 
 def dead_letter(broker: Broker, member: str, receipts: Sequence[str], reason: str) -> None:
     with broker.lock:
         group = broker.group_table[broker.member(member).group]
-        _move(broker, [(h.lease.cursor, h.delivery.offset, _dead_letter(group, h.delivery, reason))
-                       for h in _valid(broker, receipts)])
+        _move(broker, [(cursor, message.offset, _dead_letter(group, message, reason))
+                       for cursor, message in _messages(broker, receipts)])
 
 # -- inside the lock ----------------------------------------------------------
 
@@ -133,23 +132,29 @@ def _move(broker: Broker, copies: list[tuple[QueueCursor, int, Record]]) -> None
             finish(broker, cursor, offset)
         broker.lock.notify_all()
 
-def _valid(broker: Broker, receipts: Sequence[str]) -> list[Held]:
-    """The held deliveries ``receipts`` name, each once, in order; stale ones (a lease ended,
-    a queue moved) are left out: their message is delivered again anyway."""
-    return list(filter(None, map(broker.receipts.get, dict.fromkeys(receipts))))
+def _valid(broker: Broker, receipts: Sequence[str]) -> list[tuple[Lease, str]]:
+    """The leases of the held deliveries ``receipts`` name, each once, in order; stale ones (a
+    lease ended, a queue moved) are left out: their message is delivered again anyway."""
+    leases = broker.receipts
+    return [(lease, receipt) for receipt in dict.fromkeys(receipts)
+            if (lease := leases.get(receipt)) is not None]
+
+def _messages(broker: Broker, receipts: Sequence[str]) -> list[tuple[QueueCursor, Delivery]]:
+    """The held deliveries ``receipts`` name, with their cursors (see `_valid`)."""
+    return [(lease.cursor, lease.cursor.held[lease.offsets[receipt]]) for lease, receipt in _valid(broker, receipts)]
 
 def finish(broker: Broker, cursor: QueueCursor, offset: int) -> None:
-    _uncount(broker, cursor.held.get(offset))
+    _uncount(broker, cursor.lease_of(offset))
     cursor.finish(offset)
 
 def release(broker: Broker, cursor: QueueCursor, offset: int) -> None:
-    _uncount(broker, cursor.held.get(offset))
+    _uncount(broker, cursor.lease_of(offset))
     cursor.release(offset)
 
-def _uncount(broker: Broker, held: Held | None) -> None:
-    """``held`` leaves its member's prefetch window (unless a DELIVERED ack took it out before)."""
-    if held is not None and held.member in broker.held_count and not held.lease.delivered:
-        broker.held_count[held.member] -= 1
+def _uncount(broker: Broker, lease: Lease | None) -> None:
+    """A delivery of ``lease`` leaves its member's prefetch window (unless DELIVERED took it out)."""
+    if lease is not None and lease.member in broker.held_count and not lease.delivered:
+        broker.held_count[lease.member] -= 1
 
 def _sweep(broker: Broker, now: float) -> None:
     if 0 <= now - broker.last_sweep < SWEEP_EVERY:
@@ -160,10 +165,10 @@ def _sweep(broker: Broker, now: float) -> None:
             broker._drop(member, "delivery.member_expired")
     for group in broker.group_table.values():
         for cursor in group.all_cursors():
-            for offset, held in list(cursor.held.items()):
-                if held.lease.deadline <= now:
+            for lease in [lease for lease in cursor.leases if lease.deadline <= now]:
+                for offset in sorted(lease.offsets.values()):
                     log.debug("delivery.lease_expired", group=group.name, topic=cursor.topic,
-                              queue=cursor.queue, offset=offset, member=held.member)
+                              queue=cursor.queue, offset=offset, member=lease.member)
                     release(broker, cursor, offset)
 
 def _take(broker: Broker, member: Member, max_messages: int, now: float) -> list[Delivery]:
@@ -173,7 +178,7 @@ def _take(broker: Broker, member: Member, max_messages: int, now: float) -> list
     for cursor in group.cursors_of(member):
         if len(taken) >= room:
             break
-        if any(lease.member != member.ident for lease in set(map(_lease_of, cursor.held.values()))):
+        if any(lease.member != member.ident for lease in cursor.leases):
             continue  # the queue moved here; its previous holder still finishes what it has
         cursor.unpark_due(now)
         if group.ordered:
@@ -254,25 +259,25 @@ def _kept(column: Sequence[T], keep: list[bool]) -> list[T]:
 def _hand_new(broker: Broker, member: Member, cursor: QueueCursor, batch: StoredBatch,
               now: float) -> list[Delivery]:
     """Deliver ``batch`` (read from the store) to ``member``: one lease, one receipt each."""
-    offsets, attempts = batch.queue_offsets, batch.attempts
+    offsets, attempts = list(batch.queue_offsets), batch.attempts  # one int per offset, shared by every table
     count = len(offsets)
     if not count:
         return []
+    receipts = broker.receipt_names(count)
     same: dict[str, Any] = {"topic": cursor.topic, "queue": cursor.queue}
-    columns: dict[str, Sequence[Any]] = {"offset": offsets, "message_id": batch.message_ids,
-                                          "body": batch.bodies, "published_at": batch.store_times}
+    columns: dict[str, Sequence[Any]] = {"receipt": receipts, "offset": offsets,
+                                          "message_id": batch.message_ids, "body": batch.bodies,
+                                          "published_at": batch.store_times}
     for name, column, empty in (("key", batch.keys, ""), ("tag", batch.tags, ""),
                                 ("headers", batch.headers, NO_HEADERS)):
         if column.count(empty) == count:
             same[name] = empty
         else:
             columns[name] = column
-    if min(attempts) == max(attempts):  # first deliveries, or all retried as often
+    if attempts.count(attempts[0]) == count:  # first deliveries, or all retried as often
         same["delivery_count"] = attempts[0] + 1
-        columns["receipt"] = receipts = list(map(f"{cursor.ident}:{{}}:{attempts[0] + 1}".format, offsets))
     else:
-        columns["delivery_count"] = counts = list(map((1).__add__, attempts))
-        columns["receipt"] = receipts = list(map(f"{cursor.ident}:{{}}:{{}}".format, offsets, counts))
+        columns["delivery_count"] = list(map((1).__add__, attempts))
     handed = deliveries(count, same, columns)
     cursor.hold(handed, offsets, receipts, Lease(cursor, member.ident, now + member.lease))
     broker.held_count[member.ident] += count
@@ -282,10 +287,10 @@ def _hand_new(broker: Broker, member: Member, cursor: QueueCursor, batch: Stored
 def _hand_again(broker: Broker, member: Member, cursor: QueueCursor, messages: list[Delivery],
                 now: float) -> list[Delivery]:
     """Deliver again what a lease, a nack or a schedule put back (ready): a new receipt each."""
-    handed = [replace(m, receipt=f"{cursor.ident}:{m.offset}:{m.delivery_count + 1}",
-                      delivery_count=m.delivery_count + 1) for m in messages]
-    cursor.hold(handed, [d.offset for d in handed], [d.receipt for d in handed],
-                Lease(cursor, member.ident, now + member.lease))
+    receipts = broker.receipt_names(len(messages))
+    handed = [replace(m, receipt=receipt, delivery_count=m.delivery_count + 1)
+              for m, receipt in zip(messages, receipts)]
+    cursor.hold(handed, [d.offset for d in handed], receipts, Lease(cursor, member.ident, now + member.lease))
     broker.held_count[member.ident] += len(handed)
     return handed
 

@@ -6,20 +6,24 @@ cursor knows which offsets are done, which are *held* (delivered, leased to
 a member until a deadline), which are *ready again* (a lease ended, a queue
 moved) and which are *parked* (not due yet: scheduled or delayed).
 
-What a fetch takes from one queue shares one `Lease`, and every held
-delivery is also found by its receipt in the broker's receipt table (one
-table for all cursors, kept here in step with ``held``), so an ack of a
-whole fetch is a dictionary look-up per receipt and a range per queue.
+What a fetch takes from one queue is out under one `Lease` (member, deadline,
+the receipts and offsets it covers), and the broker's receipt table (one for
+all cursors, kept here in step with ``held``) names each receipt's lease: so
+an ack of a whole fetch is two dictionary look-ups per receipt and a range
+per queue, and holding a message allocates nothing but its delivery.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
+import secrets
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, NamedTuple
+from operator import add
+from typing import Any
 
 from broker.delivery.values import Delivery
 
@@ -29,30 +33,41 @@ DELIVER_AT_HEADER = "x-deliver-at"
 
 @dataclass(slots=True, eq=False)
 class Lease:
-    """Deliveries of one queue handed to ``member`` together, leased until ``deadline``."""
+    """Deliveries of one queue out with ``member`` together until ``deadline``."""
 
     cursor: QueueCursor
     member: str
     deadline: float
     delivered: bool = False  # DELIVERED ack: received, no longer counted in the prefetch window
+    offsets: dict[str, int] = field(default_factory=dict)  # receipt -> queue offset, still out
 
 
-class Held(NamedTuple):
-    """A message delivered and not yet acknowledged (its delivery count is the delivery's)."""
-
-    delivery: Delivery
-    lease: Lease
-
-    @property
-    def member(self) -> str:
-        return self.lease.member
+Receipts = dict[str, Lease]
+"""The lease of every held delivery of a broker, by receipt."""
 
 
-Receipts = dict[str, Held]
-"""Every held delivery of a broker by its receipt."""
+class ReceiptNames:
+    """Names for the receipts of one broker: ``<broker>.<fetch>:<place in the fetch>``.
 
-_new_held = tuple.__new__
-_run: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of side effects in C (itertools' "consume")
+    Unique among the broker's receipts, and a receipt of an earlier broker on the
+    same store names no delivery of this one (``<broker>`` is 48 random bits), so a
+    stale receipt is only ever ignored. Made with one concatenation each: to a
+    member a receipt is an opaque string.
+    """
+
+    def __init__(self) -> None:
+        self._broker = secrets.token_hex(6)
+        self._fetches = itertools.count(1)
+
+    def __call__(self, count: int) -> list[str]:
+        """The receipts of ``count`` deliveries handed out together."""
+        numbers = _NUMBERS[:count] if count <= len(_NUMBERS) else map(str, range(count))
+        return list(map(add, repeat(f"{self._broker}.{next(self._fetches)}:"), numbers))
+
+
+_NUMBERS = tuple(map(str, range(1024)))
+
+_run: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of side effects in C
 
 
 class QueueCursor:
@@ -64,7 +79,8 @@ class QueueCursor:
         self.queue = queue
         self.committed = committed
         self.next = committed  # the next offset to read from the store
-        self.held: dict[int, Held] = {}
+        self.held: dict[int, Delivery] = {}  # offset -> its delivery, out under a lease
+        self.leases: dict[Lease, None] = {}  # the leases something of this queue is out under
         self.done: set[int] = set()
         self.ready: dict[int, Delivery] = {}  # offset -> its last delivery (count: deliveries so far)
         self.parked: list[tuple[float, int, Delivery]] = []  # heap of (due, offset, message)
@@ -74,40 +90,73 @@ class QueueCursor:
     def key(self) -> tuple[str, int]:
         return (self.topic, self.queue)
 
+    def holders(self) -> set[str]:
+        """The members something of this queue is out with."""
+        return {lease.member for lease in self.leases}
+
+    def lease_of(self, offset: int) -> Lease | None:
+        delivery = self.held.get(offset)
+        return self.receipts[delivery.receipt] if delivery is not None else None
+
     def hold(self, deliveries: Sequence[Delivery], offsets: Sequence[int], receipts: Sequence[str],
              lease: Lease) -> None:
         """``deliveries`` (at ``offsets``, named by ``receipts``) are out under ``lease``."""
-        helds = list(map(_new_held, repeat(Held), zip(deliveries, repeat(lease))))
-        self.held.update(zip(offsets, helds))
-        self.receipts.update(zip(receipts, helds))
+        self.held.update(zip(offsets, deliveries))
+        lease.offsets.update(zip(receipts, offsets))
+        self.receipts.update(zip(receipts, repeat(lease)))
+        self.leases[lease] = None
 
-    def relet(self, held: Held, lease: Lease) -> None:
-        """``held`` stays out, under another lease (extended, or DELIVERED)."""
-        again = Held(held.delivery, lease)
-        self.held[held.delivery.offset] = again
-        self.receipts[held.delivery.receipt] = again
+    def relet(self, receipts: Iterable[str], lease: Lease) -> None:
+        """The held deliveries ``receipts`` name stay out, under ``lease`` now (extended, DELIVERED)."""
+        for receipt in receipts:
+            lease.offsets[receipt] = self._let_go(receipt)
+            self.receipts[receipt] = lease
+        self.leases[lease] = None
 
     def finish(self, offset: int) -> None:
         """``offset`` is done (acked, dead-lettered, filtered out); the committed offset moves
         past every done offset in a row."""
-        held = self.held.pop(offset, None)
-        if held is not None:
-            del self.receipts[held.delivery.receipt]
+        delivery = self.held.pop(offset, None)
+        if delivery is not None:
+            self._let_go(delivery.receipt)
         self.ready.pop(offset, None)
         if offset >= self.committed:
             self.done.add(offset)
             self._advance()
 
-    def finish_held(self, offsets: Sequence[int], receipts: Sequence[str]) -> None:
-        """The held deliveries at ``offsets`` (distinct, named by ``receipts``) are done."""
+    def finish_leased(self, lease: Lease, receipts: Sequence[str]) -> int:
+        """The deliveries of ``lease`` that ``receipts`` name (distinct, already taken out of the
+        receipt table) are done; how many."""
+        if len(receipts) == len(lease.offsets):  # all of them: no receipt to look up
+            offsets = list(lease.offsets.values())
+            lease.offsets.clear()
+        else:
+            offsets = list(map(lease.offsets.pop, receipts))
+        if not lease.offsets:
+            del self.leases[lease]
         _run(map(self.held.pop, offsets))
-        _run(map(self.receipts.pop, receipts))
         low, high = min(offsets), max(offsets)
         if low == self.committed and high - low == len(offsets) - 1:  # exactly the next ones
             self.committed = high + 1
         else:
             self.done.update(filter(self.committed.__le__, offsets))
         self._advance()
+        return len(offsets)
+
+    def release(self, offset: int) -> None:
+        """A held message goes back to be delivered again (its lease ended, its queue moved)."""
+        delivery = self.held.pop(offset, None)
+        if delivery is not None:
+            self._let_go(delivery.receipt)
+            self.ready[offset] = delivery
+
+    def _let_go(self, receipt: str) -> int:
+        """``receipt`` leaves the receipt table and its lease; its offset."""
+        lease = self.receipts.pop(receipt)
+        offset = lease.offsets.pop(receipt)
+        if not lease.offsets:
+            del self.leases[lease]
+        return offset
 
     def _advance(self) -> None:
         done = self.done
@@ -126,20 +175,15 @@ class QueueCursor:
 
     def seek(self, offset: int) -> None:
         """Start again at ``offset``: everything held, ready, parked or done is forgotten."""
-        for held in self.held.values():
-            del self.receipts[held.delivery.receipt]
+        for lease in self.leases:
+            _run(map(self.receipts.pop, lease.offsets))
+            lease.offsets.clear()
         self.committed = self.next = offset
         self.held.clear()
+        self.leases.clear()
         self.done.clear()
         self.ready.clear()
         self.parked.clear()
-
-    def release(self, offset: int) -> None:
-        """A held message goes back to be delivered again (its lease ended, its queue moved)."""
-        held = self.held.pop(offset, None)
-        if held is not None:
-            del self.receipts[held.delivery.receipt]
-            self.ready[offset] = held.delivery
 
     def park(self, due: float, message: Delivery) -> None:
         heapq.heappush(self.parked, (due, message.offset, message))

@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from itertools import repeat
+from operator import attrgetter, itemgetter
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 from broker.delivery import admin, consume, reading
 from broker.delivery.allocation import STRATEGIES, Strategy
 from broker.delivery.config import DeliveryConfig
-from broker.delivery.cursor import DELIVER_AT_HEADER, QueueCursor, Receipts
+from broker.delivery.cursor import DELIVER_AT_HEADER, QueueCursor, ReceiptNames, Receipts
 from broker.delivery.dedup import DedupWindow
 from broker.delivery.group import Group, Member, retry_topic
 from broker.delivery.offsets import OffsetBook
@@ -35,13 +39,18 @@ from broker.delivery.values import (
     Placement,
     QueueLag,
     TopicInfo,
+    many,
 )
 from broker.errors import DeliveryError, UnknownMemberError
-from broker.store import Clock, MessageStore, Record, StoreConfig
+from broker.store import AppendResult, Clock, MessageStore, Record, StoreConfig
 from broker.store.clock import SYSTEM_CLOCK
 
 log = structlog.get_logger("broker.delivery")
 ORIGIN_TOPIC_HEADER = "x-origin-topic"
+_BODY, _MESSAGE_ID = attrgetter("body"), attrgetter("message_id")
+_OUTGOING = attrgetter("body", "key", "tag", "headers", "message_id", "queue", "deliver_at")
+_PLACE = itemgetter(1, 2, 4)  # of an `AppendResult`: queue, queue offset, message id
+_run: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of side effects in C
 
 
 class Broker:
@@ -62,12 +71,14 @@ class Broker:
         self.offsets = OffsetBook(state / "offsets.json")
         self.dedup = DedupWindow(clock, self.config.dedup_window, self.config.dedup_entries)
         self.started_at = clock.time()
+        self.stored_before_start = {topic for topic, _ in self.store.queues()}  # what the id index may know
         self.group_table: dict[str, Group] = {}
         self.members: dict[str, Member] = {}
         self.cursor_ids = itertools.count(1)
         self.cursor_by_id: dict[int, QueueCursor] = {}
         self.held_count: dict[str, int] = {}
-        self.receipts: Receipts = {}  # every held delivery by its receipt
+        self.receipts: Receipts = {}  # the lease of every held delivery, by receipt
+        self.receipt_names = ReceiptNames()
         self.lock = threading.Condition(threading.RLock())
         self.last_sweep = float("-inf")
         self._needed: dict[tuple[str, int], int] = self.offsets.lowest_needed()
@@ -95,44 +106,64 @@ class Broker:
                dedup: bool = True) -> list[Placement]:
         """Append to any topic (internal ones included); with ``dedup``, ids seen within the
         window are dropped (the first copy's placement comes back, marked duplicate)."""
+        if not all(map(isinstance, map(_BODY, messages), repeat(bytes))):
+            bad = next(m.body for m in messages if not isinstance(m.body, bytes))
+            raise DeliveryError(f"message body must be bytes, got {type(bad).__name__}")
+        named = dedup and any(map(_MESSAGE_ID, messages))
         placements: list[Placement | None] = [None] * len(messages)
-        records: list[Record] = []
-        slots: list[int] = []
         with self.lock:
-            fresh: dict[str, int] = {}
-            for index, message in enumerate(messages):
-                if not isinstance(message.body, bytes):
-                    raise DeliveryError(f"message body must be bytes, got {type(message.body).__name__}")
-                if message.message_id and dedup:
-                    seen = self._seen(topic, message.message_id)
-                    if seen is not None or message.message_id in fresh:
-                        placements[index] = replace(seen, duplicate=True) if seen else None
-                        continue
-                    fresh[message.message_id] = index
-                queue = self.topic_table.select(topic, message.key, message.queue)
-                headers = dict(message.headers)
-                if message.deliver_at:
-                    headers[DELIVER_AT_HEADER] = repr(message.deliver_at)
-                records.append(Record(topic, queue, message.body, message.key, message.tag,
-                                      headers, message.message_id))
-                slots.append(index)
-        results = self.store.append(records) if records else []
+            fresh = self._fresh(topic, messages, placements) if named else range(len(messages))
+            records = self._records(topic, [messages[index] for index in fresh] if named else messages)
+        placed = _placements(topic, self.store.append(records) if records else [])
         with self.lock:
-            for index, result in zip(slots, results):
-                placed = Placement(topic, result.queue, result.queue_offset, result.message_id)
-                placements[index] = placed
-                if messages[index].message_id:  # an id the store made cannot be sent again
-                    self.dedup.add(placed)
+            if named:
+                for index, placement in zip(fresh, placed):
+                    if messages[index].message_id:  # an id the store made cannot be sent again
+                        self.dedup.add(placement)
             self.lock.notify_all()
+        if len(placed) == len(messages):
+            return placed
+        _run(map(placements.__setitem__, fresh, placed))
         first = {m.message_id: p for m, p in zip(messages, placements) if p is not None}  # in-batch copies
         return [p if p is not None else replace(first[m.message_id], duplicate=True)
                 for m, p in zip(messages, placements)]
 
+    def _fresh(self, topic: str, messages: Sequence[OutgoingMessage],
+               placements: list[Placement | None]) -> list[int]:
+        """Where in ``messages`` the ones to append are: not those whose id was seen within the
+        window (their first placement, marked duplicate, goes into ``placements``) or earlier in
+        the batch."""
+        fresh: list[int] = []
+        named: set[str] = set()
+        for index, message in enumerate(messages):
+            if message.message_id:
+                seen = self._seen(topic, message.message_id)
+                if seen is not None or message.message_id in named:
+                    placements[index] = replace(seen, duplicate=True) if seen else None
+                    continue
+                named.add(message.message_id)
+            fresh.append(index)
+        return fresh
+
+    def _records(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Record]:
+        """The records of ``messages``, column by column, each in the queue the topic table
+        selects for it (in order: round robin)."""
+        if not messages:
+            return []
+        bodies, keys, tags, headers, message_ids, asked, due = zip(*map(_OUTGOING, messages))
+        queues = self.topic_table.select_many(topic, keys, asked)
+        if any(due):
+            headers = tuple({**h, DELIVER_AT_HEADER: repr(at)} if at else h for h, at in zip(headers, due))
+        return list(map(tuple.__new__, repeat(Record), zip(
+            repeat(topic), queues, bodies, keys, tags, headers, message_ids, repeat(0))))
+
     def _seen(self, topic: str, message_id: str) -> Placement | None:
         """Where ``message_id`` went on ``topic`` if published within the window; the store's id
-        index answers until the in-memory window has covered a whole window since start."""
+        index answers until the in-memory window has covered a whole window since start (for
+        topics that had messages before the start: the others' ids are all in the window)."""
         found = self.dedup.get(topic, message_id)
-        if found is None and self.clock.time() - self.started_at < self.config.dedup_window:
+        if (found is None and self.clock.time() - self.started_at < self.config.dedup_window
+                and topic in self.stored_before_start):
             stored = self.store.lookup_id(message_id)
             if (stored is not None and stored.topic == topic
                     and self.clock.time() - stored.store_time <= self.config.dedup_window):
@@ -220,8 +251,8 @@ class Broker:
         # every cursor: a queue that moved away at a rebalance may still hold its messages
         owned = member.own.values() if group.broadcast else group.cursors.values()
         for cursor in list(owned):
-            for offset, held in list(cursor.held.items()):
-                if held.member == member.ident:
+            for lease in [lease for lease in cursor.leases if lease.member == member.ident]:
+                for offset in sorted(lease.offsets.values()):
                     self.release(cursor, offset)
         del group.members[member.ident]
         del self.members[member.ident]
@@ -370,3 +401,11 @@ class Broker:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+
+def _placements(topic: str, results: Sequence[AppendResult]) -> list[Placement]:
+    """Where the appended records went, one `Placement` each."""
+    if not results:
+        return []
+    queues, offsets, message_ids = zip(*map(_PLACE, results))
+    return many(Placement, len(results), {"topic": topic, "duplicate": False},
+                {"queue": queues, "offset": offsets, "message_id": message_ids})

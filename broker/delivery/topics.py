@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import zlib
+from collections.abc import Sequence
+from itertools import repeat
 from pathlib import Path
 
 from broker.delivery.group import DLQ_PREFIX, RETRY_PREFIX
@@ -30,7 +31,7 @@ class Topics:
         self.path = path
         self.default_queues = default_queues
         self._queues: dict[str, int] = json.loads(path.read_text()) if path.exists() else {}
-        self._round_robin: dict[str, itertools.count[int]] = {}
+        self._round_robin: dict[str, int] = {}  # the next round-robin turn per topic
 
     def queues(self, topic: str) -> int:
         """The queue count of ``topic``, creating it (internal topics get one queue)."""
@@ -54,7 +55,19 @@ class Topics:
             return queue
         if key:
             return zlib.crc32(key.encode()) % count
-        return next(self._round_robin.setdefault(topic, itertools.count())) % count
+        return self._turns(topic, 1)[0] % count
+
+    def select_many(self, topic: str, keys: Sequence[str], asked: Sequence[int | None]) -> list[int]:
+        """`select` for a batch; a batch without keys or queues asked for takes its turns at once."""
+        if any(keys) or asked.count(None) != len(asked):
+            return list(map(self.select, repeat(topic), keys, asked))
+        count = self.queues(topic)
+        return [turn % count for turn in self._turns(topic, len(keys))]
+
+    def _turns(self, topic: str, taken: int) -> range:
+        first = self._round_robin.get(topic, 0)
+        self._round_robin[topic] = first + taken
+        return range(first, first + taken)
 
     def _save(self) -> None:
         partial = self.path.with_suffix(".tmp")

@@ -1,23 +1,24 @@
 """Decoding a run of frames read with one system call, column by column.
 
-The read-side twin of `prepare`: the frame headers of the whole run are
-unpacked with one ``map``, transposed once (``zip(*heads)``), and every check
-of `codec.check` (magic, version, length against the consume-queue entry,
-queue and queue offset, field lengths, CRC32C) and every field of
-`codec.decode` is computed over a whole column, so the per-record work runs
-in C rather than in the interpreter loop. If anything is off the run is
-refused as a whole (``None``) and the reader decodes it record by record,
-which names the bad record.
+The read-side twin of `prepare`: the frame headers of the whole run, each with
+the topic and the id that follow it, are unpacked with one ``map``, transposed
+once (``zip(*heads)``), and every check of `codec.check` (magic, version,
+length against the consume-queue entry, queue and queue offset, topic, field
+lengths, CRC32C) and every field of `codec.decode` is computed over a whole
+column, so the per-record work runs in C rather than in the interpreter loop.
+If anything is off the run is refused as a whole (``None``) and the reader
+decodes it record by record, which names the bad record.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
 from itertools import repeat
 from operator import add, sub
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgpack
 from crc32c import crc32c
@@ -28,6 +29,7 @@ from broker.store.record import NO_HEADERS
 FRAME = struct.Struct("<HI" + codec.HEADER.format.lstrip("<"))  # prefix and header: one unpack
 assert FRAME.size == codec.FRAME_MIN
 _PREFIX = codec.PREFIX.size
+_ID_LENGTH = 9  # the place of the id's length among FRAME's fields
 _BAD = (UnicodeDecodeError, ValueError, TypeError, struct.error, msgpack.UnpackException)
 
 
@@ -47,50 +49,72 @@ def decode_run(data: bytes, starts: Sequence[int], sizes: Sequence[int], first_q
                topic: bytes, queue: int) -> RunColumns | None:
     """The records at ``starts`` (positions in ``data``, of the consume-queue ``sizes``) of queue
     (``topic``, ``queue``) from ``first_queue_offset`` on, all intact; None if one is not."""
-    try:
-        heads = list(map(FRAME.unpack_from, repeat(data), starts))
-    except struct.error:  # a frame runs past the data read
+    heads = _heads(data, starts, len(topic))
+    if not heads:
         return None
-    (magics, crcs, lengths, versions, queues, queue_offsets, store_times, attempts,
-     topic_lengths, id_lengths, key_lengths, tag_lengths, header_lengths, body_lengths) = zip(*heads)
+    (magics, crcs, lengths, versions, queues, queue_offsets, store_times, attempts, topic_lengths,
+     id_lengths, key_lengths, tag_lengths, header_lengths, body_lengths, topics, ids) = zip(*heads)
     count = len(heads)
+    if not (magics.count(codec.MAGIC) == versions.count(codec.VERSION) == queues.count(queue)
+            == topic_lengths.count(len(topic)) == topics.count(topic) == count
+            and queue_offsets == tuple(range(first_queue_offset, first_queue_offset + count))
+            and lengths == tuple(map(sub, sizes, repeat(_PREFIX)))):
+        return None
     ends = list(map(add, starts, sizes))
-    id_starts = list(map(add, starts, repeat(FRAME.size + len(topic))))
-    id_ends = list(map(add, id_starts, id_lengths))
     body_starts = list(map(sub, ends, body_lengths))
     plain = not (any(key_lengths) or any(tag_lengths) or any(header_lengths))
+    fits = id_lengths.count(len(ids[0])) == count  # else ids of several lengths: unpacked as long as the first
+    if not (fits and plain):  # where the ids lie is needed
+        id_starts = list(map(add, starts, repeat(FRAME.size + len(topic))))
+        id_ends = list(map(add, id_starts, id_lengths))
+        if not fits:
+            ids = tuple(_slices(data, id_starts, id_ends))
     if plain:  # the field lengths add up: the id ends where the body starts
-        header_starts = tag_starts = body_starts
-        laid_out = id_ends == body_starts
+        laid_out = lengths == tuple(map(add, map(add, id_lengths, body_lengths),
+                                        repeat(codec.HEADER.size + len(topic))))
     else:
         tag_starts = list(map(add, id_ends, key_lengths))
         header_starts = list(map(sub, body_starts, header_lengths))
         laid_out = list(map(add, tag_starts, tag_lengths)) == header_starts
-    if not (laid_out and set(magics) == {codec.MAGIC} and set(versions) == {codec.VERSION}
-            and set(queues) == {queue} and set(topic_lengths) == {len(topic)}
-            and queue_offsets == tuple(range(first_queue_offset, first_queue_offset + count))
-            and list(map(_PREFIX.__add__, lengths)) == sizes
-            and all(map(data.startswith, repeat(topic), map(sub, id_starts, topic_lengths)))
-            and tuple(map(crc32c, map(data.__getitem__, map(slice, map(add, starts, repeat(_PREFIX)),
-                                                             ends)))) == crcs):
+    if not (laid_out and tuple(map(crc32c, _slices(data, map(add, starts, repeat(_PREFIX)), ends))) == crcs):
         return None
     try:
-        ids = list(map(bytes.decode, map(data.__getitem__, map(slice, id_starts, id_ends))))
+        message_ids = list(map(bytes.decode, ids))
         if plain:
             keys = tags = [""] * count
             headers: Sequence[Mapping[str, str]] = [NO_HEADERS] * count
         else:
-            keys = _texts(data, id_ends, tag_starts)
-            tags = _texts(data, tag_starts, map(add, tag_starts, tag_lengths))
+            keys = list(map(bytes.decode, _slices(data, id_ends, tag_starts)))
+            tags = list(map(bytes.decode, _slices(data, tag_starts, header_starts)))
             headers = _headers(data, header_starts, body_starts)
     except _BAD:
         return None
-    bodies = list(map(data.__getitem__, map(slice, body_starts, ends)))
-    return RunColumns(ids, keys, tags, headers, bodies, store_times, attempts)
+    return RunColumns(message_ids, keys, tags, headers, list(_slices(data, body_starts, ends)),
+                      store_times, attempts)
 
 
-def _texts(data: bytes, starts: Iterable[int], ends: Iterable[int]) -> list[str]:
-    return list(map(bytes.decode, map(data.__getitem__, map(slice, starts, ends))))
+def _heads(data: bytes, starts: Sequence[int], topic_length: int) -> list[tuple[Any, ...]] | None:
+    """Each frame's header fields, topic and id, the ids taken as long as the first one (the ids
+    of a run mostly have one length: the store's own all have 24 characters); None if a frame
+    runs past the data read."""
+    try:
+        id_length = FRAME.unpack_from(data, starts[0])[_ID_LENGTH] if starts else 0
+        return list(map(_frame(topic_length, id_length).unpack_from, repeat(data), starts))
+    except struct.error:
+        try:  # a shorter id in the last frame
+            return list(map(_frame(topic_length, 0).unpack_from, repeat(data), starts))
+        except struct.error:
+            return None
+
+
+@lru_cache(maxsize=256)
+def _frame(topic_length: int, id_length: int) -> struct.Struct:
+    """A frame's prefix and header, its topic and its id, of these lengths, as one struct."""
+    return struct.Struct(f"{FRAME.format}{topic_length}s{id_length}s")
+
+
+def _slices(data: bytes, starts: Iterable[int], ends: Iterable[int]) -> Iterable[bytes]:
+    return map(data.__getitem__, map(slice, starts, ends))
 
 
 def _headers(data: bytes, starts: list[int], ends: list[int]) -> list[Mapping[str, str]]:

@@ -4,7 +4,10 @@ Entry ``n`` of a queue is the message at queue offset ``n``: (log offset, size,
 tag hash), 16 bytes, so a read by position is one multiplication, never a scan.
 Entries live in pre-sized, memory-mapped files of ``entries_per_file`` entries
 named by their first queue offset. A zero size marks an empty slot. The files
-are not fsynced on append: recovery rebuilds them from the commit log.
+are not fsynced on append: recovery rebuilds them from the commit log. A queue
+whose files are not a contiguous run of whole files below its last one (a file
+lost or of the wrong size) is cut at the hole on open, logged
+(`store.queue_rebuilt`), and recovery rebuilds the rest from the log.
 """
 
 from __future__ import annotations
@@ -12,13 +15,29 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import sys
+from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
-from broker.store.files import flush_mapped
+import structlog
+
+from broker.errors import CorruptStoreError
+from broker.store.files import flush_mapped, fsync_directory
+
+log = structlog.get_logger("broker.store")
 
 ENTRY = struct.Struct("<QII")
 SUFFIX = ".cq"
+
+
+def _columns(packed: bytes) -> tuple[list[int], list[int]]:
+    """The log offsets and sizes of packed entries (machine words when the machine is little endian)."""
+    if sys.byteorder == "little":
+        words = memoryview(packed)
+        return words.cast("Q").tolist()[::2], words.cast("I").tolist()[2::4]
+    found, sizes, _ = zip(*ENTRY.iter_unpack(packed))
+    return list(found), list(sizes)
 
 
 class QueueEntry(NamedTuple):
@@ -38,14 +57,16 @@ class ConsumeQueue:
         self.topic = topic
         self.queue = queue
         directory.mkdir(parents=True, exist_ok=True)
-        paths = sorted(directory.glob("*" + SUFFIX))
-        # files keep the size they were made with, whatever the current config says
-        sizes = [size for size in (path.stat().st_size for path in paths) if size]
-        self.per_file = sizes[0] // ENTRY.size if sizes else entries_per_file
+        found = {int(path.name[: -len(SUFFIX)]): path.stat().st_size
+                 for path in directory.glob("*" + SUFFIX)}
+        self.per_file = _entries_per_file(found, entries_per_file)
+        damage = _first_damage(found, self.per_file)
+        if damage is not None:
+            found = self._cut(found, *damage)
         self._files: dict[int, mmap.mmap] = {}
         self._dirty: set[int] = set()
-        for path in paths:
-            self._files[int(path.name[: -len(SUFFIX)])] = self._map(path)
+        for base in sorted(found):
+            self._files[base] = self._map(self._path(base))
         self.length = self._measure()
 
     @property
@@ -58,7 +79,7 @@ class ConsumeQueue:
         base = queue_offset - queue_offset % self.per_file
         mapped = self._files.get(base)
         if mapped is None:
-            mapped = self._files[base] = self._map(self.directory / f"{base:020d}{SUFFIX}")
+            mapped = self._files[base] = self._map(self._path(base))
         ENTRY.pack_into(mapped, (queue_offset - base) * ENTRY.size, log_offset, size, tag_hash)
         self._dirty.add(base)
         if queue_offset >= self.length:
@@ -72,7 +93,7 @@ class ConsumeQueue:
             base = queue_offset - queue_offset % self.per_file
             mapped = self._files.get(base)
             if mapped is None:
-                mapped = self._files[base] = self._map(self.directory / f"{base:020d}{SUFFIX}")
+                mapped = self._files[base] = self._map(self._path(base))
             taken = min(total - done, base + self.per_file - queue_offset)
             position = (queue_offset - base) * size
             mapped[position : position + taken * size] = data[done * size : (done + taken) * size]
@@ -91,7 +112,7 @@ class ConsumeQueue:
             return None
         mapped = self._files.get(base)
         if mapped is None:
-            mapped = self._files[base] = self._map(self.directory / f"{base:020d}{SUFFIX}")
+            mapped = self._files[base] = self._map(self._path(base))
         return mapped, base
 
     def extend(self, length: int) -> None:
@@ -132,15 +153,15 @@ class ConsumeQueue:
             if mapped is None:
                 break
             stop = min(end, base + self.per_file)
-            position = (queue_offset - base) * ENTRY.size
-            found, lengths, _ = zip(*ENTRY.iter_unpack(mapped[position : (stop - base) * ENTRY.size]))
+            found, lengths = _columns(mapped[(queue_offset - base) * ENTRY.size : (stop - base) * ENTRY.size])
             if 0 in lengths:  # an empty slot ends the queue
-                taken = lengths.index(0)
-                log_offsets += found[:taken]
-                sizes += lengths[:taken]
-                break
-            log_offsets += found
-            sizes += lengths
+                end = stop = queue_offset + lengths.index(0)
+                found, lengths = found[: stop - queue_offset], lengths[: stop - queue_offset]
+            if log_offsets:
+                log_offsets += found
+                sizes += lengths
+            else:
+                log_offsets, sizes = found, lengths
             queue_offset = stop
         return log_offsets, sizes
 
@@ -185,14 +206,14 @@ class ConsumeQueue:
                 break
             self._files = {k: v for k, v in self._files.items() if k != base}
             self._dirty.discard(base)
-            (self.directory / f"{base:020d}{SUFFIX}").unlink(missing_ok=True)
+            self._path(base).unlink(missing_ok=True)
             dropped += 1
         return dropped
 
     def take_dirty(self) -> list[tuple[Path, mmap.mmap]]:
         """The files written since the last call; the caller flushes them (writer lock held)."""
         dirty, self._dirty = self._dirty, set()
-        return [(self.directory / f"{base:020d}{SUFFIX}", self._files[base])
+        return [(self._path(base), self._files[base])
                 for base in dirty if base in self._files]
 
     def close(self) -> None:
@@ -201,6 +222,28 @@ class ConsumeQueue:
         files, self._files = self._files, {}
         for mapped in files.values():
             mapped.close()
+
+    def _path(self, base: int) -> Path:
+        return self.directory / _name(base)
+
+    def _cut(self, found: dict[int, int], at: int, reason: str) -> dict[int, int]:
+        """Delete the files from queue offset ``at`` on (a hole below the end); return the rest.
+
+        Recovery rebuilds what they held from the commit log: the queue is then
+        shorter than the checkpoint vouched for, or the entries cut lie after it.
+        """
+        doomed = sorted(base for base in found if base >= at)
+        log.warning("store.queue_rebuilt", topic=self.topic, queue=self.queue,
+                    file=str(self._path(at)), reason=reason,
+                    dropped=[self._path(base).name for base in doomed])
+        try:
+            for base in doomed:
+                self._path(base).unlink()
+            fsync_directory(self.directory)
+        except OSError as exc:
+            raise CorruptStoreError(f"consume queue {self.topic}/{self.queue}: {reason}, and its "
+                                    f"files cannot be rebuilt: {exc}") from exc
+        return {base: size for base, size in found.items() if base < at}
 
     def _map(self, path: Path) -> mmap.mmap:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -226,3 +269,33 @@ class ConsumeQueue:
             else:
                 high = middle
         return base + low
+
+
+def _name(base: int) -> str:
+    """The name of the queue file whose first entry is queue offset ``base``."""
+    return f"{base:020d}{SUFFIX}"
+
+
+def _entries_per_file(found: dict[int, int], default: int) -> int:
+    """Entries per file as the files on disk were made, whatever the config says now.
+
+    The most common whole size among them wins; on a tie the larger (damage
+    cuts files short more often than it grows them).
+    """
+    counts = Counter(size // ENTRY.size for size in found.values() if size and not size % ENTRY.size)
+    return max(counts, key=lambda entries: (counts[entries], entries)) if counts else default
+
+
+def _first_damage(found: dict[int, int], per_file: int) -> tuple[int, str] | None:
+    """The first queue offset where the files (first queue offset: size) stop being a contiguous
+    run of whole files, and why; None if they are one. The last file may be short (a torn tail)."""
+    for base in sorted(found):
+        if base % per_file:
+            return base, f"{_name(base)} does not begin at a multiple of {per_file} entries"
+    whole = per_file * ENTRY.size
+    for base in range(min(found, default=0), max(found, default=0), per_file):
+        if base not in found:
+            return base, f"{_name(base)} is missing"
+        if found[base] != whole:
+            return base, f"{_name(base)} is {found[base]} bytes, not {whole}"
+    return None

@@ -7,6 +7,11 @@ newest first. Hashes are CRC32C (stable across processes); collisions are
 resolved by the caller, which reads each candidate record and compares.
 Files are named by the log offset of their first entry; a full file is sealed
 (fsynced) and a new one started. The open file is rebuilt after a crash.
+
+Index files are derived from the log: a file found damaged on open (a size or
+header that does not add up, a break in the chain of log offsets from one file
+to the next) is deleted with every later one, logged (`store.index_rebuilt`),
+and recovery re-indexes that part of the log.
 """
 
 from __future__ import annotations
@@ -18,9 +23,13 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import structlog
 from crc32c import crc32c
 
+from broker.errors import CorruptStoreError
 from broker.store.files import flush_mapped, fsync_directory
+
+log = structlog.get_logger("broker.store")
 
 HEADER = struct.Struct("<qqQQIIII")  # begin ms, end ms, begin/end log offset, count, cap, slots, sealed
 SLOT = struct.Struct("<I")
@@ -83,19 +92,38 @@ def offset_in_id(message_id: bytes) -> int | None:
         return None
 
 
+def _file_size(slots: int, capacity: int) -> int:
+    """The size of an index file of ``slots`` slot heads and ``capacity`` entries."""
+    return HEADER.size + slots * SLOT.size + capacity * ENTRY.size
+
+
+def _damage(header: bytes, size: int, begin_log_offset: int) -> str | None:
+    """Why an index file with this header and size, named ``begin_log_offset``, cannot be trusted."""
+    if len(header) < HEADER.size:
+        return f"{size} bytes, shorter than its header"
+    _, _, begin, end, count, capacity, slots, sealed = HEADER.unpack(header)
+    if not slots or not capacity:
+        return "its header is zeroed (no slots or no capacity)"
+    expected = _file_size(slots, capacity)
+    if size != expected:
+        return f"{size} bytes where its header ({slots} slots, {capacity} entries) says {expected}"
+    if begin != begin_log_offset or end < begin or count > capacity or sealed > 1:
+        return (f"its header is inconsistent (log offsets {begin}..{end} for a file named "
+                f"{begin_log_offset}, {count} of {capacity} entries, sealed {sealed})")
+    return None
+
+
 class IndexFile:
     """One index file; a writer appends entries, readers walk chains concurrently."""
 
-    def __init__(self, path: Path, slots: int, capacity: int, begin_log_offset: int) -> None:
+    def __init__(self, path: Path, begin_log_offset: int) -> None:
+        """Open an existing index file; `CorruptStoreError` names it if it cannot be trusted."""
         self.path = path
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR)
         try:
-            header = os.pread(fd, HEADER.size, 0)
-            if len(header) < HEADER.size or not HEADER.unpack(header)[6]:  # new, or torn at birth
-                size = HEADER.size + slots * SLOT.size + capacity * ENTRY.size
-                os.ftruncate(fd, size)
-                os.pwrite(fd, HEADER.pack(0, 0, begin_log_offset, begin_log_offset,
-                                          0, capacity, slots, 0), 0)
+            reason = _damage(os.pread(fd, HEADER.size, 0), os.fstat(fd).st_size, begin_log_offset)
+            if reason:
+                raise CorruptStoreError(f"index file {path.name}: {reason}")
             self._map = mmap.mmap(fd, 0)
         finally:
             os.close(fd)
@@ -105,6 +133,18 @@ class IndexFile:
         self._heads = _slot_heads(self._map, self.slots)
         while not self.sealed and self.count < self.capacity and self._entry(self.count)[2]:
             self.count += 1  # entries a killed writer added after its last header update
+
+    @classmethod
+    def create(cls, path: Path, slots: int, capacity: int, begin_log_offset: int) -> IndexFile:
+        """A new, empty index file for records from ``begin_log_offset`` on."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, _file_size(slots, capacity))
+            os.pwrite(fd, HEADER.pack(0, 0, begin_log_offset, begin_log_offset,
+                                      0, capacity, slots, 0), 0)
+        finally:
+            os.close(fd)
+        return cls(path, begin_log_offset)
 
     def _entry(self, position: int) -> tuple[int, int, int, int, int]:
         return ENTRY.unpack_from(self._map, self._entries + position * ENTRY.size)
@@ -191,10 +231,17 @@ class KeyIndex:
         self.slots = slots
         self.capacity = capacity
         directory.mkdir(parents=True, exist_ok=True)
-        self.files = [
-            IndexFile(path, slots, capacity, int(path.name[: -len(SUFFIX)]))
-            for path in sorted(directory.glob("*" + SUFFIX))
-        ]
+        self.files: list[IndexFile] = []
+        for path in sorted(directory.glob("*" + SUFFIX)):
+            try:
+                self.files.append(IndexFile(path, int(path.name[: -len(SUFFIX)])))
+            except CorruptStoreError as exc:
+                self._rebuild_from(len(self.files), path, str(exc))
+                break
+            reason = _unchained(self.files[-2:])
+            if reason:
+                self._rebuild_from(len(self.files) - 2, self.files[-2].path, reason)
+                break
 
     @property
     def end_log_offset(self) -> int | None:
@@ -250,5 +297,35 @@ class KeyIndex:
             self.files[-1].advance(log_offset)
             self.files[-1].seal()
         path = self.directory / f"{log_offset:020d}{SUFFIX}"
-        self.files = [*self.files, IndexFile(path, self.slots, self.capacity, log_offset)]
+        self.files = [*self.files, IndexFile.create(path, self.slots, self.capacity, log_offset)]
         fsync_directory(self.directory)
+
+    def _rebuild_from(self, position: int, damaged: Path, reason: str) -> None:
+        """Delete ``damaged`` (file ``position``) and every later file: recovery re-indexes them
+        from the commit log, from where the files kept end."""
+        doomed = sorted(p for p in self.directory.glob("*" + SUFFIX) if p.name >= damaged.name)
+        log.warning("store.index_rebuilt", file=str(damaged), reason=reason,
+                    dropped=[p.name for p in doomed])
+        for index_file in self.files[position:]:
+            index_file.close()
+        self.files = self.files[:position]
+        try:
+            for path in doomed:
+                path.unlink(missing_ok=True)
+            fsync_directory(self.directory)
+        except OSError as exc:
+            raise CorruptStoreError(f"index file {damaged.name} is damaged ({reason}) and cannot "
+                                    f"be rebuilt: {exc}") from exc
+
+
+def _unchained(pair: Sequence[IndexFile]) -> str | None:
+    """Why two consecutive index files do not chain (the first sealed, ending where the next begins)."""
+    if len(pair) < 2:
+        return None
+    previous, following = pair
+    if not previous.sealed:
+        return f"not sealed, yet {following.path.name} follows it"
+    if previous.end_log_offset != following.begin_log_offset:
+        return (f"ends at log offset {previous.end_log_offset}, but the next file, "
+                f"{following.path.name}, begins at {following.begin_log_offset}")
+    return None

@@ -11,8 +11,8 @@ corrupt records, a logged gap. A wrong body is never returned.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable, Iterable
-from itertools import islice, repeat
+from collections.abc import Callable, Iterable, Sequence
+from itertools import chain, islice, repeat
 from operator import add, le, sub
 from typing import Any
 
@@ -44,7 +44,7 @@ def read_span(
     ``log_offsets`` and ``sizes``, up to the ``visible`` log offset."""
     topic, queue = place
     topic_b = topic.encode()
-    columns: list[list[Any]] = [[] for _ in StoredBatch._fields[2:]]
+    pieces: list[Sequence[Sequence[Any]]] = []  # the columns of each run read
     ends = list(map(add, log_offsets, sizes))
     in_order = all(map(le, ends, islice(log_offsets, 1, None)))  # always, unless the queue is damaged
     i, count = 0, len(log_offsets)
@@ -62,18 +62,19 @@ def read_span(
             continue
         positions = list(map(sub, log_offsets[i:j], repeat(start)))
         run = decode_run(data, positions, sizes[i:j], first + i, topic_b, queue)
-        decoded: Iterable[Iterable[Any]] = (
-            (range(first + i, first + j), log_offsets[i:j], *run) if run is not None
-            else _one_by_one(data, positions, first + i, log_offsets[i:j], sizes[i:j], place, segment, skip))
-        for column, values in zip(columns, decoded):
-            column += values
+        pieces.append((range(first + i, first + j), log_offsets[i:j], *run) if run is not None
+                      else _one_by_one(data, positions, first + i, log_offsets[i:j], sizes[i:j], place,
+                                       segment, skip))
         i = j
-    return StoredBatch(topic, queue, *columns)
+    if len(pieces) == 1:
+        return StoredBatch(topic, queue, *pieces[0])
+    return StoredBatch(topic, queue, *(list(chain.from_iterable(column)) for column in zip(
+        *pieces or [[()] * (len(StoredBatch._fields) - 2)])))
 
 
 def _one_by_one(data: bytes, positions: list[int], first: int, log_offsets: list[int],
                 sizes: list[int], place: tuple[str, int], segment: Segment,
-                skip: bool) -> Iterable[Iterable[Any]]:
+                skip: bool) -> Sequence[Sequence[Any]]:
     """A run that failed the column-wise checks, decoded record by record: a bad one is named
     (`CorruptRecordError`) or, when skipping, logged and left out."""
     messages = []

@@ -8,6 +8,12 @@ crashed, from its last recorded position if only the process died). A queue
 found missing or behind what the checkpoint vouched for is rebuilt from the
 start of the log. A bad record with valid ones after it is a hard error naming
 file and offset, unless the store is configured to skip it.
+
+Consume queues and index files are derived from the log, so damage to them is
+repaired, never fatal: a queue whose files have a hole below its end, and an
+index file whose size or header does not add up, are cut back when opened
+(`ConsumeQueue`, `KeyIndex`); what was cut is then behind the checkpoint or
+after it, and is rebuilt here like any other lost part.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class RecoveryReport:
     records_replayed: int = 0
     truncated_at: int | None = None
     skipped: list[tuple[str, int]] = field(default_factory=list)
+    rebuilt_queues: list[str] = field(default_factory=list)
 
 
 def recover(
@@ -63,6 +70,7 @@ def recover(
     if dispatched > log_end:
         dispatched = commit_log.locate(log_end - 1).base if log_end > log_min else log_min
     behind = _behind(queues, checkpoint)
+    report.rebuilt_queues = sorted(f"{topic}/{queue}" for topic, queue in behind)
     index_from = _keep_index(index, crashed and not same_boot, log_end, log_min)
     start = min(dispatched, index_from, log_min if behind else log_end)
     report.replayed_from = start
@@ -89,10 +97,11 @@ def recover(
     for consume_queue in queues:
         consume_queue.trim(commit_log.end)
     index.advance(commit_log.end)
-    if crashed or report.truncated_at is not None or report.skipped:
+    if crashed or report.truncated_at is not None or report.skipped or behind:
         log.warning("store.recovered", crashed=crashed, replayed_from=start,
                     records_replayed=report.records_replayed, truncated_at=report.truncated_at,
-                    skipped=len(report.skipped), log_end=commit_log.end)
+                    skipped=len(report.skipped), rebuilt_queues=report.rebuilt_queues,
+                    log_end=commit_log.end)
     return report
 
 

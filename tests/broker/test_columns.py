@@ -25,9 +25,17 @@ FRAMES = [
                  codec.encode_headers({"h": "v"}), b"\x00binary\xff"),
     codec.encode(b"orders", 2, 9, 2.0, 0, b"id-9", b"", b"tag", b"", b""),
 ]
+PLAIN = [  # the store's common case: no key, tag or headers, ids of one length (the store's own)
+    codec.encode(b"orders", 2, 7 + n, 1.5, 0, b"%024x" % n, b"", b"", b"", body)
+    for n, body in enumerate([b"a" * 40, b"\xff" * 3, b""])
+]
+MIXED = [  # ids of several lengths; the last one's frame ends before an id as long as the first
+    codec.encode(b"orders", 2, 7 + n, 1.5, 0, message_id, b"", b"", b"", body)
+    for n, (message_id, body) in enumerate([(b"message-7", b"body"), (b"id-8", b"\x00" * 9), (b"9", b"")])
+]
 
 
-@pytest.mark.parametrize("frames", [FRAMES, FRAMES[:1], FRAMES[1:]])
+@pytest.mark.parametrize("frames", [FRAMES, FRAMES[:1], FRAMES[1:], PLAIN, MIXED, MIXED[1:]])
 def test_a_run_decodes_as_the_codec_decodes_each_frame(frames: list[bytes]) -> None:
     data, starts, sizes = run_of(frames, gap=b"\xb7\xe5 another queue's record")
     first = codec.check(frames[0], 0, 1 << 20)[3]  # type: ignore[index]
@@ -40,10 +48,12 @@ def test_a_run_decodes_as_the_codec_decodes_each_frame(frames: list[bytes]) -> N
                 run.attempts[number]) == (message.message_id, message.key, message.tag,
                                           dict(message.headers), message.body, message.store_time,
                                           message.attempt)
+    assert decode_run(*run_of(frames), first, b"orders", 2) == run  # the data ends with the last frame
 
 
-def test_a_run_with_any_damaged_or_misplaced_record_is_refused_whole() -> None:
-    data, starts, sizes = run_of(FRAMES)
+@pytest.mark.parametrize("frames", [FRAMES, PLAIN, MIXED])
+def test_a_run_with_any_damaged_or_misplaced_record_is_refused_whole(frames: list[bytes]) -> None:
+    data, starts, sizes = run_of(frames)
     assert decode_run(data, starts, sizes, 7, b"orders", 2) is not None
     assert decode_run(data, starts, sizes, 8, b"orders", 2) is None  # queue offsets differ
     assert decode_run(data, starts, sizes, 7, b"orders", 3) is None  # another queue

@@ -12,7 +12,7 @@ from tests.broker.delivery.conftest import Open, drain, messages
 
 
 def held_members(broker: Broker) -> dict[tuple[str, int], set[str]]:
-    return {key: {h.member for h in cursor.held.values()}
+    return {key: cursor.holders()
             for group in broker.group_table.values() for key, cursor in group.cursors.items()}
 
 
@@ -197,3 +197,17 @@ def test_ordered_consumption_holds_a_queue_behind_a_failing_message(open_broker:
     assert order == ["m0", "m1", "m2", "m3"]
     with pytest.raises(DeliveryError, match="ordered"):
         broker.join("g", ["orders"])  # a member must consume the group's way
+
+
+def test_a_resent_id_is_dropped_after_a_restart_within_the_window(open_broker: Open, tmp_path) -> None:
+    first = open_broker(tmp_path / "b")
+    [placed] = first.publish("orders", [OutgoingMessage(b"once", message_id="order-1")])
+    first.close()
+    again = open_broker(tmp_path / "b")  # the in-memory window is empty: the store's id index answers
+    assert again.stored_before_start == {"orders"}
+    [resent] = again.publish("orders", [OutgoingMessage(b"once", message_id="order-1")])
+    assert resent.duplicate and (resent.queue, resent.offset) == (placed.queue, placed.offset)
+    [fresh] = again.publish("invoices", [OutgoingMessage(b"new topic", message_id="order-1")])
+    assert not fresh.duplicate  # an id is unique per topic
+    member = again.join("g", ["orders"])
+    assert [d.body for d in drain(again, member)] == [b"once"]

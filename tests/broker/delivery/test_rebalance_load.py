@@ -55,7 +55,7 @@ def test_members_joining_and_leaving_under_load(open_broker: Open) -> None:
             with broker.lock:
                 for group in broker.group_table.values():
                     for key, cursor in group.cursors.items():
-                        holders = {held.member for held in cursor.held.values()}
+                        holders = cursor.holders()
                         if len(holders) > 1:
                             twice.append(f"{key}: {holders}")
 

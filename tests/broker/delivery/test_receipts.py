@@ -4,18 +4,24 @@ stays in step with what the cursors hold, and the prefetch window with both."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
+
+import pytest
 
 from broker.delivery.engine import Broker
-from broker.delivery.values import Delivery, OutgoingMessage, deliveries
+from broker.delivery.values import Delivery, OutgoingMessage, Placement, deliveries
+from broker.errors import DeliveryError
 from broker.store import FakeClock
 from tests.broker.delivery.conftest import Open, messages
 
 
 def held(broker: Broker) -> dict[str, Delivery]:
     """What the cursors hold, by receipt (checked against the broker's receipt table)."""
-    found = {h.delivery.receipt: h.delivery for g in broker.group_table.values()
-             for c in g.all_cursors() for h in c.held.values()}
-    assert {r: h.delivery for r, h in broker.receipts.items()} == found
+    cursors = [c for g in broker.group_table.values() for c in g.all_cursors()]
+    found = {d.receipt: d for c in cursors for d in c.held.values()}
+    assert {r: lease.cursor.held[lease.offsets[r]] for r, lease in broker.receipts.items()} == found
+    assert {(r, o) for c in cursors for lease in c.leases for r, o in lease.offsets.items()} == {
+        (d.receipt, d.offset) for d in found.values()}
     return found
 
 
@@ -78,3 +84,37 @@ def test_a_leaving_member_and_a_seek_take_their_receipts_along(broker: Broker) -
     broker.ack(two, [d.receipt for d in first])  # receipts of a member gone: stale
     broker.commit(two, {key: 0 for key in broker.assignment(two)})
     assert held(broker) == {} and broker.held_count[two] == 0
+
+
+def test_a_receipt_of_an_earlier_broker_on_the_same_store_acks_nothing(open_broker: Open, tmp_path) -> None:
+    broker = open_broker(queues=1)
+    broker.publish("orders", messages(4))
+    member = broker.join("g", ["orders"])
+    stale = [d.receipt for d in broker.fetch(member, 4, 0)]
+    broker.close()
+    reopened = open_broker(queues=1)
+    member = reopened.join("g", ["orders"])
+    again = reopened.fetch(member, 4, 0)
+    assert [d.message_id for d in again] == [f"m{n}" for n in range(4)]
+    assert not set(stale) & {d.receipt for d in again}
+    reopened.ack(member, stale)
+    assert len(held(reopened)) == 4
+    reopened.ack(member, [d.receipt for d in again])
+    assert held(reopened) == {} and reopened.pending("g", ["orders"]) == 0
+
+
+def test_a_batch_published_at_once_is_placed_as_one_by_one(broker: Broker) -> None:
+    placed = broker.publish("orders", [OutgoingMessage(b"a", message_id="a"), OutgoingMessage(b"b"),
+                                       OutgoingMessage(b"a again", message_id="a"),
+                                       OutgoingMessage(b"k", key="customer-7", headers={"h": "v"}),
+                                       OutgoingMessage(b"later", deliver_at=1e12)])
+    assert placed[2] == replace(placed[0], duplicate=True)
+    assert [type(p) for p in placed] == [Placement] * 5 and not any(p.duplicate for p in placed[:2])
+    assert [p.message_id for p in placed][:1] == ["a"] and len({p.message_id for p in placed}) == 4
+    assert broker.publish("orders", [OutgoingMessage(b"a", message_id="a")]) == [placed[2]]
+    with pytest.raises(DeliveryError, match="must be bytes, got str"):
+        broker.publish("orders", [OutgoingMessage(b"fine"), OutgoingMessage("text")])  # type: ignore[arg-type]
+    member = broker.join("g", ["orders"])
+    got = {d.body: d for d in broker.fetch(member, 10, 0)}
+    assert sorted(got) == [b"a", b"b", b"k"]  # nothing of the refused batch; the scheduled one waits
+    assert dict(got[b"k"].headers) == {"h": "v"} and got[b"k"].key == "customer-7"
