@@ -15,15 +15,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import ssl
-import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import structlog
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from broker.client import CONNECT_TIMEOUT, outgoing_map, parse_address, result, unix_path, where
+from broker.client import CONNECT_TIMEOUT, message_ids, parse_address, result, unix_path, where
 from broker.delivery.values import (
     Delivery,
     GroupInfo,
@@ -35,6 +33,7 @@ from broker.delivery.values import (
 from broker.errors import BrokerError, BrokerUnavailableError, UnknownMemberError
 from broker.server import native_codec
 from broker.server.native_codec import FrameDecoder, decode_body
+from broker.server.native_tables import outgoing_table, rows
 
 log = structlog.get_logger("broker.client")
 _Link = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -59,14 +58,13 @@ class AsyncClient:
         self._closed = False
 
     async def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
-        named = [m if m.message_id else replace(m, message_id=uuid.uuid4().hex) for m in messages]
-        fields = {"topic": topic, "messages": [outgoing_map(m) for m in named]}
+        fields = {"topic": topic, "messages": outgoing_table(messages, message_ids(messages))}
         async for attempt in AsyncRetrying(retry=retry_if_exception_type(BrokerUnavailableError),
                                            wait=wait_exponential(multiplier=0.05, max=2.0),
                                            stop=stop_after_delay(self._retry_seconds), reraise=True):
             with attempt:
                 reply = await self._call("publish", **fields)
-        return [Placement(**p) for p in reply["placements"]]
+        return rows(Placement, reply["placements"], "placements")
 
     async def join(self, group: str, topics: Sequence[str], *, broadcast: bool = False,
                    from_end: bool = False, prefetch: int | None = None,
@@ -80,7 +78,7 @@ class AsyncClient:
 
     async def fetch(self, member: str, max_messages: int, timeout: float) -> list[Delivery]:
         reply = await self._call("fetch", member=member, max_messages=max_messages, timeout=timeout)
-        return [Delivery(**m) for m in reply["messages"]]
+        return rows(Delivery, reply["messages"], "messages")
 
     async def ack(self, member: str, receipts: Sequence[str]) -> None:
         await self._call("ack", member=member, receipts=list(receipts))

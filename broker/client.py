@@ -15,13 +15,12 @@ the broker's de-duplication.
 from __future__ import annotations
 
 import itertools
+import os
 import socket
 import ssl
 import threading
-import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -40,6 +39,7 @@ from broker.errors import BrokerError, BrokerUnavailableError
 from broker.server import native_codec
 from broker.server.errors import WIRE_ERRORS, ClientError
 from broker.server.native_codec import FrameDecoder, decode_body
+from broker.server.native_tables import outgoing_table, rows
 
 log = structlog.get_logger("broker.client")
 CONNECT_TIMEOUT = 5.0
@@ -90,15 +90,15 @@ class Client:
     # -- BrokerApi ---------------------------------------------------------------
 
     def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
-        named = [m if m.message_id else replace(m, message_id=uuid.uuid4().hex) for m in messages]
-        reply = self._resending("publish", topic=topic, messages=[outgoing_map(m) for m in named])
-        return [Placement(**p) for p in reply["placements"]]
+        carried = outgoing_table(messages, message_ids(messages))  # ids made once: a resend keeps them
+        return rows(Placement, self._resending("publish", topic=topic, messages=carried)["placements"],
+                    "placements")
 
     def publish_to_group(self, group: str, topic: str,
                          messages: Sequence[OutgoingMessage]) -> list[Placement]:
-        reply = self._call("publish_to_group", group=group, topic=topic,
-                           messages=[outgoing_map(m) for m in messages])
-        return [Placement(**p) for p in reply["placements"]]
+        carried = outgoing_table(messages, [m.message_id for m in messages])
+        reply = self._call("publish_to_group", group=group, topic=topic, messages=carried)
+        return rows(Placement, reply["placements"], "placements")
 
     def join(self, group: str, topics: Sequence[str], *, broadcast: bool = False,
              from_end: bool = False, prefetch: int | None = None, lease: float | None = None,
@@ -112,7 +112,7 @@ class Client:
 
     def fetch(self, member: str, max_messages: int, timeout: float) -> list[Delivery]:
         reply = self._call("fetch", member=member, max_messages=max_messages, timeout=timeout)
-        return [Delivery(**m) for m in reply["messages"]]
+        return rows(Delivery, reply["messages"], "messages")
 
     def ack(self, member: str, receipts: Sequence[str]) -> None:
         self._call("ack", member=member, receipts=list(receipts))
@@ -140,7 +140,7 @@ class Client:
 
     def read(self, topic: str, queue: int, offset: int, max_messages: int) -> list[Delivery]:
         reply = self._call("read", topic=topic, queue=queue, offset=offset, max_messages=max_messages)
-        return [Delivery(**m) for m in reply["messages"]]
+        return rows(Delivery, reply["messages"], "messages")
 
     def queue_offsets(self, topic: str) -> list[list[int]]:
         return [list(pair) for pair in self._call("queue_offsets", topic=topic)["offsets"]]
@@ -164,7 +164,7 @@ class Client:
     # -- operator calls (broker/server/native_admin.py) ----------------------------
 
     def dlq_list(self, group: str, limit: int = 100) -> list[Delivery]:
-        return [Delivery(**m) for m in self._call("dlq_list", group=group, limit=limit)["messages"]]
+        return rows(Delivery, self._call("dlq_list", group=group, limit=limit)["messages"], "messages")
 
     def dlq_waiting(self, group: str) -> int:
         return int(self._call("dlq_waiting", group=group)["waiting"])
@@ -178,11 +178,11 @@ class Client:
     def lookup_key(self, topic: str, key: str, begin: float, end: float,
                    limit: int = 64) -> list[Delivery]:
         reply = self._call("lookup_key", topic=topic, key=key, begin=begin, end=end, limit=limit)
-        return [Delivery(**m) for m in reply["messages"]]
+        return rows(Delivery, reply["messages"], "messages")
 
     def lookup_id(self, message_id: str) -> Delivery | None:
-        found = self._call("lookup_id", message_id=message_id)["messages"]
-        return Delivery(**found[0]) if found else None
+        found = rows(Delivery, self._call("lookup_id", message_id=message_id)["messages"], "messages")
+        return found[0] if found else None
 
     def stats(self) -> dict[str, float]:
         return dict(self._call("stats")["stats"])
@@ -281,19 +281,18 @@ class Client:
         return self._name
 
 
-def outgoing_map(message: OutgoingMessage) -> dict[str, Any]:
-    """The message as the protocol carries it; fields left at their default are not sent."""
-    fields: dict[str, Any] = {"body": message.body}
-    for name in ("key", "tag", "message_id"):
-        if value := getattr(message, name):
-            fields[name] = value
-    if message.headers:
-        fields["headers"] = dict(message.headers)
-    if message.queue is not None:
-        fields["queue"] = message.queue
-    if message.deliver_at:
-        fields["deliver_at"] = message.deliver_at
-    return fields
+def message_ids(messages: Sequence[OutgoingMessage]) -> list[str]:
+    """The id of each message: its own, or one made here (128 random bits, as ``uuid4().hex``)."""
+    given = [m.message_id for m in messages]
+    unnamed = given.count("")
+    if not unnamed:
+        return given
+    made = os.urandom(16 * unnamed).hex()  # one system call for the batch
+    fresh = [made[start:start + 32] for start in range(0, len(made), 32)]
+    if unnamed == len(given):
+        return fresh
+    fresh.reverse()
+    return [message_id or fresh.pop() for message_id in given]
 
 
 def result(reply: dict[str, Any]) -> dict[str, Any]:

@@ -7,13 +7,16 @@ messages published / delivered / acked per topic, auth failures.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from broker.delivery.values import Delivery
 
+_topic, _body, _delivery_count = attrgetter("topic"), attrgetter("body"), attrgetter("delivery_count")
+_FIRST_DELIVERY = 1
 
 class ServerMetrics:
     """The server's counters and gauges; ``listener`` is ``native`` or ``stomp``."""
@@ -58,18 +61,16 @@ class ServerMetrics:
                 self.lag.labels(group, topic, str(queue)).set(lag)
         return generate_latest(self.registry)
 
-    def count_deliveries(self, deliveries: Iterable[Delivery]) -> None:
-        """Messages, bytes and redeliveries handed out, one increment per topic (not per message)."""
-        per_topic: dict[str, list[int]] = {}
-        for d in deliveries:
-            counts = per_topic.setdefault(d.topic, [0, 0, 0])
-            counts[0] += 1
-            counts[1] += len(d.body)
-            counts[2] += d.delivery_count > 1
-        for topic, (messages, size, again) in per_topic.items():
-            self.delivered.labels(topic).inc(messages)
-            self.bytes_out.labels(topic).inc(size)
-            if again:
+    def count_deliveries(self, deliveries: Sequence[Delivery]) -> None:
+        """Messages, bytes and redeliveries handed out, one increment per topic (not per message);
+        counted by mapping over fields (in C), the topics of a fetch being one as a rule."""
+        topics = set(map(_topic, deliveries))
+        per_topic = ([(topics.pop(), deliveries)] if len(topics) == 1 else
+                     [(topic, [d for d in deliveries if d.topic == topic]) for topic in topics])
+        for topic, given in per_topic:
+            self.delivered.labels(topic).inc(len(given))
+            self.bytes_out.labels(topic).inc(sum(map(len, map(_body, given))))
+            if again := sum(map(_FIRST_DELIVERY.__lt__, map(_delivery_count, given))):
                 self.redelivered.labels(topic).inc(again)
 
     def totals(self) -> dict[str, float]:  # int where the value is whole

@@ -13,7 +13,7 @@ from typing import Any
 
 from broker.delivery.group import dlq_topic
 from broker.server.errors import MalformedFrameError
-from broker.server.native_ops import Context, Operation, Reply, delivery_map, need
+from broker.server.native_ops import Context, Operation, Reply, delivery_table, need
 
 
 def _group(ctx: Context, request: Mapping[str, Any], op: str) -> str:
@@ -27,7 +27,7 @@ async def dlq_list(ctx: Context, request: Mapping[str, Any]) -> Reply:
     limit = need(request, "dlq_list", "limit", int, 100)
     if limit < 1:
         raise MalformedFrameError(f"dlq_list: limit {limit} must be >= 1")
-    return {"messages": [delivery_map(d) for d in await ctx.engine.dlq_list(group, limit)]}
+    return {"messages": delivery_table(await ctx.engine.dlq_list(group, limit))}
 
 
 async def dlq_waiting(ctx: Context, request: Mapping[str, Any]) -> Reply:
@@ -50,14 +50,14 @@ async def lookup_key(ctx: Context, request: Mapping[str, Any]) -> Reply:
         float(need(request, "lookup_key", "begin", (int, float), 0.0)),
         float(need(request, "lookup_key", "end", (int, float), 2.0**40)),
         need(request, "lookup_key", "limit", int, 64))
-    return {"messages": [delivery_map(d) for d in found]}
+    return {"messages": delivery_table(found)}
 
 
 async def lookup_id(ctx: Context, request: Mapping[str, Any]) -> Reply:
     found = await ctx.engine.lookup_id(need(request, "lookup_id", "message_id", str))
     if found is None or not ctx.principal.may_consume(found.topic):
-        return {"messages": []}
-    return {"messages": [delivery_map(found)]}
+        return {"messages": delivery_table([])}
+    return {"messages": delivery_table([found])}
 
 
 async def stats(ctx: Context, request: Mapping[str, Any]) -> Reply:

@@ -6,16 +6,22 @@ operation, the field and what was expected (see broker/PROTOCOL.md).
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from broker.errors import UnknownMemberError
 from broker.server.auth import Principal
-from broker.server.engine import Delivery, Engine, OutgoingMessage
+from broker.server.engine import Delivery, Engine, Placement
 from broker.server.errors import MalformedFrameError
 from broker.server.metrics import ServerMetrics
+from broker.server.native_tables import (
+    DELIVERY_FIELDS,
+    PLACEMENT_FIELDS,
+    Table,
+    checked_messages,
+    table,
+)
 
 Reply = dict[str, Any]
 
@@ -61,87 +67,40 @@ def _names(kind: type | tuple[type, ...]) -> str:
     return " or ".join(k.__name__ for k in _kinds(kind))
 
 
-def _strings(request: Mapping[str, Any], op: str, name: str) -> list[str]:
+def strings(request: Mapping[str, Any], op: str, name: str) -> list[str]:
     values = need(request, op, name, list)
     if not all(isinstance(v, str) for v in values):
         raise MalformedFrameError(f"{op}: field {name!r} must be a list of str")
     return values
 
 
-_MESSAGE_FIELDS = {"body": bytes, "key": str, "tag": str, "message_id": str}
+def delivery_table(deliveries: Sequence[Delivery]) -> Table:
+    return table(deliveries, DELIVERY_FIELDS)
 
 
-def _outgoing(raw: Any, index: int) -> OutgoingMessage:
-    if _plain(raw):  # the common case, checked in one pass; anything else is checked field by field
-        return OutgoingMessage(**raw)
-    op = f"publish: messages[{index}]"
-    if not isinstance(raw, dict):
-        raise MalformedFrameError(f"{op} must be a map, got {type(raw).__name__}")
-    headers = need(raw, op, "headers", dict, {})
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
-        raise MalformedFrameError(f"{op}: headers must map str to str")
-    return OutgoingMessage(
-        body=need(raw, op, "body", bytes), key=need(raw, op, "key", str, ""),
-        tag=need(raw, op, "tag", str, ""), headers=headers,
-        message_id=need(raw, op, "message_id", str, ""), queue=need(raw, op, "queue", int, None)
-        if raw.get("queue") is not None else None,
-        deliver_at=float(need(raw, op, "deliver_at", (int, float), 0.0)))
-
-
-def _plain(raw: Any) -> bool:
-    """Whether ``raw`` is a message map with a body and only str fields, no headers, queue or time."""
-    if type(raw) is not dict or type(raw.get("body")) is not bytes:
-        return False
-    return all(_MESSAGE_FIELDS.get(name) is type(value) for name, value in raw.items())
-
-
-def delivery_map(d: Delivery) -> Reply:
-    return {"receipt": d.receipt, "topic": d.topic, "queue": d.queue, "offset": d.offset,
-            "message_id": d.message_id, "body": d.body, "key": d.key, "tag": d.tag,
-            "headers": dict(d.headers), "delivery_count": d.delivery_count,
-            "published_at": d.published_at}
-
-
-async def publish(ctx: Context, request: Mapping[str, Any]) -> Reply:
-    topic = need(request, "publish", "topic", str)
-    raw = need(request, "publish", "messages", list)
-    messages = [_outgoing(m, i) for i, m in enumerate(raw)]
-    ctx.principal.check_produce([topic])
-    loop = asyncio.get_running_loop()
-    began = loop.time()
-    placements = await ctx.engine.publish(topic, messages)
-    ctx.metrics.publish_seconds.observe(loop.time() - began)
-    fresh = sum(not p.duplicate for p in placements)
-    ctx.metrics.published.labels(topic).inc(fresh)
-    ctx.metrics.bytes_in.labels(topic).inc(sum(len(m.body) for m in messages))
-    ctx.metrics.duplicates.labels(topic).inc(len(placements) - fresh)
-    return _placements(topic, placements)
-
-
-def _placements(topic: str, placements: list[Any]) -> Reply:
-    return {"placements": [{"topic": p.topic, "queue": p.queue, "offset": p.offset,
-                            "message_id": p.message_id, "duplicate": p.duplicate} for p in placements]}
+def placements_reply(placements: list[Placement]) -> Reply:
+    return {"placements": table(placements, PLACEMENT_FIELDS)}
 
 
 async def publish_to_group(ctx: Context, request: Mapping[str, Any]) -> Reply:
     group = need(request, "publish_to_group", "group", str)
     topic = need(request, "publish_to_group", "topic", str)
-    raw = need(request, "publish_to_group", "messages", list)
-    messages = [_outgoing(m, i) for i, m in enumerate(raw)]
+    messages = checked_messages(need(request, "publish_to_group", "messages", dict),
+                                "publish_to_group: messages")
     ctx.principal.check_produce([topic])
     ctx.principal.check_consume([topic])  # a replay reaches the group's consumers
-    return _placements(topic, await ctx.engine.publish_to_group(group, topic, messages))
+    return placements_reply(await ctx.engine.publish_to_group(group, topic, messages))
 
 
 async def subscribe(ctx: Context, request: Mapping[str, Any]) -> Reply:
     group = need(request, "subscribe", "group", str)
-    topics = _strings(request, "subscribe", "topics")
+    topics = strings(request, "subscribe", "topics")
     if not group or not topics:
         raise MalformedFrameError("subscribe: group and topics must not be empty")
     ctx.principal.check_consume(topics)
     prefetch = need(request, "subscribe", "prefetch", int, None)
     lease = need(request, "subscribe", "lease", (int, float), None)
-    tags = _strings(request, "subscribe", "tags") if request.get("tags") is not None else None
+    tags = strings(request, "subscribe", "tags") if request.get("tags") is not None else None
     if (prefetch is not None and prefetch < 1) or (lease is not None and lease <= 0):
         raise MalformedFrameError(f"subscribe: prefetch {prefetch} must be >= 1, lease {lease} > 0")
     member = await ctx.engine.join(group, topics,
@@ -168,39 +127,34 @@ async def fetch(ctx: Context, request: Mapping[str, Any]) -> Reply:
         raise MalformedFrameError(f"fetch: max_messages {count} must be >= 1, timeout {timeout} >= 0")
     deliveries = await ctx.engine.fetch(member, count, min(float(timeout), ctx.max_fetch_wait))
     ctx.metrics.count_deliveries(deliveries)
-    return {"messages": [delivery_map(d) for d in deliveries]}
-
-
-async def ack(ctx: Context, request: Mapping[str, Any]) -> Reply:
-    await ctx.engine.ack(ctx.member(request, "ack"), _strings(request, "ack", "receipts"))
-    return {}
+    return {"messages": delivery_table(deliveries)}
 
 
 async def nack(ctx: Context, request: Mapping[str, Any]) -> Reply:
     delay = need(request, "nack", "delay", (int, float), 0.0)
     if delay < 0:
         raise MalformedFrameError(f"nack: delay {delay} must be >= 0")
-    await ctx.engine.nack(ctx.member(request, "nack"), _strings(request, "nack", "receipts"),
+    await ctx.engine.nack(ctx.member(request, "nack"), strings(request, "nack", "receipts"),
                           float(delay))
     return {}
 
 
 async def dead_letter(ctx: Context, request: Mapping[str, Any]) -> Reply:
     member = ctx.member(request, "dead_letter")
-    receipts = _strings(request, "dead_letter", "receipts")
+    receipts = strings(request, "dead_letter", "receipts")
     await ctx.engine.dead_letter(member, receipts, need(request, "dead_letter", "reason", str, ""))
     ctx.metrics.dead_lettered.labels(member.partition("/")[0]).inc(len(receipts))
     return {}
 
 
 async def extend(ctx: Context, request: Mapping[str, Any]) -> Reply:
-    await ctx.engine.extend(ctx.member(request, "extend"), _strings(request, "extend", "receipts"))
+    await ctx.engine.extend(ctx.member(request, "extend"), strings(request, "extend", "receipts"))
     return {}
 
 
 async def pending(ctx: Context, request: Mapping[str, Any]) -> Reply:
     group = need(request, "pending", "group", str)
-    topics = _strings(request, "pending", "topics")
+    topics = strings(request, "pending", "topics")
     ctx.principal.check_consume(topics)
     return {"pending": await ctx.engine.pending(group, topics),
             "next_due": await ctx.engine.next_due(group)}
@@ -224,7 +178,7 @@ async def read(ctx: Context, request: Mapping[str, Any]) -> Reply:
     queue, offset = need(request, "read", "queue", int), need(request, "read", "offset", int)
     count = need(request, "read", "max_messages", int, 500)
     deliveries = await ctx.engine.read(topic, queue, offset, count)
-    return {"messages": [delivery_map(d) for d in deliveries]}
+    return {"messages": delivery_table(deliveries)}
 
 
 async def queue_offsets(ctx: Context, request: Mapping[str, Any]) -> Reply:
@@ -270,12 +224,12 @@ async def ping(ctx: Context, request: Mapping[str, Any]) -> Reply:
 
 
 Operation = Callable[[Context, Mapping[str, Any]], Awaitable[Reply]]
-OPERATIONS: dict[str, Operation] = {
-    "publish": publish, "publish_to_group": publish_to_group, "extend": extend, "pending": pending,
-    "read": read, "queue_offsets": queue_offsets, "group_offsets": group_offsets,
-    "commit_group": commit_group, "subscribe": subscribe, "unsubscribe": unsubscribe, "fetch": fetch,
-    "ack": ack, "nack": nack, "dead_letter": dead_letter, "commit": commit, "topics": topics,
-    "groups": groups, "lag": lag, "ping": ping,
+OPERATIONS: dict[str, Operation] = {  # publish and ack: native_runs
+    "publish_to_group": publish_to_group, "extend": extend, "pending": pending, "read": read,
+    "queue_offsets": queue_offsets, "group_offsets": group_offsets, "commit_group": commit_group,
+    "subscribe": subscribe, "unsubscribe": unsubscribe, "fetch": fetch, "nack": nack,
+    "dead_letter": dead_letter, "commit": commit, "topics": topics, "groups": groups, "lag": lag,
+    "ping": ping,
 }
 #: operations that may wait long: they run beside the connection's other requests
 CONCURRENT = frozenset({"fetch", "read"})

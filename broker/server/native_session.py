@@ -2,7 +2,9 @@
 
 Requests run in the order they arrive, except long waits (``fetch``), which
 run beside the others, so one connection pipelines many requests and reads
-replies by id. Until a ``hello`` with good credentials, a server with users
+replies by id. The session reads ahead while a request runs (up to its
+inbox's bound), and publishes to one topic (acks of one member) that queued up
+meanwhile run as one engine call: one fsync covers them. Until a ``hello`` with good credentials, a server with users
 answers every request with ``unauthenticated``; a wrong password, or no hello
 within ``handshake_timeout``, closes the connection.
 """
@@ -10,11 +12,11 @@ within ``handshake_timeout``, closes the connection.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from broker.errors import BrokerError
-from broker.server import native_admin, native_codec, native_ops
+from broker.server import native_admin, native_codec, native_ops, native_runs
 from broker.server.auth import Authenticator, Principal
 from broker.server.connection import Connection, ConnectionTimedOut
 from broker.server.engine import Engine
@@ -25,9 +27,12 @@ from broker.server.errors import (
     ServerError,
     UnknownOperationError,
 )
+from broker.server.inbox import Inbox, Pending
 from broker.server.native_codec import FrameDecoder, decode_body
 
 SERVER_NAME = "reliable-broker"
+INBOX_BYTES = 4 * 1024 * 1024
+"""The frames a connection may have read ahead, in bytes (one frame more at most)."""
 
 
 class NativeSession:
@@ -38,25 +43,20 @@ class NativeSession:
         self.engine = engine
         self.authenticator = authenticator
         self.ctx: native_ops.Context | None = None
+        self._inbox = Inbox(INBOX_BYTES)
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
-        decoder = FrameDecoder(self.conn.limits.max_frame_size)
-        loop = asyncio.get_running_loop()
-        handshake_ends = loop.time() + self.conn.limits.handshake_timeout
+        reading = asyncio.create_task(self._read())
+        serving = asyncio.create_task(self._serve())
         try:
-            while True:
-                waiting = self.ctx is None and self.authenticator.required
-                try:
-                    data = await self.conn.read(handshake_ends - loop.time() if waiting else None)
-                except ConnectionTimedOut:
-                    if self._tasks:  # a client waiting for a long fetch is not idle
-                        continue
-                    raise
-                if not data:
-                    return
-                for payload in decoder.feed(data):
-                    await self._handle(payload)
+            await asyncio.wait({reading, serving}, return_when=asyncio.FIRST_EXCEPTION)
+            if reading.done() and isinstance(reading.exception(), ProtocolError):
+                self._inbox.close()  # the requests before the broken frame still run
+                await asyncio.wait({serving})
+            for task in (serving, reading):
+                if task.done():
+                    task.result()
         except ProtocolError as error:
             await self._reply_error(0, error, fatal=True)
         except ConnectionTimedOut as timeout:
@@ -66,13 +66,50 @@ class NativeSession:
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
+            for task in (reading, serving):
+                task.cancel()
+            await asyncio.gather(reading, serving, return_exceptions=True)
             await self._end()
 
-    async def _handle(self, payload: bytes) -> None:
-        request_id = 0
+    async def _read(self) -> None:
+        """Frames into the inbox until the client closes its side (then the inbox closes)."""
+        decoder = FrameDecoder(self.conn.limits.max_frame_size)
+        loop = asyncio.get_running_loop()
+        handshake_ends = loop.time() + self.conn.limits.handshake_timeout
+        while True:
+            waiting = self.ctx is None and self.authenticator.required
+            try:
+                data = await self.conn.read(handshake_ends - loop.time() if waiting else None)
+            except ConnectionTimedOut:
+                if self._tasks or not self._inbox.idle:  # a client waiting for a reply is not idle
+                    if waiting:  # past the handshake's end: see whether its hello passes first
+                        await self._inbox.settled()
+                    continue
+                raise
+            if not data:
+                self._inbox.close()
+                return
+            for payload in decoder.feed(data):
+                self._inbox.put(_pending(payload))
+            await self._inbox.room()
+
+    async def _serve(self) -> None:
+        """Run the inbox's requests in order, until it closes."""
+        while (pending := await self._inbox.take()) is not None:
+            together = native_runs.TOGETHER.get(pending.op or "") if self.ctx is not None else None
+            if together is None or together.key(pending.request) is None:
+                await self._handle(pending)
+                self._inbox.finished()
+                continue
+            run = [pending, *self._inbox.take_run(_joining(together, pending))]
+            await self._run_together(together, run)
+            self._inbox.finished(len(run))
+
+    async def _handle(self, pending: Pending) -> None:
+        request_id, request = pending.request_id, pending.request
         try:
-            request = decode_body(payload)
-            request_id = native_ops.need(request, "request", "id", int)
+            if pending.error is not None:
+                raise pending.error
             op = native_ops.need(request, "request", "op", str)
             self.conn.metrics.frames.labels("native", op if op in _KNOWN else "unknown").inc()
             if op == "hello":
@@ -92,6 +129,26 @@ class NativeSession:
             task.add_done_callback(self._tasks.discard)
         else:
             await self._run(request_id, operation, ctx, request)
+
+    async def _run_together(self, together: native_runs.Together, run: list[Pending]) -> None:
+        """Requests that share one engine call; their replies go out in one write."""
+        assert self.ctx is not None
+        for pending in run:
+            self.conn.metrics.frames.labels("native", pending.op).inc()
+        try:
+            replies = await together.run(self.ctx, [pending.request for pending in run])
+        except Exception as error:  # noqa: BLE001 - each request of the run is answered with it
+            if not isinstance(error, BrokerError):
+                self.conn.log.exception("request_failed", op=run[0].op)
+            replies = [error] * len(run)
+        frames = [native_codec.encode(self._error(pending.request_id, reply)
+                                      if isinstance(reply, Exception) else
+                                      {"id": pending.request_id, "ok": True, **reply})
+                  for pending, reply in zip(run, replies)]
+        try:
+            await self.conn.send(b"".join(frames))
+        except (ConnectionError, ConnectionTimedOut):
+            self.conn.abort()
 
     def _context(self) -> native_ops.Context:
         if self.ctx is None:
@@ -138,17 +195,20 @@ class NativeSession:
 
     async def _reply_error(self, request_id: int, error: Exception, fatal: bool = False) -> bool:
         """Report ``error`` for ``request_id``; whether the connection must now close."""
-        code = _code(error)
-        fatal = fatal or getattr(error, "fatal", False)
-        self.conn.metrics.errors.labels("native", code).inc()
+        reply = self._error(request_id, error, fatal)
         try:
-            await self._send({"id": request_id, "ok": False, "fatal": fatal,
-                              "error": {"code": code, "type": type(error).__name__,
-                                        "message": str(error)}})
+            await self._send(reply)
         except (ConnectionError, ConnectionTimedOut):
             self.conn.abort()
             return True
-        return fatal
+        return bool(reply["fatal"])
+
+    def _error(self, request_id: int, error: Exception, fatal: bool = False) -> dict[str, Any]:
+        """The error reply for ``request_id`` (counted)."""
+        code = _code(error)
+        self.conn.metrics.errors.labels("native", code).inc()
+        return {"id": request_id, "ok": False, "fatal": fatal or getattr(error, "fatal", False),
+                "error": {"code": code, "type": type(error).__name__, "message": str(error)}}
 
     async def _send(self, body: Mapping[str, Any]) -> None:
         await self.conn.send(native_codec.encode(body))
@@ -169,7 +229,7 @@ class _Close(ConnectionError):
     """Internal: a fatal error was reported; the connection ends."""
 
 
-OPERATIONS = {**native_ops.OPERATIONS, **native_admin.OPERATIONS}
+OPERATIONS = {**native_ops.OPERATIONS, **native_runs.OPERATIONS, **native_admin.OPERATIONS}
 CONCURRENT = native_ops.CONCURRENT | native_admin.CONCURRENT
 _KNOWN = frozenset(OPERATIONS) | {"hello"}
 
@@ -180,3 +240,19 @@ def _code(error: Exception) -> str:
     if isinstance(error, BrokerError):
         return "broker_error"
     return "internal_error"
+
+
+def _pending(payload: bytes) -> Pending:
+    """A frame's request, or the error to answer it with (under its id, when it has one)."""
+    request: dict[str, Any] = {}
+    try:
+        request = decode_body(payload)
+        return Pending(native_ops.need(request, "request", "id", int), request, len(payload))
+    except ServerError as error:
+        return Pending(0, request, len(payload), error)
+
+
+def _joining(together: native_runs.Together, first: Pending) -> Callable[[Pending], bool]:
+    """Whether a queued request may run together with ``first``: same operation, same key."""
+    key = together.key(first.request)
+    return lambda queued: queued.op == first.op and together.key(queued.request) == key

@@ -32,7 +32,7 @@ streams = st.one_of(
     st.lists(requests, min_size=1, max_size=5).map(
         lambda rs: b"".join(native_codec.encode(r) for r in rs)),  # framed, malformed requests
     st.lists(junk, max_size=3).map(msgpack.packb).map(
-        lambda body: struct.pack(">IB", len(body) + 1, 1) + body),  # a body that is not a map
+        lambda body: struct.pack(">IB", len(body) + 1, native_codec.VERSION) + body),  # not a map
 )
 
 

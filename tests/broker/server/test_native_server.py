@@ -87,7 +87,7 @@ def test_credentials_and_permissions(server, unique) -> None:
 
 def test_an_oversized_frame_is_refused_from_its_length_prefix(server) -> None:
     sock = raw(server)
-    sock.sendall(struct.pack(">IB", 10_000_000, 1))  # announces 10 MB, sends no body
+    sock.sendall(struct.pack(">IB", 10_000_000, native_codec.VERSION))  # announces 10 MB, sends no body
     error = reply(sock)
     assert error["error"]["code"] == "frame_too_large" and error["fatal"]
     assert closed(sock)
@@ -103,7 +103,7 @@ def test_malformed_and_unknown_requests_get_errors_and_the_server_goes_on(server
     sock.sendall(native_codec.encode({"id": 3, "op": "publish", "topic": unique, "messages": "nope"}))
     assert reply(sock)["error"]["code"] == "malformed_frame"
     payload = msgpack.packb([1, 2, 3])
-    sock.sendall(struct.pack(">IB", len(payload) + 1, 1) + payload)  # a body that is not a map
+    sock.sendall(struct.pack(">IB", len(payload) + 1, native_codec.VERSION) + payload)  # a body that is not a map
     assert reply(sock)["error"]["code"] == "malformed_frame"
     sock.sendall(native_codec.encode({"id": 4, "op": "topics"}))
     assert reply(sock)["ok"]  # the same connection still works

@@ -1,0 +1,132 @@
+"""Lists of messages as the native protocol carries them: one table, column by column.
+
+A publish's messages, its placements and a fetch's deliveries travel as
+
+    {"count": n, "same": {field: value}, "columns": {field: [n values]}}
+
+a field equal in every row once in ``same``, each other field as one list. Both
+ends then pack and unpack a few long arrays instead of n maps, and the
+receiver builds its n values without reading n maps key by key
+(see broker/PROTOCOL.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, fields
+from itertools import repeat
+from operator import itemgetter
+from typing import Any, TypeVar
+
+from broker.delivery.values import Delivery, OutgoingMessage, Placement, many
+from broker.server.errors import MalformedFrameError
+
+T = TypeVar("T")
+Table = dict[str, Any]
+
+DELIVERY_FIELDS = tuple(f.name for f in fields(Delivery))
+PLACEMENT_FIELDS = tuple(f.name for f in fields(Placement))
+MESSAGE_FIELDS = tuple(f.name for f in fields(OutgoingMessage))
+
+_SEQUENCES = (list, tuple)  # msgpack gives lists; tables made in this process hold tuples
+_OWN = frozenset({"body", "receipt", "offset", "message_id"})  # one per message: always a column
+
+
+def table(rows: Sequence[Any], names: Sequence[str]) -> Table:
+    """The ``names`` attributes of ``rows`` as a table (mappings become plain dicts for msgpack)."""
+    count = len(rows)
+    same: dict[str, Any] = {}
+    columns: dict[str, Sequence[Any]] = {}
+    # one tuple per field, made in C from each row's __dict__ (a dataclass without slots)
+    transposed = zip(*map(itemgetter(*names), map(vars, rows))) if count else repeat((), len(names))
+    for name, column in zip(names, transposed):
+        if name == "headers" and set(map(type, column)) - {dict}:
+            column = tuple(map(dict, column))
+        if count and name not in _OWN and column.count(column[0]) == count:
+            same[name] = column[0]
+        else:
+            columns[name] = column
+    return {"count": count, "same": same, "columns": columns}
+
+
+def rows(kind: type[T], carried: Any, where: str) -> list[T]:
+    """The instances of the frozen dataclass ``kind`` that ``carried`` holds, fields left out at
+    their defaults (built by `broker.delivery.values.many`, without an ``__init__`` per row); a
+    `MalformedFrameError` naming ``where`` unless it is such a table. The values are not
+    type-checked here (see `checked_messages`)."""
+    count, same, columns = _parts(carried, where)
+    if count == 0:
+        return []
+    return many(kind, count, {**_defaults(kind, set(same) | set(columns), where), **same}, columns)
+
+
+def outgoing_table(messages: Sequence[OutgoingMessage], message_ids: list[str]) -> Table:
+    """A publish's messages, with these ids; fields at their default for every message are left out."""
+    carried = table(messages, [name for name in MESSAGE_FIELDS if name != "message_id"])
+    for name, default in _EMPTY.items():
+        if name in carried["same"] and carried["same"][name] == default:
+            del carried["same"][name]
+    carried["columns"]["message_id"] = message_ids
+    return carried
+
+
+def checked_messages(carried: Any, where: str) -> list[OutgoingMessage]:
+    """The messages of a publish request, every value of the right type (a client's bytes)."""
+    count, same, columns = _parts(carried, where)
+    for name in set(same) | set(columns):
+        check = _CHECKS.get(name)
+        values = columns[name] if name in columns else [same[name]]
+        if check is None or not check(values):
+            raise MalformedFrameError(f"{where}: field {name!r} must be {_EXPECTED.get(name, 'absent')}")
+    if count and "body" not in same and "body" not in columns:
+        raise MalformedFrameError(f"{where}: field 'body' is required")
+    if "deliver_at" in columns:  # a number: ints become floats
+        columns["deliver_at"] = list(map(float, columns["deliver_at"]))
+    elif "deliver_at" in same:
+        same["deliver_at"] = float(same["deliver_at"])
+    return rows(OutgoingMessage, {"count": count, "same": same, "columns": columns}, where)
+
+
+def _parts(carried: Any, where: str) -> tuple[int, dict[str, Any], dict[str, Sequence[Any]]]:
+    if not (isinstance(carried, dict) and set(carried) == {"count", "same", "columns"}):
+        raise MalformedFrameError(f"{where} must be a map of count, same and columns")
+    count, same, columns = carried["count"], carried["same"], carried["columns"]
+    if not (type(count) is int and count >= 0 and isinstance(same, dict) and isinstance(columns, dict)):
+        raise MalformedFrameError(f"{where}: count must be an int >= 0, same and columns maps")
+    if set(same) & set(columns):
+        raise MalformedFrameError(f"{where}: fields {sorted(set(same) & set(columns))} are in same and columns")
+    if not all(type(column) in _SEQUENCES and len(column) == count for column in columns.values()):
+        raise MalformedFrameError(f"{where}: every column must be a list of {count} values")
+    return count, same, columns
+
+
+def _defaults(kind: type, given: set[str], where: str) -> dict[str, Any]:
+    """The values of the fields of ``kind`` not ``given``; an error if one has no default or a
+    given name is no field."""
+    known = {f.name: f for f in fields(kind)}  # type: ignore[arg-type]
+    unknown = given - set(known)
+    missing = [name for name, f in known.items() if name not in given
+               and f.default is MISSING and f.default_factory is MISSING]
+    if unknown or missing:
+        raise MalformedFrameError(f"{where}: unknown fields {sorted(unknown)}, missing {missing}")
+    return {name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[operator]
+            for name, f in known.items() if name not in given}
+
+
+def _all_of(*kinds: type) -> Callable[[Sequence[Any]], bool]:
+    allowed = set(kinds)
+    return lambda values: set(map(type, values)) <= allowed
+
+
+def _headers(values: Sequence[Any]) -> bool:
+    return all(type(h) is dict and all(type(k) is str and type(v) is str for k, v in h.items())
+               for h in values)
+
+
+_CHECKS: dict[str, Callable[[Sequence[Any]], bool]] = {
+    "body": _all_of(bytes), "key": _all_of(str), "tag": _all_of(str), "message_id": _all_of(str),
+    "headers": _headers, "queue": _all_of(int, type(None)), "deliver_at": _all_of(int, float),
+}
+_EXPECTED = {"body": "bytes", "key": "str", "tag": "str", "message_id": "str",
+             "headers": "a map of str to str", "queue": "int or nil", "deliver_at": "a number"}
+_EMPTY: Mapping[str, Any] = {"key": "", "tag": "", "headers": {}, "queue": None, "deliver_at": 0.0}

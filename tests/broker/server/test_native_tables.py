@@ -1,0 +1,147 @@
+"""Lists of messages as tables: what goes in comes out, a malformed table is refused by name;
+pipelined publishes that run together answer each request as if it had run alone."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from broker.async_client import AsyncClient
+from broker.delivery.engine import Broker
+from broker.delivery.values import Delivery, OutgoingMessage, Placement
+from broker.errors import InvalidNameError
+from broker.server.auth import OPEN
+from broker.server.engine import Engine
+from broker.server.errors import MalformedFrameError
+from broker.server.metrics import ServerMetrics
+from broker.server.native_ops import Context
+from broker.server.native_runs import TOGETHER
+from broker.server.native_tables import (
+    DELIVERY_FIELDS,
+    PLACEMENT_FIELDS,
+    checked_messages,
+    outgoing_table,
+    rows,
+    table,
+)
+from tests.broker.server.serving import ServerProcess
+
+texts = st.text(max_size=6)
+messages = st.builds(
+    OutgoingMessage, body=st.binary(max_size=8), key=texts, tag=texts,
+    headers=st.dictionaries(texts, texts, max_size=2), message_id=texts,
+    queue=st.none() | st.integers(0, 7), deliver_at=st.sampled_from([0.0, 1.5, 2e9]))
+deliveries = st.builds(
+    Delivery, receipt=texts, topic=st.sampled_from(["a", "b"]), queue=st.integers(0, 3),
+    offset=st.integers(0, 2**40), message_id=texts, body=st.binary(max_size=8), key=texts,
+    tag=st.sampled_from(["", "t"]), headers=st.dictionaries(texts, texts, max_size=2),
+    delivery_count=st.integers(1, 3), published_at=st.floats(0, 2e9))
+
+
+def wire(value: object) -> object:
+    return msgpack.unpackb(msgpack.packb(value, use_bin_type=True), raw=False)
+
+
+@settings(max_examples=100)
+@given(st.lists(deliveries, max_size=6))
+def test_deliveries_come_out_as_they_went_in(sent) -> None:
+    assert rows(Delivery, wire(table(sent, DELIVERY_FIELDS)), "messages") == sent
+
+
+@settings(max_examples=100)
+@given(st.lists(messages, max_size=6))
+def test_published_messages_come_out_as_they_went_in(sent) -> None:
+    carried = wire(outgoing_table(sent, [m.message_id for m in sent]))
+    assert checked_messages(carried, "publish: messages") == sent
+
+
+def test_placements_and_fields_left_out_take_their_defaults() -> None:
+    placed = [Placement("t", 0, n, f"m{n}", duplicate=n == 1) for n in range(3)]
+    assert rows(Placement, wire(table(placed, PLACEMENT_FIELDS)), "placements") == placed
+    carried = {"count": 2, "same": {}, "columns": {"body": [b"a", b"b"]}}
+    assert checked_messages(carried, "publish") == [OutgoingMessage(b"a"), OutgoingMessage(b"b")]
+
+
+@pytest.mark.parametrize(("carried", "culprit"), [
+    ([{"body": b"x"}], "count, same and columns"),
+    ({"count": 2, "same": {}, "columns": {"body": [b"x"]}}, "list of 2"),
+    ({"count": 1, "same": {"body": b"x"}, "columns": {"body": [b"y"]}}, "in same and columns"),
+    ({"count": 1, "same": {}, "columns": {"key": ["k"]}}, "'body' is required"),
+    ({"count": 1, "same": {"body": "text"}, "columns": {}}, "'body' must be bytes"),
+    ({"count": 1, "same": {"body": b"x", "queue": True}, "columns": {}}, "'queue' must be int or nil"),
+    ({"count": 1, "same": {"body": b"x", "headers": {"a": 1}}, "columns": {}}, "'headers'"),
+    ({"count": 1, "same": {"body": b"x", "receipt": "r"}, "columns": {}}, "'receipt' must be absent"),
+])
+def test_a_malformed_table_is_refused_naming_the_field(carried, culprit) -> None:
+    with pytest.raises(MalformedFrameError, match=culprit):
+        checked_messages(carried, "publish: messages")
+
+
+@pytest.fixture
+def server(tmp_path) -> Iterator[ServerProcess]:
+    started = ServerProcess(tmp_path / "data").start()
+    yield started
+    started.stop()
+
+
+def test_pipelined_publishes_keep_their_order_ids_and_errors(server, unique) -> None:
+    async def scenario() -> tuple[list[object], list[Delivery]]:
+        async with AsyncClient(server.url) as client:
+            sent = [[OutgoingMessage(f"{n}-{i}".encode(), key="k", message_id=f"{n}-{i % 3}")
+                     for i in range(5)] for n in range(20)]
+            bad = [OutgoingMessage(b"x", queue=999)]  # no such queue: this request alone fails
+            replies = await asyncio.gather(*(client.publish(unique, batch) for batch in sent[:10]),
+                                           client.publish(unique, bad),
+                                           *(client.publish(unique, batch) for batch in sent[10:]),
+                                           return_exceptions=True)
+            member = await client.join("g", [unique])
+            got: list[Delivery] = []
+            while fetched := await client.fetch(member, 500, 0.5):
+                got += fetched
+            return replies, got
+
+    replies, got = asyncio.run(scenario())
+    assert isinstance(replies[10], Exception) and "queue" in str(replies[10])
+    placed = [p for reply in replies if isinstance(reply, list) for p in reply]
+    assert [p.duplicate for p in placed] == [i >= 3 for n in range(20) for i in range(5)]
+    assert [d.body for d in got] == [f"{n}-{i}".encode() for n in range(20) for i in range(3)]
+
+
+def test_a_run_of_publishes_is_one_engine_call_and_a_bad_request_fails_alone(tmp_path) -> None:
+    async def scenario() -> tuple[list[object], int]:
+        broker = Broker(tmp_path / "broker")
+        engine = Engine(broker)
+        calls = 0
+        publish = engine.publish
+
+        async def counted(topic: str, sent: Sequence[OutgoingMessage]) -> list[Placement]:
+            nonlocal calls
+            calls += 1
+            return await publish(topic, sent)
+
+        engine.publish = counted  # type: ignore[method-assign]
+        ctx = Context(engine, OPEN, ServerMetrics(CollectorRegistry()), 1.0)
+        requests = [{"topic": "t", "messages": outgoing_table([OutgoingMessage(b"a", queue=q)], [f"m{q}"])}
+                    for q in (0, 99, 1)]  # the second names a queue that does not exist
+        replies = await TOGETHER["publish"].run(ctx, requests)
+        malformed = {"topic": "t", "messages": "nope"}
+        alone = await TOGETHER["publish"].run(ctx, [malformed, requests[1]])  # each its own error
+        assert [type(error) for error in alone] == [MalformedFrameError, InvalidNameError]
+        together = await TOGETHER["publish"].run(ctx, [{"topic": "t", "messages": r["messages"]}
+                                                        for r in (requests[0], requests[2])])
+        engine.close()
+        broker.close()
+        return [*replies, *together], calls
+
+    replies, calls = asyncio.run(scenario())
+    assert calls == 1 + 3 + 1 + 1  # together, each alone once refused; the one good alone; together
+    assert isinstance(replies[1], InvalidNameError)
+    placed = [rows(Placement, r["placements"], "placements") for r in replies if isinstance(r, dict)]
+    assert placed == [[Placement("t", 0, 0, "m0")], [Placement("t", 1, 0, "m1")],  # resent: duplicates
+                      [Placement("t", 0, 0, "m0", True)], [Placement("t", 1, 0, "m1", True)]]
