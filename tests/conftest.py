@@ -23,6 +23,16 @@ NATS_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
+SOAK_TIMEOUT = 3600  # seconds: a soak runs many times longer than pytest-timeout's default for a test
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Soaks get `SOAK_TIMEOUT` unless they name their own timeout."""
+    for item in items:
+        if item.get_closest_marker("soak") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SOAK_TIMEOUT))
+
+
 def _reachable(url: str, default_port: int) -> bool:
     parts = urlsplit(url)
     try:

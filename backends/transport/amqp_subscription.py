@@ -166,13 +166,18 @@ class AmqpSubscription(Subscription):
         """Ready in the group's queues and delay queues, plus what this member holds.
 
         AMQP 0-9-1 does not tell how many messages other members hold unacked.
+        The queues are counted first; a delivery that left them before the count
+        may still wait in pika's buffer, so pika hands those over before what
+        this member holds is counted (else one message counts nowhere).
         """
         self._check_open()
         queues = []
         for topic in self.topics:
             queues.append(self._layout.queue(topic, self.group))
             queues += self._topology.delay_queues(self.group, topic)
-        return self._topology.ready(queues) + len(self._unsettled)
+        ready = self._topology.ready(queues)
+        self._topology.connection.wait(0, f"count for group {self.group!r}")
+        return ready + len(self._unsettled)
 
     def close(self) -> None:
         if self.closed:

@@ -125,7 +125,7 @@ class NatsSubscription(Subscription):
                 return []
 
     def ack(self, messages: Sequence[Message]) -> None:
-        """STANDARD: ``+ACK`` each, then one flush so the server has them before we return."""
+        """STANDARD: ``+ACK`` each, the last as a request: returns once the server applied them all."""
         self._reply([(self._receipt(m), ACK) for m in messages], "ack")
 
     def nack(self, message: Message, delay: float) -> None:
@@ -216,12 +216,17 @@ class NatsSubscription(Subscription):
                 self._open.difference_update(receipt for receipt, _ in replies)
 
     def _send(self, replies: list[tuple[str, bytes]], doing: str) -> None:
+        if not replies:
+            return
         client = self._connection.client
 
         async def send() -> None:
-            for receipt, body in replies:
+            # JetStream answers an ack sent as a request once it has applied it, and applies one
+            # connection's acks in order: the last one's answer confirms them all
+            *first, (last_receipt, last_body) = replies
+            for receipt, body in first:
                 await client.publish(receipt, body)
-            await client.flush(timeout=max(1, round(self._connection.request_timeout)))
+            await client.request(last_receipt, last_body, timeout=self._connection.request_timeout)
 
         self._connection.guarded(send, f"{doing} for group {self.group!r}")
 
