@@ -1,6 +1,7 @@
 """`Broker`: the delivery engine in process, over one `MessageStore` (the `BrokerApi`).
 
-Publishing appends to the store (producer ids de-duplicated within a window).
+Publishing appends to the store (producer ids de-duplicated within a window:
+see `publishing`).
 Consuming goes through groups: a member fetches from the queues it holds,
 each delivery is leased to it and identified by a receipt; an ack finishes
 the offset, a nack copies the message to ``%RETRY%<group>`` to be delivered
@@ -14,20 +15,16 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from itertools import repeat
-from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import Any
 
 import structlog
 
-from broker.delivery import admin, consume, reading
+from broker.delivery import admin, consume, publishing, reading
 from broker.delivery.allocation import STRATEGIES, Strategy
 from broker.delivery.config import DeliveryConfig
-from broker.delivery.cursor import DELIVER_AT_HEADER, QueueCursor, ReceiptNames, Receipts
+from broker.delivery.cursor import QueueCursor, ReceiptNames, Receipts
 from broker.delivery.dedup import DedupWindow
 from broker.delivery.group import Group, Member, retry_topic
 from broker.delivery.offsets import OffsetBook
@@ -39,18 +36,13 @@ from broker.delivery.values import (
     Placement,
     QueueLag,
     TopicInfo,
-    many,
 )
 from broker.errors import DeliveryError, UnknownMemberError
-from broker.store import AppendResult, Clock, MessageStore, Record, StoreConfig
+from broker.store import Clock, MessageStore, StoreConfig
 from broker.store.clock import SYSTEM_CLOCK
 
 log = structlog.get_logger("broker.delivery")
 ORIGIN_TOPIC_HEADER = "x-origin-topic"
-_BODY, _MESSAGE_ID = attrgetter("body"), attrgetter("message_id")
-_OUTGOING = attrgetter("body", "key", "tag", "headers", "message_id", "queue", "deliver_at")
-_PLACE = itemgetter(1, 2, 4)  # of an `AppendResult`: queue, queue offset, message id
-_run: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of side effects in C
 
 
 class Broker:
@@ -106,69 +98,7 @@ class Broker:
                dedup: bool = True) -> list[Placement]:
         """Append to any topic (internal ones included); with ``dedup``, ids seen within the
         window are dropped (the first copy's placement comes back, marked duplicate)."""
-        if not all(map(isinstance, map(_BODY, messages), repeat(bytes))):
-            bad = next(m.body for m in messages if not isinstance(m.body, bytes))
-            raise DeliveryError(f"message body must be bytes, got {type(bad).__name__}")
-        named = dedup and any(map(_MESSAGE_ID, messages))
-        placements: list[Placement | None] = [None] * len(messages)
-        with self.lock:
-            fresh = self._fresh(topic, messages, placements) if named else range(len(messages))
-            records = self._records(topic, [messages[index] for index in fresh] if named else messages)
-        placed = _placements(topic, self.store.append(records) if records else [])
-        with self.lock:
-            if named:
-                for index, placement in zip(fresh, placed):
-                    if messages[index].message_id:  # an id the store made cannot be sent again
-                        self.dedup.add(placement)
-            self.lock.notify_all()
-        if len(placed) == len(messages):
-            return placed
-        _run(map(placements.__setitem__, fresh, placed))
-        first = {m.message_id: p for m, p in zip(messages, placements) if p is not None}  # in-batch copies
-        return [p if p is not None else replace(first[m.message_id], duplicate=True)
-                for m, p in zip(messages, placements)]
-
-    def _fresh(self, topic: str, messages: Sequence[OutgoingMessage],
-               placements: list[Placement | None]) -> list[int]:
-        """Where in ``messages`` the ones to append are: not those whose id was seen within the
-        window (their first placement, marked duplicate, goes into ``placements``) or earlier in
-        the batch."""
-        fresh: list[int] = []
-        named: set[str] = set()
-        for index, message in enumerate(messages):
-            if message.message_id:
-                seen = self._seen(topic, message.message_id)
-                if seen is not None or message.message_id in named:
-                    placements[index] = replace(seen, duplicate=True) if seen else None
-                    continue
-                named.add(message.message_id)
-            fresh.append(index)
-        return fresh
-
-    def _records(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Record]:
-        """The records of ``messages``, column by column, each in the queue the topic table
-        selects for it (in order: round robin)."""
-        if not messages:
-            return []
-        bodies, keys, tags, headers, message_ids, asked, due = zip(*map(_OUTGOING, messages))
-        queues = self.topic_table.select_many(topic, keys, asked)
-        if any(due):
-            headers = tuple({**h, DELIVER_AT_HEADER: repr(at)} if at else h for h, at in zip(headers, due))
-        return list(map(tuple.__new__, repeat(Record), zip(
-            repeat(topic), queues, bodies, keys, tags, headers, message_ids, repeat(0))))
-
-    def _seen(self, topic: str, message_id: str) -> Placement | None:
-        """Where ``message_id`` went on ``topic`` if published within the window; the store's id
-        index answers until the in-memory window has covered a whole window since start (for
-        topics that had messages before the start: the others' ids are all in the window)."""
-        found = self.dedup.get(topic, message_id)
-        if (found is None and self.clock.time() - self.started_at < self.config.dedup_window
-                and topic in self.stored_before_start):
-            stored = self.store.lookup_id(message_id)
-            if (stored is not None and stored.topic == topic
-                    and self.clock.time() - stored.store_time <= self.config.dedup_window):
-                found = Placement(stored.topic, stored.queue, stored.queue_offset, message_id)
-        return found
+        return publishing.append(self, topic, messages, dedup=dedup)
 
     # -- consuming (see `consume`) ----------------------------------------------
 
@@ -401,11 +331,3 @@ class Broker:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-
-def _placements(topic: str, results: Sequence[AppendResult]) -> list[Placement]:
-    """Where the appended records went, one `Placement` each."""
-    if not results:
-        return []
-    queues, offsets, message_ids = zip(*map(_PLACE, results))
-    return many(Placement, len(results), {"topic": topic, "duplicate": False},
-                {"queue": queues, "offset": offsets, "message_id": message_ids})
