@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from tests.transports.chaos import kill_9_chaos
-from tests.transports.test_kafka_framework import effects  # noqa: F401  (a fixture)
 
 LEASE = 3.0
 
@@ -21,7 +20,7 @@ LEASE = 3.0
 @pytest.mark.parametrize(("kills", "count"), [(20, 10_000), pytest.param(100, 50_000, marks=pytest.mark.soak)])
 @pytest.mark.parametrize("transport", ["redis", "embedded"])
 def test_kill_9_at_random_points_each_token_once_each_poison_dead_lettered_once(
-    transport: str, tmp_path: Path, postgres_url: str, redis_url: str, effects: str, unique: str,  # noqa: F811
+    transport: str, tmp_path: Path, postgres_url: str, redis_url: str, effects: str, unique: str,
     kills: int, count: int,
 ) -> None:
     url = f"{redis_url}?namespace={unique}" if transport == "redis" else f"embedded://{tmp_path / 'broker'}"

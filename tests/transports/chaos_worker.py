@@ -1,6 +1,6 @@
-"""A framework worker on `kafka://` in a process of its own, for the kill -9 chaos test.
+"""A framework worker in a process of its own, for the kill -9 chaos run (`tests/transports/chaos.py`).
 
-``python -m tests.transports.test_kafka_worker TABLE TOPIC GROUP`` consumes
+``python -m tests.transports.chaos_worker TABLE TOPIC GROUP`` consumes
 ``TOPIC`` as ``GROUP`` (settings from ``RELIABLE_*`` variables: the transactional
 commit strategy) until it is stopped or killed. The handler inserts each
 token into ``TABLE``; a body with ``"poison": true`` fails for good.
