@@ -241,6 +241,8 @@ class BrokerSettings(Section):
     port: Port = 7600
     data_dir: str = "./.reliable/broker-server"
     flush: Literal["sync", "async", "none"] = "sync"
+    selection: Literal["round_robin", "latency_aware"] = "round_robin"
+    """How a published message without a key finds its queue (docs/broker-delivery.md)."""
 
 
 class Settings(Section):

@@ -5,7 +5,9 @@ other processes on the machine that open the same ``DIR`` reach it over its
 local socket (`broker.embedded`). Options: ``queues`` (per new topic),
 ``visibility_timeout`` (the lease of a delivered message), ``session_timeout``
 (silence after which a member's queues move), ``flush`` (``async``, ``sync``
-or ``none``: see the store's flush policies) and ``max_deliveries``.
+or ``none``: see the store's flush policies), ``max_deliveries`` and
+``selection`` (``round_robin`` or ``latency_aware``: how a message without a
+key finds its queue, see docs/broker-delivery.md).
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ class EmbeddedTransport(BrokerTransport):
 
     def __init__(self, directory: str | Path, clock: Clock = SYSTEM_CLOCK, *, queues: int = 4,
                  visibility_timeout: float = 30.0, session_timeout: float = 30.0,
-                 flush: str = "async", max_deliveries: int = -1) -> None:
+                 flush: str = "async", max_deliveries: int = -1, selection: str = "round_robin") -> None:
         engine_clock = cast(BrokerClock, clock)
         try:
             config = DeliveryConfig(queues=queues, lease=visibility_timeout,
-                                    session_timeout=session_timeout, max_deliveries=max_deliveries)
+                                    session_timeout=session_timeout, max_deliveries=max_deliveries,
+                                    selection=selection)
             store_config = StoreConfig(flush=flush, clock=engine_clock)  # type: ignore[arg-type]
         except BrokerConfigError as exc:
             raise ConfigurationError(f"transport embedded://{directory}: {exc}") from exc

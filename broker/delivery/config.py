@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from broker.delivery.selection import LATENCY_MAX, NOT_AVAILABLE_DURATION
 from broker.errors import BrokerConfigError
+
+SELECTIONS = ("round_robin", "latency_aware")
+"""The values of ``selection`` (see `broker.delivery.selection`)."""
 
 
 @dataclass(frozen=True)
@@ -31,17 +35,24 @@ class DeliveryConfig:
     """Seconds between writes of the groups' committed offsets to disk."""
     allocation: str = "averagely"
     """How a group's queues are spread over its members (see `broker.delivery.allocation`)."""
+    selection: str = "round_robin"
+    """How a message without a key or an asked-for queue finds its queue: ``round_robin`` or
+    ``latency_aware`` (queues whose appends were slow or failed are avoided for a while)."""
+    latency_max: tuple[float, ...] = LATENCY_MAX
+    """With ``latency_aware``: append latencies (seconds, increasing) from which a queue is paused."""
+    not_available_duration: tuple[float, ...] = NOT_AVAILABLE_DURATION
+    """With ``latency_aware``: how long (seconds) each ``latency_max`` threshold pauses a queue."""
 
     def __post_init__(self) -> None:
-        for spec in fields(self):
-            value = getattr(self, spec.name)
-            if spec.name == "allocation":
-                from broker.delivery.allocation import STRATEGIES
+        from broker.delivery.allocation import STRATEGIES
 
-                if value not in STRATEGIES:
-                    raise BrokerConfigError(
-                        f"delivery setting allocation={value!r}: expected one of {', '.join(STRATEGIES)}")
+        _choice("allocation", self.allocation, tuple(STRATEGIES))
+        _choice("selection", self.selection, SELECTIONS)
+        _latency_table(self.latency_max, self.not_available_duration)
+        for spec in fields(self):
+            if spec.type not in ("int", "float"):
                 continue
+            value = getattr(self, spec.name)
             low = -1 if spec.name == "max_deliveries" else (1 if spec.type == "int" else 0)
             if isinstance(value, bool) or not isinstance(value, int | float) or value < low or (
                 spec.type == "float" and value == 0 and spec.name != "offset_flush_interval"
@@ -49,3 +60,21 @@ class DeliveryConfig:
                 raise BrokerConfigError(
                     f"delivery setting {spec.name}={value!r}: expected a number >= {low}"
                     + (" and > 0" if spec.type == "float" else ""))
+
+
+def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise BrokerConfigError(f"delivery setting {name}={value!r}: expected one of {', '.join(allowed)}")
+
+
+def _latency_table(latency_max: tuple[float, ...], durations: tuple[float, ...]) -> None:
+    def numbers(value: tuple[float, ...]) -> bool:
+        return isinstance(value, tuple) and bool(value) and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in value)
+
+    if not numbers(latency_max) or list(latency_max) != sorted(set(latency_max)):
+        raise BrokerConfigError(f"delivery setting latency_max={latency_max!r}: expected a non-empty "
+                                "tuple of increasing numbers of seconds >= 0")
+    if not numbers(durations) or len(durations) != len(latency_max):
+        raise BrokerConfigError(f"delivery setting not_available_duration={durations!r}: expected a "
+                                f"tuple of {len(latency_max)} numbers of seconds >= 0, one per latency_max")

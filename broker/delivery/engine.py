@@ -28,6 +28,7 @@ from broker.delivery.cursor import QueueCursor, ReceiptNames, Receipts
 from broker.delivery.dedup import DedupWindow
 from broker.delivery.group import Group, Member, retry_topic
 from broker.delivery.offsets import OffsetBook
+from broker.delivery.selection import selector
 from broker.delivery.topics import Topics, check_name
 from broker.delivery.values import (
     Delivery,
@@ -59,7 +60,7 @@ class Broker:
         self.store = MessageStore(self.path, store_config or StoreConfig(clock=clock))
         state = self.path / "delivery"
         state.mkdir(exist_ok=True)
-        self.topic_table = Topics(state / "topics.json", self.config.queues)
+        self.topic_table = Topics(state / "topics.json", self.config.queues, selector(self.config, clock))
         self.offsets = OffsetBook(state / "offsets.json")
         self.dedup = DedupWindow(clock, self.config.dedup_window, self.config.dedup_entries)
         self.started_at = clock.time()

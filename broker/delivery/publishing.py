@@ -1,11 +1,12 @@
 """The publishing half of `Broker`: records into the store, de-duplicated by message id.
 
 A publish becomes one append to the store: each message gets the queue the
-topic table selects for it (asked for, by key hash, else round robin), and a message whose producer id
+topic table selects for it (asked for, by key hash, else the topic's queue
+selector: round robin or latency-aware), and a message whose producer id
 was seen on the topic within the de-duplication window is not appended
 again: its first copy's placement comes back marked duplicate (ActiveMQ's
 message audit, Kafka's idempotent producer). The append runs outside the
-engine's lock.
+engine's lock; how long it took is what the queue selector learns from.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 _BODY, _MESSAGE_ID = attrgetter("body"), attrgetter("message_id")
 _OUTGOING = attrgetter("body", "key", "tag", "headers", "message_id", "queue", "deliver_at")
 _PLACE = itemgetter(1, 2, 4)  # of an `AppendResult`: queue, queue offset, message id
+_QUEUE = itemgetter(1)  # of a `Record`
 _run: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of side effects in C
 
 
@@ -43,7 +45,7 @@ def append(broker: Broker, topic: str, messages: Sequence[OutgoingMessage], *,
     with broker.lock:
         fresh = _fresh(broker, topic, messages, placements) if named else range(len(messages))
         records = _records(broker, topic, [messages[index] for index in fresh] if named else messages)
-    placed = _placements(topic, broker.store.append(records) if records else [])
+    placed = _placements(topic, _timed_append(broker, topic, records) if records else [])
     with broker.lock:
         if named:
             for index, placement in zip(fresh, placed):
@@ -56,6 +58,26 @@ def append(broker: Broker, topic: str, messages: Sequence[OutgoingMessage], *,
     first = {m.message_id: p for m, p in zip(messages, placements) if p is not None}  # in-batch copies
     return [p if p is not None else replace(first[m.message_id], duplicate=True)
             for m, p in zip(messages, placements)]
+
+
+def _timed_append(broker: Broker, topic: str, records: list[Record]) -> list[AppendResult]:
+    """The store's append, its latency told to the topic's queue selector for every queue it
+    wrote to (with one store, a queue's latency is that of the appends it took part in); a
+    failed append counts as the worst latency."""
+    selector = broker.topic_table.selector
+    if not selector.measures:
+        return broker.store.append(records)
+    queues = set(map(_QUEUE, records))
+    started = broker.clock.time()
+    try:
+        results = broker.store.append(records)
+    except BaseException:
+        with broker.lock:
+            selector.failed(topic, queues)
+        raise
+    with broker.lock:
+        selector.appended(topic, queues, broker.clock.time() - started)
+    return results
 
 
 def _fresh(broker: Broker, topic: str, messages: Sequence[OutgoingMessage],

@@ -10,6 +10,7 @@ from itertools import repeat
 from pathlib import Path
 
 from broker.delivery.group import DLQ_PREFIX, RETRY_PREFIX
+from broker.delivery.selection import QueueSelector, RoundRobin
 from broker.errors import InvalidNameError
 
 MAX_NAME = 200
@@ -27,11 +28,11 @@ def check_name(kind: str, name: str, *, internal: bool = False) -> None:
 class Topics:
     """The topic table (``topics.json``): created on first use with the default queue count."""
 
-    def __init__(self, path: Path, default_queues: int) -> None:
+    def __init__(self, path: Path, default_queues: int, selector: QueueSelector | None = None) -> None:
         self.path = path
         self.default_queues = default_queues
+        self.selector = selector or RoundRobin()
         self._queues: dict[str, int] = json.loads(path.read_text()) if path.exists() else {}
-        self._round_robin: dict[str, int] = {}  # the next round-robin turn per topic
 
     def queues(self, topic: str) -> int:
         """The queue count of ``topic``, creating it (internal topics get one queue)."""
@@ -47,7 +48,7 @@ class Topics:
 
     def select(self, topic: str, key: str, queue: int | None) -> int:
         """The queue of a message: the one asked for, else by key hash (order per key), else
-        round robin."""
+        the selector's (round robin, or latency-aware: see `broker.delivery.selection`)."""
         count = self.queues(topic)
         if queue is not None:
             if not 0 <= queue < count:
@@ -55,19 +56,13 @@ class Topics:
             return queue
         if key:
             return zlib.crc32(key.encode()) % count
-        return self._turns(topic, 1)[0] % count
+        return self.selector.spread(topic, count, 1)[0]
 
     def select_many(self, topic: str, keys: Sequence[str], asked: Sequence[int | None]) -> list[int]:
-        """`select` for a batch; a batch without keys or queues asked for takes its turns at once."""
+        """`select` for a batch; a batch without keys or queues asked for is spread at once."""
         if any(keys) or asked.count(None) != len(asked):
             return list(map(self.select, repeat(topic), keys, asked))
-        count = self.queues(topic)
-        return [turn % count for turn in self._turns(topic, len(keys))]
-
-    def _turns(self, topic: str, taken: int) -> range:
-        first = self._round_robin.get(topic, 0)
-        self._round_robin[topic] = first + taken
-        return range(first, first + taken)
+        return self.selector.spread(topic, self.queues(topic), len(keys))
 
     def _save(self) -> None:
         partial = self.path.with_suffix(".tmp")

@@ -20,7 +20,7 @@ from broker.server.auth import Authenticator, User, load_users
 from broker.server.native_codec import DEFAULT_MAX_FRAME_SIZE
 
 #: keys of the ``[broker]`` table that configure the engine, not the server
-ENGINE_KEYS = frozenset({"data_dir", "flush"})
+ENGINE_KEYS = frozenset({"data_dir", "flush", "selection"})
 
 
 @dataclass(frozen=True)
