@@ -6,38 +6,35 @@ Entries live in pre-sized, memory-mapped files of ``entries_per_file`` entries
 named by their first queue offset. A zero size marks an empty slot. The files
 are not fsynced on append: recovery rebuilds them from the commit log. A queue
 whose files are not a contiguous run of whole files below its last one (a file
-lost or of the wrong size) is cut at the hole on open, logged
-(`store.queue_rebuilt`), and recovery rebuilds the rest from the log.
+lost or of the wrong size), or that has an empty slot with entries after it
+(zeroed entries), is cut at the hole on open, logged (`store.queue_rebuilt`),
+and recovery rebuilds the rest from the log (the checks: `queuefiles`). Other
+files in the folder are not the queue's (`files.numbered_files`).
 """
 
 from __future__ import annotations
 
 import mmap
 import os
-import struct
-import sys
-from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 import structlog
 
 from broker.errors import CorruptStoreError
-from broker.store.files import flush_mapped, fsync_directory
+from broker.store.files import flush_mapped, fsync_directory, numbered_files
+from broker.store.queuefiles import (
+    ENTRY,
+    SUFFIX,
+    columns,
+    file_name,
+    first_damage,
+    first_hole,
+    per_file_on_disk,
+)
 
 log = structlog.get_logger("broker.store")
-
-ENTRY = struct.Struct("<QII")
-SUFFIX = ".cq"
-
-
-def _columns(packed: bytes) -> tuple[list[int], list[int]]:
-    """The log offsets and sizes of packed entries (machine words when the machine is little endian)."""
-    if sys.byteorder == "little":
-        words = memoryview(packed)
-        return words.cast("Q").tolist()[::2], words.cast("I").tolist()[2::4]
-    found, sizes, _ = zip(*ENTRY.iter_unpack(packed))
-    return list(found), list(sizes)
 
 
 class QueueEntry(NamedTuple):
@@ -57,16 +54,18 @@ class ConsumeQueue:
         self.topic = topic
         self.queue = queue
         directory.mkdir(parents=True, exist_ok=True)
-        found = {int(path.name[: -len(SUFFIX)]): path.stat().st_size
-                 for path in directory.glob("*" + SUFFIX)}
-        self.per_file = _entries_per_file(found, entries_per_file)
-        damage = _first_damage(found, self.per_file)
+        found = {base: path.stat().st_size for base, path in numbered_files(directory, SUFFIX).items()}
+        self.per_file = per_file_on_disk(found, entries_per_file)
+        damage = first_damage(found, self.per_file)
         if damage is not None:
             found = self._cut(found, *damage)
         self._files: dict[int, mmap.mmap] = {}
         self._dirty: set[int] = set()
         for base in sorted(found):
             self._files[base] = self._map(self._path(base))
+        hole = first_hole(self._files, self.per_file)
+        if hole is not None:
+            self._empty_from(*hole)
         self.length = self._measure()
 
     @property
@@ -153,7 +152,7 @@ class ConsumeQueue:
             if mapped is None:
                 break
             stop = min(end, base + self.per_file)
-            found, lengths = _columns(mapped[(queue_offset - base) * ENTRY.size : (stop - base) * ENTRY.size])
+            found, lengths = columns(mapped[(queue_offset - base) * ENTRY.size : (stop - base) * ENTRY.size])
             if 0 in lengths:  # an empty slot ends the queue
                 end = stop = queue_offset + lengths.index(0)
                 found, lengths = found[: stop - queue_offset], lengths[: stop - queue_offset]
@@ -223,8 +222,18 @@ class ConsumeQueue:
         for mapped in files.values():
             mapped.close()
 
+    def lost_start(self, queue_offset: int, log_offset: int) -> None:
+        """Log that the commit log holds ``queue_offset`` (at ``log_offset``) below the first file.
+
+        Its first file is lost (retention would have kept it); recovery rebuilds it.
+        """
+        log.warning("store.queue_rebuilt", topic=self.topic, queue=self.queue,
+                    file=str(self._path(queue_offset - queue_offset % self.per_file)),
+                    reason=(f"the log holds queue offset {queue_offset} at log offset {log_offset}, "
+                            f"below its first file {file_name(self.min_file_offset)}"), dropped=[])
+
     def _path(self, base: int) -> Path:
-        return self.directory / _name(base)
+        return self.directory / file_name(base)
 
     def _cut(self, found: dict[int, int], at: int, reason: str) -> dict[int, int]:
         """Delete the files from queue offset ``at`` on (a hole below the end); return the rest.
@@ -232,18 +241,38 @@ class ConsumeQueue:
         Recovery rebuilds what they held from the commit log: the queue is then
         shorter than the checkpoint vouched for, or the entries cut lie after it.
         """
-        doomed = sorted(base for base in found if base >= at)
+        self._rebuild_from(at, sorted(base for base in found if base >= at), reason)
+        return {base: size for base, size in found.items() if base < at}
+
+    def _empty_from(self, at: int, reason: str) -> None:
+        """Empty every slot from queue offset ``at`` on (a hole inside a file), as `_cut` does files."""
+        base = at - at % self.per_file
+        mapped = self._files[base]
+
+        def empty() -> None:
+            mapped[(at - base) * ENTRY.size :] = bytes((base + self.per_file - at) * ENTRY.size)
+            flush_mapped(self._path(base), mapped)
+
+        doomed = sorted(later for later in self._files if later > base)
+        for later in doomed:
+            self._files.pop(later).close()
+        self._rebuild_from(base, doomed, reason, empty)
+
+    def _rebuild_from(self, base: int, doomed: list[int], reason: str,
+                      cut: Callable[[], None] = lambda: None) -> None:
+        """Log that the queue is rebuilt from the file at ``base`` (`store.queue_rebuilt`), ``cut``
+        it, and delete the files ``doomed``, durably; recovery refills it all from the log."""
         log.warning("store.queue_rebuilt", topic=self.topic, queue=self.queue,
-                    file=str(self._path(at)), reason=reason,
-                    dropped=[self._path(base).name for base in doomed])
+                    file=str(self._path(base)), reason=reason,
+                    dropped=[self._path(doomed_base).name for doomed_base in doomed])
         try:
-            for base in doomed:
-                self._path(base).unlink()
+            cut()
+            for doomed_base in doomed:
+                self._path(doomed_base).unlink()
             fsync_directory(self.directory)
         except OSError as exc:
             raise CorruptStoreError(f"consume queue {self.topic}/{self.queue}: {reason}, and its "
                                     f"files cannot be rebuilt: {exc}") from exc
-        return {base: size for base, size in found.items() if base < at}
 
     def _map(self, path: Path) -> mmap.mmap:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -271,31 +300,3 @@ class ConsumeQueue:
         return base + low
 
 
-def _name(base: int) -> str:
-    """The name of the queue file whose first entry is queue offset ``base``."""
-    return f"{base:020d}{SUFFIX}"
-
-
-def _entries_per_file(found: dict[int, int], default: int) -> int:
-    """Entries per file as the files on disk were made, whatever the config says now.
-
-    The most common whole size among them wins; on a tie the larger (damage
-    cuts files short more often than it grows them).
-    """
-    counts = Counter(size // ENTRY.size for size in found.values() if size and not size % ENTRY.size)
-    return max(counts, key=lambda entries: (counts[entries], entries)) if counts else default
-
-
-def _first_damage(found: dict[int, int], per_file: int) -> tuple[int, str] | None:
-    """The first queue offset where the files (first queue offset: size) stop being a contiguous
-    run of whole files, and why; None if they are one. The last file may be short (a torn tail)."""
-    for base in sorted(found):
-        if base % per_file:
-            return base, f"{_name(base)} does not begin at a multiple of {per_file} entries"
-    whole = per_file * ENTRY.size
-    for base in range(min(found, default=0), max(found, default=0), per_file):
-        if base not in found:
-            return base, f"{_name(base)} is missing"
-        if found[base] != whole:
-            return base, f"{_name(base)} is {found[base]} bytes, not {whole}"
-    return None

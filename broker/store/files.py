@@ -7,6 +7,13 @@ import os
 import sys
 from pathlib import Path
 
+import structlog
+
+log = structlog.get_logger("broker.store")
+
+NAME_DIGITS = 20
+"""A store file is named by the offset it begins at, in this many digits, then its suffix."""
+
 
 def fsync_directory(path: Path) -> None:
     """Make the creation, renaming or removal of entries in ``path`` durable."""
@@ -50,3 +57,28 @@ def flush_mapped(path: Path, mapped: mmap.mmap) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def numbered_files(directory: Path, suffix: str) -> dict[int, Path]:
+    """The store's files in ``directory`` with ``suffix``, by the offset their names give.
+
+    A file with the suffix but another name (``notes.cq``, ``16.cq``) is not the
+    store's: it is never read as one, nor deleted, only named in a warning
+    (`store.stray_file_ignored`). What the files are derived from (the commit log)
+    rebuilds whatever such a file would have held.
+    """
+    found: dict[int, Path] = {}
+    for path in sorted(directory.glob("*" + suffix)):
+        offset = named_offset(path, suffix)
+        if offset is not None:
+            found[offset] = path
+        else:
+            log.warning("store.stray_file_ignored", file=str(path),
+                        expected=f"{NAME_DIGITS} digits (the offset it begins at) then {suffix}")
+    return found
+
+
+def named_offset(path: Path, suffix: str) -> int | None:
+    """The offset a store file's name gives (None: ``path`` is not named as the store names files)."""
+    digits = path.name[: -len(suffix)] if path.name.endswith(suffix) else ""
+    return int(digits) if len(digits) == NAME_DIGITS and digits.isascii() and digits.isdigit() else None

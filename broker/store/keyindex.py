@@ -11,7 +11,8 @@ Files are named by the log offset of their first entry; a full file is sealed
 Index files are derived from the log: a file found damaged on open (a size or
 header that does not add up, a break in the chain of log offsets from one file
 to the next) is deleted with every later one, logged (`store.index_rebuilt`),
-and recovery re-indexes that part of the log.
+and recovery re-indexes that part of the log. A lost first file is found by
+recovery (`recovery._lost_starts`), which then re-indexes the whole log.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import structlog
 from crc32c import crc32c
 
 from broker.errors import CorruptStoreError
-from broker.store.files import flush_mapped, fsync_directory
+from broker.store.files import flush_mapped, fsync_directory, named_offset, numbered_files
 
 log = structlog.get_logger("broker.store")
 
@@ -232,9 +233,9 @@ class KeyIndex:
         self.capacity = capacity
         directory.mkdir(parents=True, exist_ok=True)
         self.files: list[IndexFile] = []
-        for path in sorted(directory.glob("*" + SUFFIX)):
+        for begin, path in sorted(numbered_files(directory, SUFFIX).items()):
             try:
-                self.files.append(IndexFile(path, int(path.name[: -len(SUFFIX)])))
+                self.files.append(IndexFile(path, begin))
             except CorruptStoreError as exc:
                 self._rebuild_from(len(self.files), path, str(exc))
                 break
@@ -274,6 +275,11 @@ class KeyIndex:
         self.files = self.files[:position]
         fsync_directory(self.directory)
 
+    def rebuild_all(self, reason: str) -> None:
+        """Delete every index file, logged (`store.index_rebuilt`): recovery re-indexes the whole log."""
+        if self.files:
+            self._rebuild_from(0, self.files[0].path, reason)
+
     def drop_below(self, log_min: int) -> int:
         """Delete sealed files that only index records below ``log_min``; return how many."""
         keep = [f for f in self.files if not (f.sealed and f.end_log_offset <= log_min)]
@@ -303,7 +309,8 @@ class KeyIndex:
     def _rebuild_from(self, position: int, damaged: Path, reason: str) -> None:
         """Delete ``damaged`` (file ``position``) and every later file: recovery re-indexes them
         from the commit log, from where the files kept end."""
-        doomed = sorted(p for p in self.directory.glob("*" + SUFFIX) if p.name >= damaged.name)
+        doomed = sorted(p for p in self.directory.glob("*" + SUFFIX)
+                        if named_offset(p, SUFFIX) is not None and p.name >= damaged.name)
         log.warning("store.index_rebuilt", file=str(damaged), reason=reason,
                     dropped=[p.name for p in doomed])
         for index_file in self.files[position:]:

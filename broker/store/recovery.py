@@ -13,7 +13,8 @@ Consume queues and index files are derived from the log, so damage to them is
 repaired, never fatal: a queue whose files have a hole below its end, and an
 index file whose size or header does not add up, are cut back when opened
 (`ConsumeQueue`, `KeyIndex`); what was cut is then behind the checkpoint or
-after it, and is rebuilt here like any other lost part.
+after it, and is rebuilt here like any other lost part. A lost *first* file is
+found here: the log still holds what it held (`_lost_starts`).
 """
 
 from __future__ import annotations
@@ -69,7 +70,10 @@ def recover(
     dispatched = max(checkpoint.dispatched, log_min) if checkpoint else log_min
     if dispatched > log_end:
         dispatched = commit_log.locate(log_end - 1).base if log_end > log_min else log_min
-    behind = _behind(queues, checkpoint)
+    lost_queues, index_lost = _lost_starts(commit_log, queues, index, config)
+    behind = _behind(queues, checkpoint) | lost_queues
+    if index_lost is not None:
+        index.rebuild_all(index_lost)
     report.rebuilt_queues = sorted(f"{topic}/{queue}" for topic, queue in behind)
     index_from = _keep_index(index, crashed and not same_boot, log_end, log_min)
     start = min(dispatched, index_from, log_min if behind else log_end)
@@ -156,6 +160,57 @@ def _replay(
                 hashes, offsets, sizes, times = pending
     index.add_many(*pending)
     return replayed
+
+
+def _lost_starts(
+    commit_log: CommitLog, queues: QueueTable, index: KeyIndex, config: StoreConfig
+) -> tuple[set[tuple[str, int]], str | None]:
+    """Queues whose first file is lost, and why the index's first file is (None: it is not).
+
+    Retention removes a queue's first file only when every entry in it points
+    below the log's start, and an index file only when it indexes nothing at or
+    above it. So a record the log still holds, of a queue offset below the
+    queue's first file, or that the index would hold, before its first file
+    begins, proves a lost first file. Only the log before each suspect's first
+    entry is read (nothing, on the usual open).
+    """
+    log_min = commit_log.min_offset
+    suspects = _suspect_queues(queues, log_min)
+    index_begin = index.files[0].begin_log_offset if index.files else log_min
+    end = max([index_begin, *(first_at for _, first_at in suspects.values())])
+    lost: set[tuple[str, int]] = set()
+    index_lost: str | None = None
+    if end <= log_min:
+        return lost, index_lost
+    frames = scan.frames(commit_log, log_min, config.max_record_size, config.read_chunk, lambda *_: None)
+    for log_offset, data, position, fields in frames:
+        if log_offset >= end or (not suspects and (index_lost or log_offset >= index_begin)):
+            break
+        _, _, queue, queue_offset, _, _, tl, il, kl, _, _, _ = fields
+        p = position + codec.FRAME_MIN
+        # the queue's earliest record in the log answers for it
+        consume_queue, _ = suspects.pop((data[p : p + tl], queue), (None, 0))
+        if consume_queue is not None and queue_offset < consume_queue.min_file_offset:
+            consume_queue.lost_start(queue_offset, log_offset)
+            lost.add((consume_queue.topic, queue))
+        if index_lost is None and log_offset < index_begin and (
+            kl or offset_in_id(data[p + tl : p + tl + il]) != log_offset  # see _replay
+        ):
+            index_lost = (f"the log holds a record to index at log offset {log_offset}, before the "
+                          f"first index file begins ({index_begin})")
+    return lost, index_lost
+
+
+def _suspect_queues(queues: QueueTable, log_min: int) -> dict[tuple[bytes, int], tuple[ConsumeQueue, int]]:
+    """Queues, by (topic, queue), whose first file begins above queue offset 0 with an entry above
+    ``log_min``; with the log offset of that entry (an earlier file lost would show before it)."""
+    suspects: dict[tuple[bytes, int], tuple[ConsumeQueue, int]] = {}
+    for consume_queue in queues:
+        first = consume_queue.min_file_offset
+        entry = consume_queue.get(first, 1) or consume_queue.get(consume_queue.first_offset(log_min), 1)
+        if first and entry and entry[0].log_offset > log_min:
+            suspects[(consume_queue.topic.encode(), consume_queue.queue)] = (consume_queue, entry[0].log_offset)
+    return suspects
 
 
 def _behind(queues: QueueTable, checkpoint: Checkpoint | None) -> set[tuple[str, int]]:

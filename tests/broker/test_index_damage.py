@@ -60,6 +60,15 @@ def read_queue(store: MessageStore, queue: int) -> Iterator[object]:
         offset = batch[-1].queue_offset + 1
 
 
+def assert_queue_whole(store: MessageStore, placed: list[AppendResult], queue: int) -> None:
+    """orders/<queue> holds every message placed there, unchanged, and takes the next one after them."""
+    assert [(m.message_id, m.body) for m in read_queue(store, queue)] == [  # type: ignore[attr-defined]
+        (p.message_id, record_for(p.message_id).body) for p in placed if p.queue == queue]
+    assert store.max_offset("orders", queue) == sum(1 for p in placed if p.queue == queue)
+    [added] = store.append([record_for("new", "orders", queue)])
+    assert store.read("orders", queue, added.queue_offset - 1, 2)[-1].message_id == "new"
+
+
 @pytest.mark.parametrize("skip_corrupt", [False, True])
 def test_consume_queue_bit_flips_never_return_a_wrong_message(
     built: tuple[Path, list[AppendResult]], tmp_path: Path, skip_corrupt: bool
@@ -207,7 +216,6 @@ INDEX_DAMAGE = {
 
 @pytest.mark.parametrize(("damage", "victim_at"), [
     (damage, victim_at) for damage in INDEX_DAMAGE for victim_at in (0, 1, -1)
-    if (damage, victim_at) != ("lost", 0)  # nothing tells a lost first file from a log with no keys there
 ])
 def test_a_damaged_index_file_is_rebuilt_from_the_log(
     built: tuple[Path, list[AppendResult]], tmp_path: Path, damage: str, victim_at: int
@@ -227,6 +235,8 @@ def test_a_damaged_index_file_is_rebuilt_from_the_log(
     if damage != "lost":
         assert [(entry["file"], victim.name in entry["dropped"]) for entry in rebuilt] == [(str(victim), True)]
         assert rebuilt[0]["reason"]
+    elif victim_at == 0:  # the log holds keys from its first record on: the first file is missing
+        assert len(rebuilt) == 1 and "before the first index file" in rebuilt[0]["reason"], rebuilt
     elif victim_at != -1:  # the file before the lost one no longer chains to the next
         assert len(rebuilt) == 1 and f"ends at log offset {int(victim.stem)}," in rebuilt[0]["reason"]
 
@@ -254,13 +264,13 @@ QUEUE_DAMAGE = {
 @pytest.mark.parametrize("crashed", [False, True])
 @pytest.mark.parametrize(("damage", "victim_at"), [
     (damage, victim_at) for damage in QUEUE_DAMAGE for victim_at in (0, 1)
-    if (damage, victim_at) != ("lost", 0)  # nothing tells a lost first file from one retention removed
 ])
 def test_a_damaged_consume_queue_file_below_the_end_is_rebuilt(
     built: tuple[Path, list[AppendResult]], tmp_path: Path, damage: str, victim_at: int, crashed: bool
 ) -> None:
-    """The first or a middle queue file lost, of the wrong size or misnamed: the queue is cut there,
-    logged, and rebuilt from the log; every message comes back unchanged and appends go on."""
+    """The first or a middle queue file lost, of the wrong size or misnamed: the queue is cut there
+    (a lost first file: the log still holds the queue offsets it held), logged, and rebuilt from the
+    log; every message comes back unchanged and appends go on."""
     base, placed = built
     work = fresh_copy(base, tmp_path / "work")
     victim = sorted((work / "consumequeue" / "orders" / "1").glob("*.cq"))[victim_at]
@@ -268,16 +278,67 @@ def test_a_damaged_consume_queue_file_below_the_end_is_rebuilt(
     if crashed:
         (work / MARKER).write_text("another boot")
     with capture_logs() as logs, MessageStore(work, small_config()) as store:
-        assert [(m.message_id, m.body) for m in read_queue(store, 1)] == [  # type: ignore[attr-defined]
-            (p.message_id, record_for(p.message_id).body) for p in placed if p.queue == 1]
-        assert store.max_offset("orders", 1) == sum(1 for p in placed if p.queue == 1)
         assert store.recovery.rebuilt_queues == ["orders/1"]
-        [added] = store.append([record_for("new", "orders", 1)])
-        assert store.read("orders", 1, added.queue_offset - 1, 2)[-1].message_id == "new"
+        assert_queue_whole(store, placed, 1)
     [cut] = [entry for entry in logs if entry["event"] == "store.queue_rebuilt"]
     named = victim.with_name(f"{int(victim.stem) + 3:020d}.cq") if damage.startswith("renamed") else victim
     assert (cut["topic"], cut["queue"], cut["file"]) == ("orders", 1, str(named)), cut
     assert cut["reason"] and (named.name in cut["dropped"] or damage == "lost")
+
+
+ZEROED = {  # queue offsets of orders/1 whose entries are zeroed: (queue files of 16 entries, 40 entries)
+    "a middle file": range(19, 22),
+    "the last file, one entry": range(33, 34),
+    "the last file, a run": range(34, 37),
+}
+
+
+@pytest.mark.parametrize("crashed", [False, True])
+@pytest.mark.parametrize("zeroed", ZEROED)
+def test_zeroed_entries_below_the_end_of_a_consume_queue_are_rebuilt(
+    built: tuple[Path, list[AppendResult]], tmp_path: Path, zeroed: str, crashed: bool
+) -> None:
+    """Entries zeroed with entries after them (pages a machine crash never wrote, a disk's damage):
+    the queue is cut at the first, logged, and rebuilt from the log; no read stops at the hole."""
+    base, placed = built
+    work = fresh_copy(base, tmp_path / "work")
+    files = sorted((work / "consumequeue" / "orders" / "1").glob("*.cq"))
+    victim = next(path for path in reversed(files) if int(path.stem) <= ZEROED[zeroed][0])
+    with open(victim, "r+b") as damaged:
+        damaged.seek((ZEROED[zeroed][0] - int(victim.stem)) * 16)
+        damaged.write(bytes(16 * len(ZEROED[zeroed])))
+        os.fsync(damaged.fileno())
+    if crashed:
+        (work / MARKER).write_text("another boot")
+    with capture_logs() as logs, MessageStore(work, small_config()) as store:
+        assert_queue_whole(store, placed, 1)
+    [cut] = [entry for entry in logs if entry["event"] == "store.queue_rebuilt"]
+    assert (cut["topic"], cut["queue"], cut["file"]) == ("orders", 1, str(victim)), cut
+    assert f"entry {ZEROED[zeroed][0]} is empty" in cut["reason"]
+
+
+def test_stray_files_in_queue_and_index_folders_are_named_and_left_alone(
+    built: tuple[Path, list[AppendResult]], tmp_path: Path
+) -> None:
+    """A file with a store file's suffix but not a store file's name (20 digits) is never read as
+    one, never deleted, and named in a warning; the store opens and serves every message."""
+    base, placed = built
+    work = fresh_copy(base, tmp_path / "work")
+    strays = [work / "consumequeue" / "orders" / "1" / "notes.cq", work / "consumequeue" / "orders" / "1" / "16.cq",
+              work / "index" / "x.idx", work / "index" / "backup-00000000000000000000.idx"]
+    for stray in strays:
+        stray.write_bytes(b"an operator's file")
+    with capture_logs() as logs, MessageStore(work, small_config()) as store:
+        assert [m.message_id for m in read_queue(store, 1)] == [  # type: ignore[attr-defined]
+            p.message_id for p in placed if p.queue == 1]
+        for placed_record in placed:
+            name = placed_record.message_id
+            assert [m.message_id for m in store.lookup_key("orders", f"key-{name}", 0, 2e9)] == [name]
+    assert all(stray.read_bytes() == b"an operator's file" for stray in strays)
+    ignored = [entry for entry in logs if entry["event"] == "store.stray_file_ignored"]
+    assert sorted(entry["file"] for entry in ignored) == sorted(map(str, strays))
+    assert all("20 digits" in entry["expected"] for entry in ignored)
+    assert not [entry for entry in logs if entry["event"] in ("store.queue_rebuilt", "store.index_rebuilt")]
 
 
 def test_a_hole_after_the_checkpoint_is_refilled_by_the_replay(

@@ -1,0 +1,87 @@
+"""The layout of consume-queue files, and what an open checks of them.
+
+A queue file holds ``per_file`` entries of 16 bytes (log offset, size, tag hash;
+a zero size marks an empty slot) and is named by the queue offset of its first
+entry (`file_name`). `ConsumeQueue` cuts a queue at the first place these checks
+name, and recovery refills it from the commit log.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import sys
+from collections import Counter
+from collections.abc import Mapping
+
+from broker.store.files import NAME_DIGITS
+
+ENTRY = struct.Struct("<QII")
+SUFFIX = ".cq"
+
+
+def columns(packed: bytes) -> tuple[list[int], list[int]]:
+    """The log offsets and sizes of packed entries (machine words when the machine is little endian)."""
+    if sys.byteorder == "little":
+        words = memoryview(packed)
+        return words.cast("Q").tolist()[::2], words.cast("I").tolist()[2::4]
+    found, lengths, _ = zip(*ENTRY.iter_unpack(packed))
+    return list(found), list(lengths)
+
+
+def sizes(packed: bytes) -> list[int]:
+    """The sizes of packed entries (0: an empty slot)."""
+    if sys.byteorder == "little":
+        return memoryview(packed).cast("I")[2::4].tolist()
+    return [size for _, size, _ in ENTRY.iter_unpack(packed)]
+
+
+def file_name(base: int) -> str:
+    """The name of the queue file whose first entry is queue offset ``base``."""
+    return f"{base:0{NAME_DIGITS}d}{SUFFIX}"
+
+
+def per_file_on_disk(found: dict[int, int], default: int) -> int:
+    """Entries per file as the files on disk were made, whatever the config says now.
+
+    The most common whole size among them wins; on a tie the larger (damage
+    cuts files short more often than it grows them).
+    """
+    counts = Counter(size // ENTRY.size for size in found.values() if size and not size % ENTRY.size)
+    return max(counts, key=lambda entries: (counts[entries], entries)) if counts else default
+
+
+def first_damage(found: dict[int, int], per_file: int) -> tuple[int, str] | None:
+    """The first queue offset where the files (first queue offset: size) stop being a contiguous
+    run of whole files, and why; None if they are one. The last file may be short (a torn tail)."""
+    for base in sorted(found):
+        if base % per_file:
+            return base, f"{file_name(base)} does not begin at a multiple of {per_file} entries"
+    whole = per_file * ENTRY.size
+    for base in range(min(found, default=0), max(found, default=0), per_file):
+        if base not in found:
+            return base, f"{file_name(base)} is missing"
+        if found[base] != whole:
+            return base, f"{file_name(base)} is {found[base]} bytes, not {whole}"
+    return None
+
+
+def first_hole(files: Mapping[int, mmap.mmap], per_file: int) -> tuple[int, str] | None:
+    """The first empty slot with entries after it (zeroed entries), and why; None if there is none.
+
+    Empty slots before the queue's first entry are no hole: a queue rebuilt
+    after retention begins in the middle of its first file.
+    """
+    started, last = False, max(files, default=0)
+    for base in sorted(files):
+        packed = files[base][:]
+        first = 0
+        if not started:
+            first = (len(packed) - len(packed.lstrip(b"\0"))) // ENTRY.size
+            started = first < per_file
+        lengths = sizes(packed)
+        empty = lengths.index(0, first) if 0 in lengths[first:] else None
+        if empty is not None and started and (base != last or any(lengths[empty:])):
+            return base + empty, f"entry {base + empty} is empty, yet entries follow it (zeroed entries)"
+    return None
+
