@@ -21,7 +21,7 @@ from storetools import read_all, record_for, small_config
 from structlog.testing import capture_logs
 
 from broker.errors import CorruptRecordError, CorruptStoreError
-from broker.store import AppendResult, MessageStore
+from broker.store import AppendResult, FakeClock, MessageStore, Record
 from broker.store.checkpoint import MARKER
 from broker.store.keyindex import HEADER
 
@@ -339,6 +339,28 @@ def test_stray_files_in_queue_and_index_folders_are_named_and_left_alone(
     assert sorted(entry["file"] for entry in ignored) == sorted(map(str, strays))
     assert all("20 digits" in entry["expected"] for entry in ignored)
     assert not [entry for entry in logs if entry["event"] in ("store.queue_rebuilt", "store.index_rebuilt")]
+
+
+def test_first_files_retention_removed_or_never_made_are_not_taken_for_lost(tmp_path: Path) -> None:
+    """What retention removed (queue and index files below the log) and an index whose first file
+    begins after records with no key and a store-made id: reopened, nothing is rebuilt."""
+    clock = FakeClock()
+    config = small_config(clock=clock, retention=60, queue_file_entries=4, index_entries=8)
+    path = tmp_path / "store"
+    with MessageStore(path, config) as store:
+        store.append([Record("orders", i % 2, b"no key, no id") for i in range(30)])
+        store.append([record_for(f"old{i}", "orders", i % 2) for i in range(50)])
+        clock.advance(120)
+        store.append([record_for(f"new{i}", "orders", i % 2) for i in range(10)])
+    with capture_logs() as reopened, MessageStore(path, config) as store:
+        assert int(sorted((path / "index").glob("*.idx"))[0].stem) > 0  # begins at the first key
+        store.clean()  # retention: segments, then queue and index files below the log
+    assert min(int(p.stem) for p in (path / "consumequeue" / "orders" / "0").glob("*.cq")) > 0
+    with capture_logs() as cleaned, MessageStore(path, config) as store:
+        assert store.recovery.rebuilt_queues == []
+        assert {f"new{i}" for i in range(10)} <= {m.message_id for m in read_all(store)}
+    rebuilt = [e for e in reopened + cleaned if e["event"] in ("store.queue_rebuilt", "store.index_rebuilt")]
+    assert not rebuilt
 
 
 def test_a_hole_after_the_checkpoint_is_refilled_by_the_replay(
