@@ -21,8 +21,12 @@ consume+ack per second, 256-byte bodies, each client batching as it allows,
                     the last (the consumer's ack policy is "all")
 
 The load average is printed before and after: on a busy machine compare runs of the same minute.
+For this broker's rows the CPU time of consume+ack is printed too, in µs per message, for the
+server process (from /proc) and for the client: on a shared machine steadier than the rates.
+``--only-broker`` runs this broker's rows alone; ``--consume-only R`` fills one server and
+measures the sync client's consume+ack alone, R times (a fresh group each time).
 
-    python -m benchmarks.broker_vs_peers [--messages N]
+    python -m benchmarks.broker_vs_peers [--messages N] [--only-broker] [--consume-only R]
 """
 
 from __future__ import annotations
@@ -62,9 +66,37 @@ def timed(count: int, run) -> float:  # type: ignore[no-untyped-def]
     return count / (time.perf_counter() - began)
 
 
+class Server:
+    """A broker server process: its address, and the CPU seconds it has used so far."""
+
+    def __init__(self, address: str, pid: int) -> None:
+        self.address = address
+        self.pid = pid
+
+    def cpu(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+class CpuPerMessage:
+    """The CPU time of a consume+ack, server and client, in µs per message."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.began = (server.cpu(), time.process_time())
+
+    def done(self, name: str, count: int) -> None:
+        server, client = self.server.cpu() - self.began[0], time.process_time() - self.began[1]
+        CPU_NOTES.append(f"{name}: consume+ack CPU per message: server {server / count * 1e6:.2f} µs, "
+                         f"client {client / count * 1e6:.2f} µs")
+
+
+CPU_NOTES: list[str] = []
+
+
 @contextmanager
-def broker_server() -> Iterator[str]:
-    """A broker server process (``flush = "sync"``) on a fresh directory; its address."""
+def broker_server() -> Iterator[Server]:
+    """A broker server process (``flush = "sync"``) on a fresh directory."""
     with tempfile.TemporaryDirectory() as folder:
         log = Path(folder) / "server.log"
         with open(log, "w") as out:
@@ -74,7 +106,7 @@ def broker_server() -> Iterator[str]:
         try:
             while not (found := re.findall(r"native_port=(\d+)", log.read_text())):
                 time.sleep(0.05)
-            yield f"127.0.0.1:{found[0]}"
+            yield Server(f"127.0.0.1:{found[0]}", server.pid)
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait()
@@ -82,8 +114,8 @@ def broker_server() -> Iterator[str]:
 
 def reliable_broker(count: int) -> tuple[float, float]:
     """The sync client, one request at a time: publish 500, fetch 500 then ack them."""
-    with broker_server() as address:
-        client = Client(address)
+    with broker_server() as server:
+        client = Client(server.address)
         batch = [OutgoingMessage(BODY) for _ in range(BATCH)]
         produce = timed(count, lambda: [client.publish("bench", batch) for _ in range(count // BATCH)])
         member = client.join("g", ["bench"], prefetch=1000)
@@ -95,16 +127,40 @@ def reliable_broker(count: int) -> tuple[float, float]:
                 client.ack(member, [d.receipt for d in deliveries])
                 done += len(deliveries)
 
+        cpu = CpuPerMessage(server)
         consumed = timed(count, consume)
+        cpu.done("reliable broker", count)
         client.close()
         return produce, consumed
+
+
+def consume_only(count: int, rounds: int) -> None:
+    """The sync client's consume+ack, ``rounds`` times over one filled server."""
+    with broker_server() as server:
+        client = Client(server.address)
+        batch = [OutgoingMessage(BODY) for _ in range(BATCH)]
+        for _ in range(count // BATCH):
+            client.publish("bench", batch)
+        for number in range(rounds):
+            member = client.join(f"g{number}", ["bench"], prefetch=1000)
+            cpu = CpuPerMessage(server)
+            began, done = time.perf_counter(), 0
+            while done < count:
+                deliveries = client.fetch(member, BATCH, 1.0)
+                client.ack(member, [d.receipt for d in deliveries])
+                done += len(deliveries)
+            print(f"consume+ack {count / (time.perf_counter() - began):>10,.0f} msg/s")
+            cpu.done("  ", count)
+            print(CPU_NOTES.pop())
+            client.leave(member)
+        client.close()
 
 
 def reliable_broker_pipelined(count: int) -> tuple[float, float]:
     """The asyncio client: 4 publishes of 500 in flight; 2 fetches of 500 in flight, each batch's ack
     sent as it arrives."""
-    async def run(address: str) -> tuple[float, float]:
-        async with AsyncClient(address) as client:
+    async def run(server: Server) -> tuple[float, float]:
+        async with AsyncClient(server.address) as client:
             batch = [OutgoingMessage(BODY) for _ in range(BATCH)]
             in_flight = asyncio.Semaphore(4)
 
@@ -116,6 +172,7 @@ def reliable_broker_pipelined(count: int) -> tuple[float, float]:
             await asyncio.gather(*(publish() for _ in range(count // BATCH)))
             produce = count / (time.perf_counter() - began)
             member = await client.join("g", ["bench"], prefetch=2000)
+            cpu = CpuPerMessage(server)
             began, done, acks = time.perf_counter(), 0, []
             fetches: deque[asyncio.Task[list[Delivery]]] = deque()
             while done < count:
@@ -125,10 +182,12 @@ def reliable_broker_pipelined(count: int) -> tuple[float, float]:
                 acks.append(asyncio.create_task(client.ack(member, [d.receipt for d in deliveries])))
                 done += len(deliveries)
             await asyncio.gather(*acks, *fetches)
-            return produce, count / (time.perf_counter() - began)
+            consumed = count / (time.perf_counter() - began)
+            cpu.done("reliable broker pipelined", count)
+            return produce, consumed
 
-    with broker_server() as address:
-        return asyncio.run(run(address))
+    with broker_server() as server:
+        return asyncio.run(run(server))
 
 
 def rabbitmq(count: int) -> tuple[float, float]:
@@ -244,7 +303,15 @@ def jetstream(count: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=20_000)
-    count = parser.parse_args().messages // BATCH * BATCH
+    parser.add_argument("--only-broker", action="store_true", help="this broker's rows alone")
+    parser.add_argument("--consume-only", type=int, default=0, metavar="ROUNDS")
+    arguments = parser.parse_args()
+    count = arguments.messages // BATCH * BATCH
+    if arguments.consume_only:
+        print(f"{count} messages of 256 bytes, load average {load()}")
+        consume_only(count, arguments.consume_only)
+        print(f"load average {load()}")
+        return
     print(f"{count} messages of 256 bytes, load average {load()}\n")
     print(f"{'':<26}{'produce':>10}{'consume+ack':>14}   msg/s")
     results = {}
@@ -252,11 +319,14 @@ def main() -> None:
                       ("reliable broker pipelined", reliable_broker_pipelined), ("RabbitMQ", rabbitmq),
                       ("RabbitMQ, confirms", rabbitmq_confirms),
                       ("Redis Streams", redis_streams), ("NATS JetStream", jetstream)):
+        if arguments.only_broker and not name.startswith("reliable"):
+            continue
         results[name] = run(count)
         produced, consumed = results[name]
         print(f"{name:<26}{produced:>10,.0f}{'—' if math.isnan(consumed) else f'{consumed:,.0f}':>14}")
+    print("\n".join(CPU_NOTES))
     ours = results["reliable broker pipelined"]
-    for peer in ("Redis Streams", "RabbitMQ"):
+    for peer in ("Redis Streams", "RabbitMQ") if not arguments.only_broker else ():
         theirs = results[peer]
         print(f"reliable broker pipelined / {peer}: produce {ours[0] / theirs[0]:.2f}x, "
               f"consume+ack {ours[1] / theirs[1]:.2f}x")

@@ -24,7 +24,7 @@ import structlog
 
 from broker.delivery.cursor import DELIVER_AT_HEADER, Lease, QueueCursor
 from broker.delivery.group import Group, Member, dlq_topic, retry_topic
-from broker.delivery.values import Delivery, deliveries
+from broker.delivery.values import NO_DELIVERIES, Delivery, DeliveryColumns, joined
 from broker.store import Record, StoredBatch
 from broker.store.record import NO_HEADERS
 
@@ -42,33 +42,52 @@ _lease_of, _receipt_of = itemgetter(0), itemgetter(1)  # of what `_valid` gives
 
 
 def fetch(broker: Broker, member: str, max_messages: int, timeout: float) -> list[Delivery]:
+    parts = _fetch(broker, member, max_messages, timeout)
+    return parts[0].deliveries() if len(parts) == 1 else [d for part in parts for d in part.deliveries()]
+
+
+def fetch_columns(broker: Broker, member: str, max_messages: int, timeout: float) -> DeliveryColumns:
+    """`fetch`, column by column: no `Delivery` made per message (what the server sends)."""
+    return joined(_fetch(broker, member, max_messages, timeout))
+
+
+def fetch_columns_now(broker: Broker, member: str, max_messages: int) -> DeliveryColumns | None:
+    """`fetch_columns` without waiting, for a caller that must not block (the server's event
+    loop): what is there now, or None if another thread holds the engine's lock."""
+    if not broker.lock.acquire(blocking=False):
+        return None
+    try:
+        return joined(_take_now(broker, member, max_messages))
+    finally:
+        broker.lock.release()
+
+
+def _fetch(broker: Broker, member: str, max_messages: int, timeout: float) -> list[DeliveryColumns]:
     deadline = time.monotonic() + max(0.0, timeout)
     with broker.lock:
         while True:
-            found = broker.member(member)
-            now = broker.clock.time()
-            _sweep(broker, now)
-            if found.ident not in broker.members:  # it was itself swept out
-                found = broker.member(member)
-            taken = _take(broker, found, max_messages, now)
+            taken = _take_now(broker, member, max_messages)
             left = deadline - time.monotonic()
             if taken or left <= 0:
                 return taken
             broker.lock.wait(min(left, IDLE_WAIT))
 
+
 def ack(broker: Broker, member: str, receipts: Sequence[str]) -> None:
     with broker.lock:
-        broker.member(member)
-        leases = list(map(broker.receipts.pop, receipts, repeat(None)))  # a repeat or a stale one: None
-        start = 0
-        for lease, run in groupby(leases):  # the receipts of one fetch of one queue lie together
-            stop = start + len(list(run))
-            if lease is not None:
-                done = lease.cursor.finish_leased(lease, receipts[start:stop])
-                if not lease.delivered and lease.member in broker.held_count:
-                    broker.held_count[lease.member] -= done
-            start = stop
-        broker.lock.notify_all()
+        _ack(broker, member, receipts)
+
+
+def ack_now(broker: Broker, member: str, receipts: Sequence[str]) -> bool:
+    """`ack` unless another thread holds the engine's lock (then False, and nothing is done)."""
+    if not broker.lock.acquire(blocking=False):
+        return False
+    try:
+        _ack(broker, member, receipts)
+        return True
+    finally:
+        broker.lock.release()
+
 
 def delivered(broker: Broker, member: str, receipts: Sequence[str]) -> None:
     with broker.lock:
@@ -119,6 +138,29 @@ def dead_letter(broker: Broker, member: str, receipts: Sequence[str], reason: st
 
 # -- inside the lock ----------------------------------------------------------
 
+def _take_now(broker: Broker, member: str, max_messages: int) -> list[DeliveryColumns]:
+    found = broker.member(member)
+    now = broker.clock.time()
+    _sweep(broker, now)
+    if found.ident not in broker.members:  # it was itself swept out
+        found = broker.member(member)
+    return _take(broker, found, max_messages, now)
+
+
+def _ack(broker: Broker, member: str, receipts: Sequence[str]) -> None:
+    broker.member(member)
+    leases = list(map(broker.receipts.pop, receipts, repeat(None)))  # a repeat or a stale one: None
+    start = 0
+    for lease, run in groupby(leases):  # the receipts of one fetch of one queue lie together
+        stop = start + len(list(run))
+        if lease is not None:
+            done = lease.cursor.finish_leased(lease, receipts[start:stop])
+            if not lease.delivered and lease.member in broker.held_count:
+                broker.held_count[lease.member] -= done
+        start = stop
+    broker.lock.notify_all()
+
+
 def _move(broker: Broker, copies: list[tuple[QueueCursor, int, Record]]) -> None:
     """Append the copies, then finish their originals (a crash between: delivered again)."""
     if copies:
@@ -141,7 +183,7 @@ def _valid(broker: Broker, receipts: Sequence[str]) -> list[tuple[Lease, str]]:
 
 def _messages(broker: Broker, receipts: Sequence[str]) -> list[tuple[QueueCursor, Delivery]]:
     """The held deliveries ``receipts`` name, with their cursors (see `_valid`)."""
-    return [(lease.cursor, lease.cursor.held[lease.offsets[receipt]]) for lease, receipt in _valid(broker, receipts)]
+    return [(lease.cursor, lease.cursor.delivery(lease.offsets[receipt])) for lease, receipt in _valid(broker, receipts)]
 
 def finish(broker: Broker, cursor: QueueCursor, offset: int) -> None:
     _uncount(broker, cursor.lease_of(offset))
@@ -171,10 +213,11 @@ def _sweep(broker: Broker, now: float) -> None:
                               queue=cursor.queue, offset=offset, member=lease.member)
                     release(broker, cursor, offset)
 
-def _take(broker: Broker, member: Member, max_messages: int, now: float) -> list[Delivery]:
+def _take(broker: Broker, member: Member, max_messages: int, now: float) -> list[DeliveryColumns]:
+    """What ``member`` is handed now, one part per queue read (and per queue's messages ready again)."""
     group = broker.group_table[member.group]
     room = min(max_messages, member.prefetch - broker.held_count[member.ident])
-    taken: list[Delivery] = []
+    taken = _Taken()
     for cursor in group.cursors_of(member):
         if len(taken) >= room:
             break
@@ -186,18 +229,35 @@ def _take(broker: Broker, member: Member, max_messages: int, now: float) -> list
             continue
         if cursor.ready:
             again = [cursor.ready.pop(offset) for offset in sorted(cursor.ready)[: room - len(taken)]]
-            taken += _hand_again(broker, member, cursor, again, now)
+            taken.add(_hand_again(broker, member, cursor, again, now))
         while len(taken) < room and _read(broker, group, member, cursor, room - len(taken), now, taken):
             pass
-    return taken
+    return taken.parts
+
+
+class _Taken:
+    """The parts a fetch hands out, and how many deliveries they hold."""
+
+    def __init__(self) -> None:
+        self.parts: list[DeliveryColumns] = []
+        self.count = 0
+
+    def add(self, part: DeliveryColumns) -> None:
+        if part.count:
+            self.parts.append(part)
+            self.count += part.count
+
+    def __len__(self) -> int:
+        return self.count
+
 
 def _take_in_order(broker: Broker, group: Group, member: Member, cursor: QueueCursor, now: float,
-                   taken: list[Delivery]) -> None:
+                   taken: _Taken) -> None:
     """Ordered: the queue's next message only when nothing of it is held or waiting."""
     if cursor.held or cursor.parked:
         return
     if cursor.ready:
-        taken += _hand_again(broker, member, cursor, [cursor.ready.pop(min(cursor.ready))], now)
+        taken.add(_hand_again(broker, member, cursor, [cursor.ready.pop(min(cursor.ready))], now))
         return
     before = len(taken)
     while len(taken) == before and _read(broker, group, member, cursor, 1, now, taken):
@@ -205,7 +265,7 @@ def _take_in_order(broker: Broker, group: Group, member: Member, cursor: QueueCu
 
 
 def _read(broker: Broker, group: Group, member: Member, cursor: QueueCursor, count: int,
-          now: float, taken: list[Delivery]) -> bool:
+          now: float, taken: _Taken) -> bool:
     """Read up to ``count`` new messages of ``cursor``'s queue; False when there are none."""
     batch = broker.store.read_batch(cursor.topic, cursor.queue, cursor.next,
                                     max_count=min(count, broker.config.read_batch))
@@ -220,7 +280,7 @@ def _read(broker: Broker, group: Group, member: Member, cursor: QueueCursor, cou
     cursor.next = offsets[-1] + 1
     if member.tags is not None or batch.headers.count(NO_HEADERS) != len(offsets):
         batch = _sort_out(member, cursor, batch, now)
-    taken += _hand_new(broker, member, cursor, batch, now)
+    taken.add(_hand_new(broker, member, cursor, batch, now))
     return True
 
 
@@ -257,12 +317,12 @@ def _kept(column: Sequence[T], keep: list[bool]) -> list[T]:
 
 
 def _hand_new(broker: Broker, member: Member, cursor: QueueCursor, batch: StoredBatch,
-              now: float) -> list[Delivery]:
+              now: float) -> DeliveryColumns:
     """Deliver ``batch`` (read from the store) to ``member``: one lease, one receipt each."""
     offsets, attempts = list(batch.queue_offsets), batch.attempts  # one int per offset, shared by every table
     count = len(offsets)
     if not count:
-        return []
+        return NO_DELIVERIES
     receipts = broker.receipt_names(count)
     same: dict[str, Any] = {"topic": cursor.topic, "queue": cursor.queue}
     columns: dict[str, Sequence[Any]] = {"receipt": receipts, "offset": offsets,
@@ -278,20 +338,20 @@ def _hand_new(broker: Broker, member: Member, cursor: QueueCursor, batch: Stored
         same["delivery_count"] = attempts[0] + 1
     else:
         columns["delivery_count"] = list(map((1).__add__, attempts))
-    handed = deliveries(count, same, columns)
+    handed = DeliveryColumns(count, same, columns)
     cursor.hold(handed, offsets, receipts, Lease(cursor, member.ident, now + member.lease))
     broker.held_count[member.ident] += count
     return handed
 
 
 def _hand_again(broker: Broker, member: Member, cursor: QueueCursor, messages: list[Delivery],
-                now: float) -> list[Delivery]:
+                now: float) -> DeliveryColumns:
     """Deliver again what a lease, a nack or a schedule put back (ready): a new receipt each."""
     receipts = broker.receipt_names(len(messages))
-    handed = [replace(m, receipt=receipt, delivery_count=m.delivery_count + 1)
-              for m, receipt in zip(messages, receipts)]
-    cursor.hold(handed, [d.offset for d in handed], receipts, Lease(cursor, member.ident, now + member.lease))
-    broker.held_count[member.ident] += len(handed)
+    handed = DeliveryColumns.of([replace(m, receipt=receipt, delivery_count=m.delivery_count + 1)
+                                 for m, receipt in zip(messages, receipts)])
+    cursor.hold(handed, [m.offset for m in messages], receipts, Lease(cursor, member.ident, now + member.lease))
+    broker.held_count[member.ident] += handed.count
     return handed
 
 

@@ -10,7 +10,9 @@ What a fetch takes from one queue is out under one `Lease` (member, deadline,
 the receipts and offsets it covers), and the broker's receipt table (one for
 all cursors, kept here in step with ``held``) names each receipt's lease: so
 an ack of a whole fetch is two dictionary look-ups per receipt and a range
-per queue, and holding a message allocates nothing but its delivery.
+per queue. A held message is kept as its row of the fetch's columns (`Held`),
+one tuple: its `Delivery` is made only if it is nacked, dead-lettered or
+released, never for the server, which sends the columns as they are.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from itertools import repeat
 from operator import add
 from typing import Any
 
-from broker.delivery.values import Delivery
+from broker.delivery.values import Delivery, DeliveryColumns
 
 DELIVER_AT_HEADER = "x-deliver-at"
 """Seconds since the epoch before which a message is not delivered (scheduled, or a delayed retry)."""
@@ -43,7 +45,22 @@ class Lease:
 
 
 Receipts = dict[str, Lease]
-"""The lease of every held delivery of a broker, by receipt."""
+
+
+Held = tuple[Any, ...]
+"""A delivery out under a lease, as one tuple: its row of the fetch's columns (the receipt first),
+then the shape of those columns (`Shape`); its `Delivery` is made only when needed (`delivery_of`)."""
+Shape = tuple[dict[str, Any], tuple[str, ...]]
+"""The fields the same for every delivery of a fetch, and the names of the fields of its rows."""
+
+
+def receipt_of(held: Held) -> str:
+    return held[0]  # type: ignore[no-any-return]  # the row starts with the receipt
+
+
+def delivery_of(held: Held) -> Delivery:
+    same, names = held[-1]
+    return Delivery(**same, **dict(zip(names, held)))
 
 
 class ReceiptNames:
@@ -79,7 +96,7 @@ class QueueCursor:
         self.queue = queue
         self.committed = committed
         self.next = committed  # the next offset to read from the store
-        self.held: dict[int, Delivery] = {}  # offset -> its delivery, out under a lease
+        self.held: dict[int, Held] = {}  # offset -> its delivery, out under a lease
         self.leases: dict[Lease, None] = {}  # the leases something of this queue is out under
         self.done: set[int] = set()
         self.ready: dict[int, Delivery] = {}  # offset -> its last delivery (count: deliveries so far)
@@ -95,13 +112,21 @@ class QueueCursor:
         return {lease.member for lease in self.leases}
 
     def lease_of(self, offset: int) -> Lease | None:
-        delivery = self.held.get(offset)
-        return self.receipts[delivery.receipt] if delivery is not None else None
+        held = self.held.get(offset)
+        return self.receipts[receipt_of(held)] if held is not None else None
 
-    def hold(self, deliveries: Sequence[Delivery], offsets: Sequence[int], receipts: Sequence[str],
+    def delivery(self, offset: int) -> Delivery:
+        """The held delivery at ``offset``."""
+        return delivery_of(self.held[offset])
+
+    def hold(self, handed: DeliveryColumns, offsets: Sequence[int], receipts: Sequence[str],
              lease: Lease) -> None:
-        """``deliveries`` (at ``offsets``, named by ``receipts``) are out under ``lease``."""
-        self.held.update(zip(offsets, deliveries))
+        """The deliveries ``handed`` (at ``offsets``, named by ``receipts``) are out under ``lease``."""
+        names = tuple(handed.columns)
+        if names[0] != "receipt":
+            raise ValueError(f"held deliveries' columns start with the receipt, not {names[0]!r}")
+        shape: Shape = (dict(handed.same), names)
+        self.held.update(zip(offsets, zip(*handed.columns.values(), repeat(shape))))
         lease.offsets.update(zip(receipts, offsets))
         self.receipts.update(zip(receipts, repeat(lease)))
         self.leases[lease] = None
@@ -116,9 +141,9 @@ class QueueCursor:
     def finish(self, offset: int) -> None:
         """``offset`` is done (acked, dead-lettered, filtered out); the committed offset moves
         past every done offset in a row."""
-        delivery = self.held.pop(offset, None)
-        if delivery is not None:
-            self._let_go(delivery.receipt)
+        held = self.held.pop(offset, None)
+        if held is not None:
+            self._let_go(receipt_of(held))
         self.ready.pop(offset, None)
         if offset >= self.committed:
             self.done.add(offset)
@@ -145,10 +170,10 @@ class QueueCursor:
 
     def release(self, offset: int) -> None:
         """A held message goes back to be delivered again (its lease ended, its queue moved)."""
-        delivery = self.held.pop(offset, None)
-        if delivery is not None:
-            self._let_go(delivery.receipt)
-            self.ready[offset] = delivery
+        held = self.held.pop(offset, None)
+        if held is not None:
+            self._let_go(receipt_of(held))
+            self.ready[offset] = delivery_of(held)
 
     def _let_go(self, receipt: str) -> int:
         """``receipt`` leaves the receipt table and its lease; its offset."""

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import repeat
-from operator import setitem
+from operator import itemgetter, setitem
 from typing import Any, TypeVar
 
 
@@ -87,6 +87,58 @@ def many(kind: type[T], count: int, same: Mapping[str, Any], columns: Mapping[st
 def deliveries(count: int, same: Mapping[str, Any], columns: Mapping[str, Sequence[Any]]) -> list[Delivery]:
     """``count`` deliveries (see `many`)."""
     return many(Delivery, count, same, columns)
+
+
+DELIVERY_FIELDS = tuple(spec.name for spec in fields(Delivery))
+
+
+@dataclass(frozen=True)
+class DeliveryColumns:
+    """``count`` deliveries column by column, as a fetch reads them from the store: each field
+    either the same for all (``same``) or one sequence of ``count`` values (``columns``).
+
+    The server sends them so (the native protocol's table) without a `Delivery` per
+    message; `deliveries` makes the values for callers in process.
+    """
+
+    count: int
+    same: Mapping[str, Any]
+    columns: Mapping[str, Sequence[Any]]
+
+    def deliveries(self) -> list[Delivery]:
+        return many(Delivery, self.count, self.same, self.columns) if self.count else []
+
+    @classmethod
+    def of(cls, given: Sequence[Delivery]) -> DeliveryColumns:
+        """``given`` as columns, every field a column."""
+        if not given:
+            return NO_DELIVERIES
+        values = map(itemgetter(*DELIVERY_FIELDS), map(vars, given))  # a dataclass without slots
+        return cls(len(given), {}, dict(zip(DELIVERY_FIELDS, map(list, zip(*values)))))
+
+
+NO_DELIVERIES = DeliveryColumns(0, {}, {})
+
+
+def joined(parts: Sequence[DeliveryColumns]) -> DeliveryColumns:
+    """The deliveries of ``parts`` one after another, as one `DeliveryColumns`: a field the same
+    with one value in every part stays the same, any other becomes one column."""
+    parts = [part for part in parts if part.count]
+    if len(parts) <= 1:
+        return parts[0] if parts else NO_DELIVERIES
+    first = parts[0].same
+    same = {name: value for name, value in first.items()
+            if all(name in part.same and part.same[name] == value for part in parts[1:])}
+    columns: dict[str, list[Any]] = {}
+    for name in DELIVERY_FIELDS:
+        if name in same:
+            continue
+        column: list[Any] = []
+        for part in parts:
+            found = part.columns.get(name)
+            column += found if found is not None else repeat(part.same[name], part.count)
+        columns[name] = column
+    return DeliveryColumns(sum(part.count for part in parts), same, columns)
 
 
 @dataclass(frozen=True)

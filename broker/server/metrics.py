@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
 from operator import attrgetter
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from broker.delivery.values import Delivery
+from broker.delivery.values import Delivery, DeliveryColumns
 
 _topic, _body, _delivery_count = attrgetter("topic"), attrgetter("body"), attrgetter("delivery_count")
 _FIRST_DELIVERY = 1
@@ -71,6 +72,29 @@ class ServerMetrics:
             self.delivered.labels(topic).inc(len(given))
             self.bytes_out.labels(topic).inc(sum(map(len, map(_body, given))))
             if again := sum(map(_FIRST_DELIVERY.__lt__, map(_delivery_count, given))):
+                self.redelivered.labels(topic).inc(again)
+
+    def count_columns(self, taken: DeliveryColumns) -> None:
+        """`count_deliveries` of a fetch taken column by column."""
+        if not taken.count:
+            return
+        per_topic: dict[str, Sequence[int]] = {}
+        if "topic" in taken.same:
+            per_topic[taken.same["topic"]] = range(taken.count)
+        else:
+            for topic in set(taken.columns["topic"]):
+                per_topic[topic] = [i for i, t in enumerate(taken.columns["topic"]) if t == topic]
+        bodies = taken.columns["body"] if "body" in taken.columns else repeat(taken.same["body"], taken.count)
+        body_sizes = list(map(len, bodies))
+        counts = taken.columns.get("delivery_count")
+        for topic, rows in per_topic.items():
+            self.delivered.labels(topic).inc(len(rows))
+            self.bytes_out.labels(topic).inc(sum(map(body_sizes.__getitem__, rows)))
+            if counts is not None:
+                again = sum(map(_FIRST_DELIVERY.__lt__, map(counts.__getitem__, rows)))
+            else:
+                again = len(rows) if taken.same["delivery_count"] > _FIRST_DELIVERY else 0
+            if again:
                 self.redelivered.labels(topic).inc(again)
 
     def totals(self) -> dict[str, float]:  # int where the value is whole

@@ -12,7 +12,7 @@ from typing import Any
 
 from broker.errors import UnknownMemberError
 from broker.server.auth import Principal
-from broker.server.engine import Delivery, Engine, Placement
+from broker.server.engine import Delivery, DeliveryColumns, Engine, Placement
 from broker.server.errors import MalformedFrameError
 from broker.server.metrics import ServerMetrics
 from broker.server.native_tables import (
@@ -20,6 +20,7 @@ from broker.server.native_tables import (
     PLACEMENT_FIELDS,
     Table,
     checked_messages,
+    column_table,
     table,
 )
 
@@ -78,6 +79,10 @@ def delivery_table(deliveries: Sequence[Delivery]) -> Table:
     return table(deliveries, DELIVERY_FIELDS)
 
 
+def columns_table(taken: DeliveryColumns) -> Table:
+    return column_table(taken.count, taken.same, taken.columns)
+
+
 def placements_reply(placements: list[Placement]) -> Reply:
     return {"placements": table(placements, PLACEMENT_FIELDS)}
 
@@ -125,9 +130,9 @@ async def fetch(ctx: Context, request: Mapping[str, Any]) -> Reply:
     timeout = need(request, "fetch", "timeout", (int, float), 0.0)
     if count < 1 or timeout < 0:
         raise MalformedFrameError(f"fetch: max_messages {count} must be >= 1, timeout {timeout} >= 0")
-    deliveries = await ctx.engine.fetch(member, count, min(float(timeout), ctx.max_fetch_wait))
-    ctx.metrics.count_deliveries(deliveries)
-    return {"messages": delivery_table(deliveries)}
+    taken = await ctx.engine.fetch_columns(member, count, min(float(timeout), ctx.max_fetch_wait))
+    ctx.metrics.count_columns(taken)
+    return {"messages": columns_table(taken)}
 
 
 async def nack(ctx: Context, request: Mapping[str, Any]) -> Reply:

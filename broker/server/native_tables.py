@@ -49,6 +49,22 @@ def table(rows: Sequence[Any], names: Sequence[str]) -> Table:
     return {"count": count, "same": same, "columns": columns}
 
 
+def column_table(count: int, same: Mapping[str, Any], columns: Mapping[str, Sequence[Any]]) -> Table:
+    """Values already column by column (a fetch's `DeliveryColumns`) as a table: a column whose
+    values are all equal moves to ``same`` (except the fields of `_OWN`), headers become plain
+    dicts for msgpack."""
+    carried_same = {name: dict(value) if name == "headers" else value for name, value in same.items()}
+    carried: dict[str, Sequence[Any]] = {}
+    for name, column in columns.items():
+        if count and name not in _OWN and column.count(column[0]) == count:
+            carried_same[name] = dict(column[0]) if name == "headers" else column[0]
+        elif name == "headers" and set(map(type, column)) - {dict}:
+            carried[name] = list(map(dict, column))
+        else:
+            carried[name] = column
+    return {"count": count, "same": carried_same, "columns": carried}
+
+
 def rows(kind: type[T], carried: Any, where: str) -> list[T]:
     """The instances of the frozen dataclass ``kind`` that ``carried`` holds, fields left out at
     their defaults (built by `broker.delivery.values.many`, without an ``__init__`` per row); a

@@ -8,8 +8,16 @@ from dataclasses import replace
 
 import pytest
 
+from broker.delivery import consume
 from broker.delivery.engine import Broker
-from broker.delivery.values import Delivery, OutgoingMessage, Placement, deliveries
+from broker.delivery.values import (
+    Delivery,
+    DeliveryColumns,
+    OutgoingMessage,
+    Placement,
+    deliveries,
+    joined,
+)
 from broker.errors import DeliveryError
 from broker.store import FakeClock
 from tests.broker.delivery.conftest import Open, messages
@@ -18,8 +26,8 @@ from tests.broker.delivery.conftest import Open, messages
 def held(broker: Broker) -> dict[str, Delivery]:
     """What the cursors hold, by receipt (checked against the broker's receipt table)."""
     cursors = [c for g in broker.group_table.values() for c in g.all_cursors()]
-    found = {d.receipt: d for c in cursors for d in c.held.values()}
-    assert {r: lease.cursor.held[lease.offsets[r]] for r, lease in broker.receipts.items()} == found
+    found = {d.receipt: d for c in cursors for d in map(c.delivery, c.held)}
+    assert {r: lease.cursor.delivery(lease.offsets[r]) for r, lease in broker.receipts.items()} == found
     assert {(r, o) for c in cursors for lease in c.leases for r, o in lease.offsets.items()} == {
         (d.receipt, d.offset) for d in found.values()}
     return found
@@ -32,6 +40,19 @@ def test_many_deliveries_equal_the_constructor() -> None:
                        "published_at": [1.0, 2.0, 3.0]})
     assert made == [Delivery(r, "t", 1, o, i, b, "", "x", h, 1, p) for r, o, i, b, h, p in zip(
         "abc", (4, 5, 6), "ijk", (b"1", b"2", b"3"), ({}, {"h": "v"}, {}), (1.0, 2.0, 3.0))]
+
+
+def test_a_fetch_column_by_column_holds_what_a_fetch_of_deliveries_would(open_broker: Open) -> None:
+    broker = open_broker(queues=2, prefetch=100, read_batch=7)
+    broker.publish("orders", messages(20))
+    columns_member, deliveries_member = broker.join("a", ["orders"]), broker.join("b", ["orders"])
+    taken = consume.fetch_columns(broker, columns_member, 30, 0)
+    fetched = broker.fetch(deliveries_member, 30, 0)
+    assert taken.count == len(fetched) == 20
+    strip = {"receipt": ""}
+    assert [replace(d, **strip) for d in taken.deliveries()] == [replace(d, **strip) for d in fetched]
+    assert held(broker) == {d.receipt: d for d in (*taken.deliveries(), *fetched)}
+    assert joined([DeliveryColumns.of(fetched[:3]), DeliveryColumns.of(fetched[3:])]).deliveries() == fetched
 
 
 def test_acks_in_any_order_and_in_parts_finish_exactly_what_they_name(open_broker: Open) -> None:
