@@ -49,8 +49,8 @@ from backends.transport.base import (
     Transport,
     check_name,
     check_outgoing,
+    seconds,
 )
-from backends.transport.nats_transport import seconds
 from backends.types import OutgoingMessage
 
 PERSISTENT = 2

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Self
 
-from backends.errors import TransportError
+from backends.errors import ConfigurationError, TransportError
 from backends.types import Failure, Message, OutgoingMessage, QueueRef
 
 RETRY_PREFIX = "%RETRY%"
@@ -211,3 +211,14 @@ def check_outgoing(messages: Sequence[OutgoingMessage]) -> None:
             raise TransportError(f"message payload must be bytes, got {type(message.payload).__name__}")
         if message.delay < 0:
             raise TransportError(f"message delay {message.delay!r}: must be >= 0")
+
+
+def seconds(name: str, value: float | str) -> float:
+    """``value`` (a number, or its text from the URL) if positive, else a `ConfigurationError`."""
+    try:
+        number = float(value) if isinstance(value, str) else value
+    except ValueError:
+        number = 0.0
+    if isinstance(number, bool) or not isinstance(number, int | float) or not number > 0:
+        raise ConfigurationError(f"transport option {name}={value!r}: a positive number of seconds is required")
+    return float(number)

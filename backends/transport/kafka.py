@@ -32,13 +32,14 @@ from typing import Any
 import structlog
 
 from backends.clock import SYSTEM_CLOCK, Clock
-from backends.errors import ConfigurationError, TransportError
+from backends.errors import TransportError
 from backends.transport.base import (
     ORIGIN_TOPIC_HEADER,
     SubscribeOptions,
     Transport,
     check_name,
     check_outgoing,
+    seconds,
 )
 from backends.transport.kafka_client import Publisher, Record, Servers
 from backends.transport.kafka_layout import (
@@ -167,13 +168,3 @@ class KafkaTransport(Transport):
         if self._closed:
             raise TransportError("KafkaTransport is closed")
 
-
-def seconds(name: str, value: float | str) -> float:
-    """``value`` (a number, or its text from the URL) if positive, else a `ConfigurationError`."""
-    try:
-        number = float(value) if isinstance(value, str) else value
-    except ValueError:
-        number = 0.0
-    if isinstance(number, bool) or not isinstance(number, int | float) or not number > 0:
-        raise ConfigurationError(f"transport option {name}={value!r}: a positive number of seconds is required")
-    return float(number)

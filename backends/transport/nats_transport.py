@@ -36,6 +36,7 @@ from backends.transport.base import (
     Transport,
     check_name,
     check_outgoing,
+    seconds,
 )
 from backends.transport.nats_client import Connection, Servers
 from backends.transport.nats_layout import (
@@ -213,16 +214,6 @@ class NatsTransport(Transport):
         if self._closed:
             raise TransportError("NatsTransport is closed")
 
-
-def seconds(name: str, value: float | str) -> float:
-    """``value`` (a number, or its text from the URL) if positive, else a `ConfigurationError`."""
-    try:
-        number = float(value) if isinstance(value, str) else value
-    except ValueError:
-        number = 0.0
-    if isinstance(number, bool) or not isinstance(number, int | float) or not number > 0:
-        raise ConfigurationError(f"transport option {name}={value!r}: a positive number of seconds is required")
-    return float(number)
 
 
 def _replicas(value: int | str) -> int:
