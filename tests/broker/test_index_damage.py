@@ -23,7 +23,7 @@ from structlog.testing import capture_logs
 from broker.errors import CorruptRecordError, CorruptStoreError
 from broker.store import AppendResult, FakeClock, MessageStore, Record
 from broker.store.checkpoint import MARKER
-from broker.store.keyindex import HEADER
+from broker.store.indexfile import HEADER
 
 COUNT = 120
 QUEUES = 3
