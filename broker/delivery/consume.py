@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from itertools import compress, groupby, repeat
+from itertools import chain, compress, groupby, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -43,7 +43,7 @@ _lease_of, _receipt_of = itemgetter(0), itemgetter(1)  # of what `_valid` gives
 
 def fetch(broker: Broker, member: str, max_messages: int, timeout: float) -> list[Delivery]:
     parts = _fetch(broker, member, max_messages, timeout)
-    return parts[0].deliveries() if len(parts) == 1 else [d for part in parts for d in part.deliveries()]
+    return parts[0].deliveries() if len(parts) == 1 else list(chain.from_iterable(p.deliveries() for p in parts))
 
 
 def fetch_columns(broker: Broker, member: str, max_messages: int, timeout: float) -> DeliveryColumns:
@@ -326,10 +326,11 @@ def _hand_new(broker: Broker, member: Member, cursor: QueueCursor, batch: Stored
     receipts = broker.receipt_names(count)
     same: dict[str, Any] = {"topic": cursor.topic, "queue": cursor.queue}
     columns: dict[str, Sequence[Any]] = {"receipt": receipts, "offset": offsets,
-                                          "message_id": batch.message_ids, "body": batch.bodies,
-                                          "published_at": batch.store_times}
+                                          "message_id": batch.message_ids, "body": batch.bodies}
+    stored_at = batch.store_times  # one time per append: mostly one for the whole batch
     for name, column, empty in (("key", batch.keys, ""), ("tag", batch.tags, ""),
-                                ("headers", batch.headers, NO_HEADERS)):
+                                ("headers", batch.headers, NO_HEADERS),
+                                ("published_at", stored_at, stored_at[0])):
         if column.count(empty) == count:
             same[name] = empty
         else:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Sequence
-from itertools import repeat
 from operator import attrgetter
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -78,24 +78,21 @@ class ServerMetrics:
         """`count_deliveries` of a fetch taken column by column."""
         if not taken.count:
             return
-        per_topic: dict[str, Sequence[int]] = {}
-        if "topic" in taken.same:
-            per_topic[taken.same["topic"]] = range(taken.count)
-        else:
-            for topic in set(taken.columns["topic"]):
-                per_topic[topic] = [i for i, t in enumerate(taken.columns["topic"]) if t == topic]
-        bodies = taken.columns["body"] if "body" in taken.columns else repeat(taken.same["body"], taken.count)
-        body_sizes = list(map(len, bodies))
-        counts = taken.columns.get("delivery_count")
-        for topic, rows in per_topic.items():
-            self.delivered.labels(topic).inc(len(rows))
-            self.bytes_out.labels(topic).inc(sum(map(body_sizes.__getitem__, rows)))
-            if counts is not None:
-                again = sum(map(_FIRST_DELIVERY.__lt__, map(counts.__getitem__, rows)))
-            else:
-                again = len(rows) if taken.same["delivery_count"] > _FIRST_DELIVERY else 0
-            if again:
-                self.redelivered.labels(topic).inc(again)
+        if "topic" in taken.same:  # a fetch of one topic: no look at single rows
+            self._count(taken.same["topic"], taken.count, _column(taken, "body"),
+                        _column(taken, "delivery_count"))
+            return
+        topics, bodies = taken.columns["topic"], _column(taken, "body")
+        counts = _column(taken, "delivery_count")
+        for topic in set(topics):
+            rows = [index for index, named in enumerate(topics) if named == topic]
+            self._count(topic, len(rows), [bodies[i] for i in rows], [counts[i] for i in rows])
+
+    def _count(self, topic: str, count: int, bodies: Sequence[bytes], delivery_counts: Sequence[int]) -> None:
+        self.delivered.labels(topic).inc(count)
+        self.bytes_out.labels(topic).inc(sum(map(len, bodies)))
+        if again := sum(map(_FIRST_DELIVERY.__lt__, delivery_counts)):
+            self.redelivered.labels(topic).inc(again)
 
     def totals(self) -> dict[str, float]:  # int where the value is whole
         """Each counter and gauge summed over its labels (``reliable broker stats``)."""
@@ -124,3 +121,9 @@ class ServerMetrics:
             pass
         finally:
             writer.close()
+
+
+def _column(taken: DeliveryColumns, name: str) -> Sequence[Any]:
+    """The values of field ``name`` of every delivery of ``taken``."""
+    found = taken.columns.get(name)
+    return found if found is not None else [taken.same[name]] * taken.count

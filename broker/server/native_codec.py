@@ -68,22 +68,44 @@ class FrameDecoder:
         return len(self._buffer)
 
     def feed(self, data: bytes) -> list[bytes]:
-        """Add ``data``; return the payloads (body bytes) of every frame now complete."""
+        """Add ``data``; return the payloads (body bytes) of every frame now complete.
+
+        Frames that ``data`` holds whole are cut from it directly (one copy each); only a
+        frame split across chunks waits in the buffer, which is read once it is complete.
+        """
         if self._broken is not None:
             raise self._broken
-        self._buffer += data
+        source: bytes | memoryview = data
+        if self._buffer:
+            self._buffer += data
+            if not self._complete(self._buffer):
+                return []
+            source, self._buffer = memoryview(self._buffer), bytearray()  # the old one is only read now
         frames: list[bytes] = []
-        while len(self._buffer) >= PREFIX.size:
-            length, version = PREFIX.unpack_from(self._buffer)
+        position, size = 0, len(source)
+        while size - position >= PREFIX.size:
+            length, version = PREFIX.unpack_from(source, position)
             self._check(length, version)
-            end = 4 + length
-            if len(self._buffer) < end:
+            end = position + 4 + length
+            if size < end:
                 break
-            frames.append(bytes(self._buffer[PREFIX.size:end]))
-            del self._buffer[:end]
-        if len(self._buffer) >= 4 and len(self._buffer) < PREFIX.size:
-            self._check_length(struct.unpack_from(">I", self._buffer)[0])
+            frames.append(bytes(source[position + PREFIX.size:end]))  # a slice of bytes is bytes already
+            position = end
+        if position < size:
+            self._buffer += source[position:]
+            self._complete(self._buffer)  # a length prefix alone is checked already
         return frames
+
+    def _complete(self, buffer: bytearray) -> bool:
+        """Whether ``buffer`` holds its first frame whole (its length checked as soon as known)."""
+        if len(buffer) < 4:
+            return False
+        if len(buffer) < PREFIX.size:
+            self._check_length(struct.unpack_from(">I", buffer)[0])
+            return False
+        length, version = PREFIX.unpack_from(buffer)
+        self._check(length, version)
+        return len(buffer) >= 4 + length
 
     def _check(self, length: int, version: int) -> None:
         self._check_length(length)

@@ -34,8 +34,20 @@ MIXED = [  # ids of several lengths; the last one's frame ends before an id as l
     for n, (message_id, body) in enumerate([(b"message-7", b"body"), (b"id-8", b"\x00" * 9), (b"9", b"")])
 ]
 
+UNIFORM = [  # one size and one shape: a producer's batch, decoded by `decode_run`'s fast path
+    codec.encode(b"orders", 2, 7 + n, 1.5 + n, n, b"%024x" % n, b"", b"", b"", bytes([n]) * 64)
+    for n in range(4)
+]
+SAME_SIZE = [  # one size, several shapes: decoded the general way
+    codec.encode(b"orders", 2, 7, 1.5, 0, b"%024x" % 7, b"", b"", b"", b"b" * 40),
+    codec.encode(b"orders", 2, 8, 1.5, 0, b"%020x" % 8, b"", b"", b"", b"b" * 44),
+    codec.encode(b"orders", 2, 9, 1.5, 0, b"%024x" % 9, b"key", b"t", b"", b"b" * 36),
+]
+assert len({len(frame) for frame in UNIFORM}) == len({len(frame) for frame in SAME_SIZE}) == 1
 
-@pytest.mark.parametrize("frames", [FRAMES, FRAMES[:1], FRAMES[1:], PLAIN, MIXED, MIXED[1:]])
+
+@pytest.mark.parametrize("frames", [FRAMES, FRAMES[:1], FRAMES[1:], PLAIN, MIXED, MIXED[1:], UNIFORM,
+                                    SAME_SIZE])
 def test_a_run_decodes_as_the_codec_decodes_each_frame(frames: list[bytes]) -> None:
     data, starts, sizes = run_of(frames, gap=b"\xb7\xe5 another queue's record")
     first = codec.check(frames[0], 0, 1 << 20)[3]  # type: ignore[index]
@@ -51,7 +63,7 @@ def test_a_run_decodes_as_the_codec_decodes_each_frame(frames: list[bytes]) -> N
     assert decode_run(*run_of(frames), first, b"orders", 2) == run  # the data ends with the last frame
 
 
-@pytest.mark.parametrize("frames", [FRAMES, PLAIN, MIXED])
+@pytest.mark.parametrize("frames", [FRAMES, PLAIN, MIXED, UNIFORM, SAME_SIZE])
 def test_a_run_with_any_damaged_or_misplaced_record_is_refused_whole(frames: list[bytes]) -> None:
     data, starts, sizes = run_of(frames)
     assert decode_run(data, starts, sizes, 7, b"orders", 2) is not None
