@@ -19,17 +19,16 @@ from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
 
 from broker.delivery.cursor import DELIVER_AT_HEADER
-from broker.delivery.values import OutgoingMessage, Placement, many
+from broker.delivery.values import OutgoingMessage, Placement
 from broker.errors import DeliveryError
 from broker.store import AppendResult, Record
 
 if TYPE_CHECKING:
     from broker.delivery.engine import Broker
 
-_BODY, _MESSAGE_ID = attrgetter("body"), attrgetter("message_id")
 _OUTGOING = attrgetter("body", "key", "tag", "headers", "message_id", "queue", "deliver_at")
-_PLACE = itemgetter(1, 2, 4)  # of an `AppendResult`: queue, queue offset, message id
 _QUEUE = itemgetter(1)  # of a `Record`
+_new_object, _set_attribute = object.__new__, object.__setattr__
 _run: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of side effects in C
 
 
@@ -37,14 +36,19 @@ def append(broker: Broker, topic: str, messages: Sequence[OutgoingMessage], *,
            dedup: bool = True) -> list[Placement]:
     """Append to any topic (internal ones included); with ``dedup``, ids seen within the
     window are dropped (the first copy's placement comes back, marked duplicate)."""
-    if not all(map(isinstance, map(_BODY, messages), repeat(bytes))):
-        bad = next(m.body for m in messages if not isinstance(m.body, bytes))
+    if not messages:
+        return []
+    columns: list[Sequence[Any]] = list(zip(*map(_OUTGOING, messages)))
+    if not all(map(isinstance, columns[0], repeat(bytes))):
+        bad = next(body for body in columns[0] if not isinstance(body, bytes))
         raise DeliveryError(f"message body must be bytes, got {type(bad).__name__}")
-    named = dedup and any(map(_MESSAGE_ID, messages))
+    named = dedup and any(columns[4])
     placements: list[Placement | None] = [None] * len(messages)
     with broker.lock:
         fresh = _fresh(broker, topic, messages, placements) if named else range(len(messages))
-        records = _records(broker, topic, [messages[index] for index in fresh] if named else messages)
+        if len(fresh) < len(messages):
+            columns = [list(map(column.__getitem__, fresh)) for column in columns]
+        records = _records(broker, topic, columns) if fresh else []
     placed = _placements(topic, _timed_append(broker, topic, records) if records else [])
     with broker.lock:
         if named:
@@ -98,12 +102,10 @@ def _fresh(broker: Broker, topic: str, messages: Sequence[OutgoingMessage],
     return fresh
 
 
-def _records(broker: Broker, topic: str, messages: Sequence[OutgoingMessage]) -> list[Record]:
-    """The records of ``messages``, column by column, each in the queue the topic table
-    selects for it."""
-    if not messages:
-        return []
-    bodies, keys, tags, headers, message_ids, asked, due = zip(*map(_OUTGOING, messages))
+def _records(broker: Broker, topic: str, columns: Sequence[Sequence[Any]]) -> list[Record]:
+    """The records of the messages whose ``columns`` (body, key, tag, headers, message id,
+    queue asked for, deliver at) are given, each in the queue the topic table selects for it."""
+    bodies, keys, tags, headers, message_ids, asked, due = columns
     queues = broker.topic_table.select_many(topic, keys, asked)
     if any(due):
         headers = tuple({**h, DELIVER_AT_HEADER: repr(at)} if at else h for h, at in zip(headers, due))
@@ -127,9 +129,11 @@ def _seen(broker: Broker, topic: str, message_id: str) -> Placement | None:
 
 
 def _placements(topic: str, results: Sequence[AppendResult]) -> list[Placement]:
-    """Where the appended records went, one `Placement` each."""
-    if not results:
-        return []
-    queues, offsets, message_ids = zip(*map(_PLACE, results))
-    return many(Placement, len(results), {"topic": topic, "duplicate": False},
-                {"queue": queues, "offset": offsets, "message_id": message_ids})
+    """Where the appended records went, one `Placement` each, made as `values.many` makes
+    them (a frozen dataclass's ``__init__`` costs more than the rest of a publish), each
+    ``__dict__`` written out whole (test_publishing checks it has every field)."""
+    made = list(map(_new_object, repeat(Placement, len(results))))
+    _run(map(_set_attribute, made, repeat("__dict__"), [
+        {"topic": topic, "queue": queue, "offset": offset, "message_id": message_id,
+         "duplicate": False} for _, queue, offset, _, message_id, _ in results]))
+    return made

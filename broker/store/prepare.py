@@ -74,14 +74,13 @@ def prepare(records: Sequence[Record], max_record_size: int) -> Prepared:
         bad = next(a for a in attempts if type(a) is not int or not 0 <= a <= MAX_ATTEMPT)
         raise InvalidRecordError(f"attempt={bad!r} must be an integer 0..2**32-1")
     try:
-        keys_b, tags_b, ids_b = _encode(keys), _encode(tags), _encode(message_ids)
+        (keys_b, key_lengths), (tags_b, tag_lengths), (ids_b, id_lengths) = (
+            _encode(keys), _encode(tags), _encode(message_ids))
         headers_b = ([codec.encode_headers(h) if h else b"" for h in headers] if any(headers)
                      else [b""] * len(headers))
     except (AttributeError, TypeError, UnicodeEncodeError, ValueError) as exc:
         raise InvalidRecordError(f"record for {topics[0]}: bad key, tag, id or headers: {exc}") from exc
-    generated = not all(ids_b)
-    id_lengths = list(map(len, ids_b))
-    key_lengths, tag_lengths = list(map(len, keys_b)), list(map(len, tags_b))
+    generated = not all(id_lengths)
     if max(key_lengths) > MAX_FIELD or max(tag_lengths) > MAX_FIELD or max(id_lengths) > MAX_FIELD:
         raise InvalidRecordError(f"record for {topics[0]}: key, tag and message id must be at "
                                  f"most {MAX_FIELD} bytes")
@@ -89,15 +88,16 @@ def prepare(records: Sequence[Record], max_record_size: int) -> Prepared:
         id_lengths = [n or GENERATED_ID_LENGTH for n in id_lengths]
     topic_lengths = list(map(len, topics_b))
     header_lengths, body_lengths = list(map(len, headers_b)), list(map(len, bodies))
-    lengths = list(map(codec.HEADER.size.__add__, map(sum, zip(
-        topic_lengths, id_lengths, key_lengths, tag_lengths, header_lengths, body_lengths))))
+    lengths = _sums(codec.HEADER.size, topic_lengths, id_lengths, key_lengths, tag_lengths,
+                    header_lengths, body_lengths)
     sizes = list(map(codec.PREFIX.size.__add__, lengths))
     if max(sizes) > max_record_size:
         size, topic = next((s, t) for s, t in zip(sizes, topics) if s > max_record_size)
         raise RecordTooLargeError(f"record for {topic} is {size} bytes framed, above "
                                   f"max_record_size={max_record_size}")
-    keyed = list(map(bool, key_lengths))
-    named = list(map(bool, ids_b))
+    keyed = list(map(bool, key_lengths)) if any(key_lengths) else [False] * len(key_lengths)
+    named = ([True] * len(ids_b) if not generated
+             else list(map(bool, ids_b)) if any(ids_b) else [False] * len(ids_b))
     seeds = map({t: topic_seed(t) for t in set(topics_b)}.__getitem__, compress(topics_b, keyed))
     return Prepared(
         topics, queues, message_ids, attempts, topics_b, ids_b, keys_b, tags_b, headers_b,
@@ -112,12 +112,13 @@ def prepare(records: Sequence[Record], max_record_size: int) -> Prepared:
 def _topic_bytes(topics: tuple[str, ...], queues: tuple[int, ...]) -> list[bytes]:
     """The encoded topic of every record, after checking every topic and queue."""
     known = _topics.get
+    single = topics.count(topics[0]) == len(topics)  # the usual batch: one topic
     if (set(map(type, queues)) != {int} or min(queues) < 0 or max(queues) > MAX_FIELD
-            or None in map(known, topics)):
+            or (known(topics[0]) is None if single else None in map(known, topics))):
         for topic, queue in zip(topics, queues):
             check_place(topic, queue)
             _topics.setdefault(topic, topic.encode())
-    return list(map(_topics.__getitem__, topics))
+    return [_topics[topics[0]]] * len(topics) if single else list(map(_topics.__getitem__, topics))
 
 
 def _bodies(topics: tuple[str, ...], bodies: tuple[bytes, ...]) -> tuple[bytes, ...]:
@@ -137,6 +138,26 @@ def _all_in_range(values: tuple[int, ...], maximum: int) -> bool:
     return set(map(type, values)) == {int} and min(values) >= 0 and max(values) <= maximum
 
 
-def _encode(texts: tuple[str, ...]) -> list[bytes]:
-    """UTF-8 of every text (``TypeError`` if one is not a str)."""
-    return list(map(str.encode, texts))
+def _encode(texts: tuple[str, ...]) -> tuple[list[bytes], list[int]]:
+    """UTF-8 of every text and its length (``TypeError`` if one is not a str); a column of
+    empty texts (the usual keys, tags and ids) is answered without a pass per text."""
+    if texts.count("") == len(texts):
+        return [b""] * len(texts), [0] * len(texts)
+    encoded = list(map(str.encode, texts))
+    return encoded, list(map(len, encoded))
+
+
+def _sums(start: int, *columns: list[int]) -> list[int]:
+    """``start`` plus the sum of ``columns`` at every position; columns of one repeated value
+    (most of a batch's lengths) are added once, not per record."""
+    varying = []
+    for column in columns:
+        if column.count(column[0]) == len(column):
+            start += column[0]
+        else:
+            varying.append(column)
+    if not varying:
+        return [start] * len(columns[0])
+    if len(varying) == 1:
+        return list(map(start.__add__, varying[0]))
+    return list(map(start.__add__, map(sum, zip(*varying))))

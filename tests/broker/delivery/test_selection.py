@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 
 from backends.errors import ConfigurationError
+from backends.transport import open_transport
 from backends.transport.embedded import EmbeddedTransport
 from broker.delivery.config import DeliveryConfig
 from broker.delivery.engine import Broker
 from broker.delivery.selection import LatencyAware, LatencyTable, RoundRobin
 from broker.delivery.values import OutgoingMessage
+from broker.embedded import EmbeddedBroker
 from broker.errors import BrokerConfigError
 from broker.server.config import ServerConfig
 from broker.server.run import settings_table
@@ -153,9 +155,13 @@ def test_a_bad_selection_setting_is_named(settings: dict[str, object], named: st
 
 def test_the_embedded_transport_takes_selection_from_its_url(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="selection='fastest'"):
-        EmbeddedTransport(tmp_path / "broker", selection="fastest")
-    transport = EmbeddedTransport(tmp_path / "broker", selection="latency_aware")
-    transport.close()
+        open_transport(f"embedded://{tmp_path}/broker?selection=fastest")
+    transport = open_transport(f"embedded://{tmp_path}/broker?selection=latency_aware")
+    try:
+        assert isinstance(transport, EmbeddedTransport) and isinstance(transport.api, EmbeddedBroker)
+        assert isinstance(transport.api.engine.topic_table.selector, LatencyAware)
+    finally:
+        transport.close()
 
 
 def test_the_settings_file_names_a_bad_selection_and_the_server_takes_a_good_one(tmp_path: Path) -> None:
