@@ -24,3 +24,24 @@ def test_fetches_waiting_on_every_thread_do_not_hold_up_a_publish(tmp_path) -> N
         broker.close()
 
     asyncio.run(scenario())
+
+
+def test_a_fetch_that_finds_messages_and_its_ack_need_no_free_thread(tmp_path) -> None:
+    async def scenario() -> None:
+        broker = Broker(tmp_path / "broker")
+        engine = Engine(broker, threads=1, waiting_threads=1)
+        waiting = await engine.join("idle", ["quiet"])
+        long_poll = asyncio.create_task(engine.fetch(waiting, 10, 2.0))  # holds the one waiting thread
+        await asyncio.sleep(0)
+        broker.publish("busy", [OutgoingMessage(b"x"), OutgoingMessage(b"y")])
+        member = await engine.join("g", ["busy"])
+        taken = await asyncio.wait_for(engine.fetch_columns(member, 10, 2.0), 10)
+        assert sorted(d.body for d in taken.deliveries()) == [b"x", b"y"]
+        await asyncio.wait_for(engine.ack(member, list(taken.columns["receipt"])), 10)
+        assert broker.pending("g", ["busy"]) == 0
+        assert not long_poll.done()
+        assert await long_poll == []
+        engine.close()
+        broker.close()
+
+    asyncio.run(scenario())
