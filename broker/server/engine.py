@@ -8,9 +8,9 @@ never on the loop, so however many fetches wait, acks and publishes are not
 starved. A fetch that finds messages at once and an ack run on the loop
 itself when the engine's lock is free (they only compute, and under the GIL
 a thread would not run beside the loop anyway): two thread hand-offs fewer
-per batch consumed. When the lock is busy they go to the threads as well. When a connection ends,
-the server calls `Engine.leave` for each of its members, and the engine
-redelivers whatever they held unacknowledged.
+per batch consumed; when the lock is busy they go to the threads as well.
+When a connection ends, the server calls `Engine.leave` for each of its
+members, and the engine redelivers whatever they held unacknowledged.
 """
 
 from __future__ import annotations
