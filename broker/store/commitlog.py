@@ -13,7 +13,7 @@ import bisect
 from pathlib import Path
 
 from broker.errors import CorruptStoreError, StoreError
-from broker.store.files import fsync_directory
+from broker.store.files import NAME_DIGITS, fsync_directory, named_offset
 from broker.store.segment import SUFFIX, Segment, segment_name
 
 
@@ -26,8 +26,7 @@ class CommitLog:
         self.fsync_on_roll = fsync_on_roll
         directory.mkdir(parents=True, exist_ok=True)
         self.segments: list[Segment] = [
-            Segment(path, int(path.name[: -len(SUFFIX)]))
-            for path in sorted(directory.glob("*" + SUFFIX))
+            Segment(path, _base(path)) for path in sorted(directory.glob("*" + SUFFIX))
         ]
         if not self.segments:
             self.segments = [self._create(0)]
@@ -108,3 +107,18 @@ class CommitLog:
         segment = Segment(self.directory / segment_name(base), base)
         fsync_directory(self.directory)
         return segment
+
+
+def _base(path: Path) -> int:
+    """The log offset a segment's name gives; a misnamed segment stops the open.
+
+    Unlike a queue or index file, a segment is not derived from anything: skipping
+    one would lose its records, so the store refuses to open until it is renamed
+    or moved away.
+    """
+    base = named_offset(path, SUFFIX)
+    if base is None:
+        raise CorruptStoreError(
+            f"{path}: not a commit-log segment name (expected {NAME_DIGITS} digits, the log offset "
+            f"it begins at, then {SUFFIX}); rename or move the file away, nothing was changed")
+    return base

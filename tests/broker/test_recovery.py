@@ -174,6 +174,23 @@ def test_missing_middle_segment_is_a_hard_error(tmp_path: Path) -> None:
         MessageStore(tmp_path / "s", small_config())
 
 
+@pytest.mark.parametrize("name", ["notes.log", "16.log", "00000000000000000000-copy.log"])
+def test_a_misnamed_segment_is_a_hard_error_naming_it(tmp_path: Path, name: str) -> None:
+    """A segment is not derived from anything: a file in the log's folder that is not named as
+    the store names segments stops the open, named, and nothing stored changes."""
+    build(tmp_path / "s")
+    stray = tmp_path / "s" / "commitlog" / name
+    stray.write_bytes(b"an operator's file")
+    before = {path: path.read_bytes() for path in sorted((tmp_path / "s").rglob("*")) if path.is_file()}
+    with pytest.raises(CorruptStoreError, match=rf"{name}: not a commit-log segment name \(expected 20 digits"):
+        MessageStore(tmp_path / "s", small_config())
+    after = {path: path.read_bytes() for path in sorted((tmp_path / "s").rglob("*")) if path.is_file()}
+    assert after == before
+    stray.unlink()
+    with MessageStore(tmp_path / "s", small_config()) as store:
+        assert len(stored_ids(store)) == 60
+
+
 def test_unreadable_checkpoint_is_a_hard_error(tmp_path: Path) -> None:
     build(tmp_path / "s")
     (tmp_path / "s" / CHECKPOINT).write_text("{not json")
