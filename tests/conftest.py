@@ -109,8 +109,8 @@ def sqlite_url(tmp_path) -> Iterator[str]:
     yield f"sqlite:///{tmp_path / 'store.db'}"
 
 
-from tests.transports.test_kafka_suite import kafka_url  # noqa: E402, F401  (the kafka:// contract entry)
-from tests.transports.test_reliable_suite import reliable_server  # noqa: E402, F401  (reliable://)
+from tests.transports.kafka_place import kafka_url  # noqa: E402, F401  (the kafka:// contract entry)
+from tests.transports.reliable_place import reliable_server  # noqa: E402, F401  (reliable://)
 
 
 @pytest.fixture(autouse=True)

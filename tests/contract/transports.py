@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from tests.transports.test_amqp_suite import amqp
-from tests.transports.test_kafka_suite import kafka
-from tests.transports.test_nats_suite import nats
-from tests.transports.test_reliable_suite import reliable
+from tests.transports.amqp_place import amqp
+from tests.transports.kafka_place import kafka
+from tests.transports.nats_place import nats
+from tests.transports.reliable_place import reliable
 
 Place = tuple[str, dict[str, Any]]
 """A transport URL and the options `open_transport` gets for it."""

@@ -14,8 +14,8 @@ from confluent_kafka import Consumer, TopicPartition
 from backends.transport.kafka_mock import MockCluster
 from reliable import App
 from tests.transports.framework import DeadLetters, FrameworkSuite
+from tests.transports.kafka_place import SESSION_TIMEOUT
 from tests.transports.test_kafka import read_topic
-from tests.transports.test_kafka_suite import SESSION_TIMEOUT
 
 
 def committed_offsets(url: str, group: str, topic: str) -> dict[int, int]:

@@ -2,7 +2,7 @@
 
 For the contract suite (`tests/contract/transports.py`)::
 
-    from tests.transports.test_amqp_suite import amqp
+    from tests.transports.amqp_place import amqp
     TRANSPORTS = {..., "amqp": amqp}
 
 The suite's transport fixture calls ``purge()``, which deletes the test's queues and exchanges.

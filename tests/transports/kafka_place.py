@@ -2,12 +2,12 @@
 
 For the contract suite (`tests/contract/transports.py`)::
 
-    from tests.transports.test_kafka_suite import kafka
+    from tests.transports.kafka_place import kafka
     TRANSPORTS = {..., "kafka": kafka}
 
 and, so the cluster is shared by every test of the session, in ``tests/conftest.py``::
 
-    from tests.transports.test_kafka_suite import kafka_url  # noqa: F401  (a fixture)
+    from tests.transports.kafka_place import kafka_url  # noqa: F401  (a fixture)
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 For the contract suite (`tests/contract/transports.py`)::
 
-    from tests.transports.test_nats_suite import nats
+    from tests.transports.nats_place import nats
     TRANSPORTS = {..., "nats": nats}
 
 The suite's transport fixture calls ``purge()``, which deletes the test's streams.
