@@ -33,8 +33,10 @@ from broker.delivery.topics import Topics, check_name
 from broker.delivery.values import (
     Delivery,
     GroupInfo,
+    MessageColumns,
     OutgoingMessage,
     Placement,
+    PlacementColumns,
     QueueLag,
     TopicInfo,
 )
@@ -86,6 +88,11 @@ class Broker:
     def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
         check_name("topic", topic)
         return self.append(topic, messages)
+
+    def publish_columns(self, topic: str, messages: MessageColumns) -> PlacementColumns:
+        """`publish` column by column, as the server takes a publish's table (no object per message)."""
+        check_name("topic", topic)
+        return publishing.append_columns(self, topic, messages)
 
     def publish_to_group(self, group: str, topic: str,
                          messages: Sequence[OutgoingMessage]) -> list[Placement]:

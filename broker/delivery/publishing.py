@@ -13,55 +13,92 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
-from itertools import repeat
-from operator import attrgetter, itemgetter
+from itertools import compress, repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from broker.delivery.cursor import DELIVER_AT_HEADER
-from broker.delivery.values import OutgoingMessage, Placement
+from broker.delivery.values import (
+    MessageColumns,
+    OutgoingMessage,
+    Placement,
+    PlacementColumns,
+    many,
+)
 from broker.errors import DeliveryError
 from broker.store import AppendResult, Record
 
 if TYPE_CHECKING:
     from broker.delivery.engine import Broker
 
-_OUTGOING = attrgetter("body", "key", "tag", "headers", "message_id", "queue", "deliver_at")
 _QUEUE = itemgetter(1)  # of a `Record`
-_new_object, _set_attribute = object.__new__, object.__setattr__
+_PLACED = itemgetter(1, 2, 4)  # queue, offset, message id of an `AppendResult`
 _run: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of side effects in C
 
 
 def append(broker: Broker, topic: str, messages: Sequence[OutgoingMessage], *,
            dedup: bool = True) -> list[Placement]:
+    """`append_columns` for messages one by one, their placements one by one."""
+    return append_columns(broker, topic, MessageColumns.of(messages), dedup=dedup).placements()
+
+
+def append_columns(broker: Broker, topic: str, messages: MessageColumns, *,
+                   dedup: bool = True) -> PlacementColumns:
     """Append to any topic (internal ones included); with ``dedup``, ids seen within the
     window are dropped (the first copy's placement comes back, marked duplicate)."""
-    if not messages:
-        return []
-    columns: list[Sequence[Any]] = list(zip(*map(_OUTGOING, messages)))
-    if not all(map(isinstance, columns[0], repeat(bytes))):
-        bad = next(body for body in columns[0] if not isinstance(body, bytes))
+    count = messages.count
+    if not count:
+        return PlacementColumns(0, {}, {})
+    bodies, message_ids = messages.column("body"), messages.column("message_id")
+    if not all(map(isinstance, bodies, repeat(bytes))):
+        bad = next(body for body in bodies if not isinstance(body, bytes))
         raise DeliveryError(f"message body must be bytes, got {type(bad).__name__}")
-    named = dedup and any(columns[4])
-    placements: list[Placement | None] = [None] * len(messages)
+    named = dedup and any(message_ids)
     with broker.lock:
-        fresh = _fresh(broker, topic, messages, placements) if named else range(len(messages))
-        if len(fresh) < len(messages):
-            columns = [list(map(column.__getitem__, fresh)) for column in columns]
-        records = _records(broker, topic, columns) if fresh else []
-    placed = _placements(topic, _timed_append(broker, topic, records) if records else [])
+        fresh, copies = _fresh(broker, topic, message_ids) if named else (range(count), {})
+        records = _records(broker, topic, messages if not copies else messages.taken(fresh))
+    results = _timed_append(broker, topic, records) if records else []
+    queues, offsets, stored_ids = map(list, zip(*map(_PLACED, results))) if results else ([], [], [])
+    if named:
+        _remember(broker, topic, list(compress(zip(queues, offsets, stored_ids),
+                                               map(message_ids.__getitem__, fresh))))
+    else:
+        with broker.lock:
+            broker.lock.notify_all()
+    if not copies:
+        return PlacementColumns(count, {"topic": topic, "duplicate": False},
+                                {"queue": queues, "offset": offsets, "message_id": stored_ids})
+    return _with_copies(topic, message_ids, fresh, (queues, offsets, stored_ids), copies)
+
+
+def _remember(broker: Broker, topic: str, placed: list[tuple[int, int, str]]) -> None:
+    """Put the producer-given ids just appended in the de-duplication window (an id the store
+    made cannot be sent again) and wake the members waiting for messages."""
+    queues, offsets, message_ids = zip(*placed) if placed else ((), (), ())
+    made = many(Placement, len(placed), {"topic": topic, "duplicate": False},
+                {"queue": queues, "offset": offsets, "message_id": message_ids})
     with broker.lock:
-        if named:
-            for index, placement in zip(fresh, placed):
-                if messages[index].message_id:  # an id the store made cannot be sent again
-                    broker.dedup.add(placement)
+        _run(map(broker.dedup.add, made))
         broker.lock.notify_all()
-    if len(placed) == len(messages):
-        return placed
-    _run(map(placements.__setitem__, fresh, placed))
-    first = {m.message_id: p for m, p in zip(messages, placements) if p is not None}  # in-batch copies
-    return [p if p is not None else replace(first[m.message_id], duplicate=True)
-            for m, p in zip(messages, placements)]
+
+
+def _with_copies(topic: str, message_ids: Sequence[str], fresh: Sequence[int],
+                 appended: tuple[list[int], list[int], list[str]],
+                 copies: dict[int, Placement | None]) -> PlacementColumns:
+    """The placements of a batch some of whose messages were not appended: those of
+    ``fresh`` (at the places ``appended``), and each of ``copies`` marked duplicate at its
+    first copy's place (that of the window, else that of its first copy in the batch)."""
+    count = len(message_ids)
+    places: list[tuple[int, int, str]] = [(0, 0, "")] * count
+    _run(map(places.__setitem__, fresh, zip(*appended)))
+    first = {message_ids[index]: places[index] for index in fresh}
+    for index, seen in copies.items():
+        places[index] = (seen.queue, seen.offset, seen.message_id) if seen else first[message_ids[index]]
+    queues, offsets, stored_ids = map(list, zip(*places))
+    duplicates = [True] * count
+    _run(map(duplicates.__setitem__, fresh, repeat(False)))
+    return PlacementColumns(count, {"topic": topic}, {"queue": queues, "offset": offsets,
+                                                      "message_id": stored_ids, "duplicate": duplicates})
 
 
 def _timed_append(broker: Broker, topic: str, records: list[Record]) -> list[AppendResult]:
@@ -84,56 +121,49 @@ def _timed_append(broker: Broker, topic: str, records: list[Record]) -> list[App
     return results
 
 
-def _fresh(broker: Broker, topic: str, messages: Sequence[OutgoingMessage],
-           placements: list[Placement | None]) -> list[int]:
-    """Where in ``messages`` the ones to append are: not those whose id was seen within the
-    window (their first placement, marked duplicate, goes into ``placements``) or earlier in
-    the batch."""
-    fresh: list[int] = []
-    named: set[str] = set()
-    for index, message in enumerate(messages):
-        if message.message_id:
-            seen = _seen(broker, topic, message.message_id)
-            if seen is not None or message.message_id in named:
-                placements[index] = replace(seen, duplicate=True) if seen else None
-                continue
-            named.add(message.message_id)
-        fresh.append(index)
-    return fresh
-
-
-def _records(broker: Broker, topic: str, columns: Sequence[Sequence[Any]]) -> list[Record]:
-    """The records of the messages whose ``columns`` (body, key, tag, headers, message id,
-    queue asked for, deliver at) are given, each in the queue the topic table selects for it."""
-    bodies, keys, tags, headers, message_ids, asked, due = columns
-    queues = broker.topic_table.select_many(topic, keys, asked)
-    if any(due):
-        headers = tuple({**h, DELIVER_AT_HEADER: repr(at)} if at else h for h, at in zip(headers, due))
-    return list(map(tuple.__new__, repeat(Record), zip(
-        repeat(topic), queues, bodies, keys, tags, headers, message_ids, repeat(0))))
-
-
-def _seen(broker: Broker, topic: str, message_id: str) -> Placement | None:
-    """Where ``message_id`` went on ``topic`` if published within the window; the store's id
-    index answers until the in-memory window has covered a whole window since start (for
-    topics that had messages before the start: the others' ids are all in the window)."""
-    found = broker.dedup.get(topic, message_id)
+def _fresh(broker: Broker, topic: str,
+           message_ids: Sequence[str]) -> tuple[Sequence[int], dict[int, Placement | None]]:
+    """Where the messages to append are: not those whose id was seen within the window nor
+    earlier in the batch (the copies: the window's placement of each, None if in the batch)."""
+    found = list(map(broker.dedup.get, repeat(topic), message_ids))
     window = broker.config.dedup_window
-    if (found is None and broker.clock.time() - broker.started_at < window
-            and topic in broker.stored_before_start):
-        stored = broker.store.lookup_id(message_id)
-        if (stored is not None and stored.topic == topic
-                and broker.clock.time() - stored.store_time <= window):
-            found = Placement(stored.topic, stored.queue, stored.queue_offset, message_id)
-    return found
+    in_store = (topic in broker.stored_before_start  # the window may not cover all it should yet
+                and broker.clock.time() - broker.started_at < window)
+    if not in_store and found.count(None) == len(found) and len(set(message_ids)) == len(found):
+        return range(len(found)), {}  # the usual batch: new ids, each once
+    fresh: list[int] = []
+    copies: dict[int, Placement | None] = {}
+    named: set[str] = set()
+    for index, message_id in enumerate(message_ids):
+        if message_id:
+            seen = found[index] or (_stored(broker, topic, message_id) if in_store else None)
+            if seen is not None or message_id in named:
+                copies[index] = seen
+                continue
+            named.add(message_id)
+        fresh.append(index)
+    return fresh, copies
 
 
-def _placements(topic: str, results: Sequence[AppendResult]) -> list[Placement]:
-    """Where the appended records went, one `Placement` each, made as `values.many` makes
-    them (a frozen dataclass's ``__init__`` costs more than the rest of a publish), each
-    ``__dict__`` written out whole (test_publishing checks it has every field)."""
-    made = list(map(_new_object, repeat(Placement, len(results))))
-    _run(map(_set_attribute, made, repeat("__dict__"), [
-        {"topic": topic, "queue": queue, "offset": offset, "message_id": message_id,
-         "duplicate": False} for _, queue, offset, _, message_id, _ in results]))
-    return made
+def _records(broker: Broker, topic: str, messages: MessageColumns) -> list[Record]:
+    """The records of ``messages``, each in the queue the topic table selects for it."""
+    if not messages.count:
+        return []
+    keys, headers, due = messages.column("key"), messages.column("headers"), messages.column("deliver_at")
+    queues = broker.topic_table.select_many(topic, keys, messages.column("queue"))
+    if any(due):
+        headers = [{**h, DELIVER_AT_HEADER: repr(at)} if at else h for h, at in zip(headers, due)]
+    return list(map(tuple.__new__, repeat(Record), zip(
+        repeat(topic), queues, messages.column("body"), keys, messages.column("tag"), headers,
+        messages.column("message_id"), repeat(0))))
+
+
+def _stored(broker: Broker, topic: str, message_id: str) -> Placement | None:
+    """Where ``message_id`` went on ``topic`` within the window, by the store's id index (which
+    answers until the in-memory window has covered a whole window since start, for topics that
+    had messages before the start: the others' ids are all in the window)."""
+    stored = broker.store.lookup_id(message_id)
+    if (stored is not None and stored.topic == topic
+            and broker.clock.time() - stored.store_time <= broker.config.dedup_window):
+        return Placement(stored.topic, stored.queue, stored.queue_offset, message_id)
+    return None

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import repeat
 from operator import itemgetter, setitem
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 
 @dataclass(frozen=True)
@@ -90,55 +90,118 @@ def deliveries(count: int, same: Mapping[str, Any], columns: Mapping[str, Sequen
 
 
 DELIVERY_FIELDS = tuple(spec.name for spec in fields(Delivery))
+MESSAGE_FIELDS = tuple(spec.name for spec in fields(OutgoingMessage))
+PLACEMENT_FIELDS = tuple(spec.name for spec in fields(Placement))
+C = TypeVar("C", bound="Columns")
 
 
 @dataclass(frozen=True)
-class DeliveryColumns:
-    """``count`` deliveries column by column, as a fetch reads them from the store: each field
-    either the same for all (``same``) or one sequence of ``count`` values (``columns``).
+class Columns:
+    """``count`` values of the frozen dataclass ``KIND`` column by column: each field either the
+    same for all (``same``) or one sequence of ``count`` values (``columns``).
 
-    The server sends them so (the native protocol's table) without a `Delivery` per
-    message; `deliveries` makes the values for callers in process.
+    What the engine takes and gives in bulk, and what the native protocol carries as a table:
+    no object per message on the way (see `many` for making the values in process).
     """
 
+    KIND: ClassVar[type]
     count: int
     same: Mapping[str, Any]
     columns: Mapping[str, Sequence[Any]]
 
-    def deliveries(self) -> list[Delivery]:
-        return many(Delivery, self.count, self.same, self.columns) if self.count else []
+    def column(self, name: str) -> Sequence[Any]:
+        """The values of field ``name``, one per row."""
+        found = self.columns.get(name)
+        return found if found is not None else [self.same[name]] * self.count
+
+    def rows(self) -> list[Any]:
+        return many(self.KIND, self.count, self.same, self.columns) if self.count else []
+
+    def taken(self: C, positions: Sequence[int]) -> C:
+        """Only the rows at ``positions``, in that order."""
+        return type(self)(len(positions), self.same, {
+            name: list(map(column.__getitem__, positions)) for name, column in self.columns.items()})
+
+    def split(self: C, counts: Sequence[int]) -> list[C]:
+        """The rows in consecutive parts of ``counts`` rows each."""
+        parts, start = [], 0
+        for count in counts:
+            parts.append(type(self)(count, self.same, {
+                name: column[start:start + count] for name, column in self.columns.items()}))
+            start += count
+        return parts
 
     @classmethod
-    def of(cls, given: Sequence[Delivery]) -> DeliveryColumns:
-        """``given`` as columns, every field a column."""
+    def of(cls: type[C], given: Sequence[Any]) -> C:
+        """``given`` (values of ``KIND``) as columns, every field a column."""
         if not given:
-            return NO_DELIVERIES
-        values = map(itemgetter(*DELIVERY_FIELDS), map(vars, given))  # a dataclass without slots
-        return cls(len(given), {}, dict(zip(DELIVERY_FIELDS, map(list, zip(*values)))))
+            return cls(0, {}, {})
+        names = [spec.name for spec in fields(cls.KIND)]
+        values = map(itemgetter(*names), map(vars, given))  # a dataclass without slots
+        return cls(len(given), {}, dict(zip(names, map(list, zip(*values)))))
+
+    @classmethod
+    def joined(cls: type[C], parts: Sequence[C]) -> C:
+        """The rows of ``parts`` one after another: a field the same with one value in every
+        part stays the same, any other becomes one column."""
+        parts = [part for part in parts if part.count]
+        if len(parts) <= 1:
+            return parts[0] if parts else cls(0, {}, {})
+        first = parts[0].same
+        same = {name: value for name, value in first.items()
+                if all(name in part.same and part.same[name] == value for part in parts[1:])}
+        columns: dict[str, list[Any]] = {}
+        for spec in fields(cls.KIND):
+            if spec.name in same:
+                continue
+            column: list[Any] = []
+            for part in parts:
+                found = part.columns.get(spec.name)
+                column += found if found is not None else repeat(part.same[spec.name], part.count)
+            columns[spec.name] = column
+        return cls(sum(part.count for part in parts), same, columns)
+
+
+@dataclass(frozen=True)
+class DeliveryColumns(Columns):
+    """Deliveries as a fetch reads them from the store. The server sends them so (the native
+    protocol's table) without a `Delivery` per message; `deliveries` makes the values for
+    callers in process."""
+
+    KIND = Delivery
+
+    def deliveries(self) -> list[Delivery]:
+        return self.rows()
+
+
+@dataclass(frozen=True)
+class MessageColumns(Columns):
+    """Messages to publish, every field of `OutgoingMessage` in ``same`` or ``columns``, as the
+    server checks them from a publish's table (`of` makes them of `OutgoingMessage` values)."""
+
+    KIND = OutgoingMessage
+
+    def messages(self) -> list[OutgoingMessage]:
+        return self.rows()
+
+
+@dataclass(frozen=True)
+class PlacementColumns(Columns):
+    """Where a publish's messages went, as the engine learns it from the store's append; the
+    server sends them so, `placements` makes the values for callers in process."""
+
+    KIND = Placement
+
+    def placements(self) -> list[Placement]:
+        return self.rows()
 
 
 NO_DELIVERIES = DeliveryColumns(0, {}, {})
 
 
 def joined(parts: Sequence[DeliveryColumns]) -> DeliveryColumns:
-    """The deliveries of ``parts`` one after another, as one `DeliveryColumns`: a field the same
-    with one value in every part stays the same, any other becomes one column."""
-    parts = [part for part in parts if part.count]
-    if len(parts) <= 1:
-        return parts[0] if parts else NO_DELIVERIES
-    first = parts[0].same
-    same = {name: value for name, value in first.items()
-            if all(name in part.same and part.same[name] == value for part in parts[1:])}
-    columns: dict[str, list[Any]] = {}
-    for name in DELIVERY_FIELDS:
-        if name in same:
-            continue
-        column: list[Any] = []
-        for part in parts:
-            found = part.columns.get(name)
-            column += found if found is not None else repeat(part.same[name], part.count)
-        columns[name] = column
-    return DeliveryColumns(sum(part.count for part in parts), same, columns)
+    """The deliveries of ``parts`` one after another (see `Columns.joined`)."""
+    return DeliveryColumns.joined(parts)
 
 
 @dataclass(frozen=True)

@@ -28,14 +28,17 @@ from broker.delivery.values import (
     Delivery,
     DeliveryColumns,
     GroupInfo,
+    MessageColumns,
     OutgoingMessage,
     Placement,
+    PlacementColumns,
     QueueLag,
     TopicInfo,
 )
 from broker.server import lookup
 
-__all__ = ["Delivery", "DeliveryColumns", "Engine", "GroupInfo", "OutgoingMessage", "Placement", "QueueLag", "TopicInfo"]
+__all__ = ["Delivery", "DeliveryColumns", "Engine", "GroupInfo", "MessageColumns", "OutgoingMessage", "Placement",
+           "PlacementColumns", "QueueLag", "TopicInfo"]
 T = TypeVar("T")
 
 
@@ -60,6 +63,12 @@ class Engine:
 
     async def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
         return await self._run(self.api.publish, topic, messages)
+
+    async def publish_columns(self, topic: str, messages: MessageColumns) -> PlacementColumns:
+        """`publish` column by column, as the native protocol carries it (no object per message)."""
+        if self._broker is None:
+            return PlacementColumns.of(await self._run(self.api.publish, topic, messages.messages()))
+        return await self._run(self._broker.publish_columns, topic, messages)
 
     async def publish_to_group(self, group: str, topic: str,
                                messages: Sequence[OutgoingMessage]) -> list[Placement]:

@@ -12,12 +12,11 @@ from typing import Any
 
 from broker.errors import UnknownMemberError
 from broker.server.auth import Principal
-from broker.server.engine import Delivery, DeliveryColumns, Engine, Placement
+from broker.server.engine import Delivery, DeliveryColumns, Engine, PlacementColumns
 from broker.server.errors import MalformedFrameError
 from broker.server.metrics import ServerMetrics
 from broker.server.native_tables import (
     DELIVERY_FIELDS,
-    PLACEMENT_FIELDS,
     Table,
     checked_messages,
     column_table,
@@ -83,8 +82,8 @@ def columns_table(taken: DeliveryColumns) -> Table:
     return column_table(taken.count, taken.same, taken.columns)
 
 
-def placements_reply(placements: list[Placement]) -> Reply:
-    return {"placements": table(placements, PLACEMENT_FIELDS)}
+def placements_reply(placed: PlacementColumns) -> Reply:
+    return {"placements": column_table(placed.count, placed.same, placed.columns)}
 
 
 async def publish_to_group(ctx: Context, request: Mapping[str, Any]) -> Reply:
@@ -94,7 +93,7 @@ async def publish_to_group(ctx: Context, request: Mapping[str, Any]) -> Reply:
                                 "publish_to_group: messages")
     ctx.principal.check_produce([topic])
     ctx.principal.check_consume([topic])  # a replay reaches the group's consumers
-    return placements_reply(await ctx.engine.publish_to_group(group, topic, messages))
+    return placements_reply(PlacementColumns.of(await ctx.engine.publish_to_group(group, topic, messages)))
 
 
 async def subscribe(ctx: Context, request: Mapping[str, Any]) -> Reply:

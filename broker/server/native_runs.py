@@ -11,17 +11,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import islice
-from operator import attrgetter
 from typing import Any
 
 from broker.errors import BrokerError
-from broker.server.engine import OutgoingMessage, Placement
+from broker.server.engine import MessageColumns, PlacementColumns
 from broker.server.native_ops import Context, Operation, Reply, need, placements_reply, strings
-from broker.server.native_tables import checked_messages
+from broker.server.native_tables import checked_columns
 
 RunOperation = Callable[[Context, Sequence[Mapping[str, Any]]], Awaitable[list[Reply | Exception]]]
-_body, _duplicate = attrgetter("body"), attrgetter("duplicate")
 
 
 @dataclass(frozen=True)
@@ -51,7 +48,7 @@ async def publish_run(ctx: Context, requests: Sequence[Mapping[str, Any]]) -> li
     alone, so only the request at fault fails.
     """
     topic = need(requests[0], "publish", "topic", str)
-    batches: list[list[OutgoingMessage] | Exception] = []
+    batches: list[MessageColumns | Exception] = []
     for request in requests:
         try:
             batches.append(_publishing(ctx, request))
@@ -60,41 +57,42 @@ async def publish_run(ctx: Context, requests: Sequence[Mapping[str, Any]]) -> li
     good = [batch for batch in batches if not isinstance(batch, Exception)]
     if len(good) > 1:
         try:
-            placed = iter(await _publish(ctx, topic, [m for batch in good for m in batch]))
+            placed = await _publish(ctx, topic, MessageColumns.joined(good))
         except BrokerError:
             pass  # each alone below
         else:
-            return [batch if isinstance(batch, Exception) else placements_reply(list(islice(placed, len(batch))))
+            parts = iter(placed.split([batch.count for batch in good]))
+            return [batch if isinstance(batch, Exception) else placements_reply(next(parts))
                     for batch in batches]
     return [batch if isinstance(batch, Exception) else await _alone(ctx, topic, batch)
             for batch in batches]
 
 
-def _publishing(ctx: Context, request: Mapping[str, Any]) -> list[OutgoingMessage]:
+def _publishing(ctx: Context, request: Mapping[str, Any]) -> MessageColumns:
     """The messages of one publish request, checked."""
     topic = need(request, "publish", "topic", str)
-    messages = checked_messages(need(request, "publish", "messages", dict), "publish: messages")
+    messages = checked_columns(need(request, "publish", "messages", dict), "publish: messages")
     ctx.principal.check_produce([topic])
     return messages
 
 
-async def _alone(ctx: Context, topic: str, messages: list[OutgoingMessage]) -> Reply | Exception:
+async def _alone(ctx: Context, topic: str, messages: MessageColumns) -> Reply | Exception:
     try:
         return placements_reply(await _publish(ctx, topic, messages))
     except BrokerError as error:
         return error
 
 
-async def _publish(ctx: Context, topic: str, messages: list[OutgoingMessage]) -> list[Placement]:
+async def _publish(ctx: Context, topic: str, messages: MessageColumns) -> PlacementColumns:
     loop = asyncio.get_running_loop()
     began = loop.time()
-    placements = await ctx.engine.publish(topic, messages)
+    placed = await ctx.engine.publish_columns(topic, messages)
     ctx.metrics.publish_seconds.observe(loop.time() - began)
-    fresh = len(placements) - sum(map(_duplicate, placements))
-    ctx.metrics.published.labels(topic).inc(fresh)
-    ctx.metrics.bytes_in.labels(topic).inc(sum(map(len, map(_body, messages))))
-    ctx.metrics.duplicates.labels(topic).inc(len(placements) - fresh)
-    return placements
+    duplicates = sum(placed.column("duplicate")) if placed.count else 0
+    ctx.metrics.published.labels(topic).inc(placed.count - duplicates)
+    ctx.metrics.bytes_in.labels(topic).inc(sum(map(len, messages.column("body"))) if messages.count else 0)
+    ctx.metrics.duplicates.labels(topic).inc(duplicates)
+    return placed
 
 
 async def ack_run(ctx: Context, requests: Sequence[Mapping[str, Any]]) -> list[Reply | Exception]:

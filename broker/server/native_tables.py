@@ -18,7 +18,7 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any, TypeVar
 
-from broker.delivery.values import Delivery, OutgoingMessage, Placement, many
+from broker.delivery.values import Delivery, MessageColumns, OutgoingMessage, Placement, many
 from broker.server.errors import MalformedFrameError
 
 T = TypeVar("T")
@@ -88,6 +88,12 @@ def outgoing_table(messages: Sequence[OutgoingMessage], message_ids: list[str]) 
 
 def checked_messages(carried: Any, where: str) -> list[OutgoingMessage]:
     """The messages of a publish request, every value of the right type (a client's bytes)."""
+    return checked_columns(carried, where).messages()
+
+
+def checked_columns(carried: Any, where: str) -> MessageColumns:
+    """`checked_messages` column by column: every field in ``same`` or ``columns``, those left
+    out at their defaults, without an `OutgoingMessage` per message."""
     count, same, columns = _parts(carried, where)
     for name in set(same) | set(columns):
         check = _CHECKS.get(name)
@@ -100,7 +106,10 @@ def checked_messages(carried: Any, where: str) -> list[OutgoingMessage]:
         columns["deliver_at"] = list(map(float, columns["deliver_at"]))
     elif "deliver_at" in same:
         same["deliver_at"] = float(same["deliver_at"])
-    return rows(OutgoingMessage, {"count": count, "same": same, "columns": columns}, where)
+    if count == 0:
+        return MessageColumns(0, {}, {})
+    return MessageColumns(count, {**_defaults(OutgoingMessage, set(same) | set(columns), where), **same},
+                          columns)
 
 
 def _parts(carried: Any, where: str) -> tuple[int, dict[str, Any], dict[str, Sequence[Any]]]:

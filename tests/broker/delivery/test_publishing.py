@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from collections.abc import Callable
+from dataclasses import fields, replace
+from pathlib import Path
+
+import pytest
 
 from broker.delivery.engine import Broker
-from broker.delivery.values import OutgoingMessage, Placement
+from broker.delivery.values import MessageColumns, OutgoingMessage, Placement, PlacementColumns
+from broker.errors import DeliveryError
 from broker.store import FakeClock
 from tests.broker.delivery.conftest import drain
 
@@ -43,3 +48,57 @@ def test_a_mixed_batch_keeps_each_message_its_queue_and_drops_only_the_copies(
 
 def test_an_empty_publish_places_nothing(broker: Broker) -> None:
     assert broker.publish("orders", []) == []
+
+
+def mixed_batch(at: float) -> list[OutgoingMessage]:
+    """Every field kind, a copy within the batch and one of an earlier publish."""
+    return [
+        OutgoingMessage(b"keyed", key="customer-7", message_id="k1"),
+        OutgoingMessage(b"tagged", tag="t", headers={"h": "v"}, message_id="t1"),
+        OutgoingMessage(b"asked", queue=2, message_id="q2"),
+        OutgoingMessage(b"keyed again", key="customer-7", message_id="k1"),
+        OutgoingMessage(b"later", deliver_at=at + 5, headers={"x": "y"}),
+        OutgoingMessage(b"seen", message_id="seen"),
+        OutgoingMessage(b"plain"),
+    ]
+
+
+def test_a_column_publish_places_and_stores_what_the_row_publish_does(
+    open_broker: Callable[..., Broker], tmp_path: Path, clock: FakeClock
+) -> None:
+    by_rows, by_columns = open_broker(tmp_path / "rows"), open_broker(tmp_path / "columns")
+    batch = mixed_batch(clock.time())
+    for broker in (by_rows, by_columns):
+        broker.publish("orders", [OutgoingMessage(b"first", message_id="seen", queue=1)])
+    placed_rows = by_rows.publish("orders", batch)
+    placed = by_columns.publish_columns("orders", MessageColumns.of(batch))
+    assert isinstance(placed, PlacementColumns)
+    assert [replace(p, message_id=m.message_id or "made") for p, m in zip(placed.placements(), batch)] == [
+        replace(p, message_id=m.message_id or "made") for p, m in zip(placed_rows, batch)]  # ids the store made differ
+    assert [p.duplicate for p in placed_rows] == [False, False, False, True, False, True, False]
+    assert placed_rows[5] == Placement("orders", 1, 0, "seen", duplicate=True)
+    clock.advance(5)
+    received = []
+    for broker in (by_rows, by_columns):
+        member = broker.join("g", ["orders"])
+        received.append(sorted((d.body, d.key, d.tag, dict(d.headers), d.queue, d.offset)
+                               for d in drain(broker, member)))
+    assert received[0] == received[1] and len(received[0]) == 6
+    later = next(r for r in received[1] if r[0] == b"later")
+    assert later[3]["x"] == "y"
+
+
+def test_a_column_publish_with_fields_the_same_for_all(broker: Broker) -> None:
+    messages = MessageColumns(3, {"key": "", "tag": "t", "headers": {"h": "v"}, "message_id": "same",
+                                  "queue": 1, "deliver_at": 0.0},
+                              {"body": [b"a", b"b", b"c"]})
+    placed = broker.publish_columns("orders", messages).placements()
+    assert placed == [Placement("orders", 1, 0, "same")] + [Placement("orders", 1, 0, "same", True)] * 2
+    member = broker.join("g", ["orders"])
+    assert [(d.body, d.tag, d.headers["h"]) for d in drain(broker, member)] == [(b"a", "t", "v")]
+
+
+def test_a_column_publish_with_a_body_not_bytes_stores_nothing(broker: Broker) -> None:
+    with pytest.raises(DeliveryError, match="body must be bytes"):
+        broker.publish_columns("orders", MessageColumns.of([OutgoingMessage(b"ok"), OutgoingMessage("text")]))  # type: ignore[arg-type]
+    assert broker.queue_offsets("orders") == [[0, 0]] * len(broker.queue_offsets("orders"))

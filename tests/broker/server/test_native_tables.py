@@ -4,7 +4,8 @@ pipelined publishes that run together answer each request as if it had run alone
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from dataclasses import replace
 
 import msgpack
 import pytest
@@ -14,7 +15,13 @@ from prometheus_client import CollectorRegistry
 
 from broker.async_client import AsyncClient
 from broker.delivery.engine import Broker
-from broker.delivery.values import Delivery, OutgoingMessage, Placement
+from broker.delivery.values import (
+    Delivery,
+    MessageColumns,
+    OutgoingMessage,
+    Placement,
+    PlacementColumns,
+)
 from broker.errors import InvalidNameError
 from broker.server.auth import OPEN
 from broker.server.engine import Engine
@@ -118,14 +125,14 @@ def test_a_run_of_publishes_is_one_engine_call_and_a_bad_request_fails_alone(tmp
         broker = Broker(tmp_path / "broker")
         engine = Engine(broker)
         calls = 0
-        publish = engine.publish
+        publish = engine.publish_columns
 
-        async def counted(topic: str, sent: Sequence[OutgoingMessage]) -> list[Placement]:
+        async def counted(topic: str, sent: MessageColumns) -> PlacementColumns:
             nonlocal calls
             calls += 1
             return await publish(topic, sent)
 
-        engine.publish = counted  # type: ignore[method-assign]
+        engine.publish_columns = counted  # type: ignore[method-assign]
         ctx = Context(engine, OPEN, ServerMetrics(CollectorRegistry()), 1.0)
         requests = [{"topic": "t", "messages": outgoing_table([OutgoingMessage(b"a", queue=q)], [f"m{q}"])}
                     for q in (0, 99, 1)]  # the second names a queue that does not exist
@@ -145,3 +152,58 @@ def test_a_run_of_publishes_is_one_engine_call_and_a_bad_request_fails_alone(tmp
     placed = [rows(Placement, r["placements"], "placements") for r in replies if isinstance(r, dict)]
     assert placed == [[Placement("t", 0, 0, "m0")], [Placement("t", 1, 0, "m1")],  # resent: duplicates
                       [Placement("t", 0, 0, "m0", True)], [Placement("t", 1, 0, "m1", True)]]
+
+
+def run_publishes(path, requests: list[dict], *, together: bool) -> list[object]:
+    """The replies to ``requests`` run as one run (``together``) or one by one, on a new broker
+    in ``path``; then what the broker holds (topics, and the bodies of ``t``)."""
+    async def scenario() -> list[object]:
+        engine = Engine(Broker(path))
+        ctx = Context(engine, OPEN, ServerMetrics(CollectorRegistry()), 1.0)
+        run = TOGETHER["publish"].run
+        replies = (await run(ctx, requests) if together
+                   else [reply for request in requests for reply in await run(ctx, [request])])
+        broker = engine.api
+        assert isinstance(broker, Broker)
+        held = [t.name for t in broker.topics()]
+        member = broker.join("g", ["t"]) if held else None
+        bodies = sorted(d.body for d in broker.fetch(member, 100, 0)) if member else []
+        engine.close()
+        broker.close()
+        return [*replies, held, bodies]
+
+    return asyncio.run(scenario())
+
+
+def test_a_malformed_publish_table_is_refused_and_nothing_is_stored(tmp_path) -> None:
+    bad = [{"count": 1, "same": {"body": "text"}, "columns": {}},
+           {"count": 2, "same": {}, "columns": {"body": [b"x", b"y"], "deliver_at": [1.0, "soon"]}},
+           {"count": 1, "same": {"key": "k"}, "columns": {}},
+           {"count": 1, "same": {"body": b"x", "headers": {"h": 1}}, "columns": {}}]
+    *replies, held, bodies = run_publishes(tmp_path / "b", [{"topic": "t", "messages": m} for m in bad],
+                                           together=True)
+    assert all(isinstance(reply, MalformedFrameError) for reply in replies)
+    assert held == [] and bodies == []
+
+
+def test_a_run_of_publishes_places_and_stores_what_each_alone_does(tmp_path) -> None:
+    at = 1e9  # due long ago: delivered at once
+    requests = [
+        {"topic": "t", "messages": wire(outgoing_table(
+            [OutgoingMessage(b"a", key="k", tag="x", headers={"h": "v"}), OutgoingMessage(b"b", key="k")],
+            ["a", "b"]))},
+        {"topic": "t", "messages": {"count": 2, "same": {"queue": 3, "deliver_at": int(at)},
+                                    "columns": {"body": [b"c", b"d"], "message_id": ["c", "a"]}}},
+        {"topic": "t", "messages": {"count": 1, "same": {"body": "not bytes"}, "columns": {}}},
+        {"topic": "t", "messages": wire(outgoing_table([OutgoingMessage(b"e", deliver_at=at)], ["b"]))},
+    ]
+    together = run_publishes(tmp_path / "together", requests, together=True)
+    alone = run_publishes(tmp_path / "alone", requests, together=False)
+    assert isinstance(together[2], MalformedFrameError) and isinstance(alone[2], MalformedFrameError)
+    placed = [rows(Placement, reply["placements"], "placements") for reply in together[:4]
+              if isinstance(reply, dict)]
+    assert placed == [rows(Placement, reply["placements"], "placements") for reply in alone[:4]
+                      if isinstance(reply, dict)]
+    assert [[p.duplicate for p in reply] for reply in placed] == [[False, False], [False, True], [True]]
+    assert placed[1][0].queue == 3 and placed[1][1] == replace(placed[0][0], duplicate=True)
+    assert together[4:] == alone[4:] == [["t"], [b"a", b"b", b"c"]]
