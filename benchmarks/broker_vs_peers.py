@@ -26,7 +26,7 @@ consume+ack per second, 256-byte bodies, each client batching as it allows,
 
 The ratios printed at the end take, for each rate, the faster of this broker's two clients.
 The load average is printed before and after: on a busy machine compare runs of the same minute.
-For this broker's rows the CPU time of consume+ack is printed too, in µs per message, for the
+For this broker's rows the CPU time of produce and of consume+ack is printed too, in µs per message, for the
 server process (from /proc) and for the client: on a shared machine steadier than the rates.
 ``--only-broker`` runs this broker's rows alone; ``--consume-only R`` fills one server and
 measures the sync client's consume+ack alone, R times (a fresh group each time).
@@ -86,15 +86,15 @@ class Server:
 
 
 class CpuPerMessage:
-    """The CPU time of a consume+ack, server and client, in µs per message."""
+    """The CPU time of a produce or a consume+ack (``what``), server and client, in µs per message."""
 
-    def __init__(self, server: Server) -> None:
-        self.server = server
+    def __init__(self, server: Server, what: str = "consume+ack") -> None:
+        self.server, self.what = server, what
         self.began = (server.cpu(), time.process_time())
 
     def done(self, name: str, count: int) -> None:
         server, client = self.server.cpu() - self.began[0], time.process_time() - self.began[1]
-        CPU_NOTES.append(f"{name}: consume+ack CPU per message: server {server / count * 1e6:.2f} µs, "
+        CPU_NOTES.append(f"{name}: {self.what} CPU per message: server {server / count * 1e6:.2f} µs, "
                          f"client {client / count * 1e6:.2f} µs")
 
 
@@ -124,7 +124,9 @@ def reliable_broker(count: int) -> tuple[float, float]:
     with broker_server() as server:
         client = Client(server.address)
         batch = [OutgoingMessage(BODY) for _ in range(BATCH)]
+        cpu = CpuPerMessage(server, "produce")
         produce = timed(count, lambda: [client.publish("bench", batch) for _ in range(count // BATCH)])
+        cpu.done("reliable broker", count)
         member = client.join("g", ["bench"], prefetch=1000)
 
         def consume() -> None:
@@ -175,9 +177,10 @@ def reliable_broker_pipelined(count: int) -> tuple[float, float]:
                 async with in_flight:
                     await client.publish("bench", batch)
 
-            began = time.perf_counter()
+            cpu, began = CpuPerMessage(server, "produce"), time.perf_counter()
             await asyncio.gather(*(publish() for _ in range(count // BATCH)))
             produce = count / (time.perf_counter() - began)
+            cpu.done("reliable broker pipelined", count)
             member = await client.join("g", ["bench"], prefetch=2000)
             cpu = CpuPerMessage(server)
             began, done, acks = time.perf_counter(), 0, []

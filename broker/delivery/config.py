@@ -26,7 +26,8 @@ class DeliveryConfig:
     dedup_window: float = 600.0
     """Seconds a producer's message id is remembered, so a resend is dropped."""
     dedup_entries: int = 200_000
-    """Most message ids remembered (the oldest are forgotten first)."""
+    """Message ids always remembered: an id is forgotten once this many came after it (or its
+    window passed); memory holds at most twice this many."""
     max_deliveries: int = -1
     """Deliveries after which a nacked message goes to ``%DLQ%<group>`` (-1: the consumer decides)."""
     read_batch: int = 256

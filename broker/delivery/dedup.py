@@ -2,16 +2,28 @@
 
 ActiveMQ's message audit and Kafka's idempotent producer keep the same
 promise: a producer that resends after a lost reply (same message id) gets
-the first copy's placement back. Ids live in memory for ``window`` seconds
-(at most ``entries`` of them); after a restart the store's id index answers.
+the first copy's placement back. Ids live in memory for ``window`` seconds;
+after a restart the store's id index answers.
+
+The clients give every message an id, so this runs for every message
+published: a publish asks about and adds its whole batch with dict
+operations in C, and old ids go a generation at a time (as ActiveMQ's audit
+drops a whole window), never one by one. New ids go into the current
+generation; once it has filled for ``window`` seconds or holds ``entries``
+ids it becomes the previous one, and the previous one is dropped. So an id
+is found for ``window`` seconds unless ``entries`` ids came after it, and at
+most twice ``entries`` are held.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections.abc import Sequence
+from itertools import repeat
 
 from broker.delivery.values import Placement
 from broker.store import Clock
+
+Seen = dict[str, tuple[float, int, int]]  # message id -> (when added, queue, offset), of one topic
 
 
 class DedupWindow:
@@ -21,21 +33,36 @@ class DedupWindow:
         self._clock = clock
         self._window = window
         self._entries = entries
-        self._seen: OrderedDict[tuple[str, str], tuple[float, Placement]] = OrderedDict()
+        self._current: dict[str, Seen] = {}  # by topic
+        self._previous: dict[str, Seen] = {}
+        self._began = clock.time()  # when the current generation took its first id
+        self._held = 0  # ids added to the current generation
 
     def get(self, topic: str, message_id: str) -> Placement | None:
-        found = self._seen.get((topic, message_id))
-        if found is None:
-            return None
-        if self._clock.time() - found[0] > self._window:
-            return None
-        return found[1]
+        """Where ``message_id`` went on ``topic``, if published within the window."""
+        return self.find(topic, [message_id])[0]
 
-    def add(self, placement: Placement) -> None:
-        key = (placement.topic, placement.message_id)
-        self._seen[key] = (self._clock.time(), placement)
-        self._seen.move_to_end(key)
+    def find(self, topic: str, message_ids: Sequence[str]) -> list[Placement | None]:
+        """`get` for each of ``message_ids``."""
+        current, previous = self._current.get(topic, {}), self._previous.get(topic, {})
+        found = list(map(current.get, message_ids))
+        if previous:
+            found = [seen or previous.get(message_id) for seen, message_id in zip(found, message_ids)]
+        if found.count(None) == len(found):
+            return [None] * len(found)  # the usual batch: ids not seen
         horizon = self._clock.time() - self._window
-        while self._seen and (len(self._seen) > self._entries
-                              or next(iter(self._seen.values()))[0] < horizon):
-            self._seen.popitem(last=False)
+        return [Placement(topic, seen[1], seen[2], message_id) if seen and seen[0] >= horizon else None
+                for seen, message_id in zip(found, message_ids)]
+
+    def add(self, topic: str, queues: Sequence[int], offsets: Sequence[int],
+            message_ids: Sequence[str]) -> None:
+        """Remember that ``message_ids`` went to ``queues`` at ``offsets`` (one of each per id)."""
+        now = self._clock.time()
+        if self._held >= self._entries or now - self._began >= self._window:
+            self._previous, self._current = self._current, {}
+            self._began, self._held = now, 0
+        seen = self._current.get(topic)
+        if seen is None:
+            seen = self._current[topic] = {}
+        seen.update(zip(message_ids, zip(repeat(now), queues, offsets)))
+        self._held += len(message_ids)

@@ -23,7 +23,6 @@ from broker.delivery.values import (
     OutgoingMessage,
     Placement,
     PlacementColumns,
-    many,
 )
 from broker.errors import DeliveryError
 from broker.store import AppendResult, Record
@@ -75,10 +74,8 @@ def _remember(broker: Broker, topic: str, placed: list[tuple[int, int, str]]) ->
     """Put the producer-given ids just appended in the de-duplication window (an id the store
     made cannot be sent again) and wake the members waiting for messages."""
     queues, offsets, message_ids = zip(*placed) if placed else ((), (), ())
-    made = many(Placement, len(placed), {"topic": topic, "duplicate": False},
-                {"queue": queues, "offset": offsets, "message_id": message_ids})
     with broker.lock:
-        _run(map(broker.dedup.add, made))
+        broker.dedup.add(topic, queues, offsets, message_ids)
         broker.lock.notify_all()
 
 
@@ -125,7 +122,7 @@ def _fresh(broker: Broker, topic: str,
            message_ids: Sequence[str]) -> tuple[Sequence[int], dict[int, Placement | None]]:
     """Where the messages to append are: not those whose id was seen within the window nor
     earlier in the batch (the copies: the window's placement of each, None if in the batch)."""
-    found = list(map(broker.dedup.get, repeat(topic), message_ids))
+    found = broker.dedup.find(topic, message_ids)
     window = broker.config.dedup_window
     in_store = (topic in broker.stored_before_start  # the window may not cover all it should yet
                 and broker.clock.time() - broker.started_at < window)

@@ -45,9 +45,15 @@ def key_hash(topic: bytes, key: bytes) -> int:
     return crc32c(key, topic_seed(topic))
 
 
+ID_SEED = 0x1D  # of `id_hash`
+
+
 def id_hash(message_id: bytes) -> int:
     """The index hash of a message id."""
-    return crc32c(message_id, 0x1D)
+    return crc32c(message_id, ID_SEED)
+
+
+STORE_ID_LENGTH = 24  # the length of the ids the store makes
 
 
 def offset_in_id(message_id: bytes) -> int | None:
@@ -56,7 +62,7 @@ def offset_in_id(message_id: bytes) -> int | None:
     Ids the store makes say where their record is, as RocketMQ's offset message
     ids do, so they need no index entry: a lookup reads the record and compares.
     """
-    if len(message_id) != 24:
+    if len(message_id) != STORE_ID_LENGTH:
         return None
     try:
         return int(message_id[8:], 16)

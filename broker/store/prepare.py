@@ -18,7 +18,7 @@ from crc32c import crc32c
 
 from broker.errors import InvalidRecordError, RecordTooLargeError
 from broker.store import codec
-from broker.store.keyindex import id_hash, topic_seed
+from broker.store.keyindex import ID_SEED, topic_seed
 from broker.store.queues import check_place
 from broker.store.record import Record
 
@@ -105,7 +105,7 @@ def prepare(records: Sequence[Record], max_record_size: int) -> Prepared:
         lengths, sizes,
         [crc32c(tag) if tag else 0 for tag in tags_b] if any(tag_lengths) else [0] * len(tags_b),
         generated, keyed, list(map(crc32c, compress(keys_b, keyed), seeds)),
-        named, list(map(id_hash, compress(ids_b, named))),
+        named, list(map(crc32c, compress(ids_b, named), repeat(ID_SEED))),  # id_hash of each
     )
 
 

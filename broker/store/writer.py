@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import accumulate, chain, compress, count, repeat
-from operator import itemgetter, sub
+from operator import sub
 
 from crc32c import crc32c
 
 from broker.store import codec
 from broker.store.commitlog import CommitLog
 from broker.store.consumequeue import ENTRY, ConsumeQueue
-from broker.store.keyindex import KeyIndex, offset_in_id
+from broker.store.keyindex import STORE_ID_LENGTH, KeyIndex, offset_in_id
 from broker.store.prepare import Prepared
 from broker.store.queues import QueueTable
 from broker.store.record import AppendResult
@@ -30,7 +30,6 @@ _pack_entry = ENTRY.pack
 _pack_entry_into = ENTRY.pack_into
 _MAGIC, _VERSION = codec.MAGIC, codec.VERSION
 _new_result = tuple.__new__
-_log_offset_first = itemgetter(0)
 
 Place = tuple[str, int] | int
 
@@ -142,18 +141,20 @@ class BatchWriter:
         """Index keys, and the ids producers gave (store-made ids say where they are)."""
         sizes, keyed = batch.sizes, batch.keyed
         hashes = batch.key_hashes
+        entries: list[Sequence[int]]
         if len(hashes) == len(offsets):
             entries = [hashes, offsets, sizes]
         else:
             entries = [hashes, list(compress(offsets, keyed)), list(compress(sizes, keyed))]
         if batch.id_hashes:
             named = batch.named
-            merged = sorted(chain(zip(entries[1], entries[2], hashes), (
-                (offset, size, hashed) for hashed, offset, size, id_b in zip(
-                    batch.id_hashes, compress(offsets, named), compress(sizes, named),
-                    compress(ids, named))
-                if offset_in_id(id_b) != offset
-            )), key=_log_offset_first)  # index files cover log ranges in order
-            entries = [[e[2] for e in merged], [e[0] for e in merged], [e[1] for e in merged]]
+            named_ids = list(compress(ids, named))
+            by_id: Sequence[tuple[int, int, int]] = list(zip(
+                compress(offsets, named), compress(sizes, named), batch.id_hashes))
+            if STORE_ID_LENGTH in set(map(len, named_ids)):  # an id naming its own record needs no entry
+                by_id = [entry for entry, id_b in zip(by_id, named_ids) if offset_in_id(id_b) != entry[0]]
+            merged = sorted(chain(zip(entries[1], entries[2], hashes), by_id)) if hashes else by_id
+            log_offsets, log_sizes, log_hashes = zip(*merged) if merged else ((), (), ())
+            entries = [log_hashes, log_offsets, log_sizes]  # index files cover log ranges in order
         if entries[0]:
             self._index.add_many(entries[0], entries[1], entries[2], [store_ms] * len(entries[0]))
