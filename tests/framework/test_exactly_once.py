@@ -20,6 +20,7 @@ from sqlalchemy import create_engine, text
 
 from reliable import Message
 from reliable.testing import test_app
+from tests.transports.effects import effect_counts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,14 +36,6 @@ def effects_table(postgres_url: str, unique: str) -> Iterator[str]:
     engine.dispose()
 
 
-def counts(postgres_url: str, table: str) -> dict[str, int]:
-    engine = create_engine(postgres_url)
-    with engine.connect() as conn:
-        rows = conn.execute(text(f"select token, count(*) from {table} group by token")).all()
-    engine.dispose()
-    return {token: n for token, n in rows}
-
-
 def test_eight_threads_one_effect_per_token(tmp_path, postgres_url, redis_url, effects_table, unique) -> None:
     app = test_app(tmp_path, store=postgres_url, cache=redis_url)
 
@@ -55,7 +48,7 @@ def test_eight_threads_one_effect_per_token(tmp_path, postgres_url, redis_url, e
     app.publish_many("work", [{"token": t} for _ in range(8) for t in tokens])  # 8 copies, no key: spread
     app.run(until_idle=True)
 
-    assert counts(postgres_url, effects_table) == {t: 1 for t in tokens}
+    assert effect_counts(postgres_url, effects_table) == {t: 1 for t in tokens}
     stats = app.stats()
     assert stats["processed"] == 60 and stats["duplicate"] == 7 * 60
     app.close()
@@ -90,7 +83,7 @@ def test_two_processes_sending_the_same_tokens(tmp_path, postgres_url, redis_url
     for p, (_, err) in zip(procs, outputs):
         assert p.returncode == 0, err
     stats = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
-    assert counts(postgres_url, effects_table) == {f"t{i}": 1 for i in range(300)}
+    assert effect_counts(postgres_url, effects_table) == {f"t{i}": 1 for i in range(300)}
     assert sum(s["processed"] for s in stats) == 300
     assert sum(s["duplicate"] for s in stats) == 300
 
@@ -106,7 +99,7 @@ def test_kill_9_mid_batch_loses_nothing_and_repeats_nothing(tmp_path, postgres_u
     for threshold in (100, 500, 900):  # kill three workers at different points, mid-batch
         worker = _worker(effects_table, "consume", "50", env=env)
         deadline = time.monotonic() + 120
-        while sum(counts(postgres_url, effects_table).values()) < threshold and time.monotonic() < deadline:
+        while sum(effect_counts(postgres_url, effects_table).values()) < threshold and time.monotonic() < deadline:
             if worker.poll() is not None:
                 break
             time.sleep(0.02)
@@ -119,4 +112,4 @@ def test_kill_9_mid_batch_loses_nothing_and_repeats_nothing(tmp_path, postgres_u
     survivor = _worker(effects_table, "consume", "50", env=env)
     _out, err = survivor.communicate(timeout=240)
     assert survivor.returncode == 0, err
-    assert counts(postgres_url, effects_table) == {f"t{i}": 1 for i in range(total)}
+    assert effect_counts(postgres_url, effects_table) == {f"t{i}": 1 for i in range(total)}

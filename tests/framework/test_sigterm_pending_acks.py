@@ -18,16 +18,9 @@ from sqlalchemy import create_engine, text
 
 from reliable import Message
 from reliable.testing import test_app
+from tests.transports.effects import effect_counts
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def rows(postgres_url: str, table: str) -> dict[str, int]:
-    engine = create_engine(postgres_url)
-    with engine.connect() as conn:
-        found = conn.execute(text(f"select token, count(*) from {table} group by token")).all()
-    engine.dispose()
-    return {token: n for token, n in found}
 
 
 def test_sigterm_finishes_in_flight_flushes_acks_and_exits_0(tmp_path, postgres_url, unique) -> None:
@@ -63,7 +56,7 @@ def test_sigterm_finishes_in_flight_flushes_acks_and_exits_0(tmp_path, postgres_
             worker.wait(10)
     assert worker.returncode == 0, err
 
-    done = rows(postgres_url, unique)
+    done = effect_counts(postgres_url, unique)
     assert done.get("hold") == 1  # the message in flight was finished, not abandoned
     assert set(done.values()) == {1}
 
@@ -78,5 +71,5 @@ def test_sigterm_finishes_in_flight_flushes_acks_and_exits_0(tmp_path, postgres_
     after.run(until_idle=True)
     assert after.stats()["duplicate"] == 0  # nothing the stopped worker did came back
     assert sorted(seen) == sorted(set(ids) - set(done))
-    assert rows(postgres_url, unique) == {i: 1 for i in ids}
+    assert effect_counts(postgres_url, unique) == {i: 1 for i in ids}
     after.close()
