@@ -38,6 +38,7 @@ from broker.delivery.values import (
     Placement,
     QueueLag,
     TopicInfo,
+    as_dict,
 )
 from broker.errors import BrokerError, BrokerUnavailableError
 
@@ -79,8 +80,8 @@ def socket_path(directory: str | Path) -> Path:
 
 
 def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if (dataclasses.is_dataclass(value) and not isinstance(value, type)) or isinstance(value, Delivery):
+        return {name: _plain(field) for name, field in as_dict(value).items()}
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     if isinstance(value, Mapping):

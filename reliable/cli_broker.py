@@ -67,7 +67,9 @@ def _api(url: str | None, settings_path: str | None) -> Iterator[Any]:
 
 
 def _show(rows: Sequence[Any], as_json: bool) -> None:
-    records = [dataclasses.asdict(row) for row in rows]
+    from broker.delivery.values import as_dict
+
+    records = [as_dict(row) for row in rows]
     if as_json:
         for record in records:
             click.echo(json.dumps(record, default=list))
@@ -260,9 +262,12 @@ def _moment(text: str, option: str) -> float:
 
 
 def _show_messages(rows: Sequence[Any], as_json: bool) -> None:
+    from broker.delivery.values import as_dict
+
     if as_json:
         for row in rows:
-            record = {k: v for k, v in dataclasses.asdict(row).items() if k not in ("receipt", "body")}
+            record = {k: v for k, v in as_dict(row).items() if k not in ("receipt", "body")}
+            record["headers"] = dict(row.headers)
             try:
                 record["body"] = row.body.decode()
             except UnicodeDecodeError:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from itertools import chain, compress, groupby, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -349,7 +348,7 @@ def _hand_again(broker: Broker, member: Member, cursor: QueueCursor, messages: l
                 now: float) -> DeliveryColumns:
     """Deliver again what a lease, a nack or a schedule put back (ready): a new receipt each."""
     receipts = broker.receipt_names(len(messages))
-    handed = DeliveryColumns.of([replace(m, receipt=receipt, delivery_count=m.delivery_count + 1)
+    handed = DeliveryColumns.of([m._replace(receipt=receipt, delivery_count=m.delivery_count + 1)
                                  for m, receipt in zip(messages, receipts)])
     cursor.hold(handed, [m.offset for m in messages], receipts, Lease(cursor, member.ident, now + member.lease))
     broker.held_count[member.ident] += handed.count

@@ -13,20 +13,26 @@ receiver builds its n values without reading n maps key by key
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import MISSING, fields
-from itertools import repeat
-from operator import itemgetter
 from typing import Any, TypeVar
 
-from broker.delivery.values import Delivery, MessageColumns, OutgoingMessage, Placement, many
+from broker.delivery.values import (
+    Delivery,
+    MessageColumns,
+    OutgoingMessage,
+    Placement,
+    columns_of,
+    field_defaults,
+    field_names,
+    many,
+)
 from broker.server.errors import MalformedFrameError
 
 T = TypeVar("T")
 Table = dict[str, Any]
 
-DELIVERY_FIELDS = tuple(f.name for f in fields(Delivery))
-PLACEMENT_FIELDS = tuple(f.name for f in fields(Placement))
-MESSAGE_FIELDS = tuple(f.name for f in fields(OutgoingMessage))
+DELIVERY_FIELDS = Delivery._fields
+PLACEMENT_FIELDS = field_names(Placement)
+MESSAGE_FIELDS = field_names(OutgoingMessage)
 
 _SEQUENCES = (list, tuple)  # msgpack gives lists; tables made in this process hold tuples
 _OWN = frozenset({"body", "receipt", "offset", "message_id"})  # one per message: always a column
@@ -37,8 +43,7 @@ def table(rows: Sequence[Any], names: Sequence[str]) -> Table:
     count = len(rows)
     same: dict[str, Any] = {}
     columns: dict[str, Sequence[Any]] = {}
-    # one tuple per field, made in C from each row's __dict__ (a dataclass without slots)
-    transposed = zip(*map(itemgetter(*names), map(vars, rows))) if count else repeat((), len(names))
+    transposed = columns_of(rows, names)
     for name, column in zip(names, transposed):
         if name == "headers" and set(map(type, column)) - {dict}:
             column = tuple(map(dict, column))
@@ -128,14 +133,12 @@ def _parts(carried: Any, where: str) -> tuple[int, dict[str, Any], dict[str, Seq
 def _defaults(kind: type, given: set[str], where: str) -> dict[str, Any]:
     """The values of the fields of ``kind`` not ``given``; an error if one has no default or a
     given name is no field."""
-    known = {f.name: f for f in fields(kind)}  # type: ignore[arg-type]
-    unknown = given - set(known)
-    missing = [name for name, f in known.items() if name not in given
-               and f.default is MISSING and f.default_factory is MISSING]
+    names, defaults = field_names(kind), field_defaults(kind)
+    unknown = given - set(names)
+    missing = [name for name in names if name not in given and name not in defaults]
     if unknown or missing:
         raise MalformedFrameError(f"{where}: unknown fields {sorted(unknown)}, missing {missing}")
-    return {name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[operator]
-            for name, f in known.items() if name not in given}
+    return {name: value for name, value in defaults.items() if name not in given}
 
 
 def _all_of(*kinds: type) -> Callable[[Sequence[Any]], bool]:
