@@ -132,8 +132,8 @@ def deliveries(count: int, same: Mapping[str, Any], columns: Mapping[str, Sequen
 
 
 DELIVERY_FIELDS = Delivery._fields
-MESSAGE_FIELDS = tuple(spec.name for spec in fields(OutgoingMessage))
-PLACEMENT_FIELDS = tuple(spec.name for spec in fields(Placement))
+MESSAGE_FIELDS = field_names(OutgoingMessage)
+PLACEMENT_FIELDS = field_names(Placement)
 C = TypeVar("C", bound="Columns")
 
 

@@ -10,13 +10,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.delivery.values import DELIVERY_FIELDS
 from broker.errors import UnknownMemberError
 from broker.server.auth import Principal
 from broker.server.engine import Delivery, DeliveryColumns, Engine, PlacementColumns
 from broker.server.errors import MalformedFrameError
 from broker.server.metrics import ServerMetrics
 from broker.server.native_tables import (
-    DELIVERY_FIELDS,
     Table,
     checked_messages,
     column_table,

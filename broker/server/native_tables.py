@@ -16,10 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from broker.delivery.values import (
-    Delivery,
+    MESSAGE_FIELDS,
     MessageColumns,
     OutgoingMessage,
-    Placement,
     columns_of,
     field_defaults,
     field_names,
@@ -30,9 +29,6 @@ from broker.server.errors import MalformedFrameError
 T = TypeVar("T")
 Table = dict[str, Any]
 
-DELIVERY_FIELDS = Delivery._fields
-PLACEMENT_FIELDS = field_names(Placement)
-MESSAGE_FIELDS = field_names(OutgoingMessage)
 
 _SEQUENCES = (list, tuple)  # msgpack gives lists; tables made in this process hold tuples
 _OWN = frozenset({"body", "receipt", "offset", "message_id"})  # one per message: always a column

@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry
 from broker.async_client import AsyncClient
 from broker.delivery.engine import Broker
 from broker.delivery.values import (
+    DELIVERY_FIELDS,
+    PLACEMENT_FIELDS,
     Delivery,
     MessageColumns,
     OutgoingMessage,
@@ -30,8 +32,6 @@ from broker.server.metrics import ServerMetrics
 from broker.server.native_ops import Context
 from broker.server.native_runs import TOGETHER
 from broker.server.native_tables import (
-    DELIVERY_FIELDS,
-    PLACEMENT_FIELDS,
     checked_messages,
     outgoing_table,
     rows,
