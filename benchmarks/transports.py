@@ -9,9 +9,8 @@ idempotency on (PostgreSQL store + Redis cache):
   batch/500    ``@app.handler(batch=500)``: one transaction and one cache round trip per batch
 
 Transports: ``embedded://`` (the broker engine), Redis Streams, Kafka
-(librdkafka's mock cluster) and RabbitMQ here; a module
-``benchmarks/transports_<name>.py`` with ``rows(count) -> [{"transport",
-"run", "msgs_per_s"}]`` joins the table when present (nats).
+(librdkafka's mock cluster), RabbitMQ and NATS JetStream (its raw loop is
+`benchmarks.transports_nats.raw`).
 
     python -m benchmarks.transports [--messages N]
 """
@@ -19,7 +18,6 @@ Transports: ``embedded://`` (the broker engine), Redis Streams, Kafka
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import random
@@ -31,13 +29,14 @@ from typing import Any
 
 from sqlalchemy import text
 
+from benchmarks import transports_nats
 from reliable import App
 from reliable.settings import Settings
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
-PLUGGED = ("nats",)
+NATS_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
 
 
 def workload(count: int, seed: int = 11) -> list[dict[str, Any]]:
@@ -219,12 +218,8 @@ def measured(count: int, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "raw: consume(500) + async commit")
     add("rabbitmq", f"{AMQP_URL}?namespace=bench-{uuid.uuid4().hex[:6]}", amqp_raw_rate,
         "raw: pika, quorum queue, prefetch 500 + ack")
-    for name in PLUGGED:  # a transport's own piece: benchmarks/transports_<name>.py
-        try:
-            module = importlib.import_module(f"benchmarks.transports_{name}")
-        except ModuleNotFoundError:
-            continue
-        found.extend(module.rows(count))
+    add("nats", f"{NATS_URL}?namespace=bench{uuid.uuid4().hex[:6]}", transports_nats.raw,
+        "raw: nats-py pull fetch(500) + ack")
     return found
 
 
