@@ -61,6 +61,11 @@ class Engine:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._waits, functools.partial(call, *args))
 
+    def observe_fsync(self, observer: Callable[[float], None] | None) -> None:
+        """Tell ``observer`` the seconds each fsync of the store takes (an engine in this process)."""
+        if self._broker is not None:
+            self._broker.store.observe_fsync(observer)
+
     async def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
         return await self._run(self.api.publish, topic, messages)
 

@@ -54,6 +54,9 @@ class ServerMetrics:
             "broker_publish_seconds", "Seconds a publish request spends in the engine (with flush = "
             "sync: until the fsync covering it)", registry=r,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+        self.fsync_seconds = Histogram(
+            "broker_fsync_seconds", "Seconds each fsync of the commit log took", registry=r,
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
         self.lag_source: Callable[[], Iterable[tuple[str, str, int, int]]] | None = None
 
     def exposition(self) -> bytes:

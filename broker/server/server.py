@@ -60,6 +60,7 @@ class BrokerServer:
 
     async def start(self) -> None:
         self.metrics.lag_source = self._lag
+        self.engine.observe_fsync(self.metrics.fsync_seconds.observe)
         tls = self.config.tls.context() if self.config.tls else None
         host = self.config.host
         self._servers["native"] = await asyncio.start_server(

@@ -12,6 +12,7 @@ fsync and the ack). Under `async` the flusher's thread fsyncs every
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import structlog
@@ -43,6 +44,8 @@ class Flusher:
         self._stopping = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self.on_fsync: Callable[[float], None] | None = None
+        """Told the seconds each fsync took (a server's latency metric), on the fsyncing thread."""
         if policy is FlushPolicy.ASYNC:
             self._thread = threading.Thread(target=self._run, name="store-flusher", daemon=True)
             self._thread.start()
@@ -60,6 +63,7 @@ class Flusher:
             raise _fsync_error(self._error)
         if self.flushed >= end:
             return
+        began = time.perf_counter()
         try:
             self._target(end).fsync()
         except (OSError, StoreError) as exc:
@@ -68,6 +72,8 @@ class Flusher:
             raise _fsync_error(exc) from exc
         with self._cond:
             self.flushed = max(self.flushed, end)
+        if self.on_fsync is not None:
+            self.on_fsync(time.perf_counter() - began)
 
     def stop(self) -> None:
         """Flush what is left and end the thread."""

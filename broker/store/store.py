@@ -250,6 +250,10 @@ class MessageStore:
         checkpoint.save(self.path, checkpoint.Checkpoint(dispatched, lengths))
         self._checkpointed = dispatched
 
+    def observe_fsync(self, observer: Callable[[float], None] | None) -> None:
+        """Tell ``observer`` the seconds each fsync of the commit log takes (None: nobody)."""
+        self._flusher.on_fsync = observer
+
     def set_retention_guard(self, guard: RetentionGuard | None) -> None:
         """Tell retention what consumer groups still need (the delivery layer supplies it)."""
         self._guard = guard

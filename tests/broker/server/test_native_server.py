@@ -9,6 +9,7 @@ changes.
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 from collections.abc import Iterator
@@ -145,5 +146,7 @@ def test_prometheus_metrics_of_the_broker(tmp_path, unique) -> None:
     assert 'broker_messages_dead_lettered_total{group="audit"} 1.0' in text
     assert 'broker_group_lag{group="audit"' in text and "broker_connections_total" in text
     assert "broker_publish_seconds_count 1.0" in text  # one publish request, timed
+    fsyncs = re.search(r"^broker_fsync_seconds_count (\S+)$", text, re.MULTILINE)
+    assert fsyncs is not None and float(fsyncs.group(1)) >= 1  # flush = "sync": the publish waited for one
     client.close()
     server.stop()
