@@ -10,7 +10,8 @@ stream on the same server:
 
     python -m benchmarks.transports_nats [--count N]
 
-``rows()`` gives the table's rows for `benchmarks/transports.py`.
+`benchmarks/transports.py` takes ``raw`` for its NATS row and runs the
+framework rows through the same code as every transport.
 """
 
 from __future__ import annotations

@@ -67,9 +67,7 @@ def _api(url: str | None, settings_path: str | None) -> Iterator[Any]:
 
 
 def _show(rows: Sequence[Any], as_json: bool) -> None:
-    from broker.delivery.values import as_dict
-
-    records = [as_dict(row) for row in rows]
+    records = [dataclasses.asdict(row) for row in rows]
     if as_json:
         for record in records:
             click.echo(json.dumps(record, default=list))
