@@ -33,6 +33,7 @@ from broker.store.checkpoint import MARKER
 from broker.store.commitlog import CommitLog
 from broker.store.prepare import prepare
 from broker.store.queues import QueueTable
+from broker.store.recent import RecentRecords
 from broker.store.segment import Segment
 from broker.store.writer import BatchWriter
 
@@ -179,7 +180,8 @@ def write_log(directory: Path, megabytes: int) -> int:
     config = StoreConfig()
     commit_log = CommitLog(directory / "commitlog", config.segment_size, fsync_on_roll=False)
     queues = QueueTable(directory / "scratch", 1 << 16)
-    writer = BatchWriter(commit_log, queues, _NoIndex(), b"bench000")  # type: ignore[arg-type]
+    writer = BatchWriter(commit_log, queues, _NoIndex(), b"bench000",  # type: ignore[arg-type]
+                         RecentRecords(0))
     batch = prepare(records(1000), config.max_record_size)
     count, target = 0, megabytes * 1024 * 1024
     while commit_log.end < target:

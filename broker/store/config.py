@@ -50,6 +50,7 @@ class StoreConfig:
     refuse_at: float = 0.90
     skip_corrupt: bool = False
     read_chunk: int = 1024 * 1024
+    recent_bytes: int = 64 * 1024 * 1024  # bodies of the latest appends readers get from memory
     clock: Clock = SYSTEM_CLOCK
     disk_usage: DiskUsage = field(default=filesystem_usage)
 
@@ -67,6 +68,7 @@ class StoreConfig:
         _at_least("index_slots", self.index_slots, 1)
         _at_least("index_entries", self.index_entries, 2)
         _at_least("read_chunk", self.read_chunk, 4096)
+        _at_least("recent_bytes", self.recent_bytes, 0)
         for name in ("flush_interval", "group_commit_wait", "checkpoint_interval", "retention",
                      "retention_interval"):
             if getattr(self, name) < 0:

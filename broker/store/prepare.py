@@ -10,8 +10,9 @@ found by a per-record pass that names it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import compress, repeat
+from types import MappingProxyType
 from typing import NamedTuple
 
 from crc32c import crc32c
@@ -20,7 +21,7 @@ from broker.errors import InvalidRecordError, RecordTooLargeError
 from broker.store import codec
 from broker.store.keyindex import ID_SEED, topic_seed
 from broker.store.queues import check_place
-from broker.store.record import Record
+from broker.store.record import NO_HEADERS, Record
 
 GENERATED_ID_LENGTH = 24
 MAX_FIELD = 65_535
@@ -61,6 +62,9 @@ class Prepared(NamedTuple):
     key_hashes: list[int]
     named: list[bool]
     id_hashes: list[int]
+    key_texts: tuple[str, ...]  # the keys, tags and headers as given (what readers get back)
+    tag_texts: tuple[str, ...]
+    header_maps: Sequence[Mapping[str, str]]  # each an immutable copy
 
 
 def prepare(records: Sequence[Record], max_record_size: int) -> Prepared:
@@ -76,8 +80,11 @@ def prepare(records: Sequence[Record], max_record_size: int) -> Prepared:
     try:
         (keys_b, key_lengths), (tags_b, tag_lengths), (ids_b, id_lengths) = (
             _encode(keys), _encode(tags), _encode(message_ids))
-        headers_b = ([codec.encode_headers(h) if h else b"" for h in headers] if any(headers)
-                     else [b""] * len(headers))
+        if any(headers):
+            headers_b = [codec.encode_headers(h) if h else b"" for h in headers]
+            header_maps = [MappingProxyType(dict(h)) if h else NO_HEADERS for h in headers]
+        else:
+            headers_b, header_maps = [b""] * len(headers), [NO_HEADERS] * len(headers)
     except (AttributeError, TypeError, UnicodeEncodeError, ValueError) as exc:
         raise InvalidRecordError(f"record for {topics[0]}: bad key, tag, id or headers: {exc}") from exc
     generated = not all(id_lengths)
@@ -106,6 +113,7 @@ def prepare(records: Sequence[Record], max_record_size: int) -> Prepared:
         [crc32c(tag) if tag else 0 for tag in tags_b] if any(tag_lengths) else [0] * len(tags_b),
         generated, keyed, list(map(crc32c, compress(keys_b, keyed), seeds)),
         named, list(map(crc32c, compress(ids_b, named), repeat(ID_SEED))),  # id_hash of each
+        keys, tags, header_maps,
     )
 
 

@@ -24,6 +24,7 @@ from broker.store.codec import FrameError
 from broker.store.columns import decode_run
 from broker.store.commitlog import CommitLog
 from broker.store.consumequeue import QueueEntry
+from broker.store.recent import RecentRecords
 from broker.store.record import StoredBatch, StoredMessage
 from broker.store.segment import Segment
 
@@ -39,14 +40,21 @@ def read_span(
     visible: int,
     chunk: int,
     skip: bool,
+    recent: RecentRecords | None = None,
 ) -> StoredBatch:
     """The messages of queue ``place`` from queue offset ``first`` whose consume-queue entries are
-    ``log_offsets`` and ``sizes``, up to the ``visible`` log offset."""
+    ``log_offsets`` and ``sizes``, up to the ``visible`` log offset: from ``recent`` if it
+    holds them all, else read from the log."""
     topic, queue = place
-    topic_b = topic.encode()
-    pieces: list[Sequence[Sequence[Any]]] = []  # the columns of each run read
     ends = list(map(add, log_offsets, sizes))
     in_order = all(map(le, ends, islice(log_offsets, 1, None)))  # always, unless the queue is damaged
+    if recent is not None and in_order and log_offsets and log_offsets[0] >= commit_log.min_offset:
+        shown = bisect_right(ends, visible)
+        held = recent.take(log_offsets[:shown], sizes[:shown]) if shown else None
+        if held is not None:
+            return StoredBatch(topic, queue, range(first, first + shown), log_offsets[:shown], *held)
+    topic_b = topic.encode()
+    pieces: list[Sequence[Sequence[Any]]] = []  # the columns of each run read
     i, count = 0, len(log_offsets)
     while i < count and ends[i] <= visible:
         start = log_offsets[i]

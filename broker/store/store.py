@@ -34,6 +34,7 @@ from broker.store.keyindex import KeyIndex, id_hash, key_hash, offset_in_id
 from broker.store.prepare import Prepared, prepare
 from broker.store.queues import QueueTable
 from broker.store.reader import lookup, read_frame_at, read_span
+from broker.store.recent import RecentRecords
 from broker.store.record import AppendResult, Record, StoredBatch, StoredMessage
 from broker.store.recovery import RecoveryReport, recover
 from broker.store.segment import Segment
@@ -65,7 +66,9 @@ class MessageStore:
         except BaseException:
             self._release()
             raise
-        self._batch_writer = BatchWriter(self._log, self._queues, self._index, self._instance)
+        self._recent = RecentRecords(self.config.recent_bytes)
+        self._batch_writer = BatchWriter(self._log, self._queues, self._index, self._instance,
+                                         self._recent)
         self._visible = self._log.end
         self._flusher = Flusher(self.config.flush, self.config.flush_interval,
                                 self.config.flush_bytes, self._flush_target, self._log.end)
@@ -179,7 +182,8 @@ class MessageStore:
                 queue_offset = first
                 log_offsets, sizes = consume_queue.span(queue_offset, max_count)
         return read_span(self._log, (topic, queue), queue_offset, log_offsets, sizes,
-                         self._visible_end(), self.config.read_chunk, self.config.skip_corrupt)
+                         self._visible_end(), self.config.read_chunk, self.config.skip_corrupt,
+                         self._recent)
 
     def lookup_key(self, topic: str, key: str, begin: float, end: float,
                    max_count: int = 64) -> list[StoredMessage]:
@@ -318,6 +322,7 @@ class MessageStore:
             self._write_checkpoint()
             checkpoint.mark_closed(self.path)
         self._release()
+        self._recent.clear()
         log.info("store.closed", path=str(self.path), clean=clean)
 
     def _release(self) -> None:

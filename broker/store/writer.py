@@ -22,6 +22,7 @@ from broker.store.consumequeue import ENTRY, ConsumeQueue
 from broker.store.keyindex import STORE_ID_LENGTH, KeyIndex, offset_in_id
 from broker.store.prepare import Prepared
 from broker.store.queues import QueueTable
+from broker.store.recent import RecentRecords
 from broker.store.record import AppendResult
 
 _pack_header = codec.HEADER.pack
@@ -38,10 +39,11 @@ class BatchWriter:
     """Appends prepared batches to the log and dispatches them to queues and index."""
 
     def __init__(self, commit_log: CommitLog, queues: QueueTable, index: KeyIndex,
-                 instance: bytes) -> None:
+                 instance: bytes, recent: RecentRecords) -> None:
         self._log = commit_log
         self._queues = queues
         self._index = index
+        self._recent = recent
         self._id_format = instance + b"%016x"
         self._by_topic: dict[str, dict[int, ConsumeQueue]] = {}
 
@@ -69,6 +71,8 @@ class BatchWriter:
         message_ids = (batch.message_ids if not batch.generated
                        else list(map(bytes.decode, ids)) if not any(batch.ids)
                        else [given or made.decode() for given, made in zip(batch.message_ids, ids)])
+        self._recent.add(offsets, sizes, message_ids, batch.key_texts, batch.tag_texts,
+                         batch.header_maps, batch.bodies, store_time, batch.attempts)
         return list(map(_new_result, repeat(AppendResult), zip(
             batch.topics, batch.queues, queue_offsets, offsets, message_ids, sizes)))
 

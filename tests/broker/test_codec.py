@@ -10,6 +10,7 @@ from broker.store.commitlog import CommitLog
 from broker.store.keyindex import KeyIndex
 from broker.store.prepare import prepare
 from broker.store.queues import QueueTable
+from broker.store.recent import RecentRecords
 from broker.store.record import Record
 from broker.store.writer import BatchWriter
 
@@ -31,7 +32,7 @@ def test_a_frame_round_trips() -> None:
 def test_the_batch_writer_lays_frames_out_as_the_codec_does(tmp_path) -> None:
     log = CommitLog(tmp_path / "log", 1 << 20, fsync_on_roll=False)
     writer = BatchWriter(log, QueueTable(tmp_path / "cq", 16), KeyIndex(tmp_path / "ix", 8, 64),
-                         b"abcd")
+                         b"abcd", RecentRecords(0))
     record = Record("orders", 3, b"body", key="key", tag="tag", headers={"h": "v"},
                     message_id="id-1", attempt=2)
     [placed] = writer.write(prepare([record], 1 << 20), 1.5)
