@@ -14,7 +14,9 @@ import mmap
 import os
 import struct
 import sys
+from collections import deque
 from collections.abc import Iterator, Sequence
+from itertools import starmap
 from pathlib import Path
 
 from broker.errors import CorruptStoreError
@@ -123,17 +125,18 @@ class IndexFile:
         numbers = range(first, first + len(hashes))
         slots = list(map(self.slots.__rmod__, hashes))
         previous = list(map(heads.__getitem__, slots))
-        if len(set(slots)) < len(slots):  # chains within the batch: link them in order
+        distinct = len(set(slots)) == len(slots)
+        if not distinct:  # chains within the batch: link them in order
             latest = dict(zip(slots, previous))
             for position, (slot, number) in enumerate(zip(slots, numbers)):
                 previous[position], latest[slot] = latest[slot], number
         at = self._entries + self.count * ENTRY.size
         data = b"".join(map(ENTRY.pack, hashes, offsets, sizes, times, previous))
         mapped[at : at + len(data)] = data
-        newest = dict(zip(slots, numbers))
-        list(map(heads.__setitem__, newest, newest.values()))
-        self.begin_ms = min(times) if self.count == 0 else min(self.begin_ms, *times)
-        self.end_ms = max(self.end_ms, *times)
+        newest = zip(slots, numbers) if distinct else dict(zip(slots, numbers)).items()
+        deque(starmap(heads.__setitem__, newest), maxlen=0)
+        self.begin_ms = min(times) if self.count == 0 else min(self.begin_ms, min(times))
+        self.end_ms = max(self.end_ms, max(times))
         self.count += len(hashes)
         return len(hashes)
 

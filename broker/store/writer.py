@@ -10,9 +10,11 @@ consume queue gets one slice assignment, the key index one pass.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
+from functools import lru_cache
 from itertools import accumulate, chain, compress, count, repeat
-from operator import sub
+from operator import ne, sub
 
 from crc32c import crc32c
 
@@ -57,12 +59,7 @@ class BatchWriter:
         starts = {place: consume_queue.length for place, consume_queue in queues.items()}
         counters = {place: count(start) for place, start in starts.items()}
         queue_offsets = list(map(next, map(counters.__getitem__, places)))
-        heads = map(_pack_header, batch.lengths, repeat(_VERSION), batch.queues, queue_offsets,
-                    repeat(store_time), batch.attempts, batch.topic_lengths, map(len, ids),
-                    batch.key_lengths, batch.tag_lengths, batch.header_lengths,
-                    batch.body_lengths)
-        payloads = list(map(b"".join, zip(heads, batch.topics_b, ids, batch.keys, batch.tags,
-                                          batch.headers, batch.bodies)))
+        payloads = _payloads(batch, ids, queue_offsets, store_time)
         prefixes = map(_pack_prefix, repeat(_MAGIC), map(crc32c, payloads))
         self._append(list(chain.from_iterable(zip(prefixes, payloads))), sizes, end)
         self._dispatch(places, queue_offsets, queues, starts, offsets, sizes, batch.tag_hashes)
@@ -143,22 +140,65 @@ class BatchWriter:
     def _index_batch(self, batch: Prepared, ids: list[bytes], offsets: list[int],
                      store_ms: int) -> None:
         """Index keys, and the ids producers gave (store-made ids say where they are)."""
-        sizes, keyed = batch.sizes, batch.keyed
-        hashes = batch.key_hashes
-        entries: list[Sequence[int]]
-        if len(hashes) == len(offsets):
-            entries = [hashes, offsets, sizes]
-        else:
-            entries = [hashes, list(compress(offsets, keyed)), list(compress(sizes, keyed))]
+        entries = by_key = _chosen(batch.key_hashes, batch.keyed, offsets, batch.sizes)
         if batch.id_hashes:
-            named = batch.named
-            named_ids = list(compress(ids, named))
-            by_id: Sequence[tuple[int, int, int]] = list(zip(
-                compress(offsets, named), compress(sizes, named), batch.id_hashes))
+            entries = by_id = _chosen(batch.id_hashes, batch.named, offsets, batch.sizes)
+            named_ids = ids if len(by_id[0]) == len(ids) else list(compress(ids, batch.named))
             if STORE_ID_LENGTH in set(map(len, named_ids)):  # an id naming its own record needs no entry
-                by_id = [entry for entry, id_b in zip(by_id, named_ids) if offset_in_id(id_b) != entry[0]]
-            merged = sorted(chain(zip(entries[1], entries[2], hashes), by_id)) if hashes else by_id
-            log_offsets, log_sizes, log_hashes = zip(*merged) if merged else ((), (), ())
-            entries = [log_hashes, log_offsets, log_sizes]  # index files cover log ranges in order
+                needed = list(map(ne, map(offset_in_id, named_ids), by_id[1]))
+                entries = by_id = (list(compress(by_id[0], needed)), list(compress(by_id[1], needed)),
+                                   list(compress(by_id[2], needed)))
+            if by_key[0] and by_id[0]:  # index files cover log ranges in order: merge by offset
+                merged = sorted(chain(zip(by_key[1], by_key[2], by_key[0]), zip(by_id[1], by_id[2], by_id[0])))
+                log_offsets, sizes, hashes = map(list, zip(*merged))
+                entries = (hashes, log_offsets, sizes)
+            elif by_key[0]:
+                entries = by_key
         if entries[0]:
-            self._index.add_many(entries[0], entries[1], entries[2], [store_ms] * len(entries[0]))
+            self._index.add_many(*entries, [store_ms] * len(entries[0]))
+
+
+def _payloads(batch: Prepared, ids: list[bytes], queue_offsets: list[int],
+              store_time: float) -> list[bytes]:
+    """Each record's CRC-covered bytes: header, topic, id, key, tag, headers, body.
+
+    A producer's batch of plain messages (one topic, no key, tag or headers, ids and bodies
+    of one length, one attempt) differs from record to record only in queue, queue offset,
+    id and body: the rest of the header is packed once, and each payload with one ``pack``.
+    """
+    lengths, body_lengths, attempts, topics = batch.lengths, batch.body_lengths, batch.attempts, batch.topics_b
+    count = len(lengths)
+    if (lengths.count(lengths[0]) == body_lengths.count(body_lengths[0]) == attempts.count(attempts[0])
+            == topics.count(topics[0]) == count
+            and not (any(batch.key_lengths) or any(batch.tag_lengths) or any(batch.header_lengths))):
+        lead = _LEAD.pack(lengths[0], _VERSION)
+        trail = _TRAIL.pack(store_time, attempts[0], len(topics[0]), len(ids[0]), 0, 0, 0,
+                            body_lengths[0]) + topics[0]
+        plain = _plain(len(trail), len(ids[0]), body_lengths[0])
+        return list(map(plain.pack, repeat(lead), batch.queues, queue_offsets, repeat(trail), ids,
+                        batch.bodies))
+    heads = map(_pack_header, lengths, repeat(_VERSION), batch.queues, queue_offsets,
+                repeat(store_time), attempts, batch.topic_lengths, map(len, ids),
+                batch.key_lengths, batch.tag_lengths, batch.header_lengths, body_lengths)
+    return list(map(b"".join, zip(heads, topics, ids, batch.keys, batch.tags, batch.headers,
+                                  batch.bodies)))
+
+
+_LEAD = struct.Struct("<IB")  # `codec.HEADER` up to the queue: length, version
+_TRAIL = struct.Struct("<dIHHHHII")  # after the queue offset: store time ... body length
+assert _LEAD.format + "IQ" + _TRAIL.format.lstrip("<") == codec.HEADER.format
+
+
+@lru_cache(maxsize=256)
+def _plain(trail_length: int, id_length: int, body_length: int) -> struct.Struct:
+    """The payload of a plain record: lead, queue, queue offset, trail and topic, id, body."""
+    return struct.Struct(f"<5sIQ{trail_length}s{id_length}s{body_length}s")
+
+
+def _chosen(hashes: Sequence[int], chosen: Sequence[bool], offsets: list[int],
+            sizes: list[int]) -> tuple[Sequence[int], Sequence[int], Sequence[int]]:
+    """The index entries (hash, log offset, size: a column each) of the records ``chosen`` picks
+    (``hashes`` has one per chosen record)."""
+    if len(hashes) == len(offsets):
+        return hashes, offsets, sizes
+    return hashes, list(compress(offsets, chosen)), list(compress(sizes, chosen))

@@ -43,6 +43,22 @@ def test_the_batch_writer_lays_frames_out_as_the_codec_does(tmp_path) -> None:
     log.close()
 
 
+def test_a_batch_of_plain_records_is_laid_out_as_the_codec_does(tmp_path) -> None:
+    """The writer's short way for a producer's batch (no key, tag or headers, one size): frame by
+    frame what `codec.encode` makes, queue offsets counted per queue."""
+    log = CommitLog(tmp_path / "log", 1 << 20, fsync_on_roll=False)
+    writer = BatchWriter(log, QueueTable(tmp_path / "cq", 16), KeyIndex(tmp_path / "ix", 8, 64),
+                         b"abcd", RecentRecords(0))
+    records = [Record("orders", n % 3, b"body-%02d" % n, message_id="id-%02d" % n, attempt=4)
+               for n in range(7)]
+    placed = writer.write(prepare(records, 1 << 20), 2.5)
+    expected = b"".join(codec.encode(b"orders", n % 3, n // 3, 2.5, 4, b"id-%02d" % n, b"", b"", b"",
+                                     b"body-%02d" % n) for n in range(7))
+    assert log.active.read(0, 1 << 20) == expected
+    assert [p.queue_offset for p in placed] == [n // 3 for n in range(7)]
+    log.close()
+
+
 def test_a_partial_frame_asks_for_more_bytes() -> None:
     for cut in (0, 1, 2, codec.FRAME_MIN, len(FRAME) - 1):
         assert codec.check(FRAME[:cut], 0, 1 << 20) is None
