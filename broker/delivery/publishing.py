@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from broker.delivery.engine import Broker
 
 _QUEUE = itemgetter(1)  # of a `Record`
-_PLACED = itemgetter(1, 2, 4)  # queue, offset, message id of an `AppendResult`
 _run: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of side effects in C
 
 
@@ -57,10 +56,13 @@ def append_columns(broker: Broker, topic: str, messages: MessageColumns, *,
         fresh, copies = _fresh(broker, topic, message_ids) if named else (range(count), {})
         records = _records(broker, topic, messages if not copies else messages.taken(fresh))
     results = _timed_append(broker, topic, records) if records else []
-    queues, offsets, stored_ids = map(list, zip(*map(_PLACED, results))) if results else ([], [], [])
+    _, queues, offsets, _, stored_ids, _ = map(list, zip(*results)) if results else ([],) * 6
     if named:
-        _remember(broker, topic, list(compress(zip(queues, offsets, stored_ids),
-                                               map(message_ids.__getitem__, fresh))))
+        if len(results) == count and all(message_ids):  # the usual batch: all appended, all named
+            _remember(broker, topic, queues, offsets, stored_ids)
+        else:
+            _remember(broker, topic, *_named(queues, offsets, stored_ids,
+                                             list(map(message_ids.__getitem__, fresh))))
     else:
         with broker.lock:
             broker.lock.notify_all()
@@ -70,10 +72,17 @@ def append_columns(broker: Broker, topic: str, messages: MessageColumns, *,
     return _with_copies(topic, message_ids, fresh, (queues, offsets, stored_ids), copies)
 
 
-def _remember(broker: Broker, topic: str, placed: list[tuple[int, int, str]]) -> None:
+def _named(queues: list[int], offsets: list[int], stored_ids: list[str],
+           given: list[str]) -> tuple[list[int], list[int], list[str]]:
+    """The places of the messages appended whose producer gave an id (``given`` non-empty)."""
+    return (list(compress(queues, given)), list(compress(offsets, given)),
+            list(compress(stored_ids, given)))
+
+
+def _remember(broker: Broker, topic: str, queues: Sequence[int], offsets: Sequence[int],
+              message_ids: Sequence[str]) -> None:
     """Put the producer-given ids just appended in the de-duplication window (an id the store
     made cannot be sent again) and wake the members waiting for messages."""
-    queues, offsets, message_ids = zip(*placed) if placed else ((), (), ())
     with broker.lock:
         broker.dedup.add(topic, queues, offsets, message_ids)
         broker.lock.notify_all()

@@ -49,7 +49,7 @@ def test_a_batch_of_plain_records_is_laid_out_as_the_codec_does(tmp_path) -> Non
     log = CommitLog(tmp_path / "log", 1 << 20, fsync_on_roll=False)
     writer = BatchWriter(log, QueueTable(tmp_path / "cq", 16), KeyIndex(tmp_path / "ix", 8, 64),
                          b"abcd", RecentRecords(0))
-    records = [Record("orders", n % 3, b"body-%02d" % n, message_id="id-%02d" % n, attempt=4)
+    records = [Record("orders", n % 3, b"body-%02d" % n, message_id=f"id-{n:02d}", attempt=4)
                for n in range(7)]
     placed = writer.write(prepare(records, 1 << 20), 2.5)
     expected = b"".join(codec.encode(b"orders", n % 3, n // 3, 2.5, 4, b"id-%02d" % n, b"", b"", b"",
