@@ -26,12 +26,15 @@ consume+ack per second, 256-byte bodies, each client batching as it allows,
 
 The ratios printed at the end take, for each rate, the faster of this broker's two clients.
 The load average is printed before and after: on a busy machine compare runs of the same minute.
+``--rounds R`` runs every row R times, one round of all rows after another, and prints each
+row's best rate (as ``timeit`` keeps the best: the run least disturbed by the machine's other
+work) and the ratios of every round.
 For this broker's rows the CPU time of produce and of consume+ack is printed too, in µs per message, for the
 server process (from /proc) and for the client: on a shared machine steadier than the rates.
 ``--only-broker`` runs this broker's rows alone; ``--consume-only R`` fills one server and
 measures the sync client's consume+ack alone, R times (a fresh group each time).
 
-    python -m benchmarks.broker_vs_peers [--messages N] [--only-broker] [--consume-only R]
+    python -m benchmarks.broker_vs_peers [--messages N] [--rounds R] [--only-broker] [--consume-only R]
 """
 
 from __future__ import annotations
@@ -345,6 +348,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--only-broker", action="store_true", help="this broker's rows alone")
     parser.add_argument("--consume-only", type=int, default=0, metavar="ROUNDS")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every row this many times, interleaved; print each row's best")
     arguments = parser.parse_args()
     count = arguments.messages // BATCH * BATCH
     if arguments.consume_only:
@@ -352,27 +357,34 @@ def main() -> None:
         consume_only(count, arguments.consume_only)
         print(f"load average {load()}")
         return
-    print(f"{count} messages of 256 bytes, load average {load()}\n")
-    print(f"{'':<26}{'produce':>10}{'consume+ack':>14}   msg/s")
-    results = {}
-    for name, run in (("reliable broker", reliable_broker),
-                      ("reliable broker pipelined", reliable_broker_pipelined), ("RabbitMQ", rabbitmq),
-                      ("RabbitMQ, confirms", rabbitmq_confirms),
-                      ("Redis Streams", redis_streams), ("Redis Streams, AOF always", redis_streams_durable),
-                      ("NATS JetStream", jetstream)):
-        if arguments.only_broker and not name.startswith("reliable"):
-            continue
-        results[name] = run(count)
-        produced, consumed = results[name]
+    print(f"{count} messages of 256 bytes, {arguments.rounds} round(s), load average {load()}\n")
+    rows = [(name, run) for name, run in ROWS if not (arguments.only_broker and not name.startswith("reliable"))]
+    rounds: list[dict[str, tuple[float, float]]] = []
+    for _ in range(arguments.rounds):  # every row once per round: a disturbance hits one round, not one row
+        rounds.append({name: run(count) for name, run in rows})
+    best = {name: (max(r[name][0] for r in rounds), max(r[name][1] for r in rounds)) for name, _ in rows}
+    print(f"{'':<26}{'produce':>10}{'consume+ack':>14}   msg/s" + ("   (best of each row's rounds)" if len(rounds) > 1 else ""))
+    for name, (produced, consumed) in best.items():
         print(f"{name:<26}{produced:>10,.0f}{'—' if math.isnan(consumed) else f'{consumed:,.0f}':>14}")
     print("\n".join(CPU_NOTES))
-    ours = [max(rate[i] for name, rate in results.items() if name.startswith("reliable")) for i in (0, 1)]
     for peer in ("Redis Streams", "Redis Streams, AOF always", "RabbitMQ") if not arguments.only_broker else ():
-        theirs = results[peer]
-        print(f"reliable broker (its faster client) / {peer}: produce {ours[0] / theirs[0]:.2f}x, "
-              f"consume+ack {ours[1] / theirs[1]:.2f}x")
+        print(f"reliable broker (its faster client) / {peer}: produce {_ratio(best, peer, 0)}, "
+              f"consume+ack {_ratio(best, peer, 1)}"
+              + (f"; round by round: produce {', '.join(_ratio(r, peer, 0) for r in rounds)}, "
+                 f"consume+ack {', '.join(_ratio(r, peer, 1) for r in rounds)}" if len(rounds) > 1 else ""))
     print("targets: >= 1.5x Redis Streams and >= 5x RabbitMQ on both rates")
     print(f"load average {load()}")
+
+
+def _ratio(rates: dict[str, tuple[float, float]], peer: str, which: int) -> str:
+    """The faster of this broker's clients over ``peer``, at produce (0) or consume+ack (1)."""
+    ours = max(rate[which] for name, rate in rates.items() if name.startswith("reliable"))
+    return f"{ours / rates[peer][which]:.2f}x"
+
+
+ROWS = (("reliable broker", reliable_broker), ("reliable broker pipelined", reliable_broker_pipelined),
+        ("RabbitMQ", rabbitmq), ("RabbitMQ, confirms", rabbitmq_confirms), ("Redis Streams", redis_streams),
+        ("Redis Streams, AOF always", redis_streams_durable), ("NATS JetStream", jetstream))
 
 
 def load() -> str:

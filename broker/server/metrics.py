@@ -82,8 +82,12 @@ class ServerMetrics:
         if not taken.count:
             return
         if "topic" in taken.same:  # a fetch of one topic: no look at single rows
-            self._count(taken.same["topic"], taken.count, _column(taken, "body"),
-                        _column(taken, "delivery_count"))
+            if "delivery_count" in taken.same:  # all first deliveries, or all redelivered as often
+                again = taken.count if taken.same["delivery_count"] > _FIRST_DELIVERY else 0
+                self._count(taken.same["topic"], taken.count, _column(taken, "body"), again=again)
+            else:
+                self._count(taken.same["topic"], taken.count, _column(taken, "body"),
+                            taken.columns["delivery_count"])
             return
         topics, bodies = taken.columns["topic"], _column(taken, "body")
         counts = _column(taken, "delivery_count")
@@ -91,10 +95,13 @@ class ServerMetrics:
             rows = [index for index, named in enumerate(topics) if named == topic]
             self._count(topic, len(rows), [bodies[i] for i in rows], [counts[i] for i in rows])
 
-    def _count(self, topic: str, count: int, bodies: Sequence[bytes], delivery_counts: Sequence[int]) -> None:
+    def _count(self, topic: str, count: int, bodies: Sequence[bytes],
+               delivery_counts: Sequence[int] = (), again: int = 0) -> None:
+        """Count ``count`` deliveries of ``topic``: ``again`` of them redelivered, or as many as
+        ``delivery_counts`` says."""
         self.delivered.labels(topic).inc(count)
         self.bytes_out.labels(topic).inc(sum(map(len, bodies)))
-        if again := sum(map(_FIRST_DELIVERY.__lt__, delivery_counts)):
+        if again := again or sum(map(_FIRST_DELIVERY.__lt__, delivery_counts)):
             self.redelivered.labels(topic).inc(again)
 
     def totals(self) -> dict[str, float]:  # int where the value is whole

@@ -10,7 +10,7 @@ corrupt records, a logged gap. A wrong body is never returned.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, islice, repeat
 from operator import add, le, sub
@@ -46,13 +46,16 @@ def read_span(
     ``log_offsets`` and ``sizes``, up to the ``visible`` log offset: from ``recent`` if it
     holds them all, else read from the log."""
     topic, queue = place
-    ends = list(map(add, log_offsets, sizes))
-    in_order = all(map(le, ends, islice(log_offsets, 1, None)))  # always, unless the queue is damaged
-    if recent is not None and in_order and log_offsets and log_offsets[0] >= commit_log.min_offset:
-        shown = bisect_right(ends, visible)
+    if (recent is not None and log_offsets and log_offsets[0] >= commit_log.min_offset
+            and log_offsets == sorted(log_offsets)):  # in log order, unless the queue is damaged
+        shown = bisect_left(log_offsets, visible)
+        if shown and log_offsets[shown - 1] + sizes[shown - 1] > visible:
+            shown -= 1  # visible ends a record: never so, unless the queue is damaged
         held = recent.take(log_offsets[:shown], sizes[:shown]) if shown else None
         if held is not None:
             return StoredBatch(topic, queue, range(first, first + shown), log_offsets[:shown], *held)
+    ends = list(map(add, log_offsets, sizes))
+    in_order = all(map(le, ends, islice(log_offsets, 1, None)))  # always, unless the queue is damaged
     topic_b = topic.encode()
     pieces: list[Sequence[Sequence[Any]]] = []  # the columns of each run read
     i, count = 0, len(log_offsets)
