@@ -50,7 +50,7 @@ class StoreConfig:
     refuse_at: float = 0.90
     skip_corrupt: bool = False
     read_chunk: int = 1024 * 1024
-    recent_bytes: int = 64 * 1024 * 1024  # bodies of the latest appends readers get from memory
+    recent_bytes: int = 64 * 1024 * 1024  # memory for the latest appends, handed to readers that keep up
     clock: Clock = SYSTEM_CLOCK
     disk_usage: DiskUsage = field(default=filesystem_usage)
 

@@ -7,7 +7,8 @@ run of a queue from here when every record of it is still held, instead of
 reading the log and decoding it again. Kafka and RocketMQ serve the tail of
 their logs from memory (the page cache) the same way.
 
-Batches are dropped oldest first once the bodies held pass ``limit`` bytes;
+Batches are dropped oldest first once what is held passes ``limit`` bytes
+(counted as the records' framed size plus `PER_RECORD` bytes of Python objects each);
 a reader further behind reads the log, where every record is CRC-checked.
 What is held here never went through the disk, so it needs no check: it is
 what the producer sent. A batch held is never changed, and the table of
@@ -41,7 +42,7 @@ class HeldBatch(NamedTuple):
     offsets: Sequence[int]
     sizes: Sequence[int]
     fields: tuple[Column, ...]  # in the order of `RunColumns`
-    body_bytes: int
+    weight: int  # bytes of memory it holds, as `weight` counts them
 
     @property
     def end(self) -> int:
@@ -78,6 +79,14 @@ def _taken(column: Sequence[Any], picked: Picked) -> Sequence[Any]:
     return list(map(column.__getitem__, picked))
 
 
+PER_RECORD = 160  # bytes of Python objects a record held costs beyond its framed size (id, ints, slots)
+
+
+def weight(sizes: Sequence[int]) -> int:
+    """The memory records of these framed ``sizes`` are counted as holding."""
+    return sum(sizes) + PER_RECORD * len(sizes)
+
+
 def column(values: Sequence[Any]) -> Column:
     """``values`` as a batch holds them: `Same` when they are all one value."""
     first = values[0]
@@ -85,7 +94,7 @@ def column(values: Sequence[Any]) -> Column:
 
 
 class RecentRecords:
-    """The batches appended last, up to ``limit`` bytes of bodies (0: none are held)."""
+    """The batches appended last, up to ``limit`` bytes (0: none are held)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -96,17 +105,17 @@ class RecentRecords:
             keys: Sequence[str], tags: Sequence[str], headers: Sequence[Mapping[str, str]],
             bodies: Sequence[bytes], store_time: float, attempts: Sequence[int]) -> None:
         """Hold a batch just written (the writer lock held: one writer at a time)."""
-        body_bytes = sum(map(len, bodies))
-        if not offsets or body_bytes > self.limit:
+        held = weight(sizes)
+        if not offsets or held > self.limit:
             self.clear()
             return
         batch = HeldBatch(offsets, sizes, (message_ids, column(keys), column(tags), column(headers),
-                                           bodies, Same(store_time), column(attempts)), body_bytes)
+                                           bodies, Same(store_time), column(attempts)), held)
         starts, batches = self._table
-        self._held += body_bytes
+        self._held += held
         dropped = 0
         while self._held > self.limit:
-            self._held -= batches[dropped].body_bytes
+            self._held -= batches[dropped].weight
             dropped += 1
         self._table = ((*starts[dropped:], offsets[0]), (*batches[dropped:], batch))
 

@@ -38,7 +38,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.clock = FakeClock()
         self.config = small_config(clock=self.clock, segment_size=4096, max_record_size=2048,
                                    queue_file_entries=4, index_slots=4, index_entries=8,
-                                   recent_bytes=1200)  # some appends held in memory, some not
+                                   recent_bytes=3000)  # some appends held in memory, some not
         self.store = MessageStore(self.directory, self.config)
         self.model: dict[tuple[str, int], list[tuple[str, Record]]] = {}
         self.order: list[tuple[tuple[str, int], int, int]] = []  # (place, log offset, size)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from storetools import small_config
 
 from broker.store import MessageStore, Record, StoreConfig
+from broker.store.recent import weight
 
 
 def _batch(count: int, queues: int = 1, **fields: object) -> list[Record]:
@@ -56,12 +57,16 @@ def test_headers_changed_after_the_append_are_not_what_is_read(tmp_path) -> None
 
 
 def test_beyond_the_limit_records_come_from_the_log(tmp_path) -> None:
-    """Only the last appends' bodies, up to ``recent_bytes``, are held: an older batch is read from
-    the log (new objects, equal), and a batch larger than the limit is never held."""
-    store = MessageStore(tmp_path, small_config(recent_bytes=1000, segment_size=1 << 20))
+    """Only the last appends, up to ``recent_bytes`` (framed sizes and objects: `weight`), are
+    held: an older batch is read from the log (new objects, equal), and a batch larger than the
+    limit is never held."""
+    store = MessageStore(tmp_path, small_config(segment_size=1 << 20))
+    one = weight([p.size for p in store.append(_batch(10))])  # every batch of 10 weighs as much
+    store.close()
+    store = MessageStore(tmp_path / "limited", small_config(recent_bytes=2 * one, segment_size=1 << 20))
     first, second = _batch(10), _batch(10)
     store.append(first)
-    store.append(second)  # 500 bytes each: both held
+    store.append(second)  # both held
     assert store.read("t", 0, 0, 1)[0].body is first[0].body
     store.append(_batch(10))  # the first is dropped
     old = store.read("t", 0, 0, 10)
@@ -70,7 +75,7 @@ def test_beyond_the_limit_records_come_from_the_log(tmp_path) -> None:
     spanning = store.read("t", 0, 5, 10)  # all from the log: memory serves a read whole or not at all
     assert [m.body for m in spanning] == [r.body for r in first[5:] + second[:5]]
     big = _batch(30)
-    store.append(big)  # 1,500 bytes: nothing is held
+    store.append(big)  # weighs more than the limit: nothing is held
     assert store.read("t", 0, 30, 1)[0].body is not big[0].body
     assert [m.body for m in store.read("t", 0, 30, 30)] == [r.body for r in big]
     store.close()
