@@ -25,7 +25,7 @@ def columns(packed: bytes) -> tuple[list[int], list[int]]:
     """The log offsets and sizes of packed entries (machine words when the machine is little endian)."""
     if sys.byteorder == "little":
         words = memoryview(packed)
-        return words.cast("Q").tolist()[::2], words.cast("I").tolist()[2::4]
+        return words.cast("Q")[::2].tolist(), words.cast("I")[2::4].tolist()  # strided: no value per skipped word
     found, lengths, _ = zip(*ENTRY.iter_unpack(packed))
     return list(found), list(lengths)
 
