@@ -74,7 +74,7 @@ class ServerMetrics:
         for topic, given in per_topic:
             self.delivered.labels(topic).inc(len(given))
             self.bytes_out.labels(topic).inc(sum(map(len, map(_body, given))))
-            if again := sum(map(_FIRST_DELIVERY.__lt__, map(_delivery_count, given))):
+            if again := _redeliveries(map(_delivery_count, given)):
                 self.redelivered.labels(topic).inc(again)
 
     def count_columns(self, taken: DeliveryColumns) -> None:
@@ -84,24 +84,22 @@ class ServerMetrics:
         if "topic" in taken.same:  # a fetch of one topic: no look at single rows
             if "delivery_count" in taken.same:  # all first deliveries, or all redelivered as often
                 again = taken.count if taken.same["delivery_count"] > _FIRST_DELIVERY else 0
-                self._count(taken.same["topic"], taken.count, _column(taken, "body"), again=again)
             else:
-                self._count(taken.same["topic"], taken.count, _column(taken, "body"),
-                            taken.columns["delivery_count"])
+                again = _redeliveries(taken.columns["delivery_count"])
+            self._count(taken.same["topic"], taken.count, _column(taken, "body"), again)
             return
         topics, bodies = taken.columns["topic"], _column(taken, "body")
         counts = _column(taken, "delivery_count")
         for topic in set(topics):
             rows = [index for index, named in enumerate(topics) if named == topic]
-            self._count(topic, len(rows), [bodies[i] for i in rows], [counts[i] for i in rows])
+            self._count(topic, len(rows), [bodies[i] for i in rows],
+                        _redeliveries([counts[i] for i in rows]))
 
-    def _count(self, topic: str, count: int, bodies: Sequence[bytes],
-               delivery_counts: Sequence[int] = (), again: int = 0) -> None:
-        """Count ``count`` deliveries of ``topic``: ``again`` of them redelivered, or as many as
-        ``delivery_counts`` says."""
+    def _count(self, topic: str, count: int, bodies: Sequence[bytes], again: int) -> None:
+        """Count ``count`` deliveries of ``topic``, ``again`` of them redeliveries."""
         self.delivered.labels(topic).inc(count)
         self.bytes_out.labels(topic).inc(sum(map(len, bodies)))
-        if again := again or sum(map(_FIRST_DELIVERY.__lt__, delivery_counts)):
+        if again:
             self.redelivered.labels(topic).inc(again)
 
     def totals(self) -> dict[str, float]:  # int where the value is whole
@@ -131,6 +129,11 @@ class ServerMetrics:
             pass
         finally:
             writer.close()
+
+
+def _redeliveries(delivery_counts: Iterable[int]) -> int:
+    """How many of these deliveries are not the first of their message."""
+    return sum(map(_FIRST_DELIVERY.__lt__, delivery_counts))
 
 
 def _column(taken: DeliveryColumns, name: str) -> Sequence[Any]:

@@ -35,6 +35,8 @@ _MAGIC, _VERSION = codec.MAGIC, codec.VERSION
 _new_result = tuple.__new__
 
 Place = tuple[str, int] | int
+Entries = tuple[Sequence[int], Sequence[int], Sequence[int]]  # key-index hashes, log offsets, sizes
+NO_ENTRIES: Entries = ((), (), ())
 
 
 class BatchWriter:
@@ -140,22 +142,18 @@ class BatchWriter:
     def _index_batch(self, batch: Prepared, ids: list[bytes], offsets: list[int],
                      store_ms: int) -> None:
         """Index keys, and the ids producers gave (store-made ids say where they are)."""
-        entries = by_key = _chosen(batch.key_hashes, batch.keyed, offsets, batch.sizes)
-        if batch.id_hashes:
-            entries = by_id = _chosen(batch.id_hashes, batch.named, offsets, batch.sizes)
-            named_ids = ids if len(by_id[0]) == len(ids) else list(compress(ids, batch.named))
-            if STORE_ID_LENGTH in set(map(len, named_ids)):  # an id naming its own record needs no entry
-                needed = list(map(ne, map(offset_in_id, named_ids), by_id[1]))
-                entries = by_id = (list(compress(by_id[0], needed)), list(compress(by_id[1], needed)),
-                                   list(compress(by_id[2], needed)))
-            if by_key[0] and by_id[0]:  # index files cover log ranges in order: merge by offset
-                merged = sorted(chain(zip(by_key[1], by_key[2], by_key[0]), zip(by_id[1], by_id[2], by_id[0])))
-                log_offsets, sizes, hashes = map(list, zip(*merged))
-                entries = (hashes, log_offsets, sizes)
-            elif by_key[0]:
-                entries = by_key
-        if entries[0]:
-            self._index.add_many(*entries, [store_ms] * len(entries[0]))
+        by_key = _chosen(batch.key_hashes, batch.keyed, offsets, batch.sizes)
+        by_id = _named_entries(batch, ids, offsets) if batch.id_hashes else NO_ENTRIES
+        entries: Entries
+        if by_key[0] and by_id[0]:  # index files cover log ranges in order: merge by offset
+            merged = sorted(chain(zip(by_key[1], by_key[2], by_key[0]), zip(by_id[1], by_id[2], by_id[0])))
+            merged_offsets, merged_sizes, merged_hashes = map(list, zip(*merged))
+            entries = (merged_hashes, merged_offsets, merged_sizes)
+        else:
+            entries = by_key if by_key[0] else by_id
+        hashes, log_offsets, sizes = entries
+        if hashes:
+            self._index.add_many(hashes, log_offsets, sizes, [store_ms] * len(hashes))
 
 
 def _payloads(batch: Prepared, ids: list[bytes], queue_offsets: list[int],
@@ -192,11 +190,22 @@ assert _LEAD.format + "IQ" + _TRAIL.format.lstrip("<") == codec.HEADER.format
 @lru_cache(maxsize=256)
 def _plain(trail_length: int, id_length: int, body_length: int) -> struct.Struct:
     """The payload of a plain record: lead, queue, queue offset, trail and topic, id, body."""
-    return struct.Struct(f"<5sIQ{trail_length}s{id_length}s{body_length}s")
+    return struct.Struct(f"<{_LEAD.size}sIQ{trail_length}s{id_length}s{body_length}s")
+
+
+def _named_entries(batch: Prepared, ids: list[bytes],
+                   offsets: list[int]) -> Entries:
+    """The index entries of the ids producers gave, but for an id naming its own record."""
+    by_id = _chosen(batch.id_hashes, batch.named, offsets, batch.sizes)
+    named_ids = ids if len(by_id[0]) == len(ids) else list(compress(ids, batch.named))
+    if STORE_ID_LENGTH not in set(map(len, named_ids)):
+        return by_id
+    needed = list(map(ne, map(offset_in_id, named_ids), by_id[1]))
+    return list(compress(by_id[0], needed)), list(compress(by_id[1], needed)), list(compress(by_id[2], needed))
 
 
 def _chosen(hashes: Sequence[int], chosen: Sequence[bool], offsets: list[int],
-            sizes: list[int]) -> tuple[Sequence[int], Sequence[int], Sequence[int]]:
+            sizes: list[int]) -> Entries:
     """The index entries (hash, log offset, size: a column each) of the records ``chosen`` picks
     (``hashes`` has one per chosen record)."""
     if len(hashes) == len(offsets):

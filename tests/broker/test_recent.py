@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from storetools import small_config
 
+from broker.errors import BrokerConfigError
 from broker.store import MessageStore, Record, StoreConfig
 from broker.store.recent import weight
 
@@ -101,8 +103,5 @@ def test_under_sync_memory_shows_only_what_an_fsync_covered(tmp_path) -> None:
 
 
 def test_a_negative_limit_is_refused() -> None:
-    import pytest
-
-    from broker.errors import BrokerConfigError
     with pytest.raises(BrokerConfigError, match="recent_bytes"):
         StoreConfig(recent_bytes=-1)
