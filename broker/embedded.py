@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import atexit
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from broker.delivery.api import BrokerApi
 from broker.delivery.config import DeliveryConfig
@@ -95,20 +95,21 @@ class EmbeddedBroker:
             return self._engine
 
     def _connect(self) -> LocalClient:
-        """A client of the owner, once its socket answers (it may be starting)."""
-        deadline = time.monotonic() + CONNECT_WAIT
+        """A client of the owner, once its socket answers (it may be starting): retried as the
+        server's client retries (tenacity), for at most ``CONNECT_WAIT`` seconds."""
         client = LocalClient(self.directory)
-        while True:
-            try:
-                client.topics()
-                log.info("embedded.client", directory=str(self.directory))
-                return client
-            except BrokerUnavailableError:
-                if time.monotonic() > deadline:
-                    raise BrokerUnavailableError(
-                        f"{self.directory} is owned by another process that does not answer on "
-                        f"{socket_path(self.directory)}") from None
-                time.sleep(0.05)
+        try:
+            for attempt in Retrying(retry=retry_if_exception_type(BrokerUnavailableError),
+                                    wait=wait_fixed(0.05), stop=stop_after_delay(CONNECT_WAIT),
+                                    reraise=True):
+                with attempt:
+                    client.topics()
+        except BrokerUnavailableError:
+            raise BrokerUnavailableError(
+                f"{self.directory} is owned by another process that does not answer on "
+                f"{socket_path(self.directory)}") from None
+        log.info("embedded.client", directory=str(self.directory))
+        return client
 
     def _drop_client(self, api: BrokerApi) -> None:
         with self._lock:

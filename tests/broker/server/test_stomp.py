@@ -154,8 +154,9 @@ def test_a_transaction_sends_and_acks_on_commit_and_nothing_on_abort(server, uni
     connection.send(destination, "never", transaction=aborted)
     connection.abort(aborted)
     committed = connection.begin()
-    connection.send(destination, "once", transaction=committed)
-    time.sleep(0.3)
+    connection.send(destination, "once", transaction=committed, headers={"receipt": "sent"})
+    assert inbox.wait_for(1, "receipts") == ["sent"]  # the server has taken both SENDs
+    time.sleep(0.3)  # a bounded look: a message published at SEND would arrive meanwhile
     assert inbox.messages == []  # nothing before COMMIT
     connection.commit(committed)
     (message,) = inbox.wait_for(1)
@@ -188,9 +189,9 @@ def test_acks_in_a_transaction_count_on_commit_and_not_on_abort(server, unique) 
 def test_topics_broadcast_to_every_subscriber(server, unique) -> None:
     first, one = connect(server)
     second, two = connect(server)
-    for connection in (first, second):
-        connection.subscribe(f"/topic/{unique}", id="1", ack="auto")
-    time.sleep(0.3)  # subscriptions start at the end of the topic
+    for connection, inbox in ((first, one), (second, two)):  # subscriptions start at the topic's end:
+        connection.subscribe(f"/topic/{unique}", id="1", ack="auto", headers={"receipt": "joined"})
+        assert inbox.wait_for(1, "receipts") == ["joined"]  # so both have joined before the send
     first.send(f"/topic/{unique}", "news")
     assert one.wait_for(1)[0].body == two.wait_for(1)[0].body == "news"
     first.disconnect()
