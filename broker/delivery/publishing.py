@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -44,32 +45,57 @@ def append_columns(broker: Broker, topic: str, messages: MessageColumns, *,
                    dedup: bool = True) -> PlacementColumns:
     """Append to any topic (internal ones included); with ``dedup``, ids seen within the
     window are dropped (the first copy's placement comes back, marked duplicate)."""
-    count = messages.count
-    if not count:
-        return PlacementColumns(0, {}, {})
+    with broker.lock:
+        publish = begin(broker, topic, messages, dedup=dedup)
+    results = _timed_append(broker, topic, publish.records) if publish.records else []
+    return finish(broker, publish, results)
+
+
+@dataclass(frozen=True)
+class Publish:
+    """A publish checked and placed in queues, not yet appended (see `begin`)."""
+
+    topic: str
+    message_ids: Sequence[str]
+    named: bool  # ids to look for and remember
+    fresh: Sequence[int]  # the messages to append (the others are copies)
+    copies: dict[int, Placement | None]
+    records: list[Record]
+
+
+def begin(broker: Broker, topic: str, messages: MessageColumns, *, dedup: bool = True) -> Publish:
+    """The records of a publish: its messages but for the copies of ids seen (the caller holds
+    the engine's lock); the append of ``records`` and `finish` complete it."""
+    if not messages.count:
+        return Publish(topic, (), False, (), {}, [])
     bodies, message_ids = messages.column("body"), messages.column("message_id")
     if not all(map(isinstance, bodies, repeat(bytes))):
         bad = next(body for body in bodies if not isinstance(body, bytes))
         raise DeliveryError(f"message body must be bytes, got {type(bad).__name__}")
     named = dedup and any(message_ids)
-    with broker.lock:
-        fresh, copies = _fresh(broker, topic, message_ids) if named else (range(count), {})
-        records = _records(broker, topic, messages if not copies else messages.taken(fresh))
-    results = _timed_append(broker, topic, records) if records else []
+    fresh, copies = _fresh(broker, topic, message_ids) if named else (range(messages.count), {})
+    records = _records(broker, topic, messages if not copies else messages.taken(fresh))
+    return Publish(topic, message_ids, named, fresh, copies, records)
+
+
+def finish(broker: Broker, publish: Publish, results: list[AppendResult]) -> PlacementColumns:
+    """Remember the ids just appended, wake the members waiting, say where everything went."""
+    topic, message_ids, count = publish.topic, publish.message_ids, len(publish.message_ids)
     _, queues, offsets, _, stored_ids, _ = map(list, zip(*results)) if results else ([],) * 6
-    if named:
-        if len(results) == count and all(message_ids):  # the usual batch: all appended, all named
-            _remember(broker, topic, queues, offsets, stored_ids)
-        else:
-            _remember(broker, topic, *_named(queues, offsets, stored_ids,
-                                             list(map(message_ids.__getitem__, fresh))))
-    else:
-        with broker.lock:
-            broker.lock.notify_all()
-    if not copies:
+    with broker.lock:
+        if publish.named:
+            if len(results) == count and all(message_ids):  # the usual batch: all appended, all named
+                broker.dedup.add(topic, queues, offsets, stored_ids)
+            else:
+                broker.dedup.add(topic, *_named(queues, offsets, stored_ids,
+                                                list(map(message_ids.__getitem__, publish.fresh))))
+        broker.lock.notify_all()
+    if not count:
+        return PlacementColumns(0, {}, {})
+    if not publish.copies:
         return PlacementColumns(count, {"topic": topic, "duplicate": False},
                                 {"queue": queues, "offset": offsets, "message_id": stored_ids})
-    return _with_copies(topic, message_ids, fresh, (queues, offsets, stored_ids), copies)
+    return _with_copies(topic, message_ids, publish.fresh, (queues, offsets, stored_ids), publish.copies)
 
 
 def _named(queues: list[int], offsets: list[int], stored_ids: list[str],
@@ -77,15 +103,6 @@ def _named(queues: list[int], offsets: list[int], stored_ids: list[str],
     """The places of the messages appended whose producer gave an id (``given`` non-empty)."""
     return (list(compress(queues, given)), list(compress(offsets, given)),
             list(compress(stored_ids, given)))
-
-
-def _remember(broker: Broker, topic: str, queues: Sequence[int], offsets: Sequence[int],
-              message_ids: Sequence[str]) -> None:
-    """Put the producer-given ids just appended in the de-duplication window (an id the store
-    made cannot be sent again) and wake the members waiting for messages."""
-    with broker.lock:
-        broker.dedup.add(topic, queues, offsets, message_ids)
-        broker.lock.notify_all()
 
 
 def _with_copies(topic: str, message_ids: Sequence[str], fresh: Sequence[int],
@@ -127,14 +144,20 @@ def _timed_append(broker: Broker, topic: str, records: list[Record]) -> list[App
     return results
 
 
+def window_covers(broker: Broker, topic: str) -> bool:
+    """Whether the in-memory window knows every id to look for on ``topic``: not so, for a topic
+    that had messages before the start, until a whole window has passed (the store's id index
+    answers meanwhile, a read of the disk per id)."""
+    return (topic not in broker.stored_before_start
+            or broker.clock.time() - broker.started_at >= broker.config.dedup_window)
+
+
 def _fresh(broker: Broker, topic: str,
            message_ids: Sequence[str]) -> tuple[Sequence[int], dict[int, Placement | None]]:
     """Where the messages to append are: not those whose id was seen within the window nor
     earlier in the batch (the copies: the window's placement of each, None if in the batch)."""
     found = broker.dedup.find(topic, message_ids)
-    window = broker.config.dedup_window
-    in_store = (topic in broker.stored_before_start  # the window may not cover all it should yet
-                and broker.clock.time() - broker.started_at < window)
+    in_store = not window_covers(broker, topic)
     if not in_store and found.count(None) == len(found) and len(set(message_ids)) == len(found):
         return range(len(found)), {}  # the usual batch: new ids, each once
     fresh: list[int] = []

@@ -5,10 +5,12 @@ into one call of the engine. The engine is synchronous (`broker.delivery`),
 so a call that may block (a publish waits for its fsync) runs on a thread of
 the engine's own pool; a long-poll fetch waits on a thread of a second pool,
 never on the loop, so however many fetches wait, acks and publishes are not
-starved. A fetch that finds messages at once and an ack run on the loop
-itself when the engine's lock is free (they only compute, and under the GIL
-a thread would not run beside the loop anyway): two thread hand-offs fewer
-per batch consumed; when the lock is busy they go to the threads as well.
+starved. A fetch that finds messages at once, an ack, and the checks of a publish
+run on the loop itself when the engine's lock is free (they only compute,
+and under the GIL a thread would not run beside the loop anyway): two thread
+hand-offs fewer per batch; a publish then awaits its fsync through the
+store's group commit, which wakes the loop's tasks with one call. When the
+lock is busy they go to the threads as well.
 When a connection ends, the server calls `Engine.leave` for each of its
 members, and the engine redelivers whatever they held unacknowledged.
 """
@@ -21,9 +23,10 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from broker.delivery import consume
+from broker.delivery import consume, publishing
 from broker.delivery.api import BrokerApi
 from broker.delivery.engine import Broker
+from broker.delivery.topics import check_name
 from broker.delivery.values import (
     Delivery,
     DeliveryColumns,
@@ -36,6 +39,7 @@ from broker.delivery.values import (
     TopicInfo,
 )
 from broker.server import lookup
+from broker.store import FlushPolicy
 
 __all__ = ["Delivery", "DeliveryColumns", "Engine", "GroupInfo", "MessageColumns", "OutgoingMessage", "Placement",
            "PlacementColumns", "QueueLag", "TopicInfo"]
@@ -71,9 +75,37 @@ class Engine:
 
     async def publish_columns(self, topic: str, messages: MessageColumns) -> PlacementColumns:
         """`publish` column by column, as the native protocol carries it (no object per message)."""
-        if self._broker is None:
+        broker = self._broker
+        if broker is None:
             return PlacementColumns.of(await self._run(self.api.publish, topic, messages.messages()))
-        return await self._run(self._broker.publish_columns, topic, messages)
+        if not self._publishes_here(broker, topic) or not broker.lock.acquire(blocking=False):
+            return await self._run(broker.publish_columns, topic, messages)
+        try:
+            check_name("topic", topic)
+            publish = publishing.begin(broker, topic, messages)
+        finally:
+            broker.lock.release()
+        # a cancelled caller (its client gone) must not stop the append half way: a resend of
+        # its ids would not find them in the window
+        return await asyncio.shield(self._append_here(broker, publish))
+
+    @staticmethod
+    def _publishes_here(broker: Broker, topic: str) -> bool:
+        """Whether a publish to ``topic`` can run on the loop: group commit awaits its fsync
+        (no write blocks the loop), no queue selector waits to time it, and no id has to be
+        looked for on disk."""
+        return (broker.store.config.flush is FlushPolicy.SYNC
+                and not broker.topic_table.selector.measures
+                and publishing.window_covers(broker, topic))
+
+    async def _append_here(self, broker: Broker, publish: publishing.Publish) -> PlacementColumns:
+        results = await broker.store.append_async(publish.records) if publish.records else []
+        if not broker.lock.acquire(blocking=False):
+            return await self._run(publishing.finish, broker, publish, results)
+        try:
+            return publishing.finish(broker, publish, results)
+        finally:
+            broker.lock.release()
 
     async def publish_to_group(self, group: str, topic: str,
                                messages: Sequence[OutgoingMessage]) -> list[Placement]:
