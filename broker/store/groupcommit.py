@@ -1,18 +1,20 @@
-"""`GroupCommit`: `sync` appends from many producers, encoded, written and fsynced together.
+"""`GroupCommit`: `sync` appends from many producers, written and fsynced together.
 
-A producer hands its records over and waits. One committer thread takes
-everything queued (a *generation*), validates and encodes it as a single batch,
-writes it with one system call, fsyncs, and only then wakes the generation's
-producers. Before taking a generation it waits briefly (``group_commit_wait``)
-for the producers of the previous one to come back, so that one fsync covers
-them all and the committer does not fight them for the GIL. A batch with a bad
-record is re-encoded producer by producer, so only the producer that sent it
-gets the error.
+Threads (`append`, which blocks) hand their records over and wait. One
+committer thread takes everything queued (a *generation*), validates and
+encodes it as a single batch, writes it with one system call, fsyncs, and
+only then wakes the generation's producers. Before taking a generation it
+waits briefly (``group_commit_wait``) for the producers of the previous one
+to come back, so that one fsync covers them all and the committer does not
+fight them for the GIL. A batch with a bad record is re-encoded producer by
+producer, so only the producer that sent it gets the error.
 
-Producers are threads (`append`, which blocks) or asyncio tasks
-(`append_async`, which awaits): a generation wakes its tasks with one
-call into each event loop, so many concurrent producers on one loop (the
-broker's server) cost a task switch each rather than a thread switch.
+Asyncio tasks (the broker's server) write their records themselves, on their
+loop, and only the fsync is left to the committer (`flushed_async`): the
+loop goes on with the next writes while the disk works (RocketMQ's
+GroupCommitService). A generation wakes its tasks with one call into each
+event loop, so many concurrent producers on one loop cost a task switch each
+rather than a thread switch.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from broker.errors import StoreClosedError
 from broker.store.prepare import Prepared, prepare
 from broker.store.record import AppendResult, Record
 
+Written = tuple[list[AppendResult], "asyncio.Future[list[AppendResult]]"]
+"""An append its task wrote itself: its results, and the future that gives them after the fsync."""
 Commit = Callable[[Prepared], tuple[list[AppendResult], int]]
 """Writes a prepared batch (under the store's writer lock); returns where each record landed
 and the log end after it."""
@@ -37,7 +41,10 @@ class Generation:
         self.batches: list[Sequence[Record]] = []
         self.results: list[list[AppendResult] | BaseException] = []  # one per batch
         self.error: BaseException | None = None
-        self.tasks: dict[asyncio.AbstractEventLoop, list[tuple[int, asyncio.Future[list[AppendResult]]]]] = {}
+        self.written: dict[asyncio.AbstractEventLoop, list[Written]] = {}
+        """Appends their tasks wrote themselves, waiting for the fsync (by event loop)."""
+        self.reach = 0  # the log end those appends reached
+        self.producers = 0  # batches and written appends
         self._done = threading.Lock()
         self._done.acquire()
 
@@ -46,9 +53,9 @@ class Generation:
         if error is not None and self.error is None:
             self.error = error
         self._done.release()
-        for loop, futures in self.tasks.items():
+        for loop, written in self.written.items():
             try:
-                loop.call_soon_threadsafe(self._resolve, futures)
+                loop.call_soon_threadsafe(self._resolve, written)
             except RuntimeError:  # the loop closed: nobody is waiting there any more
                 pass
 
@@ -61,15 +68,15 @@ class Generation:
             raise self.error or StoreClosedError("the store closed before the append")
         return result
 
-    def _resolve(self, futures: list[tuple[int, asyncio.Future[list[AppendResult]]]]) -> None:
-        """Complete the futures of one event loop's producers (runs on that loop)."""
-        for position, future in futures:
+    def _resolve(self, written: list[Written]) -> None:
+        """Complete the futures of one event loop's tasks (runs on that loop)."""
+        for results, future in written:
             if future.done():  # cancelled: the records are written all the same
                 continue
-            try:
-                future.set_result(self.outcome(position))
-            except BaseException as exc:  # noqa: BLE001 - the producer's to raise
-                future.set_exception(exc)
+            if self.error is not None:
+                future.set_exception(self.error)
+            else:
+                future.set_result(results)
 
     def wait(self) -> None:
         """Sleep until `finish`; then wake the next producer of the generation.
@@ -104,15 +111,21 @@ class GroupCommit:
         generation.wait()
         return generation.outcome(position)
 
-    async def append_async(self, records: Sequence[Record]) -> list[AppendResult]:
-        """`append` for a task on a running event loop: awaits the fsync instead of blocking."""
-        future: asyncio.Future[list[AppendResult]] = asyncio.get_running_loop().create_future()
-        self._enqueue(records, future)
+    async def flushed_async(self, results: list[AppendResult], end: int) -> list[AppendResult]:
+        """``results``, once an fsync covers the log up to ``end`` (the caller wrote them): the
+        committer fsyncs while the caller's loop goes on with the next writes."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[AppendResult]] = loop.create_future()
+        with self._lock:
+            if self._stopping:
+                raise StoreClosedError("the store is closing")
+            generation = self._queued
+            generation.written.setdefault(loop, []).append((results, future))
+            generation.reach = max(generation.reach, end)
+            self._joined(generation)
         return await future
 
-    def _enqueue(self, records: Sequence[Record],
-                 future: asyncio.Future[list[AppendResult]] | None = None,
-                 ) -> tuple[Generation, int]:
+    def _enqueue(self, records: Sequence[Record]) -> tuple[Generation, int]:
         """Add ``records`` to the next generation; wake the committer when it is worth it."""
         with self._lock:
             if self._stopping:
@@ -120,11 +133,15 @@ class GroupCommit:
             generation = self._queued
             position = len(generation.batches)
             generation.batches.append(records)
-            if future is not None:
-                generation.tasks.setdefault(future.get_loop(), []).append((position, future))
-            if position == 0 or position + 1 >= self._expected:
-                self._lock.notify()
+            self._joined(generation)
         return generation, position
+
+    def _joined(self, generation: Generation) -> None:
+        """A producer joined ``generation`` (lock held): wake the committer for the first, and
+        once as many came as last time."""
+        generation.producers += 1
+        if generation.producers == 1 or generation.producers >= self._expected:
+            self._lock.notify()
 
     def stop(self) -> None:
         """Commit what is queued, then end the thread."""
@@ -136,13 +153,13 @@ class GroupCommit:
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._queued.batches and not self._stopping:
+                while not self._queued.producers and not self._stopping:
                     self._lock.wait()
                 self._lock.wait_for(self._gathered, self._gather)
                 generation, self._queued = self._queued, Generation()
-                self._expected = len(generation.batches)
+                self._expected = generation.producers
                 stopping = self._stopping
-            if generation.batches:
+            if generation.producers:
                 self._commit_generation(generation)
             if stopping:
                 return
@@ -154,20 +171,31 @@ class GroupCommit:
         producers are all asleep while the committer works, so it never waits for
         the GIL, and one fsync covers them all.
         """
-        return len(self._queued.batches) >= self._expected or self._stopping
+        return self._queued.producers >= self._expected or self._stopping
 
     def _commit_generation(self, generation: Generation) -> None:
-        batches, spans = generation.batches, list[slice | BaseException]()
+        try:
+            end = self._write(generation) if generation.batches else 0
+            self._flush(max(end, generation.reach))
+        except BaseException as exc:  # the store is now failed: every producer hears of it
+            generation.finish(exc)
+            return
+        generation.finish()
+
+    def _write(self, generation: Generation) -> int:
+        """Write the generation's batches as one; set each batch's result; return the log end."""
+        batches = generation.batches
+        try:
+            self._check()
+        except Exception as exc:  # noqa: BLE001 - handed to the producers, never lost
+            generation.results = [exc] * len(batches)
+            return 0
+        spans = list[slice | BaseException]()
         start = 0
         for batch in batches:
             spans.append(slice(start, start + len(batch)))
             start += len(batch)
         records = [record for batch in batches for record in batch]
-        try:
-            self._check()
-        except Exception as exc:  # noqa: BLE001 - handed to the producers, never lost
-            generation.finish(exc)
-            return
         prepared: Prepared | None
         try:
             prepared = prepare(records, self._max_record_size)
@@ -175,17 +203,10 @@ class GroupCommit:
             records = []
             spans = [self._validate(batch, records) for batch in batches]
             prepared = prepare(records, self._max_record_size) if records else None
-        try:
-            results: list[AppendResult] = []
-            if prepared is not None:
-                results, end = self._commit(prepared)
-                self._flush(end)
-        except BaseException as exc:  # the store is now failed: every producer hears of it
-            generation.finish(exc)
-            return
+        results, end = self._commit(prepared) if prepared is not None else ([], 0)
         generation.results = [span if isinstance(span, BaseException) else results[span]
                               for span in spans]
-        generation.finish()
+        return end
 
     def _validate(self, batch: Sequence[Record], good: list[Record]) -> slice | BaseException:
         """The error of a bad batch, or where the good one goes once added to ``good``."""

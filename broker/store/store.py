@@ -113,17 +113,20 @@ class MessageStore:
         return self._commit(prepare(records, self.config.max_record_size))[0]
 
     async def append_async(self, records: Sequence[Record]) -> list[AppendResult]:
-        """`append` for asyncio code: under `sync` awaits the fsync, never blocking the loop.
+        """`append` for asyncio code: the write runs here, and under `sync` the fsync is awaited.
 
-        Many tasks appending at once share one fsync (group commit) and are woken
-        with one call into their loop, which is how the broker's server takes
-        concurrent producers. Under `async` and `none` the write runs inline (it
-        only reaches the page cache).
+        The write only reaches the page cache, so it runs on the caller's loop; the
+        committer thread fsyncs meanwhile (RocketMQ's GroupCommitService), so the
+        next writes go on while the disk works. Many tasks appending at once share
+        one fsync and are woken with one call into their loop, which is how the
+        broker's server takes concurrent producers.
         """
         if self._group is None or not records:  # nothing to wait for
             return self.append(records)
         self._check_open()
-        return await self._group.append_async(records)
+        self._check_disk()
+        results, end = self._commit(prepare(records, self.config.max_record_size))
+        return await self._group.flushed_async(results, end)
 
     def _commit(self, prepared: Prepared) -> tuple[list[AppendResult], int]:
         """Write a prepared batch under the writer lock; return its results and the log end."""

@@ -15,6 +15,7 @@ from broker.errors import (
     InvalidRequestError,
     RecordTooLargeError,
     StoreClosedError,
+    StoreError,
     StoreLockedError,
 )
 from broker.store import FakeClock, FlushPolicy, MessageStore, Record, StoreConfig
@@ -311,6 +312,30 @@ def test_cancelled_async_append_still_lands_and_closed_store_refuses(tmp_path: P
     store.close()
     with pytest.raises(StoreClosedError):
         asyncio.run(store.append_async([record_for("late")]))
+
+
+def test_a_failed_fsync_fails_every_waiting_task_and_the_appends_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk that reports an I/O error on fsync (injected: a real one cannot be made to on
+    demand): no task is told its records are safe, and the store takes nothing more."""
+    store = MessageStore(tmp_path / "s", small_config(flush=FlushPolicy.SYNC))
+    store.append([record_for("before")])
+
+    def failing_fsync(self: Segment) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(Segment, "fsync", failing_fsync)
+
+    async def main() -> list[object]:
+        return await asyncio.gather(*(store.append_async([record_for(f"t{n}")]) for n in range(8)),
+                                    return_exceptions=True)
+
+    outcomes = asyncio.run(main())
+    assert all(isinstance(outcome, StoreError) for outcome in outcomes), outcomes
+    with pytest.raises(StoreError):
+        store.append([record_for("after")])
+    store.close()
 
 
 @pytest.mark.parametrize("policy", [FlushPolicy.ASYNC, FlushPolicy.NONE])
