@@ -15,7 +15,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from broker.delivery.cursor import DELIVER_AT_HEADER
@@ -26,12 +25,11 @@ from broker.delivery.values import (
     PlacementColumns,
 )
 from broker.errors import DeliveryError
-from broker.store import AppendResult, Record
+from broker.store import Appended, RecordColumns
 
 if TYPE_CHECKING:
     from broker.delivery.engine import Broker
 
-_QUEUE = itemgetter(1)  # of a `Record`
 _run: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of side effects in C
 
 
@@ -47,8 +45,8 @@ def append_columns(broker: Broker, topic: str, messages: MessageColumns, *,
     window are dropped (the first copy's placement comes back, marked duplicate)."""
     with broker.lock:
         publish = begin(broker, topic, messages, dedup=dedup)
-    results = _timed_append(broker, topic, publish.records) if publish.records else []
-    return finish(broker, publish, results)
+    appended = _timed_append(broker, topic, publish.records) if publish.records else None
+    return finish(broker, publish, appended)
 
 
 @dataclass(frozen=True)
@@ -60,14 +58,14 @@ class Publish:
     named: bool  # ids to look for and remember
     fresh: Sequence[int]  # the messages to append (the others are copies)
     copies: dict[int, Placement | None]
-    records: list[Record]
+    records: RecordColumns | None  # None: nothing to append
 
 
 def begin(broker: Broker, topic: str, messages: MessageColumns, *, dedup: bool = True) -> Publish:
     """The records of a publish: its messages but for the copies of ids seen (the caller holds
     the engine's lock); the append of ``records`` and `finish` complete it."""
     if not messages.count:
-        return Publish(topic, (), False, (), {}, [])
+        return Publish(topic, (), False, (), {}, None)
     bodies, message_ids = messages.column("body"), messages.column("message_id")
     if not all(map(isinstance, bodies, repeat(bytes))):
         bad = next(body for body in bodies if not isinstance(body, bytes))
@@ -78,13 +76,14 @@ def begin(broker: Broker, topic: str, messages: MessageColumns, *, dedup: bool =
     return Publish(topic, message_ids, named, fresh, copies, records)
 
 
-def finish(broker: Broker, publish: Publish, results: list[AppendResult]) -> PlacementColumns:
+def finish(broker: Broker, publish: Publish, appended: Appended | None) -> PlacementColumns:
     """Remember the ids just appended, wake the members waiting, say where everything went."""
     topic, message_ids, count = publish.topic, publish.message_ids, len(publish.message_ids)
-    _, queues, offsets, _, stored_ids, _ = map(list, zip(*results)) if results else ([],) * 6
+    queues, offsets, stored_ids = ((appended.queues, appended.queue_offsets, appended.message_ids)
+                                   if appended else ((), (), ()))
     with broker.lock:
         if publish.named:
-            if len(results) == count and all(message_ids):  # the usual batch: all appended, all named
+            if len(offsets) == count and all(message_ids):  # the usual batch: all appended, all named
                 broker.dedup.add(topic, queues, offsets, stored_ids)
             else:
                 broker.dedup.add(topic, *_named(queues, offsets, stored_ids,
@@ -98,7 +97,7 @@ def finish(broker: Broker, publish: Publish, results: list[AppendResult]) -> Pla
     return _with_copies(topic, message_ids, publish.fresh, (queues, offsets, stored_ids), publish.copies)
 
 
-def _named(queues: list[int], offsets: list[int], stored_ids: list[str],
+def _named(queues: Sequence[int], offsets: Sequence[int], stored_ids: Sequence[str],
            given: list[str]) -> tuple[list[int], list[int], list[str]]:
     """The places of the messages appended whose producer gave an id (``given`` non-empty)."""
     return (list(compress(queues, given)), list(compress(offsets, given)),
@@ -106,7 +105,7 @@ def _named(queues: list[int], offsets: list[int], stored_ids: list[str],
 
 
 def _with_copies(topic: str, message_ids: Sequence[str], fresh: Sequence[int],
-                 appended: tuple[list[int], list[int], list[str]],
+                 appended: tuple[Sequence[int], Sequence[int], Sequence[str]],
                  copies: dict[int, Placement | None]) -> PlacementColumns:
     """The placements of a batch some of whose messages were not appended: those of
     ``fresh`` (at the places ``appended``), and each of ``copies`` marked duplicate at its
@@ -124,24 +123,24 @@ def _with_copies(topic: str, message_ids: Sequence[str], fresh: Sequence[int],
                                                       "message_id": stored_ids, "duplicate": duplicates})
 
 
-def _timed_append(broker: Broker, topic: str, records: list[Record]) -> list[AppendResult]:
+def _timed_append(broker: Broker, topic: str, records: RecordColumns) -> Appended:
     """The store's append, its latency told to the topic's queue selector for every queue it
     wrote to (with one store, a queue's latency is that of the appends it took part in); a
     failed append counts as the worst latency."""
     selector = broker.topic_table.selector
     if not selector.measures:
-        return broker.store.append(records)
-    queues = set(map(_QUEUE, records))
+        return broker.store.append_columns(records)
+    queues = set(records.queues)
     started = broker.clock.time()
     try:
-        results = broker.store.append(records)
+        appended = broker.store.append_columns(records)
     except BaseException:
         with broker.lock:
             selector.failed(topic, queues)
         raise
     with broker.lock:
         selector.appended(topic, queues, broker.clock.time() - started)
-    return results
+    return appended
 
 
 def window_covers(broker: Broker, topic: str) -> bool:
@@ -174,17 +173,17 @@ def _fresh(broker: Broker, topic: str,
     return fresh, copies
 
 
-def _records(broker: Broker, topic: str, messages: MessageColumns) -> list[Record]:
+def _records(broker: Broker, topic: str, messages: MessageColumns) -> RecordColumns | None:
     """The records of ``messages``, each in the queue the topic table selects for it."""
-    if not messages.count:
-        return []
+    count = messages.count
+    if not count:
+        return None
     keys, headers, due = messages.column("key"), messages.column("headers"), messages.column("deliver_at")
     queues = broker.topic_table.select_many(topic, keys, messages.column("queue"))
     if any(due):
         headers = [{**h, DELIVER_AT_HEADER: repr(at)} if at else h for h, at in zip(headers, due)]
-    return list(map(tuple.__new__, repeat(Record), zip(
-        repeat(topic), queues, messages.column("body"), keys, messages.column("tag"), headers,
-        messages.column("message_id"), repeat(0))))
+    return RecordColumns([topic] * count, queues, messages.column("body"), keys, messages.column("tag"),
+                         headers, messages.column("message_id"), [0] * count)
 
 
 def _stored(broker: Broker, topic: str, message_id: str) -> Placement | None:

@@ -99,11 +99,11 @@ class Engine:
                 and publishing.window_covers(broker, topic))
 
     async def _append_here(self, broker: Broker, publish: publishing.Publish) -> PlacementColumns:
-        results = await broker.store.append_async(publish.records) if publish.records else []
+        appended = await broker.store.append_columns_async(publish.records) if publish.records else None
         if not broker.lock.acquire(blocking=False):
-            return await self._run(publishing.finish, broker, publish, results)
+            return await self._run(publishing.finish, broker, publish, appended)
         try:
-            return publishing.finish(broker, publish, results)
+            return publishing.finish(broker, publish, appended)
         finally:
             broker.lock.release()
 

@@ -11,18 +11,27 @@ a checkpoint with crash recovery, and retention. Use `MessageStore`::
 
 from broker.store.clock import Clock, FakeClock, SystemClock
 from broker.store.config import FlushPolicy, StoreConfig
-from broker.store.record import AppendResult, Record, StoredBatch, StoredMessage
+from broker.store.record import (
+    Appended,
+    AppendResult,
+    Record,
+    RecordColumns,
+    StoredBatch,
+    StoredMessage,
+)
 from broker.store.retention import Deletion
 from broker.store.store import MessageStore, RetentionGuard
 
 __all__ = [
     "AppendResult",
+    "Appended",
     "Clock",
     "Deletion",
     "FakeClock",
     "FlushPolicy",
     "MessageStore",
     "Record",
+    "RecordColumns",
     "RetentionGuard",
     "StoreConfig",
     "StoredBatch",

@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from broker.errors import StoreClosedError
 from broker.store.prepare import Prepared, prepare
-from broker.store.record import AppendResult, Record
+from broker.store.record import Appended, RecordColumns
 
-Written = tuple[list[AppendResult], "asyncio.Future[list[AppendResult]]"]
-"""An append its task wrote itself: its results, and the future that gives them after the fsync."""
-Commit = Callable[[Prepared], tuple[list[AppendResult], int]]
+Written = tuple[Appended, "asyncio.Future[Appended]"]
+"""An append its task wrote itself: its places, and the future that gives them after the fsync."""
+Commit = Callable[[Prepared], tuple[Appended, int]]
 """Writes a prepared batch (under the store's writer lock); returns where each record landed
 and the log end after it."""
 
@@ -38,8 +38,8 @@ class Generation:
     """The producers whose records one committer pass wrote; woken together after the fsync."""
 
     def __init__(self) -> None:
-        self.batches: list[Sequence[Record]] = []
-        self.results: list[list[AppendResult] | BaseException] = []  # one per batch
+        self.batches: list[RecordColumns] = []
+        self.results: list[Appended | BaseException] = []  # one per batch
         self.error: BaseException | None = None
         self.written: dict[asyncio.AbstractEventLoop, list[Written]] = {}
         """Appends their tasks wrote themselves, waiting for the fsync (by event loop)."""
@@ -59,7 +59,7 @@ class Generation:
             except RuntimeError:  # the loop closed: nobody is waiting there any more
                 pass
 
-    def outcome(self, position: int) -> list[AppendResult]:
+    def outcome(self, position: int) -> Appended:
         """Where the records of batch ``position`` landed, or raise why they did not."""
         result = self.results[position] if position < len(self.results) else None
         if isinstance(result, BaseException):
@@ -105,17 +105,17 @@ class GroupCommit:
         self._thread = threading.Thread(target=self._run, name="store-committer", daemon=True)
         self._thread.start()
 
-    def append(self, records: Sequence[Record]) -> list[AppendResult]:
+    def append(self, records: RecordColumns) -> Appended:
         """Append ``records``; return once an fsync covers them (or raise what went wrong)."""
         generation, position = self._enqueue(records)
         generation.wait()
         return generation.outcome(position)
 
-    async def flushed_async(self, results: list[AppendResult], end: int) -> list[AppendResult]:
+    async def flushed_async(self, results: Appended, end: int) -> Appended:
         """``results``, once an fsync covers the log up to ``end`` (the caller wrote them): the
         committer fsyncs while the caller's loop goes on with the next writes."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[AppendResult]] = loop.create_future()
+        future: asyncio.Future[Appended] = loop.create_future()
         with self._lock:
             if self._stopping:
                 raise StoreClosedError("the store is closing")
@@ -125,7 +125,7 @@ class GroupCommit:
             self._joined(generation)
         return await future
 
-    def _enqueue(self, records: Sequence[Record]) -> tuple[Generation, int]:
+    def _enqueue(self, records: RecordColumns) -> tuple[Generation, int]:
         """Add ``records`` to the next generation; wake the committer when it is worth it."""
         with self._lock:
             if self._stopping:
@@ -193,26 +193,29 @@ class GroupCommit:
         spans = list[slice | BaseException]()
         start = 0
         for batch in batches:
-            spans.append(slice(start, start + len(batch)))
-            start += len(batch)
-        records = [record for batch in batches for record in batch]
+            spans.append(slice(start, start + batch.length))
+            start += batch.length
         prepared: Prepared | None
         try:
-            prepared = prepare(records, self._max_record_size)
+            prepared = prepare(RecordColumns.joined(batches), self._max_record_size)
         except Exception:  # noqa: BLE001 - find the bad batches; commit the good ones together
-            records = []
-            spans = [self._validate(batch, records) for batch in batches]
-            prepared = prepare(records, self._max_record_size) if records else None
-        results, end = self._commit(prepared) if prepared is not None else ([], 0)
-        generation.results = [span if isinstance(span, BaseException) else results[span]
+            good: list[RecordColumns] = []
+            spans = [self._validate(batch, good) for batch in batches]
+            prepared = prepare(RecordColumns.joined(good), self._max_record_size) if good else None
+        if prepared is None:  # every batch was bad
+            generation.results = [span for span in spans if isinstance(span, BaseException)]
+            return 0
+        appended, end = self._commit(prepared)
+        generation.results = [span if isinstance(span, BaseException) else appended.part(span)
                               for span in spans]
         return end
 
-    def _validate(self, batch: Sequence[Record], good: list[Record]) -> slice | BaseException:
+    def _validate(self, batch: RecordColumns, good: list[RecordColumns]) -> slice | BaseException:
         """The error of a bad batch, or where the good one goes once added to ``good``."""
         try:
             prepare(batch, self._max_record_size)
         except Exception as exc:  # noqa: BLE001 - this producer's error, raised in its thread
             return exc
-        good.extend(batch)
-        return slice(len(good) - len(batch), len(good))
+        start = sum(part.length for part in good)
+        good.append(batch)
+        return slice(start, start + batch.length)

@@ -1,11 +1,10 @@
-"""Validating and encoding a batch of `Record`s before the writer lock is taken.
+"""Validating and encoding a batch of records (`RecordColumns`) before the writer lock is taken.
 
 Everything that does not depend on the records' place in the log (queue
 offsets, log offsets, store time, generated ids) is encoded here, column by
-column: the batch is transposed once (``zip(*records)``) and every field is
-checked and encoded with ``map`` over a whole column, so the per-record work
-runs in C rather than in the interpreter loop. The rare bad record is then
-found by a per-record pass that names it.
+column: every field is checked and encoded with ``map`` over a whole column,
+so the per-record work runs in C rather than in the interpreter loop. The
+rare bad record is then found by a per-record pass that names it.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from broker.errors import InvalidRecordError, RecordTooLargeError
 from broker.store import codec
 from broker.store.keyindex import ID_SEED, topic_seed
 from broker.store.queues import check_place
-from broker.store.record import NO_HEADERS, Record
+from broker.store.record import NO_HEADERS, RecordColumns
 
 GENERATED_ID_LENGTH = 24
 MAX_FIELD = 65_535
@@ -39,10 +38,10 @@ class Prepared(NamedTuple):
     ``named`` select (``named``: producer-given ids).
     """
 
-    topics: tuple[str, ...]
-    queues: tuple[int, ...]
-    message_ids: tuple[str, ...]
-    attempts: tuple[int, ...]
+    topics: Sequence[str]
+    queues: Sequence[int]
+    message_ids: Sequence[str]
+    attempts: Sequence[int]
     topics_b: list[bytes]
     ids: list[bytes]
     keys: list[bytes]
@@ -62,16 +61,16 @@ class Prepared(NamedTuple):
     key_hashes: list[int]
     named: list[bool]
     id_hashes: list[int]
-    key_texts: tuple[str, ...]  # the keys, tags and headers as given (what readers get back)
-    tag_texts: tuple[str, ...]
+    key_texts: Sequence[str]  # the keys, tags and headers as given (what readers get back)
+    tag_texts: Sequence[str]
     header_maps: Sequence[Mapping[str, str]]  # each an immutable copy
 
 
-def prepare(records: Sequence[Record], max_record_size: int) -> Prepared:
+def prepare(records: RecordColumns, max_record_size: int) -> Prepared:
     """Validate ``records`` and encode their fields; raise a clear error naming what is wrong."""
-    if not all(map(isinstance, records, repeat(Record))):
-        raise InvalidRecordError("append takes a sequence of Record")
-    topics, queues, bodies, keys, tags, headers, message_ids, attempts = zip(*records)
+    if not isinstance(records, RecordColumns) or len(set(map(len, records))) != 1 or not records.length:
+        raise InvalidRecordError("append takes records, every field a column of one length")
+    topics, queues, bodies, keys, tags, headers, message_ids, attempts = records
     topics_b = _topic_bytes(topics, queues)
     bodies = _bodies(topics, bodies)
     if not _all_in_range(attempts, MAX_ATTEMPT):
@@ -117,7 +116,7 @@ def prepare(records: Sequence[Record], max_record_size: int) -> Prepared:
     )
 
 
-def _topic_bytes(topics: tuple[str, ...], queues: tuple[int, ...]) -> list[bytes]:
+def _topic_bytes(topics: Sequence[str], queues: Sequence[int]) -> list[bytes]:
     """The encoded topic of every record, after checking every topic and queue."""
     known = _topics.get
     single = topics.count(topics[0]) == len(topics)  # the usual batch: one topic
@@ -129,7 +128,7 @@ def _topic_bytes(topics: tuple[str, ...], queues: tuple[int, ...]) -> list[bytes
     return [_topics[topics[0]]] * len(topics) if single else list(map(_topics.__getitem__, topics))
 
 
-def _bodies(topics: tuple[str, ...], bodies: tuple[bytes, ...]) -> tuple[bytes, ...]:
+def _bodies(topics: Sequence[str], bodies: Sequence[bytes]) -> Sequence[bytes]:
     """The bodies as ``bytes`` (a bytearray or memoryview is copied; anything else rejected)."""
     if set(map(type, bodies)) == {bytes}:
         return bodies
@@ -142,11 +141,11 @@ def _bodies(topics: tuple[str, ...], bodies: tuple[bytes, ...]) -> tuple[bytes, 
     return tuple(converted)
 
 
-def _all_in_range(values: tuple[int, ...], maximum: int) -> bool:
+def _all_in_range(values: Sequence[int], maximum: int) -> bool:
     return set(map(type, values)) == {int} and min(values) >= 0 and max(values) <= maximum
 
 
-def _encode(texts: tuple[str, ...]) -> tuple[list[bytes], list[int]]:
+def _encode(texts: Sequence[str]) -> tuple[list[bytes], list[int]]:
     """UTF-8 of every text and its length (``TypeError`` if one is not a str); a column of
     empty texts (the usual keys, tags and ids) is answered without a pass per text."""
     if texts.count("") == len(texts):

@@ -1,14 +1,19 @@
-"""What goes into the store (`Record`), what comes back (`StoredMessage`, `StoredBatch`, `AppendResult`).
+"""What goes into the store (`Record`, `RecordColumns`), what comes back (`StoredMessage`,
+`StoredBatch`, `AppendResult`, `Appended`).
 
-They are named tuples: immutable, and cheap to build by the hundred thousand.
+They are named tuples: immutable, and cheap to build by the hundred thousand. The
+column forms carry a batch one sequence per field, so that callers that hold
+messages by the hundred (the delivery engine) build no tuple per message.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from itertools import repeat
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain, repeat
 from types import MappingProxyType
 from typing import NamedTuple
+
+from broker.errors import InvalidRecordError
 
 NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
@@ -28,6 +33,36 @@ class Record(NamedTuple):
     headers: Mapping[str, str] = NO_HEADERS
     message_id: str = ""
     attempt: int = 0
+
+
+class RecordColumns(NamedTuple):
+    """Records to append, one column per field of `Record`, every column of one length."""
+
+    topics: Sequence[str]
+    queues: Sequence[int]
+    bodies: Sequence[bytes]
+    keys: Sequence[str]
+    tags: Sequence[str]
+    headers: Sequence[Mapping[str, str]]
+    message_ids: Sequence[str]
+    attempts: Sequence[int]
+
+    @classmethod
+    def of(cls, records: Sequence[Record]) -> RecordColumns:
+        """The columns of ``records`` (at least one, each a `Record`)."""
+        if not records or not all(map(isinstance, records, repeat(Record))):
+            raise InvalidRecordError("append takes a non-empty sequence of Record")
+        return cls(*zip(*records))
+
+    @classmethod
+    def joined(cls, parts: Iterable[RecordColumns]) -> RecordColumns:
+        """The records of ``parts``, one part after another."""
+        return cls(*map(list, map(chain.from_iterable, zip(*parts))))
+
+    @property
+    def length(self) -> int:
+        """How many records."""
+        return len(self.topics)
 
 
 class StoredMessage(NamedTuple):
@@ -55,6 +90,25 @@ class AppendResult(NamedTuple):
     log_offset: int
     message_id: str
     size: int
+
+
+class Appended(NamedTuple):
+    """Where a batch of appended records landed, one column per field of `AppendResult`."""
+
+    topics: Sequence[str]
+    queues: Sequence[int]
+    queue_offsets: Sequence[int]
+    log_offsets: Sequence[int]
+    message_ids: Sequence[str]
+    sizes: Sequence[int]
+
+    def results(self) -> list[AppendResult]:
+        return list(map(tuple.__new__, repeat(AppendResult), zip(*self)))
+
+    def part(self, span: slice) -> Appended:
+        """The records of ``span`` (positions in the batch)."""
+        return Appended(self.topics[span], self.queues[span], self.queue_offsets[span],
+                        self.log_offsets[span], self.message_ids[span], self.sizes[span])
 
 
 class StoredBatch(NamedTuple):

@@ -35,7 +35,14 @@ from broker.store.prepare import Prepared, prepare
 from broker.store.queues import QueueTable
 from broker.store.reader import lookup, read_frame_at, read_span
 from broker.store.recent import RecentRecords
-from broker.store.record import AppendResult, Record, StoredBatch, StoredMessage
+from broker.store.record import (
+    Appended,
+    AppendResult,
+    Record,
+    RecordColumns,
+    StoredBatch,
+    StoredMessage,
+)
 from broker.store.recovery import RecoveryReport, recover
 from broker.store.segment import Segment
 from broker.store.writer import BatchWriter
@@ -105,15 +112,24 @@ class MessageStore:
     def append(self, records: Sequence[Record]) -> list[AppendResult]:
         """Append ``records`` in order; under `sync` returns only once they are fsynced."""
         self._check_open()
-        if not records:
-            return []
+        return self.append_columns(RecordColumns.of(records)).results() if records else []
+
+    def append_columns(self, records: RecordColumns) -> Appended:
+        """`append` for records column by column, their places column by column."""
+        self._check_open()
         if self._group is not None:  # checks the disk once per generation
             return self._group.append(records)
         self._check_disk()
         return self._commit(prepare(records, self.config.max_record_size))[0]
 
     async def append_async(self, records: Sequence[Record]) -> list[AppendResult]:
-        """`append` for asyncio code: the write runs here, and under `sync` the fsync is awaited.
+        """`append` for asyncio code (see `append_columns_async`)."""
+        self._check_open()
+        return (await self.append_columns_async(RecordColumns.of(records))).results() if records else []
+
+    async def append_columns_async(self, records: RecordColumns) -> Appended:
+        """`append_columns` for asyncio code: the write runs here, and under `sync` the fsync is
+        awaited.
 
         The write only reaches the page cache, so it runs on the caller's loop; the
         committer thread fsyncs meanwhile (RocketMQ's GroupCommitService), so the
@@ -121,26 +137,24 @@ class MessageStore:
         one fsync and are woken with one call into their loop, which is how the
         broker's server takes concurrent producers.
         """
-        if self._group is None or not records:  # nothing to wait for
-            return self.append(records)
         self._check_open()
         self._check_disk()
-        results, end = self._commit(prepare(records, self.config.max_record_size))
-        return await self._group.flushed_async(results, end)
+        appended, end = self._commit(prepare(records, self.config.max_record_size))
+        return appended if self._group is None else await self._group.flushed_async(appended, end)
 
-    def _commit(self, prepared: Prepared) -> tuple[list[AppendResult], int]:
-        """Write a prepared batch under the writer lock; return its results and the log end."""
+    def _commit(self, prepared: Prepared) -> tuple[Appended, int]:
+        """Write a prepared batch under the writer lock; return its places and the log end."""
         with self._writer:
             self._check_open()
             try:
-                results = self._batch_writer.write(prepared, self.config.clock.time())
+                appended = self._batch_writer.write(prepared, self.config.clock.time())
             except BaseException as exc:
                 self._failure = exc
                 log.error("store.append_failed", error=repr(exc))
                 raise StoreError(f"append to {self.path} failed; reopen the store") from exc
             self._visible = end = self._log.end
             self._flusher.wrote(end)
-        return results, end
+        return appended, end
 
     def _check_disk(self) -> None:
         usage = self.config.disk_usage(self.path)

@@ -25,14 +25,13 @@ from broker.store.keyindex import STORE_ID_LENGTH, KeyIndex, offset_in_id
 from broker.store.prepare import Prepared
 from broker.store.queues import QueueTable
 from broker.store.recent import RecentRecords
-from broker.store.record import AppendResult
+from broker.store.record import Appended
 
 _pack_header = codec.HEADER.pack
 _pack_prefix = codec.PREFIX.pack
 _pack_entry = ENTRY.pack
 _pack_entry_into = ENTRY.pack_into
 _MAGIC, _VERSION = codec.MAGIC, codec.VERSION
-_new_result = tuple.__new__
 
 Place = tuple[str, int] | int
 Entries = tuple[Sequence[int], Sequence[int], Sequence[int]]  # key-index hashes, log offsets, sizes
@@ -51,7 +50,7 @@ class BatchWriter:
         self._id_format = instance + b"%016x"
         self._by_topic: dict[str, dict[int, ConsumeQueue]] = {}
 
-    def write(self, batch: Prepared, store_time: float) -> list[AppendResult]:
+    def write(self, batch: Prepared, store_time: float) -> Appended:
         """Append ``batch`` stamped with ``store_time``; return where each record landed."""
         sizes = batch.sizes
         offsets = list(accumulate(sizes, initial=self._log.end))
@@ -72,8 +71,7 @@ class BatchWriter:
                        else [given or made.decode() for given, made in zip(batch.message_ids, ids)])
         self._recent.add(offsets, sizes, message_ids, batch.key_texts, batch.tag_texts,
                          batch.header_maps, batch.bodies, store_time, batch.attempts)
-        return list(map(_new_result, repeat(AppendResult), zip(
-            batch.topics, batch.queues, queue_offsets, offsets, message_ids, sizes)))
+        return Appended(batch.topics, batch.queues, queue_offsets, offsets, message_ids, sizes)
 
     def _places(self, batch: Prepared) -> tuple[Sequence[Place], dict[Place, ConsumeQueue]]:
         """Each record's place and the consume queue of every place in the batch.

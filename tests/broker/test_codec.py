@@ -11,7 +11,7 @@ from broker.store.keyindex import KeyIndex
 from broker.store.prepare import prepare
 from broker.store.queues import QueueTable
 from broker.store.recent import RecentRecords
-from broker.store.record import Record
+from broker.store.record import Record, RecordColumns
 from broker.store.writer import BatchWriter
 
 FRAME = codec.encode(b"orders", 3, 41, 1.5, 2, b"id-1", b"key", b"tag",
@@ -35,7 +35,7 @@ def test_the_batch_writer_lays_frames_out_as_the_codec_does(tmp_path) -> None:
                          b"abcd", RecentRecords(0))
     record = Record("orders", 3, b"body", key="key", tag="tag", headers={"h": "v"},
                     message_id="id-1", attempt=2)
-    [placed] = writer.write(prepare([record], 1 << 20), 1.5)
+    [placed] = writer.write(prepare(RecordColumns.of([record]), 1 << 20), 1.5).results()
     written = log.active.read(0, 1 << 20)
     assert written == codec.encode(b"orders", 3, 0, 1.5, 2, b"id-1", b"key", b"tag",
                                    codec.encode_headers({"h": "v"}), b"body")
@@ -51,7 +51,7 @@ def test_a_batch_of_plain_records_is_laid_out_as_the_codec_does(tmp_path) -> Non
                          b"abcd", RecentRecords(0))
     records = [Record("orders", n % 3, b"body-%02d" % n, message_id=f"id-{n:02d}", attempt=4)
                for n in range(7)]
-    placed = writer.write(prepare(records, 1 << 20), 2.5)
+    placed = writer.write(prepare(RecordColumns.of(records), 1 << 20), 2.5).results()
     expected = b"".join(codec.encode(b"orders", n % 3, n // 3, 2.5, 4, b"id-%02d" % n, b"", b"", b"",
                                      b"body-%02d" % n) for n in range(7))
     assert log.active.read(0, 1 << 20) == expected

@@ -7,7 +7,7 @@ the engine measures is exactly what the test says, and nothing waits.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,7 +23,7 @@ from broker.embedded import EmbeddedBroker
 from broker.errors import BrokerConfigError
 from broker.server.config import ServerConfig
 from broker.server.run import settings_table
-from broker.store import AppendResult, FakeClock, Record
+from broker.store import Appended, FakeClock, RecordColumns
 from reliable.settings import Settings, SettingsError
 from tests.broker.delivery.conftest import Open
 
@@ -35,12 +35,12 @@ class StoreTrouble:
     def __init__(self, broker: Broker, clock: FakeClock) -> None:
         self.slow: dict[int, float] = {}
         self.failing: set[int] = set()
-        self._append: Callable[[Sequence[Record]], list[AppendResult]] = broker.store.append
+        self._append: Callable[[RecordColumns], Appended] = broker.store.append_columns
         self._clock = clock
-        broker.store.append = self.append  # type: ignore[method-assign]
+        broker.store.append_columns = self.append  # type: ignore[method-assign]
 
-    def append(self, records: Sequence[Record]) -> list[AppendResult]:
-        queues = {record.queue for record in records}
+    def append(self, records: RecordColumns) -> Appended:
+        queues = set(records.queues)
         if queues & self.failing:
             raise OSError("injected: the disk is gone")
         self._clock.advance(max((self.slow.get(queue, 0.0) for queue in queues), default=0.0))
