@@ -11,8 +11,11 @@ Batches are dropped oldest first once what is held passes ``limit`` bytes
 (counted as the records' framed size plus `PER_RECORD` bytes of Python objects each);
 a reader further behind reads the log, where every record is CRC-checked.
 What is held here never went through the disk, so it needs no check: it is
-what the producer sent. A batch held is never changed, and the table of
-batches is replaced whole on every append, so readers need no lock.
+what the producer sent. A batch held is never changed, and readers need no
+lock: the table (first log offsets, batches, how many are dropped) is one
+tuple, its lists only ever grow (a batch before its first offset), and once a
+quarter of them are dropped the lists are copied without those and the
+table replaced whole: an append costs the same however many batches are held.
 """
 
 from __future__ import annotations
@@ -98,7 +101,7 @@ class RecentRecords:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._table: tuple[tuple[int, ...], tuple[HeldBatch, ...]] = ((), ())  # first offsets, batches
+        self._table: tuple[list[int], list[HeldBatch], int] = ([], [], 0)  # first offsets, batches, dropped
         self._held = 0
 
     def add(self, offsets: Sequence[int], sizes: Sequence[int], message_ids: Sequence[str],
@@ -111,23 +114,27 @@ class RecentRecords:
             return
         batch = HeldBatch(offsets, sizes, (message_ids, column(keys), column(tags), column(headers),
                                            bodies, Same(store_time), column(attempts)), held)
-        starts, batches = self._table
+        starts, batches, dropped = self._table
+        batches.append(batch)
+        starts.append(offsets[0])
         self._held += held
-        dropped = 0
         while self._held > self.limit:
             self._held -= batches[dropped].weight
             dropped += 1
-        self._table = ((*starts[dropped:], offsets[0]), (*batches[dropped:], batch))
+        if dropped * 4 >= len(batches):  # let the dropped batches go
+            self._table = (starts[dropped:], batches[dropped:], 0)
+        else:
+            self._table = (starts, batches, dropped)
 
     def clear(self) -> None:
-        self._table, self._held = ((), ()), 0
+        self._table, self._held = ([], [], 0), 0
 
     def take(self, log_offsets: Sequence[int], sizes: Sequence[int]) -> RunColumns | None:
         """The fields of the records at ``log_offsets`` (in log order, of the consume-queue
         ``sizes``), if every one of them is held; None if one is not."""
-        starts, batches = self._table
+        starts, batches, dropped = self._table
         number = bisect_right(starts, log_offsets[0]) - 1 if log_offsets else -1
-        if number < 0:
+        if number < dropped:
             return None
         pieces: list[list[Sequence[Any]]] = []
         done, count = 0, len(log_offsets)

@@ -83,6 +83,27 @@ def test_beyond_the_limit_records_come_from_the_log(tmp_path) -> None:
     store.close()
 
 
+def test_many_small_appends_let_the_dropped_batches_go(tmp_path) -> None:
+    """One record per append, far past the limit: the table keeps at most a third more batches
+    than the limit holds (a quarter dropped: copied without them), and reads stay right on
+    both sides of the limit."""
+    store = MessageStore(tmp_path, small_config(segment_size=1 << 22))
+    records = _batch(3000)
+    one = weight([store.append([records[0]])[0].size])
+    store.close()
+    store = MessageStore(tmp_path / "small", small_config(recent_bytes=100 * one, segment_size=1 << 22))
+    longest = 0
+    for record in records:
+        store.append([record])
+        starts, batches, dropped = store._recent._table
+        longest = max(longest, len(batches))
+        assert len(batches) - dropped <= 100 and len(starts) == len(batches)
+    assert 100 <= longest <= 134
+    assert store.read("t", 0, 2999, 1)[0].body is records[2999].body  # held
+    assert [m.body for m in store.read("t", 0, 0, 3000)] == [r.body for r in records]  # the log
+    store.close()
+
+
 def test_none_held_when_recent_bytes_is_zero(tmp_path) -> None:
     store = MessageStore(tmp_path, small_config(recent_bytes=0))
     records = _batch(3)
