@@ -102,6 +102,8 @@ class GroupCommit:
         self._expected = 1  # producers the last generation held: worth waiting for again
         self._gather = gather  # the longest wait for them
         self._stopping = False
+        self._on_loop: dict[asyncio.AbstractEventLoop, tuple[list[RecordColumns], list[asyncio.Future[Appended]]]] = {}
+        """What each event loop's tasks queued for its next write (touched on that loop only)."""
         self._thread = threading.Thread(target=self._run, name="store-committer", daemon=True)
         self._thread.start()
 
@@ -111,19 +113,45 @@ class GroupCommit:
         generation.wait()
         return generation.outcome(position)
 
-    async def flushed_async(self, results: Appended, end: int) -> Appended:
-        """``results``, once an fsync covers the log up to ``end`` (the caller wrote them): the
-        committer fsyncs while the caller's loop goes on with the next writes."""
+    async def append_async(self, records: RecordColumns) -> Appended:
+        """`append` for a task on a running event loop: the tasks of one pass of the loop write
+        together, on the loop, and await the committer's fsync."""
         loop = asyncio.get_running_loop()
+        waiting = self._on_loop.get(loop)
+        if waiting is None:
+            waiting = self._on_loop[loop] = ([], [])
+            loop.call_soon(self._write_on_loop, loop)
         future: asyncio.Future[Appended] = loop.create_future()
+        waiting[0].append(records)
+        waiting[1].append(future)
+        return await future
+
+    def _write_on_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Write what the loop's tasks queued in this pass; hand their fsync to the committer."""
+        batches, futures = self._on_loop.pop(loop)
+        try:
+            outcomes, end = self._write_batches(batches)
+        except BaseException as exc:  # noqa: BLE001 - the store is now failed: each task hears of it
+            outcomes, end = [exc] * len(batches), 0
+        written: list[Written] = []
+        for outcome, future in zip(outcomes, futures):
+            if isinstance(outcome, BaseException):
+                if not future.done():
+                    future.set_exception(outcome)
+            else:
+                written.append((outcome, future))
+        if not written:
+            return
         with self._lock:
-            if self._stopping:
-                raise StoreClosedError("the store is closing")
+            if self._stopping:  # written, but no fsync will come: the close's checkpoint fsyncs them
+                for _, future in written:
+                    if not future.done():
+                        future.set_exception(StoreClosedError("the store is closing"))
+                return
             generation = self._queued
-            generation.written.setdefault(loop, []).append((results, future))
+            generation.written.setdefault(loop, []).extend(written)
             generation.reach = max(generation.reach, end)
             self._joined(generation)
-        return await future
 
     def _enqueue(self, records: RecordColumns) -> tuple[Generation, int]:
         """Add ``records`` to the next generation; wake the committer when it is worth it."""
@@ -175,21 +203,22 @@ class GroupCommit:
 
     def _commit_generation(self, generation: Generation) -> None:
         try:
-            end = self._write(generation) if generation.batches else 0
+            end = 0
+            if generation.batches:
+                generation.results, end = self._write_batches(generation.batches)
             self._flush(max(end, generation.reach))
         except BaseException as exc:  # the store is now failed: every producer hears of it
             generation.finish(exc)
             return
         generation.finish()
 
-    def _write(self, generation: Generation) -> int:
-        """Write the generation's batches as one; set each batch's result; return the log end."""
-        batches = generation.batches
+    def _write_batches(self, batches: list[RecordColumns]) -> tuple[list[Appended | BaseException], int]:
+        """Write ``batches`` as one, but for bad ones (their error in their place); return each
+        batch's places or error, and the log end. Raises if the write itself fails."""
         try:
             self._check()
         except Exception as exc:  # noqa: BLE001 - handed to the producers, never lost
-            generation.results = [exc] * len(batches)
-            return 0
+            return [exc] * len(batches), 0
         spans = list[slice | BaseException]()
         start = 0
         for batch in batches:
@@ -197,18 +226,18 @@ class GroupCommit:
             start += batch.length
         prepared: Prepared | None
         try:
-            prepared = prepare(RecordColumns.joined(batches), self._max_record_size)
+            prepared = prepare(batches[0] if len(batches) == 1 else RecordColumns.joined(batches),
+                               self._max_record_size)
         except Exception:  # noqa: BLE001 - find the bad batches; commit the good ones together
             good: list[RecordColumns] = []
             spans = [self._validate(batch, good) for batch in batches]
             prepared = prepare(RecordColumns.joined(good), self._max_record_size) if good else None
         if prepared is None:  # every batch was bad
-            generation.results = [span for span in spans if isinstance(span, BaseException)]
-            return 0
+            return [span for span in spans if isinstance(span, BaseException)], 0
         appended, end = self._commit(prepared)
-        generation.results = [span if isinstance(span, BaseException) else appended.part(span)
-                              for span in spans]
-        return end
+        if len(batches) == 1 and not isinstance(spans[0], BaseException):
+            return [appended], end
+        return [span if isinstance(span, BaseException) else appended.part(span) for span in spans], end
 
     def _validate(self, batch: RecordColumns, good: list[RecordColumns]) -> slice | BaseException:
         """The error of a bad batch, or where the good one goes once added to ``good``."""

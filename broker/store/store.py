@@ -131,16 +131,18 @@ class MessageStore:
         """`append_columns` for asyncio code: the write runs here, and under `sync` the fsync is
         awaited.
 
-        The write only reaches the page cache, so it runs on the caller's loop; the
-        committer thread fsyncs meanwhile (RocketMQ's GroupCommitService), so the
-        next writes go on while the disk works. Many tasks appending at once share
-        one fsync and are woken with one call into their loop, which is how the
+        The write only reaches the page cache, so it runs on the caller's loop (the
+        tasks that append in one pass of the loop write together); the committer
+        thread fsyncs meanwhile (RocketMQ's GroupCommitService), so the next
+        writes go on while the disk works. Many tasks appending at once share one
+        fsync and are woken with one call into their loop, which is how the
         broker's server takes concurrent producers.
         """
         self._check_open()
+        if self._group is not None:
+            return await self._group.append_async(records)
         self._check_disk()
-        appended, end = self._commit(prepare(records, self.config.max_record_size))
-        return appended if self._group is None else await self._group.flushed_async(appended, end)
+        return self._commit(prepare(records, self.config.max_record_size))[0]
 
     def _commit(self, prepared: Prepared) -> tuple[Appended, int]:
         """Write a prepared batch under the writer lock; return its places and the log end."""
