@@ -28,7 +28,7 @@ from pathlib import Path
 
 import structlog
 
-from broker.store import FlushPolicy, MessageStore, Record, StoreConfig
+from broker.store import FlushPolicy, MessageStore, Record, RecordColumns, StoreConfig
 from broker.store.checkpoint import MARKER
 from broker.store.commitlog import CommitLog
 from broker.store.prepare import prepare
@@ -182,7 +182,7 @@ def write_log(directory: Path, megabytes: int) -> int:
     queues = QueueTable(directory / "scratch", 1 << 16)
     writer = BatchWriter(commit_log, queues, _NoIndex(), b"bench000",  # type: ignore[arg-type]
                          RecentRecords(0))
-    batch = prepare(records(1000), config.max_record_size)
+    batch = prepare(RecordColumns.of(records(1000)), config.max_record_size)
     count, target = 0, megabytes * 1024 * 1024
     while commit_log.end < target:
         writer.write(batch, time.time())
