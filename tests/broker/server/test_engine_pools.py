@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from broker.delivery.engine import Broker
 from broker.delivery.values import MessageColumns, OutgoingMessage
@@ -50,8 +53,16 @@ def test_a_fetch_that_finds_messages_and_its_ack_need_no_free_thread(tmp_path) -
     asyncio.run(scenario())
 
 
-def _sync_broker(path) -> Broker:
-    return Broker(path, store_config=StoreConfig(flush=FlushPolicy.SYNC))
+@contextmanager
+def _sync_engine(path: Path, threads: int = 32) -> Iterator[tuple[Broker, Engine]]:
+    """A broker under `sync` flush (the server's) and its `Engine`, closed after."""
+    broker = Broker(path, store_config=StoreConfig(flush=FlushPolicy.SYNC))
+    engine = Engine(broker, threads=threads)
+    try:
+        yield broker, engine
+    finally:
+        engine.close()
+        broker.close()
 
 
 def _named(*ids: str) -> MessageColumns:
@@ -60,66 +71,57 @@ def _named(*ids: str) -> MessageColumns:
 
 def test_a_publish_under_sync_runs_on_the_loop_and_needs_no_free_thread(tmp_path) -> None:
     async def scenario() -> None:
-        broker = _sync_broker(tmp_path / "broker")
-        engine = Engine(broker, threads=1)
-        held = threading.Event()
-        busy = asyncio.get_running_loop().run_in_executor(engine._pool, held.wait)  # the one thread
-        placed = await asyncio.wait_for(engine.publish_columns("t", _named("a", "b")), 10)
-        assert placed.column("message_id") == ["a", "b"] and not any(placed.column("duplicate"))
-        again = await asyncio.wait_for(engine.publish_columns("t", _named("a")), 10)
-        assert again.column("duplicate") == [True]  # the window learned the ids on the loop too
-        assert not busy.done()
-        held.set()
-        await busy
-        engine.close()
-        broker.close()
+        with _sync_engine(tmp_path / "broker", threads=1) as (_, engine):
+            held = threading.Event()
+            busy = asyncio.get_running_loop().run_in_executor(engine._pool, held.wait)  # the one thread
+            placed = await asyncio.wait_for(engine.publish_columns("t", _named("a", "b")), 10)
+            assert placed.column("message_id") == ["a", "b"] and not any(placed.column("duplicate"))
+            again = await asyncio.wait_for(engine.publish_columns("t", _named("a")), 10)
+            assert again.column("duplicate") == [True]  # the window learned the ids on the loop too
+            assert not busy.done()
+            held.set()
+            await busy
 
     asyncio.run(scenario())
 
 
 def test_a_publish_cancelled_while_its_append_waits_still_leaves_its_ids_in_the_window(tmp_path) -> None:
     async def scenario() -> None:
-        broker = _sync_broker(tmp_path / "broker")
-        engine = Engine(broker)
-        publish = asyncio.create_task(engine.publish_columns("t", _named("x", "y")))
-        for _ in range(3):  # into the append's wait for the committer
-            await asyncio.sleep(0)
-        assert not publish.done()
-        publish.cancel()  # the client went away, as a resend is about to come on another connection
-        deadline = time.monotonic() + 10
-        while broker.dedup.get("t", "y") is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        resent = await engine.publish_columns("t", _named("x", "y"))
-        assert resent.column("duplicate") == [True, True]
-        assert sum(end - start for start, end in broker.queue_offsets("t")) == 2  # stored once
-        engine.close()
-        broker.close()
+        with _sync_engine(tmp_path / "broker") as (broker, engine):
+            publish = asyncio.create_task(engine.publish_columns("t", _named("x", "y")))
+            for _ in range(3):  # into the append's wait for the committer
+                await asyncio.sleep(0)
+            assert not publish.done()
+            publish.cancel()  # the client went away, as a resend is about to come on another connection
+            deadline = time.monotonic() + 10
+            while broker.dedup.get("t", "y") is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            resent = await engine.publish_columns("t", _named("x", "y"))
+            assert resent.column("duplicate") == [True, True]
+            assert sum(end - start for start, end in broker.queue_offsets("t")) == 2  # stored once
 
     asyncio.run(scenario())
 
 
 def test_a_publish_goes_to_a_thread_while_another_holds_the_engine_lock(tmp_path) -> None:
     async def scenario() -> None:
-        broker = _sync_broker(tmp_path / "broker")
-        engine = Engine(broker)
-        taken, release = threading.Event(), threading.Event()
+        with _sync_engine(tmp_path / "broker") as (broker, engine):
+            taken, release = threading.Event(), threading.Event()
 
-        def hold() -> None:
-            with broker.lock:
-                taken.set()
-                release.wait()
+            def hold() -> None:
+                with broker.lock:
+                    taken.set()
+                    release.wait()
 
-        holder = threading.Thread(target=hold)
-        holder.start()
-        taken.wait()
-        publish = asyncio.create_task(engine.publish_columns("t", _named("p")))
-        await asyncio.sleep(0.2)
-        assert not publish.done()  # waiting for the lock on a thread, the loop free meanwhile
-        release.set()
-        placed = await asyncio.wait_for(publish, 10)
-        assert placed.column("message_id") == ["p"]
-        holder.join()
-        engine.close()
-        broker.close()
+            holder = threading.Thread(target=hold)
+            holder.start()
+            taken.wait()
+            publish = asyncio.create_task(engine.publish_columns("t", _named("p")))
+            await asyncio.sleep(0.2)
+            assert not publish.done()  # waiting for the lock on a thread, the loop free meanwhile
+            release.set()
+            placed = await asyncio.wait_for(publish, 10)
+            assert placed.column("message_id") == ["p"]
+            holder.join()
 
     asyncio.run(scenario())
