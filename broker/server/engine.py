@@ -8,9 +8,11 @@ never on the loop, so however many fetches wait, acks and publishes are not
 starved. A fetch that finds messages at once, an ack, and the checks of a publish
 run on the loop itself when the engine's lock is free (they only compute,
 and under the GIL a thread would not run beside the loop anyway): two thread
-hand-offs fewer per batch; a publish then awaits its fsync through the
-store's group commit, which wakes the loop's tasks with one call. When the
-lock is busy they go to the threads as well.
+hand-offs fewer per batch. A publish's records are then written on the loop
+as well (with those of every connection that published in the same pass of
+the loop) and it awaits the fsync the store's committer thread does
+meanwhile, which wakes the loop's tasks with one call. When the lock is busy
+they go to the threads as well.
 When a connection ends, the server calls `Engine.leave` for each of its
 members, and the engine redelivers whatever they held unacknowledged.
 """

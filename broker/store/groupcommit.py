@@ -9,10 +9,10 @@ to come back, so that one fsync covers them all and the committer does not
 fight them for the GIL. A batch with a bad record is re-encoded producer by
 producer, so only the producer that sent it gets the error.
 
-Asyncio tasks (the broker's server) write their records themselves, on their
-loop, and only the fsync is left to the committer (`flushed_async`): the
-loop goes on with the next writes while the disk works (RocketMQ's
-GroupCommitService). A generation wakes its tasks with one call into each
+Asyncio tasks (`append_async`: the broker's server) write their records on
+their own loop, those of one pass of the loop together (one encoding, one
+write), and only the fsync is left to the committer: the loop goes on with
+the next writes while the disk works (RocketMQ's GroupCommitService). A generation wakes its tasks with one call into each
 event loop, so many concurrent producers on one loop cost a task switch each
 rather than a thread switch.
 """
