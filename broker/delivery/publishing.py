@@ -7,6 +7,12 @@ was seen on the topic within the de-duplication window is not appended
 again: its first copy's placement comes back marked duplicate (ActiveMQ's
 message audit, Kafka's idempotent producer). The append runs outside the
 engine's lock; how long it took is what the queue selector learns from.
+
+A publish is three steps: `begin` (under the engine's lock: ids looked up,
+queues chosen, the records built column by column), the store's append, and
+`finish` (ids remembered, waiting members woken, placements). `append_columns`
+runs them on the caller's thread; the server runs the first and the last on
+its event loop and awaits the append in between.
 """
 
 from __future__ import annotations
