@@ -9,10 +9,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from broker.delivery.engine import Broker
 from broker.delivery.values import MessageColumns, OutgoingMessage
 from broker.server.engine import Engine
 from broker.store import FlushPolicy, StoreConfig
+from broker.store.segment import Segment
+
+LONG_POLL = 60.0
+"""Longer than any test here takes on a loaded machine: a publish to ``quiet`` ends the polls."""
 
 
 def test_fetches_waiting_on_every_thread_do_not_hold_up_a_publish(tmp_path) -> None:
@@ -20,12 +26,14 @@ def test_fetches_waiting_on_every_thread_do_not_hold_up_a_publish(tmp_path) -> N
         broker = Broker(tmp_path / "broker")
         engine = Engine(broker, threads=2, waiting_threads=4)
         members = [await engine.join(f"g{n}", ["quiet"]) for n in range(4)]
-        fetches = [asyncio.create_task(engine.fetch(m, 10, 2.0)) for m in members]
+        fetches = [asyncio.create_task(engine.fetch(m, 10, LONG_POLL)) for m in members]
         await asyncio.sleep(0)  # let every fetch reach its thread
         placed = await asyncio.wait_for(engine.publish("busy", [OutgoingMessage(b"x")]), 10)
         assert placed[0].topic == "busy"
         assert not any(f.done() for f in fetches)  # the publish did not wait for them
-        assert all(batch == [] for batch in await asyncio.gather(*fetches))
+        broker.publish("quiet", [OutgoingMessage(b"end")])  # ends the long polls
+        batches = await asyncio.wait_for(asyncio.gather(*fetches), 10)
+        assert [[d.body for d in batch] for batch in batches] == [[b"end"]] * 4
         engine.close()
         broker.close()
 
@@ -37,7 +45,7 @@ def test_a_fetch_that_finds_messages_and_its_ack_need_no_free_thread(tmp_path) -
         broker = Broker(tmp_path / "broker")
         engine = Engine(broker, threads=1, waiting_threads=1)
         waiting = await engine.join("idle", ["quiet"])
-        long_poll = asyncio.create_task(engine.fetch(waiting, 10, 2.0))  # holds the one waiting thread
+        long_poll = asyncio.create_task(engine.fetch(waiting, 10, LONG_POLL))  # holds the one waiting thread
         await asyncio.sleep(0)
         broker.publish("busy", [OutgoingMessage(b"x"), OutgoingMessage(b"y")])
         member = await engine.join("g", ["busy"])
@@ -46,7 +54,8 @@ def test_a_fetch_that_finds_messages_and_its_ack_need_no_free_thread(tmp_path) -
         await asyncio.wait_for(engine.ack(member, list(taken.columns["receipt"])), 10)
         assert broker.pending("g", ["busy"]) == 0
         assert not long_poll.done()
-        assert await long_poll == []
+        broker.publish("quiet", [OutgoingMessage(b"end")])  # ends the long poll
+        assert [d.body for d in await asyncio.wait_for(long_poll, 10)] == [b"end"]
         engine.close()
         broker.close()
 
@@ -85,20 +94,34 @@ def test_a_publish_under_sync_runs_on_the_loop_and_needs_no_free_thread(tmp_path
     asyncio.run(scenario())
 
 
-def test_a_publish_cancelled_while_its_append_waits_still_leaves_its_ids_in_the_window(tmp_path) -> None:
+def test_a_publish_cancelled_while_its_append_waits_still_leaves_its_ids_in_the_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client goes away while its publish waits for the fsync (a slow disk: the fsync
+    waits for the test), as a resend is about to come on another connection."""
+    disk_done, fsyncing = threading.Event(), threading.Event()
+    real_fsync = Segment.fsync
+
+    def slow_fsync(segment: Segment) -> None:
+        fsyncing.set()
+        disk_done.wait(10)
+        real_fsync(segment)
+
     async def scenario() -> None:
         with _sync_engine(tmp_path / "broker") as (broker, engine):
+            monkeypatch.setattr(Segment, "fsync", slow_fsync)
             publish = asyncio.create_task(engine.publish_columns("t", _named("x", "y")))
-            for _ in range(3):  # into the append's wait for the committer
-                await asyncio.sleep(0)
-            assert not publish.done()
-            publish.cancel()  # the client went away, as a resend is about to come on another connection
+            while not fsyncing.is_set():
+                await asyncio.sleep(0.01)
+            publish.cancel()
+            disk_done.set()
             deadline = time.monotonic() + 10
             while broker.dedup.get("t", "y") is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             resent = await engine.publish_columns("t", _named("x", "y"))
             assert resent.column("duplicate") == [True, True]
             assert sum(end - start for start, end in broker.queue_offsets("t")) == 2  # stored once
+        assert publish.cancelled()
 
     asyncio.run(scenario())
 
