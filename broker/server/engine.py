@@ -41,7 +41,6 @@ from broker.delivery.values import (
     TopicInfo,
 )
 from broker.server import lookup
-from broker.store import FlushPolicy
 
 __all__ = ["Delivery", "DeliveryColumns", "Engine", "GroupInfo", "MessageColumns", "OutgoingMessage", "Placement",
            "PlacementColumns", "QueueLag", "TopicInfo"]
@@ -93,12 +92,9 @@ class Engine:
 
     @staticmethod
     def _publishes_here(broker: Broker, topic: str) -> bool:
-        """Whether a publish to ``topic`` can run on the loop: group commit awaits its fsync
-        (no write blocks the loop), no queue selector waits to time it, and no id has to be
-        looked for on disk."""
-        return (broker.store.config.flush is FlushPolicy.SYNC
-                and not broker.topic_table.selector.measures
-                and publishing.window_covers(broker, topic))
+        """Whether a publish to ``topic`` can run on the loop: no queue selector waits to time
+        its append on a thread, and no id has to be looked for on disk."""
+        return not broker.topic_table.selector.measures and publishing.window_covers(broker, topic)
 
     async def _append_here(self, broker: Broker, publish: publishing.Publish) -> PlacementColumns:
         appended = await broker.store.append_columns_async(publish.records) if publish.records else None

@@ -44,7 +44,7 @@ class Generation:
         self.written: dict[asyncio.AbstractEventLoop, list[Written]] = {}
         """Appends their tasks wrote themselves, waiting for the fsync (by event loop)."""
         self.reach = 0  # the log end those appends reached
-        self.producers = 0  # batches and written appends
+        self.producers = 0  # batches, and loop writes waiting for the fsync
         self._done = threading.Lock()
         self._done.acquire()
 

@@ -119,8 +119,7 @@ class MessageStore:
         self._check_open()
         if self._group is not None:  # checks the disk once per generation
             return self._group.append(records)
-        self._check_disk()
-        return self._commit(prepare(records, self.config.max_record_size))[0]
+        return self._append_now(records)
 
     async def append_async(self, records: Sequence[Record]) -> list[AppendResult]:
         """`append` for asyncio code (see `append_columns_async`)."""
@@ -141,6 +140,10 @@ class MessageStore:
         self._check_open()
         if self._group is not None:
             return await self._group.append_async(records)
+        return self._append_now(records)
+
+    def _append_now(self, records: RecordColumns) -> Appended:
+        """Write ``records`` on the caller's thread (no fsync to wait for: `async`, `none`)."""
         self._check_disk()
         return self._commit(prepare(records, self.config.max_record_size))[0]
 
