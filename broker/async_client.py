@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from broker.client import CONNECT_TIMEOUT, message_ids, parse_address, result, unix_path, where
+from broker.client import CONNECT_TIMEOUT, parse_address, publish_fields, result, unix_path, where
 from broker.delivery.values import (
     Delivery,
     GroupInfo,
@@ -33,7 +33,7 @@ from broker.delivery.values import (
 from broker.errors import BrokerError, BrokerUnavailableError, UnknownMemberError
 from broker.server import native_codec
 from broker.server.native_codec import FrameDecoder, decode_body
-from broker.server.native_tables import outgoing_table, rows
+from broker.server.native_tables import rows
 
 log = structlog.get_logger("broker.client")
 _Link = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -58,7 +58,7 @@ class AsyncClient:
         self._closed = False
 
     async def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
-        fields = {"topic": topic, "messages": outgoing_table(messages, message_ids(messages))}
+        fields = publish_fields(topic, messages)  # made once: a resend keeps the ids or token
         async for attempt in AsyncRetrying(retry=retry_if_exception_type(BrokerUnavailableError),
                                            wait=wait_exponential(multiplier=0.05, max=2.0),
                                            stop=stop_after_delay(self._retry_seconds), reraise=True):

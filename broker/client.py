@@ -90,9 +90,8 @@ class Client:
     # -- BrokerApi ---------------------------------------------------------------
 
     def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
-        carried = outgoing_table(messages, message_ids(messages))  # ids made once: a resend keeps them
-        return rows(Placement, self._resending("publish", topic=topic, messages=carried)["placements"],
-                    "placements")
+        fields = publish_fields(topic, messages)  # made once: a resend keeps the ids or token
+        return rows(Placement, self._resending("publish", **fields)["placements"], "placements")
 
     def publish_to_group(self, group: str, topic: str,
                          messages: Sequence[OutgoingMessage]) -> list[Placement]:
@@ -279,6 +278,17 @@ class Client:
 
     def _where(self) -> str:
         return self._name
+
+
+def publish_fields(topic: str, messages: Sequence[OutgoingMessage]) -> dict[str, Any]:
+    """A publish request's fields. Messages without ids of their own are named by one batch
+    token (128 random bits): the broker gives them the ids ``token.0``, ``token.1``, ... and
+    drops a resend of the token as a whole, with one entry per batch where an id per message
+    would take one each. If any message has an id, every one is named by its own (one made
+    here where none was given)."""
+    if any(message.message_id for message in messages):
+        return {"topic": topic, "messages": outgoing_table(messages, message_ids(messages))}
+    return {"topic": topic, "messages": outgoing_table(messages, None), "batch": os.urandom(16).hex()}
 
 
 def message_ids(messages: Sequence[OutgoingMessage]) -> list[str]:

@@ -13,6 +13,11 @@ generation; once it has filled for ``window`` seconds or holds ``entries``
 ids it becomes the previous one, and the previous one is dropped. So an id
 is found for ``window`` seconds unless ``entries`` ids came after it, and at
 most twice ``entries`` are held.
+
+A batch named by a producer token (`broker.store.runs`: its messages' ids are
+``token.0 ...``) is one entry, its placements kept as the columns the store
+returned: one dict operation per batch instead of three per message. It counts
+as many ids as it has messages.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from collections.abc import Sequence
 from itertools import repeat
 
 from broker.delivery.values import Placement
+from broker.errors import DeliveryError
 from broker.store import Clock
 
 Seen = dict[str, tuple[float, int, int]]  # message id -> (when added, queue, offset), of one topic
+Batches = dict[str, tuple[float, Sequence[int], Sequence[int]]]  # token -> (when, queues, offsets)
 
 
 class DedupWindow:
@@ -35,6 +42,8 @@ class DedupWindow:
         self._entries = entries
         self._current: dict[str, Seen] = {}  # by topic
         self._previous: dict[str, Seen] = {}
+        self._current_batches: dict[str, Batches] = {}  # by topic, rotated with the ids
+        self._previous_batches: dict[str, Batches] = {}
         self._began = clock.time()  # when the current generation took its first id
         self._held = 0  # ids added to the current generation
 
@@ -57,12 +66,41 @@ class DedupWindow:
     def add(self, topic: str, queues: Sequence[int], offsets: Sequence[int],
             message_ids: Sequence[str]) -> None:
         """Remember that ``message_ids`` went to ``queues`` at ``offsets`` (one of each per id)."""
-        now = self._clock.time()
-        if self._held >= self._entries or now - self._began >= self._window:
-            self._previous, self._current = self._current, {}
-            self._began, self._held = now, 0
+        now = self._rotated()
         seen = self._current.get(topic)
         if seen is None:
             seen = self._current[topic] = {}
         seen.update(zip(message_ids, zip(repeat(now), queues, offsets)))
         self._held += len(message_ids)
+
+    def find_batch(self, topic: str, token: str,
+                   count: int) -> tuple[Sequence[int], Sequence[int]] | None:
+        """The queues and offsets the batch ``token`` of ``count`` messages went to, if published
+        on ``topic`` within the window; `DeliveryError` if it had another count (a token names one
+        batch: a resend is the same batch)."""
+        seen = (self._current_batches.get(topic, {}).get(token)
+                or self._previous_batches.get(topic, {}).get(token))
+        if seen is None or seen[0] < self._clock.time() - self._window:
+            return None
+        if len(seen[1]) != count:
+            raise DeliveryError(f"batch {token!r} was published on {topic} with {len(seen[1])} "
+                                f"messages; this one has {count} (a resend must be the same batch)")
+        return seen[1], seen[2]
+
+    def add_batch(self, topic: str, token: str, queues: Sequence[int], offsets: Sequence[int]) -> None:
+        """Remember that the batch ``token`` went to ``queues`` at ``offsets``."""
+        now = self._rotated()
+        batches = self._current_batches.get(topic)
+        if batches is None:
+            batches = self._current_batches[topic] = {}
+        batches[token] = (now, queues, offsets)
+        self._held += len(queues)
+
+    def _rotated(self) -> float:
+        """The time now, after starting a new generation if the current one is full or old."""
+        now = self._clock.time()
+        if self._held >= self._entries or now - self._began >= self._window:
+            self._previous, self._current = self._current, {}
+            self._previous_batches, self._current_batches = self._current_batches, {}
+            self._began, self._held = now, 0
+        return now

@@ -89,10 +89,12 @@ class Broker:
         check_name("topic", topic)
         return self.append(topic, messages)
 
-    def publish_columns(self, topic: str, messages: MessageColumns) -> PlacementColumns:
-        """`publish` column by column, as the server takes a publish's table (no object per message)."""
+    def publish_columns(self, topic: str, messages: MessageColumns,
+                        batches: Sequence[publishing.Batch] = ()) -> PlacementColumns:
+        """`publish` column by column, as the server takes a publish's table (no object per
+        message); ``batches``: the producer tokens that name the messages (`publishing`)."""
         check_name("topic", topic)
-        return publishing.append_columns(self, topic, messages)
+        return publishing.append_columns(self, topic, messages, batches=batches)
 
     def publish_to_group(self, group: str, topic: str,
                          messages: Sequence[OutgoingMessage]) -> list[Placement]:

@@ -8,6 +8,15 @@ again: its first copy's placement comes back marked duplicate (ActiveMQ's
 message audit, Kafka's idempotent producer). The append runs outside the
 engine's lock; how long it took is what the queue selector learns from.
 
+A publish from a client that names its batch with one token instead of an id
+per message (`batches`: the spans of a publish, each a token and a count)
+gets the ids ``token.0 ...`` (`broker.store.runs`), and is de-duplicated as
+a whole: one window entry per batch, and one id-index entry per batch run in
+the store (Kafka's producer sequence). A resend with the same token gets the
+first copy's placements back, marked duplicate; after a restart the store's
+runs answer, and a batch a torn write cut short gets only its lost tail
+appended.
+
 A publish is three steps: `begin` (under the engine's lock: ids looked up,
 queues chosen, the records built column by column), the store's append, and
 `finish` (ids remembered, waiting members woken, placements). `append_columns`
@@ -20,7 +29,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import accumulate, chain, compress, repeat, starmap
 from typing import TYPE_CHECKING, Any
 
 from broker.delivery.cursor import DELIVER_AT_HEADER
@@ -32,6 +41,7 @@ from broker.delivery.values import (
 )
 from broker.errors import DeliveryError
 from broker.store import Appended, RecordColumns
+from broker.store.runs import run_ids
 
 if TYPE_CHECKING:
     from broker.delivery.engine import Broker
@@ -46,13 +56,17 @@ def append(broker: Broker, topic: str, messages: Sequence[OutgoingMessage], *,
 
 
 def append_columns(broker: Broker, topic: str, messages: MessageColumns, *,
-                   dedup: bool = True) -> PlacementColumns:
+                   dedup: bool = True, batches: Sequence[Batch] = ()) -> PlacementColumns:
     """Append to any topic (internal ones included); with ``dedup``, ids seen within the
-    window are dropped (the first copy's placement comes back, marked duplicate)."""
+    window are dropped (the first copy's placement comes back, marked duplicate). With
+    ``batches``, the messages are batches named by tokens (see the module's docstring)."""
     with broker.lock:
-        publish = begin(broker, topic, messages, dedup=dedup)
+        publish = begin(broker, topic, messages, dedup=dedup, batches=batches)
     appended = _timed_append(broker, topic, publish.records) if publish.records else None
     return finish(broker, publish, appended)
+
+
+Batch = tuple[str, int]  # a producer's token and how many messages (one after another) it names
 
 
 @dataclass(frozen=True)
@@ -61,13 +75,15 @@ class Publish:
 
     topic: str
     message_ids: Sequence[str]
-    named: bool  # ids to look for and remember
+    named: bool  # ids to look for and remember one by one
     fresh: Sequence[int]  # the messages to append (the others are copies)
     copies: dict[int, Placement | None]
     records: RecordColumns | None  # None: nothing to append
+    batches: Sequence[Batch] = ()  # the tokens that name the messages, to remember
 
 
-def begin(broker: Broker, topic: str, messages: MessageColumns, *, dedup: bool = True) -> Publish:
+def begin(broker: Broker, topic: str, messages: MessageColumns, *, dedup: bool = True,
+          batches: Sequence[Batch] = ()) -> Publish:
     """The records of a publish: its messages but for the copies of ids seen (the caller holds
     the engine's lock); the append of ``records`` and `finish` complete it."""
     if not messages.count:
@@ -76,10 +92,58 @@ def begin(broker: Broker, topic: str, messages: MessageColumns, *, dedup: bool =
     if not all(map(isinstance, bodies, repeat(bytes))):
         bad = next(body for body in bodies if not isinstance(body, bytes))
         raise DeliveryError(f"message body must be bytes, got {type(bad).__name__}")
+    if batches:
+        return _begin_batches(broker, topic, messages, batches)
     named = dedup and any(message_ids)
     fresh, copies = _fresh(broker, topic, message_ids) if named else (range(messages.count), {})
     records = _records(broker, topic, messages if not copies else messages.taken(fresh))
     return Publish(topic, message_ids, named, fresh, copies, records)
+
+
+def _begin_batches(broker: Broker, topic: str, messages: MessageColumns,
+                   batches: Sequence[Batch]) -> Publish:
+    """`begin` for messages named by batch tokens: ids made from the tokens, and the batches seen
+    within the window (or, in the first window after a restart, held by the store) not
+    appended again."""
+    if sum(count for _, count in batches) != messages.count or any(messages.column("message_id")):
+        raise DeliveryError("batches must name every message of a publish, and only messages "
+                            "without an id")
+    message_ids = (run_ids(*batches[0]) if len(batches) == 1
+                   else list(chain.from_iterable(starmap(run_ids, batches))))
+    copies = _batch_copies(broker, topic, batches, message_ids)
+    fresh = range(messages.count) if not copies else [i for i in range(messages.count) if i not in copies]
+    starts = set(accumulate((count for _, count in batches[:-1]), initial=0))
+    continues = ([index - 1 not in copies and index not in starts for index in fresh] if copies
+                 else list(chain.from_iterable([False] + [True] * (count - 1) for _, count in batches)))
+    named = messages.with_column("message_id", message_ids)
+    records = _records(broker, topic, named if not copies else named.taken(fresh))
+    records = records._replace(continues=continues) if records else None
+    return Publish(topic, message_ids, False, fresh, copies, records, batches)
+
+
+def _batch_copies(broker: Broker, topic: str, batches: Sequence[Batch],
+                  message_ids: Sequence[str]) -> dict[int, Placement | None]:
+    """The messages of ``batches`` already published: each placed where its first copy went (None:
+    a token twice in this publish, placed where its first span goes)."""
+    copies: dict[int, Placement | None] = {}
+    in_store = not window_covers(broker, topic)
+    seen: set[str] = set()
+    start = 0
+    for token, count in batches:
+        if token in seen:
+            copies.update(zip(range(start, start + count), repeat(None)))
+        elif (found := broker.dedup.find_batch(topic, token, count)) is not None:
+            places = zip(repeat(topic), *found, message_ids[start : start + count])
+            copies.update(zip(range(start, start + count), starmap(Placement, places)))
+        elif in_store:
+            stored = broker.store.lookup_run(token, count)
+            horizon = broker.clock.time() - broker.config.dedup_window
+            copies.update((start + position, Placement(topic, m.queue, m.queue_offset, m.message_id))
+                          for position, m in enumerate(stored)
+                          if m is not None and m.topic == topic and m.store_time >= horizon)
+        seen.add(token)
+        start += count
+    return copies
 
 
 def finish(broker: Broker, publish: Publish, appended: Appended | None) -> PlacementColumns:
@@ -87,20 +151,38 @@ def finish(broker: Broker, publish: Publish, appended: Appended | None) -> Place
     topic, message_ids, count = publish.topic, publish.message_ids, len(publish.message_ids)
     queues, offsets, stored_ids = ((appended.queues, appended.queue_offsets, appended.message_ids)
                                    if appended else ((), (), ()))
+    if not count:
+        placed = PlacementColumns(0, {}, {})
+    elif not publish.copies:
+        placed = PlacementColumns(count, {"topic": topic, "duplicate": False},
+                                  {"queue": queues, "offset": offsets, "message_id": stored_ids})
+    else:
+        placed = _with_copies(topic, message_ids, publish.fresh, (queues, offsets, stored_ids),
+                              publish.copies)
     with broker.lock:
-        if publish.named:
+        if publish.batches:
+            _remember_batches(broker, publish, placed)
+        elif publish.named:
             if len(offsets) == count and all(message_ids):  # the usual batch: all appended, all named
                 broker.dedup.add(topic, queues, offsets, stored_ids)
             else:
                 broker.dedup.add(topic, *_named(queues, offsets, stored_ids,
                                                 list(map(message_ids.__getitem__, publish.fresh))))
         broker.lock.notify_all()
-    if not count:
-        return PlacementColumns(0, {}, {})
-    if not publish.copies:
-        return PlacementColumns(count, {"topic": topic, "duplicate": False},
-                                {"queue": queues, "offset": offsets, "message_id": stored_ids})
-    return _with_copies(topic, message_ids, publish.fresh, (queues, offsets, stored_ids), publish.copies)
+    return placed
+
+
+def _remember_batches(broker: Broker, publish: Publish, placed: PlacementColumns) -> None:
+    """Put each batch of ``publish`` in the window with the places of all its messages."""
+    queues, offsets = placed.column("queue"), placed.column("offset")
+    if len(publish.batches) == 1:
+        broker.dedup.add_batch(publish.topic, publish.batches[0][0], queues, offsets)
+        return
+    start = 0
+    for token, count in publish.batches:
+        broker.dedup.add_batch(publish.topic, token, queues[start : start + count],
+                               offsets[start : start + count])
+        start += count
 
 
 def _named(queues: Sequence[int], offsets: Sequence[int], stored_ids: Sequence[str],

@@ -164,6 +164,11 @@ class Columns:
         return type(self)(len(positions), self.same, {
             name: list(map(column.__getitem__, positions)) for name, column in self.columns.items()})
 
+    def with_column(self: C, name: str, values: Sequence[Any]) -> C:
+        """The same rows with field ``name`` set to ``values`` (one per row)."""
+        same = {field: value for field, value in self.same.items() if field != name}
+        return type(self)(self.count, same, {**self.columns, name: values})
+
     def split(self: C, counts: Sequence[int]) -> list[C]:
         """The rows in consecutive parts of ``counts`` rows each."""
         parts, start = [], 0

@@ -40,6 +40,7 @@ from broker.delivery.values import (
     QueueLag,
     TopicInfo,
 )
+from broker.errors import DeliveryError
 from broker.server import lookup
 
 __all__ = ["Delivery", "DeliveryColumns", "Engine", "GroupInfo", "MessageColumns", "OutgoingMessage", "Placement",
@@ -74,16 +75,20 @@ class Engine:
     async def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
         return await self._run(self.api.publish, topic, messages)
 
-    async def publish_columns(self, topic: str, messages: MessageColumns) -> PlacementColumns:
-        """`publish` column by column, as the native protocol carries it (no object per message)."""
+    async def publish_columns(self, topic: str, messages: MessageColumns,
+                              batches: Sequence[publishing.Batch] = ()) -> PlacementColumns:
+        """`publish` column by column, as the native protocol carries it (no object per message);
+        ``batches``: the producer tokens that name the messages (`broker.delivery.publishing`)."""
         broker = self._broker
         if broker is None:
+            if batches:
+                raise DeliveryError("batch tokens need the broker's own engine")
             return PlacementColumns.of(await self._run(self.api.publish, topic, messages.messages()))
         if not self._publishes_here(broker, topic) or not broker.lock.acquire(blocking=False):
-            return await self._run(broker.publish_columns, topic, messages)
+            return await self._run(broker.publish_columns, topic, messages, batches)
         try:
             check_name("topic", topic)
-            publish = publishing.begin(broker, topic, messages)
+            publish = publishing.begin(broker, topic, messages, batches=batches)
         finally:
             broker.lock.release()
         # a cancelled caller (its client gone) must not stop the append half way: a resend of

@@ -15,8 +15,10 @@ from typing import Any
 
 from broker.errors import BrokerError
 from broker.server.engine import MessageColumns, PlacementColumns
+from broker.server.errors import MalformedFrameError
 from broker.server.native_ops import Context, Operation, Reply, need, placements_reply, strings
 from broker.server.native_tables import checked_columns
+from broker.store.runs import MAX_TOKEN
 
 RunOperation = Callable[[Context, Sequence[Mapping[str, Any]]], Awaitable[list[Reply | Exception]]]
 
@@ -43,50 +45,57 @@ class Together:
 async def publish_run(ctx: Context, requests: Sequence[Mapping[str, Any]]) -> list[Reply | Exception]:
     """Consecutive publishes to one topic, in order, as one engine call: one fsync covers them all.
 
-    The result of each is what it would have been alone (a message id sent twice
-    is a duplicate either way); when the engine refuses the whole, each runs
-    alone, so only the request at fault fails.
+    The result of each is what it would have been alone (a message id or batch token sent
+    twice is a duplicate either way); when the engine refuses the whole, or the requests mix
+    batch tokens with ids, each runs alone, so only the request at fault fails.
     """
     topic = need(requests[0], "publish", "topic", str)
-    batches: list[MessageColumns | Exception] = []
+    batches: list[tuple[MessageColumns, str] | Exception] = []
     for request in requests:
         try:
             batches.append(_publishing(ctx, request))
         except BrokerError as error:
             batches.append(error)
     good = [batch for batch in batches if not isinstance(batch, Exception)]
-    if len(good) > 1:
+    if len(good) > 1 and len({bool(token) for _, token in good}) == 1:
+        tokens = [(token, messages.count) for messages, token in good] if good[0][1] else []
         try:
-            placed = await _publish(ctx, topic, MessageColumns.joined(good))
+            placed = await _publish(ctx, topic, MessageColumns.joined([m for m, _ in good]), tokens)
         except BrokerError:
             pass  # each alone below
         else:
-            parts = iter(placed.split([batch.count for batch in good]))
+            parts = iter(placed.split([messages.count for messages, _ in good]))
             return [batch if isinstance(batch, Exception) else placements_reply(next(parts))
                     for batch in batches]
-    return [batch if isinstance(batch, Exception) else await _alone(ctx, topic, batch)
+    return [batch if isinstance(batch, Exception) else await _alone(ctx, topic, *batch)
             for batch in batches]
 
 
-def _publishing(ctx: Context, request: Mapping[str, Any]) -> MessageColumns:
-    """The messages of one publish request, checked."""
+def _publishing(ctx: Context, request: Mapping[str, Any]) -> tuple[MessageColumns, str]:
+    """The messages of one publish request, checked, and the token naming them ("" if none)."""
     topic = need(request, "publish", "topic", str)
     messages = checked_columns(need(request, "publish", "messages", dict), "publish: messages")
+    token = need(request, "publish", "batch", str, "")
+    if len(token) > MAX_TOKEN or (token and any(messages.column("message_id"))):
+        raise MalformedFrameError(f"publish: batch must be at most {MAX_TOKEN} characters, and "
+                                  "it names the messages itself (no message_id)")
     ctx.principal.check_produce([topic])
-    return messages
+    return messages, token
 
 
-async def _alone(ctx: Context, topic: str, messages: MessageColumns) -> Reply | Exception:
+async def _alone(ctx: Context, topic: str, messages: MessageColumns, token: str) -> Reply | Exception:
     try:
-        return placements_reply(await _publish(ctx, topic, messages))
+        return placements_reply(await _publish(ctx, topic, messages,
+                                               [(token, messages.count)] if token else []))
     except BrokerError as error:
         return error
 
 
-async def _publish(ctx: Context, topic: str, messages: MessageColumns) -> PlacementColumns:
+async def _publish(ctx: Context, topic: str, messages: MessageColumns,
+                   tokens: Sequence[tuple[str, int]]) -> PlacementColumns:
     loop = asyncio.get_running_loop()
     began = loop.time()
-    placed = await ctx.engine.publish_columns(topic, messages)
+    placed = await ctx.engine.publish_columns(topic, messages, tokens)
     ctx.metrics.publish_seconds.observe(loop.time() - began)
     duplicates = sum(placed.column("duplicate")) if placed.count else 0
     ctx.metrics.published.labels(topic).inc(placed.count - duplicates)

@@ -77,13 +77,15 @@ def rows(kind: type[T], carried: Any, where: str) -> list[T]:
     return many(kind, count, {**_defaults(kind, set(same) | set(columns), where), **same}, columns)
 
 
-def outgoing_table(messages: Sequence[OutgoingMessage], message_ids: list[str]) -> Table:
-    """A publish's messages, with these ids; fields at their default for every message are left out."""
+def outgoing_table(messages: Sequence[OutgoingMessage], message_ids: list[str] | None) -> Table:
+    """A publish's messages, with these ids (None: none, a batch token names them); fields at
+    their default for every message are left out."""
     carried = table(messages, [name for name in MESSAGE_FIELDS if name != "message_id"])
     for name, default in _EMPTY.items():
         if name in carried["same"] and carried["same"][name] == default:
             del carried["same"][name]
-    carried["columns"]["message_id"] = message_ids
+    if message_ids is not None:
+        carried["columns"]["message_id"] = message_ids
     return carried
 
 

@@ -35,7 +35,8 @@ class Prepared(NamedTuple):
     ``ids`` holds the id bytes, with ``b""`` where the store makes the id;
     ``generated`` says whether any record needs one. ``key_hashes`` /
     ``id_hashes`` are the key-index hashes of the records ``keyed`` /
-    ``named`` select (``named``: producer-given ids).
+    ``named`` select (``named``: producer-given ids, but for those that continue a
+    batch run, `broker.store.runs`).
     """
 
     topics: Sequence[str]
@@ -68,9 +69,10 @@ class Prepared(NamedTuple):
 
 def prepare(records: RecordColumns, max_record_size: int) -> Prepared:
     """Validate ``records`` and encode their fields; raise a clear error naming what is wrong."""
-    if not isinstance(records, RecordColumns) or len(set(map(len, records))) != 1 or not records.length:
+    if (not isinstance(records, RecordColumns) or len(set(map(len, records[:-1]))) != 1
+            or not records.length or len(records.continues) not in (0, records.length)):
         raise InvalidRecordError("append takes records, every field a column of one length")
-    topics, queues, bodies, keys, tags, headers, message_ids, attempts = records
+    topics, queues, bodies, keys, tags, headers, message_ids, attempts, continues = records
     topics_b = _topic_bytes(topics, queues)
     bodies = _bodies(topics, bodies)
     if not _all_in_range(attempts, MAX_ATTEMPT):
@@ -104,6 +106,8 @@ def prepare(records: RecordColumns, max_record_size: int) -> Prepared:
     keyed = list(map(bool, key_lengths)) if any(key_lengths) else [False] * len(key_lengths)
     named = ([True] * len(ids_b) if not generated
              else list(map(bool, ids_b)) if any(ids_b) else [False] * len(ids_b))
+    if any(continues):  # a batch run's ids after its first: found by reading on from it
+        named = list(map(bool.__gt__, named, map(bool, continues)))
     seeds = map({t: topic_seed(t) for t in set(topics_b)}.__getitem__, compress(topics_b, keyed))
     return Prepared(
         topics, queues, message_ids, attempts, topics_b, ids_b, keys_b, tags_b, headers_b,

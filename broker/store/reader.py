@@ -11,7 +11,7 @@ corrupt records, a logged gap. A wrong body is never returned.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain, islice, repeat
 from operator import add, le, sub
 from typing import Any
@@ -139,19 +139,34 @@ def read_at(commit_log: CommitLog, log_offset: int, size: int, visible: int) -> 
 
 def read_frame_at(commit_log: CommitLog, log_offset: int, visible: int) -> StoredMessage | None:
     """The record starting at ``log_offset`` when its size is not known (None if none there)."""
+    size = _frame_size(commit_log, log_offset, visible)
+    return read_at(commit_log, log_offset, size, visible) if size else None
+
+
+def read_on(commit_log: CommitLog, log_offset: int, visible: int) -> Iterator[StoredMessage]:
+    """The records from the one at ``log_offset`` on, one after another in the log, until one
+    is missing or damaged (a reader walking a batch run stops when its ids stop following)."""
+    while size := _frame_size(commit_log, log_offset, visible):
+        message = read_at(commit_log, log_offset, size, visible)
+        if message is None:
+            return
+        yield message
+        log_offset += size
+
+
+def _frame_size(commit_log: CommitLog, log_offset: int, visible: int) -> int:
+    """The framed size of the record starting at ``log_offset`` (0 if none starts there)."""
     if not commit_log.min_offset <= log_offset < visible:
-        return None
+        return 0
     try:
         segment = commit_log.locate(log_offset)
         head = segment.read(log_offset - segment.base, codec.FRAME_MIN)
     except StoreError:
-        return None
+        return 0
     if len(head) < codec.FRAME_MIN or head[:2] != codec.MAGIC_BYTES:
-        return None
+        return 0
     size = codec.PREFIX.size + codec.HEADER.unpack_from(head, codec.PREFIX.size)[0]
-    if log_offset + size > segment.end:
-        return None
-    return read_at(commit_log, log_offset, size, visible)
+    return size if log_offset + size <= segment.end else 0
 
 
 def _decode(data: bytes, pos: int, entry: QueueEntry, segment: Segment, skip: bool) -> StoredMessage | None:

@@ -36,7 +36,12 @@ class Record(NamedTuple):
 
 
 class RecordColumns(NamedTuple):
-    """Records to append, one column per field of `Record`, every column of one length."""
+    """Records to append, one column per field of `Record`, every column of one length.
+
+    ``continues`` (a column too, or empty: none does) marks the records whose id is the
+    next of a batch run after the record just before them (`broker.store.runs`): the
+    store indexes only a run's first id.
+    """
 
     topics: Sequence[str]
     queues: Sequence[int]
@@ -46,6 +51,7 @@ class RecordColumns(NamedTuple):
     headers: Sequence[Mapping[str, str]]
     message_ids: Sequence[str]
     attempts: Sequence[int]
+    continues: Sequence[bool] = ()
 
     @classmethod
     def of(cls, records: Sequence[Record]) -> RecordColumns:
@@ -57,7 +63,12 @@ class RecordColumns(NamedTuple):
     @classmethod
     def joined(cls, parts: Iterable[RecordColumns]) -> RecordColumns:
         """The records of ``parts``, one part after another."""
-        return cls(*map(list, map(chain.from_iterable, zip(*parts))))
+        parts = list(parts)
+        joined = cls(*map(list, map(chain.from_iterable, zip(*(part[:-1] for part in parts)))))
+        if not any(part.continues for part in parts):
+            return joined
+        return joined._replace(continues=list(chain.from_iterable(
+            part.continues or repeat(False, part.length) for part in parts)))
 
     @property
     def length(self) -> int:

@@ -33,6 +33,7 @@ from broker.store.config import StoreConfig
 from broker.store.consumequeue import ConsumeQueue
 from broker.store.keyindex import KeyIndex, id_hash, key_hash, offset_in_id
 from broker.store.queues import QueueTable
+from broker.store.runs import RunTracker
 from broker.store.segment import Segment
 
 log = structlog.get_logger("broker.store")
@@ -125,6 +126,7 @@ def _replay(
     pending: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
     hashes, offsets, sizes, times = pending
     replayed, prefix_size, frame_min = 0, codec.PREFIX.size, codec.FRAME_MIN
+    runs = RunTracker()  # a batch run's ids after its first are found by reading on
     for log_offset, data, position, fields in frames:
         replayed += 1
         length, _, queue, queue_offset, store_time, _, tl, il, kl, gl, _, _ = fields
@@ -149,7 +151,8 @@ def _replay(
                 sizes.append(size)
                 times.append(store_ms)
             id_b = data[i : i + il]
-            if il != 24 or offset_in_id(id_b) != log_offset:
+            continues = runs.continues(id_b)  # every id read, so that a run is one in the log
+            if (il != 24 or offset_in_id(id_b) != log_offset) and not continues:
                 hashes.append(id_hash(id_b))
                 offsets.append(log_offset)
                 sizes.append(size)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Self
 
@@ -33,7 +34,7 @@ from broker.store.groupcommit import GroupCommit
 from broker.store.keyindex import KeyIndex, id_hash, key_hash, offset_in_id
 from broker.store.prepare import Prepared, prepare
 from broker.store.queues import QueueTable
-from broker.store.reader import lookup, read_frame_at, read_span
+from broker.store.reader import lookup, read_frame_at, read_on, read_span
 from broker.store.recent import RecentRecords
 from broker.store.record import (
     Appended,
@@ -44,6 +45,7 @@ from broker.store.record import (
     StoredMessage,
 )
 from broker.store.recovery import RecoveryReport, recover
+from broker.store.runs import run_ids, split_run_id
 from broker.store.segment import Segment
 from broker.store.writer import BatchWriter
 
@@ -225,9 +227,46 @@ class MessageStore:
             message = read_frame_at(self._log, log_offset, self._visible_end())
             if message is not None and message.message_id == message_id:
                 return message
+        found = self._indexed(message_id)
+        if found is not None:
+            return found
+        run = split_run_id(message_id)
+        if run is None or not run[1]:
+            return None
+        token, position = run
+        return self.lookup_run(token, position + 1)[position]  # read on from the run's start
+
+    def lookup_run(self, token: str, count: int) -> list[StoredMessage | None]:
+        """The records of ids ``token.0 .. token.(count-1)`` (`broker.store.runs`) that the
+        store holds, None for the others. A batch is appended from its first id on, and a
+        resend appends what a torn write lost: so the walk starts at ``token.0`` and, where a
+        run breaks, goes on from the next id's own index entry."""
+        self._check_open()
+        found: list[StoredMessage | None] = [None] * count
+        position = 0
+        while position < count:
+            first = self._indexed(run_ids(token, 1, position)[0])
+            if first is None:
+                break
+            run = self._run_from(first, token, position, count)
+            found[position : position + len(run)] = run
+            position += len(run)
+        return found
+
+    def _indexed(self, message_id: str) -> StoredMessage | None:
+        """The record of ``message_id`` by its own entry in the id index."""
         found = self._lookup(id_hash(message_id.encode()), 0, FOREVER_MS, 1,
                              lambda m: m.message_id == message_id)
         return found[0] if found else None
+
+    def _run_from(self, first: StoredMessage, token: str, position: int,
+                  end: int) -> list[StoredMessage]:
+        """``first`` (id ``token.position``) and the records after it in the log whose ids
+        follow on, up to position ``end`` (excluded)."""
+        expected = run_ids(token, end - position, position)
+        run = list(islice(read_on(self._log, first.log_offset, self._visible_end()), len(expected)))
+        return run[: next((i for i, (m, e) in enumerate(zip(run, expected)) if m.message_id != e),
+                          len(run))]
 
     def _lookup(self, hashed: int, begin_ms: int, end_ms: int, max_count: int,
                 matches: Callable[[StoredMessage], bool]) -> list[StoredMessage]:

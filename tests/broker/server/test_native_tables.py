@@ -4,7 +4,7 @@ pipelined publishes that run together answer each request as if it had run alone
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 import msgpack
@@ -127,10 +127,11 @@ def test_a_run_of_publishes_is_one_engine_call_and_a_bad_request_fails_alone(tmp
         calls = 0
         publish = engine.publish_columns
 
-        async def counted(topic: str, sent: MessageColumns) -> PlacementColumns:
+        async def counted(topic: str, sent: MessageColumns,
+                          tokens: Sequence[tuple[str, int]] = ()) -> PlacementColumns:
             nonlocal calls
             calls += 1
-            return await publish(topic, sent)
+            return await publish(topic, sent, tokens)
 
         engine.publish_columns = counted  # type: ignore[method-assign]
         ctx = Context(engine, OPEN, ServerMetrics(CollectorRegistry()), 1.0)

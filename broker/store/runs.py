@@ -1,0 +1,64 @@
+"""Batch runs: the ids ``<token>.0``, ``<token>.1``, ... of a producer's batch named by one token.
+
+A producer that names a whole publish with one batch token (Kafka's producer
+id and sequence, per batch rather than per message) gets the ids
+``token.0 ... token.(n-1)`` for its messages. The records of such a batch lie
+one after another in the log, so the id index needs an entry only for the
+first record of each run: a record whose id is the next of a run begun at
+``token.0``, right after the record before it, is found by reading on from
+there. That spares an index entry (and the engine a de-duplication entry) per
+message.
+
+Which records the writer leaves out is said by the caller
+(`RecordColumns.continues`); recovery, which re-indexes from the log alone,
+leaves out those that `RunTracker` finds continuing a run. Recovery may leave
+out more than the writer did (a resent tail that happens to follow its
+prefix in the log), never an id a lookup could not reach: every id left out
+follows, in the log, the id before it in its run.
+"""
+
+from __future__ import annotations
+
+SEPARATOR = "."
+MAX_TOKEN = 64  # characters of a batch token
+
+
+def run_ids(token: str, count: int, first: int = 0) -> list[str]:
+    """The ids of positions ``first .. first + count - 1`` of ``token``'s run."""
+    return list(map((token + SEPARATOR).__add__, map(str, range(first, first + count))))
+
+
+def split_run_id(message_id: str) -> tuple[str, int] | None:
+    """(token, position) of an id of the run form (``token.position``, the position in
+    decimal without leading zeros); None for any other id."""
+    token, dot, position = message_id.rpartition(SEPARATOR)
+    if not (dot and token and position.isascii() and position.isdigit()):
+        return None
+    if position[0] == "0" and position != "0":
+        return None
+    return token, int(position)
+
+
+class RunTracker:
+    """Recovery's side of the rule: which ids, read in log order, continue a run from ``.0``."""
+
+    def __init__(self) -> None:
+        self._expected = b""  # the id that would continue the current run
+
+    def continues(self, message_id: bytes) -> bool:
+        """Whether ``message_id`` (the next record's id in the log) continues the current run;
+        it then becomes the run's latest."""
+        expected, self._expected = self._expected, b""
+        if b"." not in message_id:
+            return False
+        token, _, position = message_id.rpartition(b".")
+        if not position.isdigit() or (position[:1] == b"0" and position != b"0"):
+            return False
+        following = token + b"." + str(int(position) + 1).encode()
+        if position == b"0":  # a run begins
+            self._expected = following
+            return False
+        if message_id == expected:
+            self._expected = following
+            return True
+        return False
