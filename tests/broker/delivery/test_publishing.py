@@ -12,6 +12,7 @@ from broker.delivery.engine import Broker
 from broker.delivery.values import MessageColumns, OutgoingMessage, Placement, PlacementColumns
 from broker.errors import DeliveryError
 from broker.store import FakeClock
+from broker.store.runs import run_ids
 from tests.broker.delivery.conftest import drain
 
 
@@ -102,3 +103,52 @@ def test_a_column_publish_with_a_body_not_bytes_stores_nothing(broker: Broker) -
     with pytest.raises(DeliveryError, match="body must be bytes"):
         broker.publish_columns("orders", MessageColumns.of([OutgoingMessage(b"ok"), OutgoingMessage("text")]))  # type: ignore[arg-type]
     assert broker.queue_offsets("orders") == [[0, 0]] * len(broker.queue_offsets("orders"))
+
+
+def anonymous(count: int, prefix: str = "b") -> MessageColumns:
+    return MessageColumns.of([OutgoingMessage(f"{prefix}{n}".encode()) for n in range(count)])
+
+
+def test_a_batch_named_by_a_token_gets_its_ids_from_it_and_a_resend_is_dropped_whole(
+    broker: Broker,
+) -> None:
+    first = broker.publish_columns("orders", anonymous(5), [("tok", 5)]).placements()
+    assert [p.message_id for p in first] == ["tok.0", "tok.1", "tok.2", "tok.3", "tok.4"]
+    again = broker.publish_columns("orders", anonymous(5), [("tok", 5)]).placements()
+    assert again == [replace(p, duplicate=True) for p in first]
+    with pytest.raises(DeliveryError, match="with 5 messages; this one has 4"):
+        broker.publish_columns("orders", anonymous(4), [("tok", 4)])
+    with pytest.raises(DeliveryError, match="only messages without an id"):
+        broker.publish_columns("orders", MessageColumns.of([OutgoingMessage(b"x", message_id="m")]),
+                               [("other", 1)])
+    twice = broker.publish_columns("orders", anonymous(4), [("new", 2), ("new", 2)]).placements()
+    assert [p.duplicate for p in twice] == [False, False, True, True] and twice[2:] == [
+        replace(p, duplicate=True) for p in twice[:2]]
+    member = broker.join("g", ["orders"])
+    assert sorted(d.message_id for d in drain(broker, member)) == [
+        "new.0", "new.1", "tok.0", "tok.1", "tok.2", "tok.3", "tok.4"]
+
+
+def test_after_a_restart_the_store_answers_for_a_batch_token_and_a_torn_batch_gets_its_tail(
+    open_broker: Callable[..., Broker], tmp_path: Path
+) -> None:
+    broker = open_broker()
+    whole = broker.publish_columns("orders", anonymous(3, "w"), [("whole", 3)]).placements()
+    cut = broker.publish_columns("orders", anonymous(10), [("cut", 10)]).placements()
+    fifth = broker.store.lookup_id("cut.4")
+    assert fifth is not None
+    broker.close()
+    [segment] = (tmp_path / "broker").rglob("*.log")
+    with open(segment, "r+b") as log:  # a torn write: cut.0 .. cut.3 whole, cut.4 in part
+        log.truncate(fifth.log_offset + 20)
+    broker = open_broker()
+    assert broker.publish_columns("orders", anonymous(3, "w"), [("whole", 3)]).placements() == [
+        replace(p, duplicate=True) for p in whole]
+    resent = broker.publish_columns("orders", anonymous(10), [("cut", 10)]).placements()
+    assert [p.duplicate for p in resent] == [True] * 4 + [False] * 6
+    assert resent[:4] == [replace(p, duplicate=True) for p in cut[:4]]
+    assert [p.message_id for p in resent] == run_ids("cut", 10)
+    member = broker.join("g", ["orders"])
+    bodies = sorted(d.body for d in drain(broker, member))
+    assert bodies == sorted([b"w0", b"w1", b"w2", *(f"b{n}".encode() for n in range(10))])
+    assert [m and m.message_id for m in broker.store.lookup_run("cut", 10)] == run_ids("cut", 10)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from broker.async_client import AsyncClient
+from broker.client import Client
 from broker.delivery.engine import Broker
 from broker.delivery.values import (
     DELIVERY_FIELDS,
@@ -208,3 +209,56 @@ def test_a_run_of_publishes_places_and_stores_what_each_alone_does(tmp_path) -> 
     assert [[p.duplicate for p in reply] for reply in placed] == [[False, False], [False, True], [True]]
     assert placed[1][0].queue == 3 and placed[1][1] == replace(placed[0][0], duplicate=True)
     assert together[4:] == alone[4:] == [["t"], [b"a", b"b", b"c"]]
+
+
+def test_a_run_of_publishes_named_by_batch_tokens_places_and_stores_what_each_alone_does(tmp_path) -> None:
+    def named(token: str, *bodies: bytes) -> dict:
+        return {"topic": "t", "batch": token,
+                "messages": wire(outgoing_table([OutgoingMessage(b) for b in bodies], None))}
+
+    requests = [
+        named("p1", b"a", b"b"),
+        named("p2", b"c"),
+        {**named("p3", b"x"), "messages": wire(outgoing_table([OutgoingMessage(b"x")], ["m"]))},
+        named("x" * 65, b"y"),
+        named("p1", b"a", b"b"),  # a resend: dropped whole
+        {"topic": "t", "messages": wire(outgoing_table([OutgoingMessage(b"d")], ["d"]))},  # ids: alone
+    ]
+    together = run_publishes(tmp_path / "together", requests, together=True)
+    alone = run_publishes(tmp_path / "alone", requests, together=False)
+    for replies in (together, alone):
+        assert [type(reply) for reply in replies[2:4]] == [MalformedFrameError] * 2
+        assert "names the messages itself" in str(replies[2])
+    placed = [rows(Placement, reply["placements"], "placements") for reply in together[:6]
+              if isinstance(reply, dict)]
+    assert placed == [rows(Placement, reply["placements"], "placements") for reply in alone[:6]
+                      if isinstance(reply, dict)]
+    assert [[p.message_id for p in reply] for reply in placed] == [
+        ["p1.0", "p1.1"], ["p2.0"], ["p1.0", "p1.1"], ["d"]]
+    assert placed[2] == [replace(p, duplicate=True) for p in placed[0]]
+    assert together[6:] == alone[6:] == [["t"], [b"a", b"b", b"c", b"d"]]
+
+
+def test_the_clients_name_a_publish_without_ids_by_one_token(tmp_path) -> None:
+    server = ServerProcess(tmp_path / "data").start()
+    try:
+        client = Client(server.url)
+        plain = client.publish("t", [OutgoingMessage(b"a"), OutgoingMessage(b"b")])
+        tokens = {p.message_id.rpartition(".")[0] for p in plain}
+        assert [p.message_id.rpartition(".")[2] for p in plain] == ["0", "1"] and len(tokens) == 1
+        mixed = client.publish("t", [OutgoingMessage(b"c", message_id="mine"), OutgoingMessage(b"d")])
+        assert mixed[0].message_id == "mine" and len(mixed[1].message_id) == 32  # one made here
+
+        async def asynchronous() -> list[Placement]:
+            async with AsyncClient(server.url) as pipelined:
+                return await pipelined.publish("t", [OutgoingMessage(b"e")])
+
+        [placed] = asyncio.run(asynchronous())
+        assert placed.message_id.endswith(".0") and placed.message_id[:-2] not in tokens
+        member = client.join("g", ["t"])
+        got = {d.body: d.message_id for d in client.fetch(member, 10, 1.0)}
+        assert got == {b"a": plain[0].message_id, b"b": plain[1].message_id, b"c": "mine",
+                       b"d": mixed[1].message_id, b"e": placed.message_id}
+        client.close()
+    finally:
+        server.stop()
