@@ -58,7 +58,7 @@ class AsyncClient:
         self._closed = False
 
     async def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
-        fields = publish_fields(topic, messages)  # made once: a resend keeps the ids or token
+        fields = publish_fields(topic, messages)  # made once: a resend keeps the ids or batch id
         async for attempt in AsyncRetrying(retry=retry_if_exception_type(BrokerUnavailableError),
                                            wait=wait_exponential(multiplier=0.05, max=2.0),
                                            stop=stop_after_delay(self._retry_seconds), reraise=True):

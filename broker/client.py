@@ -90,7 +90,7 @@ class Client:
     # -- BrokerApi ---------------------------------------------------------------
 
     def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
-        fields = publish_fields(topic, messages)  # made once: a resend keeps the ids or token
+        fields = publish_fields(topic, messages)  # made once: a resend keeps the ids or batch id
         return rows(Placement, self._resending("publish", **fields)["placements"], "placements")
 
     def publish_to_group(self, group: str, topic: str,
@@ -282,8 +282,8 @@ class Client:
 
 def publish_fields(topic: str, messages: Sequence[OutgoingMessage]) -> dict[str, Any]:
     """A publish request's fields. Messages without ids of their own are named by one batch
-    token (128 random bits): the broker gives them the ids ``token.0``, ``token.1``, ... and
-    drops a resend of the token as a whole, with one entry per batch where an id per message
+    batch id (128 random bits): the broker gives them the ids ``<batch id>.0``, ``<batch id>.1``,
+    ... and drops a resend of the batch id as a whole, with one entry per batch where an id per message
     would take one each. If any message has an id, every one is named by its own (one made
     here where none was given)."""
     if any(message.message_id for message in messages):

@@ -14,8 +14,8 @@ ids it becomes the previous one, and the previous one is dropped. So an id
 is found for ``window`` seconds unless ``entries`` ids came after it, and at
 most twice ``entries`` are held.
 
-A batch named by a producer token (`broker.store.runs`: its messages' ids are
-``token.0 ...``) is one entry, its placements kept as the columns the store
+A batch named by a batch id (`broker.store.runs`: its messages' ids are
+``<batch id>.0 ...``) is one entry, its placements kept as the columns the store
 returned: one dict operation per batch instead of three per message. It counts
 as many ids as it has messages.
 """
@@ -30,7 +30,7 @@ from broker.errors import DeliveryError
 from broker.store import Clock
 
 Seen = dict[str, tuple[float, int, int]]  # message id -> (when added, queue, offset), of one topic
-Batches = dict[str, tuple[float, Sequence[int], Sequence[int]]]  # token -> (when, queues, offsets)
+Batches = dict[str, tuple[float, Sequence[int], Sequence[int]]]  # batch_id -> (when, queues, offsets)
 
 
 class DedupWindow:
@@ -73,27 +73,27 @@ class DedupWindow:
         seen.update(zip(message_ids, zip(repeat(now), queues, offsets)))
         self._held += len(message_ids)
 
-    def find_batch(self, topic: str, token: str,
+    def find_batch(self, topic: str, batch_id: str,
                    count: int) -> tuple[Sequence[int], Sequence[int]] | None:
-        """The queues and offsets the batch ``token`` of ``count`` messages went to, if published
-        on ``topic`` within the window; `DeliveryError` if it had another count (a token names one
+        """The queues and offsets the batch ``batch_id`` of ``count`` messages went to, if published
+        on ``topic`` within the window; `DeliveryError` if it had another count (a batch id names one
         batch: a resend is the same batch)."""
-        seen = (self._current_batches.get(topic, {}).get(token)
-                or self._previous_batches.get(topic, {}).get(token))
+        seen = (self._current_batches.get(topic, {}).get(batch_id)
+                or self._previous_batches.get(topic, {}).get(batch_id))
         if seen is None or seen[0] < self._clock.time() - self._window:
             return None
         if len(seen[1]) != count:
-            raise DeliveryError(f"batch {token!r} was published on {topic} with {len(seen[1])} "
+            raise DeliveryError(f"batch {batch_id!r} was published on {topic} with {len(seen[1])} "
                                 f"messages; this one has {count} (a resend must be the same batch)")
         return seen[1], seen[2]
 
-    def add_batch(self, topic: str, token: str, queues: Sequence[int], offsets: Sequence[int]) -> None:
-        """Remember that the batch ``token`` went to ``queues`` at ``offsets``."""
+    def add_batch(self, topic: str, batch_id: str, queues: Sequence[int], offsets: Sequence[int]) -> None:
+        """Remember that the batch ``batch_id`` went to ``queues`` at ``offsets``."""
         now = self._rotated()
         batches = self._current_batches.get(topic)
         if batches is None:
             batches = self._current_batches[topic] = {}
-        batches[token] = (now, queues, offsets)
+        batches[batch_id] = (now, queues, offsets)
         self._held += len(queues)
 
     def _rotated(self) -> float:

@@ -8,11 +8,11 @@ again: its first copy's placement comes back marked duplicate (ActiveMQ's
 message audit, Kafka's idempotent producer). The append runs outside the
 engine's lock; how long it took is what the queue selector learns from.
 
-A publish from a client that names its batch with one token instead of an id
-per message (`batches`: the spans of a publish, each a token and a count)
-gets the ids ``token.0 ...`` (`broker.store.runs`), and is de-duplicated as
+A publish from a client that names its batch with one batch id instead of an id
+per message (`batches`: the spans of a publish, each a batch id and a count)
+gets the ids ``<batch id>.0 ...`` (`broker.store.runs`), and is de-duplicated as
 a whole: one window entry per batch, and one id-index entry per batch run in
-the store (Kafka's producer sequence). A resend with the same token gets the
+the store (Kafka's producer sequence). A resend with the same batch id gets the
 first copy's placements back, marked duplicate; after a restart the store's
 runs answer, and a batch a torn write cut short gets only its lost tail
 appended.
@@ -59,14 +59,14 @@ def append_columns(broker: Broker, topic: str, messages: MessageColumns, *,
                    dedup: bool = True, batches: Sequence[Batch] = ()) -> PlacementColumns:
     """Append to any topic (internal ones included); with ``dedup``, ids seen within the
     window are dropped (the first copy's placement comes back, marked duplicate). With
-    ``batches``, the messages are batches named by tokens (see the module's docstring)."""
+    ``batches``, the messages are batches named by batch ids (see the module's docstring)."""
     with broker.lock:
         publish = begin(broker, topic, messages, dedup=dedup, batches=batches)
     appended = _timed_append(broker, topic, publish.records) if publish.records else None
     return finish(broker, publish, appended)
 
 
-Batch = tuple[str, int]  # a producer's token and how many messages (one after another) it names
+Batch = tuple[str, int]  # a producer's batch id and how many messages (one after another) it names
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class Publish:
     fresh: Sequence[int]  # the messages to append (the others are copies)
     copies: dict[int, Placement | None]
     records: RecordColumns | None  # None: nothing to append
-    batches: Sequence[Batch] = ()  # the tokens that name the messages, to remember
+    batches: Sequence[Batch] = ()  # the batch ids that name the messages, to remember
 
 
 def begin(broker: Broker, topic: str, messages: MessageColumns, *, dedup: bool = True,
@@ -102,7 +102,7 @@ def begin(broker: Broker, topic: str, messages: MessageColumns, *, dedup: bool =
 
 def _begin_batches(broker: Broker, topic: str, messages: MessageColumns,
                    batches: Sequence[Batch]) -> Publish:
-    """`begin` for messages named by batch tokens: ids made from the tokens, and the batches seen
+    """`begin` for messages named by batch ids: ids made from the batch ids, and the batches seen
     within the window (or, in the first window after a restart, held by the store) not
     appended again."""
     if sum(count for _, count in batches) != messages.count or any(messages.column("message_id")):
@@ -124,24 +124,24 @@ def _begin_batches(broker: Broker, topic: str, messages: MessageColumns,
 def _batch_copies(broker: Broker, topic: str, batches: Sequence[Batch],
                   message_ids: Sequence[str]) -> dict[int, Placement | None]:
     """The messages of ``batches`` already published: each placed where its first copy went (None:
-    a token twice in this publish, placed where its first span goes)."""
+    a batch id twice in this publish, placed where its first span goes)."""
     copies: dict[int, Placement | None] = {}
     in_store = not window_covers(broker, topic)
     seen: set[str] = set()
     start = 0
-    for token, count in batches:
-        if token in seen:
+    for batch_id, count in batches:
+        if batch_id in seen:
             copies.update(zip(range(start, start + count), repeat(None)))
-        elif (found := broker.dedup.find_batch(topic, token, count)) is not None:
+        elif (found := broker.dedup.find_batch(topic, batch_id, count)) is not None:
             places = zip(repeat(topic), *found, message_ids[start : start + count])
             copies.update(zip(range(start, start + count), starmap(Placement, places)))
         elif in_store:
-            stored = broker.store.lookup_run(token, count)
+            stored = broker.store.lookup_run(batch_id, count)
             horizon = broker.clock.time() - broker.config.dedup_window
             copies.update((start + position, Placement(topic, m.queue, m.queue_offset, m.message_id))
                           for position, m in enumerate(stored)
                           if m is not None and m.topic == topic and m.store_time >= horizon)
-        seen.add(token)
+        seen.add(batch_id)
         start += count
     return copies
 
@@ -179,8 +179,8 @@ def _remember_batches(broker: Broker, publish: Publish, placed: PlacementColumns
         broker.dedup.add_batch(publish.topic, publish.batches[0][0], queues, offsets)
         return
     start = 0
-    for token, count in publish.batches:
-        broker.dedup.add_batch(publish.topic, token, queues[start : start + count],
+    for batch_id, count in publish.batches:
+        broker.dedup.add_batch(publish.topic, batch_id, queues[start : start + count],
                                offsets[start : start + count])
         start += count
 

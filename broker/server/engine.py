@@ -78,11 +78,11 @@ class Engine:
     async def publish_columns(self, topic: str, messages: MessageColumns,
                               batches: Sequence[publishing.Batch] = ()) -> PlacementColumns:
         """`publish` column by column, as the native protocol carries it (no object per message);
-        ``batches``: the producer tokens that name the messages (`broker.delivery.publishing`)."""
+        ``batches``: the batch ids that name the messages (`broker.delivery.publishing`)."""
         broker = self._broker
         if broker is None:
             if batches:
-                raise DeliveryError("batch tokens need the broker's own engine")
+                raise DeliveryError("batch ids need the broker's own engine")
             return PlacementColumns.of(await self._run(self.api.publish, topic, messages.messages()))
         if not self._publishes_here(broker, topic) or not broker.lock.acquire(blocking=False):
             return await self._run(broker.publish_columns, topic, messages, batches)

@@ -18,7 +18,7 @@ from broker.server.engine import MessageColumns, PlacementColumns
 from broker.server.errors import MalformedFrameError
 from broker.server.native_ops import Context, Operation, Reply, need, placements_reply, strings
 from broker.server.native_tables import checked_columns
-from broker.store.runs import MAX_TOKEN
+from broker.store.runs import MAX_BATCH_ID
 
 RunOperation = Callable[[Context, Sequence[Mapping[str, Any]]], Awaitable[list[Reply | Exception]]]
 
@@ -45,9 +45,9 @@ class Together:
 async def publish_run(ctx: Context, requests: Sequence[Mapping[str, Any]]) -> list[Reply | Exception]:
     """Consecutive publishes to one topic, in order, as one engine call: one fsync covers them all.
 
-    The result of each is what it would have been alone (a message id or batch token sent
+    The result of each is what it would have been alone (a message id or batch id sent
     twice is a duplicate either way); when the engine refuses the whole, or the requests mix
-    batch tokens with ids, each runs alone, so only the request at fault fails.
+    batch ids with ids, each runs alone, so only the request at fault fails.
     """
     topic = need(requests[0], "publish", "topic", str)
     batches: list[tuple[MessageColumns, str] | Exception] = []
@@ -57,10 +57,10 @@ async def publish_run(ctx: Context, requests: Sequence[Mapping[str, Any]]) -> li
         except BrokerError as error:
             batches.append(error)
     good = [batch for batch in batches if not isinstance(batch, Exception)]
-    if len(good) > 1 and len({bool(token) for _, token in good}) == 1:
-        tokens = [(token, messages.count) for messages, token in good] if good[0][1] else []
+    if len(good) > 1 and len({bool(batch_id) for _, batch_id in good}) == 1:
+        batch_ids = [(batch_id, messages.count) for messages, batch_id in good] if good[0][1] else []
         try:
-            placed = await _publish(ctx, topic, MessageColumns.joined([m for m, _ in good]), tokens)
+            placed = await _publish(ctx, topic, MessageColumns.joined([m for m, _ in good]), batch_ids)
         except BrokerError:
             pass  # each alone below
         else:
@@ -72,30 +72,30 @@ async def publish_run(ctx: Context, requests: Sequence[Mapping[str, Any]]) -> li
 
 
 def _publishing(ctx: Context, request: Mapping[str, Any]) -> tuple[MessageColumns, str]:
-    """The messages of one publish request, checked, and the token naming them ("" if none)."""
+    """The messages of one publish request, checked, and the batch id naming them ("" if none)."""
     topic = need(request, "publish", "topic", str)
     messages = checked_columns(need(request, "publish", "messages", dict), "publish: messages")
-    token = need(request, "publish", "batch", str, "")
-    if len(token) > MAX_TOKEN or (token and any(messages.column("message_id"))):
-        raise MalformedFrameError(f"publish: batch must be at most {MAX_TOKEN} characters, and "
+    batch_id = need(request, "publish", "batch", str, "")
+    if len(batch_id) > MAX_BATCH_ID or (batch_id and any(messages.column("message_id"))):
+        raise MalformedFrameError(f"publish: batch must be at most {MAX_BATCH_ID} characters, and "
                                   "it names the messages itself (no message_id)")
     ctx.principal.check_produce([topic])
-    return messages, token
+    return messages, batch_id
 
 
-async def _alone(ctx: Context, topic: str, messages: MessageColumns, token: str) -> Reply | Exception:
+async def _alone(ctx: Context, topic: str, messages: MessageColumns, batch_id: str) -> Reply | Exception:
     try:
         return placements_reply(await _publish(ctx, topic, messages,
-                                               [(token, messages.count)] if token else []))
+                                               [(batch_id, messages.count)] if batch_id else []))
     except BrokerError as error:
         return error
 
 
 async def _publish(ctx: Context, topic: str, messages: MessageColumns,
-                   tokens: Sequence[tuple[str, int]]) -> PlacementColumns:
+                   batch_ids: Sequence[tuple[str, int]]) -> PlacementColumns:
     loop = asyncio.get_running_loop()
     began = loop.time()
-    placed = await ctx.engine.publish_columns(topic, messages, tokens)
+    placed = await ctx.engine.publish_columns(topic, messages, batch_ids)
     ctx.metrics.publish_seconds.observe(loop.time() - began)
     duplicates = sum(placed.column("duplicate")) if placed.count else 0
     ctx.metrics.published.labels(topic).inc(placed.count - duplicates)

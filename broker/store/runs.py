@@ -1,11 +1,11 @@
-"""Batch runs: the ids ``<token>.0``, ``<token>.1``, ... of a producer's batch named by one token.
+"""Batch runs: the ids ``<batch id>.0``, ``<batch id>.1``, ... of a producer's batch named by one batch id.
 
-A producer that names a whole publish with one batch token (Kafka's producer
+A producer that names a whole publish with one batch id (Kafka's producer
 id and sequence, per batch rather than per message) gets the ids
-``token.0 ... token.(n-1)`` for its messages. The records of such a batch lie
+``<batch id>.0 ... <batch id>.(n-1)`` for its messages. The records of such a batch lie
 one after another in the log, so the id index needs an entry only for the
 first record of each run: a record whose id is the next of a run begun at
-``token.0``, right after the record before it, is found by reading on from
+``<batch id>.0``, right after the record before it, is found by reading on from
 there. That spares an index entry (and the engine a de-duplication entry) per
 message.
 
@@ -20,23 +20,23 @@ follows, in the log, the id before it in its run.
 from __future__ import annotations
 
 SEPARATOR = "."
-MAX_TOKEN = 64  # characters of a batch token
+MAX_BATCH_ID = 64  # characters of a batch id
 
 
-def run_ids(token: str, count: int, first: int = 0) -> list[str]:
-    """The ids of positions ``first .. first + count - 1`` of ``token``'s run."""
-    return list(map((token + SEPARATOR).__add__, map(str, range(first, first + count))))
+def run_ids(batch_id: str, count: int, first: int = 0) -> list[str]:
+    """The ids of positions ``first .. first + count - 1`` of ``batch_id``'s run."""
+    return list(map((batch_id + SEPARATOR).__add__, map(str, range(first, first + count))))
 
 
 def split_run_id(message_id: str) -> tuple[str, int] | None:
-    """(token, position) of an id of the run form (``token.position``, the position in
+    """(batch_id, position) of an id of the run form (``batch_id.position``, the position in
     decimal without leading zeros); None for any other id."""
-    token, dot, position = message_id.rpartition(SEPARATOR)
-    if not (dot and token and position.isascii() and position.isdigit()):
+    batch_id, dot, position = message_id.rpartition(SEPARATOR)
+    if not (dot and batch_id and position.isascii() and position.isdigit()):
         return None
     if position[0] == "0" and position != "0":
         return None
-    return token, int(position)
+    return batch_id, int(position)
 
 
 class RunTracker:
@@ -51,10 +51,10 @@ class RunTracker:
         expected, self._expected = self._expected, b""
         if b"." not in message_id:
             return False
-        token, _, position = message_id.rpartition(b".")
+        batch_id, _, position = message_id.rpartition(b".")
         if not position.isdigit() or (position[:1] == b"0" and position != b"0"):
             return False
-        following = token + b"." + str(int(position) + 1).encode()
+        following = batch_id + b"." + str(int(position) + 1).encode()
         if position == b"0":  # a run begins
             self._expected = following
             return False

@@ -233,22 +233,22 @@ class MessageStore:
         run = split_run_id(message_id)
         if run is None or not run[1]:
             return None
-        token, position = run
-        return self.lookup_run(token, position + 1)[position]  # read on from the run's start
+        batch_id, position = run
+        return self.lookup_run(batch_id, position + 1)[position]  # read on from the run's start
 
-    def lookup_run(self, token: str, count: int) -> list[StoredMessage | None]:
-        """The records of ids ``token.0 .. token.(count-1)`` (`broker.store.runs`) that the
+    def lookup_run(self, batch_id: str, count: int) -> list[StoredMessage | None]:
+        """The records of ids ``batch_id.0 .. batch_id.(count-1)`` (`broker.store.runs`) that the
         store holds, None for the others. A batch is appended from its first id on, and a
-        resend appends what a torn write lost: so the walk starts at ``token.0`` and, where a
+        resend appends what a torn write lost: so the walk starts at ``batch_id.0`` and, where a
         run breaks, goes on from the next id's own index entry."""
         self._check_open()
         found: list[StoredMessage | None] = [None] * count
         position = 0
         while position < count:
-            first = self._indexed(run_ids(token, 1, position)[0])
+            first = self._indexed(run_ids(batch_id, 1, position)[0])
             if first is None:
                 break
-            run = self._run_from(first, token, position, count)
+            run = self._run_from(first, batch_id, position, count)
             found[position : position + len(run)] = run
             position += len(run)
         return found
@@ -259,11 +259,11 @@ class MessageStore:
                              lambda m: m.message_id == message_id)
         return found[0] if found else None
 
-    def _run_from(self, first: StoredMessage, token: str, position: int,
+    def _run_from(self, first: StoredMessage, batch_id: str, position: int,
                   end: int) -> list[StoredMessage]:
-        """``first`` (id ``token.position``) and the records after it in the log whose ids
+        """``first`` (id ``batch_id.position``) and the records after it in the log whose ids
         follow on, up to position ``end`` (excluded)."""
-        expected = run_ids(token, end - position, position)
+        expected = run_ids(batch_id, end - position, position)
         run = list(islice(read_on(self._log, first.log_offset, self._visible_end()), len(expected)))
         return run[: next((i for i, (m, e) in enumerate(zip(run, expected)) if m.message_id != e),
                           len(run))]

@@ -1,4 +1,4 @@
-"""Batch runs (`broker.store.runs`): ids ``token.0 ...`` indexed by a run's first id only.
+"""Batch runs (`broker.store.runs`): ids ``<batch id>.0 ...`` indexed by a run's first id only.
 
 Every id of a run is found, by its own index entry or by reading on from the
 run's start: as the writer indexed it, after the index is rebuilt from the log,
@@ -16,10 +16,10 @@ from broker.store.runs import RunTracker, run_ids, split_run_id
 from tests.broker.storetools import small_config
 
 
-def run(token: str, count: int, first: int = 0, body: bytes = b"x") -> RecordColumns:
-    """``count`` records of ``token``'s run from ``first``, marked as the engine marks them."""
+def run(batch_id: str, count: int, first: int = 0, body: bytes = b"x") -> RecordColumns:
+    """``count`` records of ``batch_id``'s run from ``first``, marked as the engine marks them."""
     return RecordColumns(["orders"] * count, [0] * count, [body] * count, [""] * count, [""] * count,
-                         [{}] * count, run_ids(token, count, first), [0] * count,
+                         [{}] * count, run_ids(batch_id, count, first), [0] * count,
                          [False] + [True] * (count - 1))
 
 

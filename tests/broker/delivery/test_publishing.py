@@ -109,7 +109,7 @@ def anonymous(count: int, prefix: str = "b") -> MessageColumns:
     return MessageColumns.of([OutgoingMessage(f"{prefix}{n}".encode()) for n in range(count)])
 
 
-def test_a_batch_named_by_a_token_gets_its_ids_from_it_and_a_resend_is_dropped_whole(
+def test_a_batch_named_by_a_batch_id_gets_its_ids_from_it_and_a_resend_is_dropped_whole(
     broker: Broker,
 ) -> None:
     first = broker.publish_columns("orders", anonymous(5), [("tok", 5)]).placements()
@@ -129,7 +129,7 @@ def test_a_batch_named_by_a_token_gets_its_ids_from_it_and_a_resend_is_dropped_w
         "new.0", "new.1", "tok.0", "tok.1", "tok.2", "tok.3", "tok.4"]
 
 
-def test_after_a_restart_the_store_answers_for_a_batch_token_and_a_torn_batch_gets_its_tail(
+def test_after_a_restart_the_store_answers_for_a_batch_id_and_a_torn_batch_gets_its_tail(
     open_broker: Callable[..., Broker], tmp_path: Path
 ) -> None:
     broker = open_broker()

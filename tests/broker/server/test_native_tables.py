@@ -129,10 +129,10 @@ def test_a_run_of_publishes_is_one_engine_call_and_a_bad_request_fails_alone(tmp
         publish = engine.publish_columns
 
         async def counted(topic: str, sent: MessageColumns,
-                          tokens: Sequence[tuple[str, int]] = ()) -> PlacementColumns:
+                          batch_ids: Sequence[tuple[str, int]] = ()) -> PlacementColumns:
             nonlocal calls
             calls += 1
-            return await publish(topic, sent, tokens)
+            return await publish(topic, sent, batch_ids)
 
         engine.publish_columns = counted  # type: ignore[method-assign]
         ctx = Context(engine, OPEN, ServerMetrics(CollectorRegistry()), 1.0)
@@ -211,9 +211,9 @@ def test_a_run_of_publishes_places_and_stores_what_each_alone_does(tmp_path) -> 
     assert together[4:] == alone[4:] == [["t"], [b"a", b"b", b"c"]]
 
 
-def test_a_run_of_publishes_named_by_batch_tokens_places_and_stores_what_each_alone_does(tmp_path) -> None:
-    def named(token: str, *bodies: bytes) -> dict:
-        return {"topic": "t", "batch": token,
+def test_a_run_of_publishes_named_by_batch_ids_places_and_stores_what_each_alone_does(tmp_path) -> None:
+    def named(batch_id: str, *bodies: bytes) -> dict:
+        return {"topic": "t", "batch": batch_id,
                 "messages": wire(outgoing_table([OutgoingMessage(b) for b in bodies], None))}
 
     requests = [
@@ -239,13 +239,13 @@ def test_a_run_of_publishes_named_by_batch_tokens_places_and_stores_what_each_al
     assert together[6:] == alone[6:] == [["t"], [b"a", b"b", b"c", b"d"]]
 
 
-def test_the_clients_name_a_publish_without_ids_by_one_token(tmp_path) -> None:
+def test_the_clients_name_a_publish_without_ids_by_one_batch_id(tmp_path) -> None:
     server = ServerProcess(tmp_path / "data").start()
     try:
         client = Client(server.url)
         plain = client.publish("t", [OutgoingMessage(b"a"), OutgoingMessage(b"b")])
-        tokens = {p.message_id.rpartition(".")[0] for p in plain}
-        assert [p.message_id.rpartition(".")[2] for p in plain] == ["0", "1"] and len(tokens) == 1
+        batch_ids = {p.message_id.rpartition(".")[0] for p in plain}
+        assert [p.message_id.rpartition(".")[2] for p in plain] == ["0", "1"] and len(batch_ids) == 1
         mixed = client.publish("t", [OutgoingMessage(b"c", message_id="mine"), OutgoingMessage(b"d")])
         assert mixed[0].message_id == "mine" and len(mixed[1].message_id) == 32  # one made here
 
@@ -254,7 +254,7 @@ def test_the_clients_name_a_publish_without_ids_by_one_token(tmp_path) -> None:
                 return await pipelined.publish("t", [OutgoingMessage(b"e")])
 
         [placed] = asyncio.run(asynchronous())
-        assert placed.message_id.endswith(".0") and placed.message_id[:-2] not in tokens
+        assert placed.message_id.endswith(".0") and placed.message_id[:-2] not in batch_ids
         member = client.join("g", ["t"])
         got = {d.body: d.message_id for d in client.fetch(member, 10, 1.0)}
         assert got == {b"a": plain[0].message_id, b"b": plain[1].message_id, b"c": "mine",

@@ -4,9 +4,9 @@ Jepsen's total-queue categories at the end: *lost* (acknowledged to a
 producer, never consumed), *unexpected* (consumed, never sent),
 *duplicated* (consumed more than once) and *recovered* (sent, not
 acknowledged because the server died, consumed anyway). Every resend keeps
-its message ids (or, for messages without ids, its batch token), so the
+its message ids (or, for messages without ids, its batch id), so the
 broker drops a copy whose first send reached the store: zero lost, zero
-unexpected, zero duplicated. A batch token is checked after a restart by
+unexpected, zero duplicated. A batch id is checked after a restart by
 reading the batch's run in the log, so a batch a kill cut short in its write
 gets only its lost tail appended on the resend. A consumer whose
 connection dies mid-batch loses its unacknowledged messages to another member.
@@ -29,7 +29,7 @@ from tests.broker.server.serving import ServerProcess
 KILLS = 50
 
 
-@pytest.mark.parametrize("named", [True, False], ids=["message ids", "batch tokens"])
+@pytest.mark.parametrize("named", [True, False], ids=["message ids", "batch ids"])
 @pytest.mark.parametrize("kills", [KILLS, pytest.param(300, marks=pytest.mark.soak)])
 def test_fifty_kills_during_sync_produce_lose_nothing_and_invent_nothing(tmp_path, unique, kills,
                                                                          named):
@@ -48,7 +48,7 @@ def test_fifty_kills_during_sync_produce_lose_nothing_and_invent_nothing(tmp_pat
             batch = [OutgoingMessage(body.encode(), message_id=body if named else "") for body in bodies]
             sent.update(bodies)
             try:
-                placed = client.publish(unique, batch)  # retried over reconnects, same ids or token
+                placed = client.publish(unique, batch)  # retried over reconnects, same ids or batch id
             except BrokerError:
                 continue  # gave up on this batch: sent, never acknowledged
             assert named or len({p.message_id.rpartition(".")[0] for p in placed}) == 1
