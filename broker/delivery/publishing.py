@@ -115,8 +115,8 @@ def _begin_batches(broker: Broker, topic: str, messages: MessageColumns,
     starts = set(accumulate((count for _, count in batches[:-1]), initial=0))
     continues = ([index - 1 not in copies and index not in starts for index in fresh] if copies
                  else list(chain.from_iterable([False] + [True] * (count - 1) for _, count in batches)))
-    named = messages.with_column("message_id", message_ids)
-    records = _records(broker, topic, named if not copies else named.taken(fresh))
+    with_ids = messages.with_column("message_id", message_ids)
+    records = _records(broker, topic, with_ids if not copies else with_ids.taken(fresh))
     records = records._replace(continues=continues) if records else None
     return Publish(topic, message_ids, False, fresh, copies, records, batches)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from itertools import islice
 from pathlib import Path
 from typing import Self
 
@@ -263,10 +262,13 @@ class MessageStore:
                   end: int) -> list[StoredMessage]:
         """``first`` (id ``batch_id.position``) and the records after it in the log whose ids
         follow on, up to position ``end`` (excluded)."""
-        expected = run_ids(batch_id, end - position, position)
-        run = list(islice(read_on(self._log, first.log_offset, self._visible_end()), len(expected)))
-        return run[: next((i for i, (m, e) in enumerate(zip(run, expected)) if m.message_id != e),
-                          len(run))]
+        run: list[StoredMessage] = []
+        following = read_on(self._log, first.log_offset, self._visible_end())
+        for expected, message in zip(run_ids(batch_id, end - position, position), following):
+            if message.message_id != expected:
+                break
+            run.append(message)
+        return run
 
     def _lookup(self, hashed: int, begin_ms: int, end_ms: int, max_count: int,
                 matches: Callable[[StoredMessage], bool]) -> list[StoredMessage]:

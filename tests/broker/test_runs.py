@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.store import MessageStore, Record, RecordColumns
 from broker.store.runs import RunTracker, run_ids, split_run_id
@@ -72,3 +74,48 @@ def test_the_index_rebuilt_from_the_log_finds_every_run_id(tmp_path: Path) -> No
         assert index_entries(store) == 1 + 2 + 5  # tok.0, both order ids, tok.10 .. tok.14
         wanted = [*run_ids("tok", 15), "order.1", "order.2"]
         assert ids_found(store, wanted) == wanted
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> list[tuple[str, int, int]]:
+    """Appends as publishes make them, in any order: batches from ``.0``, some cut short by a
+    torn write and their tail appended by the resend; records whose own ids look like a run
+    that begins past ``.0`` (two in one append); records with store-made ids."""
+    appends: list[tuple[str, int, int]] = []  # (batch id, first position, count); count 0: plain
+    for number in range(draw(st.integers(1, 6))):
+        count = draw(st.integers(1, 12))
+        kept = draw(st.integers(1, count))
+        appends.append((f"b{number}", 0, kept))
+        if kept < count:
+            appends.append((f"b{number}", kept, count - kept))
+    appends += [("", 0, 0)] * draw(st.integers(0, 3))
+    appends += [(f"u{n}", 1, 2) for n in range(draw(st.integers(0, 3)))]
+    return draw(st.permutations(appends))
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts())
+def test_every_id_of_any_layout_of_runs_is_found_before_and_after_the_index_is_rebuilt(
+    tmp_path_factory: pytest.TempPathFactory, appends: list[tuple[str, int, int]]
+) -> None:
+    path = tmp_path_factory.mktemp("runs")
+    written: list[str] = []
+    with MessageStore(path, small_config()) as store:
+        for batch_id, first, count in appends:
+            if not count:
+                store.append([Record("orders", 0, b"plain")])
+            elif batch_id.startswith("u"):  # ids of their own, not marked as a run
+                own = run_ids(batch_id, count, first)
+                store.append([Record("orders", 0, b"own", message_id=i) for i in own])
+                written += own
+            else:
+                store.append_columns(run(batch_id, count, first))
+                written += run_ids(batch_id, count, first)
+        assert ids_found(store, written) == written
+    for index_file in path.rglob("*.idx"):
+        index_file.unlink()
+    with MessageStore(path, small_config()) as store:
+        assert ids_found(store, written) == written
+        for batch_id in {b for b, _, _ in appends if b.startswith("b")}:
+            held = [m.message_id for m in store.lookup_run(batch_id, 12) if m]
+            assert held == [i for i in run_ids(batch_id, 12) if i in written]
