@@ -7,9 +7,10 @@ thread's ack (see broker/PROTOCOL.md). Group members belong to the
 connection: when it breaks, the server lets them go (their unacknowledged
 messages go to other members), calls fail with `BrokerUnavailableError`, and
 the next call connects again. A publish is retried with backoff (tenacity)
-over reconnects: every message carries an id (one is given where the caller
-gave none), so a resend whose first copy did reach the store is dropped by
-the broker's de-duplication.
+over reconnects: a publish names its messages by one batch id when none has
+an id, else by an id per message (one made where the caller gave none), and
+a resend keeps them, so one whose first copy did reach the store is dropped
+by the broker's de-duplication.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ promise: a producer that resends after a lost reply (same message id) gets
 the first copy's placement back. Ids live in memory for ``window`` seconds;
 after a restart the store's id index answers.
 
-The clients give every message an id, so this runs for every message
-published: a publish asks about and adds its whole batch with dict
+A publish whose messages carry ids runs this for every message: it asks
+about and adds its whole batch with dict
 operations in C, and old ids go a generation at a time (as ActiveMQ's audit
 drops a whole window), never one by one. New ids go into the current
 generation; once it has filled for ``window`` seconds or holds ``entries``
