@@ -50,25 +50,25 @@ async def publish_run(ctx: Context, requests: Sequence[Mapping[str, Any]]) -> li
     batch ids with ids, each runs alone, so only the request at fault fails.
     """
     topic = need(requests[0], "publish", "topic", str)
-    batches: list[tuple[MessageColumns, str] | Exception] = []
+    checked: list[tuple[MessageColumns, str] | Exception] = []
     for request in requests:
         try:
-            batches.append(_publishing(ctx, request))
+            checked.append(_publishing(ctx, request))
         except BrokerError as error:
-            batches.append(error)
-    good = [batch for batch in batches if not isinstance(batch, Exception)]
+            checked.append(error)
+    good = [request for request in checked if not isinstance(request, Exception)]
     if len(good) > 1 and len({bool(batch_id) for _, batch_id in good}) == 1:
-        batch_ids = [(batch_id, messages.count) for messages, batch_id in good] if good[0][1] else []
+        batches = [(batch_id, messages.count) for messages, batch_id in good] if good[0][1] else []
         try:
-            placed = await _publish(ctx, topic, MessageColumns.joined([m for m, _ in good]), batch_ids)
+            placed = await _publish(ctx, topic, MessageColumns.joined([m for m, _ in good]), batches)
         except BrokerError:
             pass  # each alone below
         else:
             parts = iter(placed.split([messages.count for messages, _ in good]))
-            return [batch if isinstance(batch, Exception) else placements_reply(next(parts))
-                    for batch in batches]
-    return [batch if isinstance(batch, Exception) else await _alone(ctx, topic, *batch)
-            for batch in batches]
+            return [request if isinstance(request, Exception) else placements_reply(next(parts))
+                    for request in checked]
+    return [request if isinstance(request, Exception) else await _alone(ctx, topic, *request)
+            for request in checked]
 
 
 def _publishing(ctx: Context, request: Mapping[str, Any]) -> tuple[MessageColumns, str]:
@@ -92,10 +92,10 @@ async def _alone(ctx: Context, topic: str, messages: MessageColumns, batch_id: s
 
 
 async def _publish(ctx: Context, topic: str, messages: MessageColumns,
-                   batch_ids: Sequence[tuple[str, int]]) -> PlacementColumns:
+                   batches: Sequence[tuple[str, int]]) -> PlacementColumns:
     loop = asyncio.get_running_loop()
     began = loop.time()
-    placed = await ctx.engine.publish_columns(topic, messages, batch_ids)
+    placed = await ctx.engine.publish_columns(topic, messages, batches)
     ctx.metrics.publish_seconds.observe(loop.time() - began)
     duplicates = sum(placed.column("duplicate")) if placed.count else 0
     ctx.metrics.published.labels(topic).inc(placed.count - duplicates)
