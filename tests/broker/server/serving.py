@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import signal
@@ -14,6 +15,14 @@ ROOT = Path(__file__).resolve().parents[3]
 STARTED = re.compile(r"native_port=(\d+)")
 STOMP = re.compile(r"stomp_port=(\d+)")
 METRICS = re.compile(r"metrics_port=(\d+)")
+_RUNNING: list[subprocess.Popen[str]] = []  # killed when the test run ends (a failed test's too)
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for process in _RUNNING:
+        if process.poll() is None:
+            process.kill()
 
 
 class ServerProcess:
@@ -39,6 +48,7 @@ class ServerProcess:
                  "--port", str(self.port), "--stomp-port", "0", *self.extra],
                 cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log,
                 stderr=subprocess.STDOUT, text=True)
+        _RUNNING[:] = [*(p for p in _RUNNING if p.poll() is None), self.process]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             found = STARTED.findall(self.log.read_text())
