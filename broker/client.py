@@ -282,11 +282,11 @@ class Client:
 
 
 def publish_fields(topic: str, messages: Sequence[OutgoingMessage]) -> dict[str, Any]:
-    """A publish request's fields. Messages without ids of their own are named by one batch
-    batch id (128 random bits): the broker gives them the ids ``<batch id>.0``, ``<batch id>.1``,
-    ... and drops a resend of the batch id as a whole, with one entry per batch where an id per message
-    would take one each. If any message has an id, every one is named by its own (one made
-    here where none was given)."""
+    """A publish request's fields. Messages without ids of their own are named by one batch id
+    (128 random bits): the broker gives them the ids ``<batch id>.0``, ``<batch id>.1``, ...
+    and drops a resend of the batch id as a whole, with one entry per batch where an id per
+    message would take one each. If any message has an id, every one is named by its own (one
+    made here where none was given)."""
     if any(message.message_id for message in messages):
         return {"topic": topic, "messages": outgoing_table(messages, message_ids(messages))}
     return {"topic": topic, "messages": outgoing_table(messages, None), "batch": os.urandom(16).hex()}

@@ -92,7 +92,7 @@ class Broker:
     def publish_columns(self, topic: str, messages: MessageColumns,
                         batches: Sequence[publishing.Batch] = ()) -> PlacementColumns:
         """`publish` column by column, as the server takes a publish's table (no object per
-        message); ``batches``: the producer tokens that name the messages (`publishing`)."""
+        message); ``batches``: the batch ids that name the messages (`publishing`)."""
         check_name("topic", topic)
         return publishing.append_columns(self, topic, messages, batches=batches)
 

@@ -108,8 +108,7 @@ def _begin_batches(broker: Broker, topic: str, messages: MessageColumns,
     if sum(count for _, count in batches) != messages.count or any(messages.column("message_id")):
         raise DeliveryError("batches must name every message of a publish, and only messages "
                             "without an id")
-    message_ids = (run_ids(*batches[0]) if len(batches) == 1
-                   else list(chain.from_iterable(starmap(run_ids, batches))))
+    message_ids = list(chain.from_iterable(starmap(run_ids, batches)))
     copies = _batch_copies(broker, topic, batches, message_ids)
     fresh = range(messages.count) if not copies else [i for i in range(messages.count) if i not in copies]
     starts = set(accumulate((count for _, count in batches[:-1]), initial=0))
@@ -175,9 +174,6 @@ def finish(broker: Broker, publish: Publish, appended: Appended | None) -> Place
 def _remember_batches(broker: Broker, publish: Publish, placed: PlacementColumns) -> None:
     """Put each batch of ``publish`` in the window with the places of all its messages."""
     queues, offsets = placed.column("queue"), placed.column("offset")
-    if len(publish.batches) == 1:
-        broker.dedup.add_batch(publish.topic, publish.batches[0][0], queues, offsets)
-        return
     start = 0
     for batch_id, count in publish.batches:
         broker.dedup.add_batch(publish.topic, batch_id, queues[start : start + count],

@@ -78,7 +78,7 @@ def rows(kind: type[T], carried: Any, where: str) -> list[T]:
 
 
 def outgoing_table(messages: Sequence[OutgoingMessage], message_ids: list[str] | None) -> Table:
-    """A publish's messages, with these ids (None: none, a batch token names them); fields at
+    """A publish's messages, with these ids (None: none, a batch id names them); fields at
     their default for every message are left out."""
     carried = table(messages, [name for name in MESSAGE_FIELDS if name != "message_id"])
     for name, default in _EMPTY.items():

@@ -19,6 +19,10 @@ follows, in the log, the id before it in its run.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
+from broker.store.record import StoredMessage
+
 SEPARATOR = "."
 MAX_BATCH_ID = 64  # characters of a batch id
 
@@ -39,26 +43,40 @@ def split_run_id(message_id: str) -> tuple[str, int] | None:
     return batch_id, int(position)
 
 
+def find_run(batch_id: str, count: int, indexed: Callable[[str], StoredMessage | None],
+             read_on: Callable[[StoredMessage], Iterator[StoredMessage]]) -> list[StoredMessage | None]:
+    """The records of ids ``batch_id.0 .. batch_id.(count-1)`` that a store holds, None for the
+    others: ``indexed`` finds an id by its own index entry, ``read_on`` gives a record and those
+    after it in the log. A batch is appended from its first id on, and a resend appends what a
+    torn write lost: so the walk starts at ``batch_id.0`` and, where a run breaks, goes on from
+    the next id's own entry."""
+    found: list[StoredMessage | None] = [None] * count
+    position = 0
+    while position < count and (first := indexed(run_ids(batch_id, 1, position)[0])) is not None:
+        for expected, message in zip(run_ids(batch_id, count - position, position), read_on(first)):
+            if message.message_id != expected:
+                break
+            found[position] = message
+            position += 1
+    return found
+
+
 class RunTracker:
     """Recovery's side of the rule: which ids, read in log order, continue a run from ``.0``."""
 
     def __init__(self) -> None:
-        self._expected = b""  # the id that would continue the current run
+        self._expected = ""  # the id that would continue the current run
 
     def continues(self, message_id: bytes) -> bool:
         """Whether ``message_id`` (the next record's id in the log) continues the current run;
         it then becomes the run's latest."""
-        expected, self._expected = self._expected, b""
-        if b"." not in message_id:
+        expected, self._expected = self._expected, ""
+        text = message_id.decode("utf-8", "replace")
+        run = split_run_id(text) if "." in text else None
+        if run is None:
             return False
-        batch_id, _, position = message_id.rpartition(b".")
-        if not position.isdigit() or (position[:1] == b"0" and position != b"0"):
+        batch_id, position = run
+        if position and text != expected:
             return False
-        following = batch_id + b"." + str(int(position) + 1).encode()
-        if position == b"0":  # a run begins
-            self._expected = following
-            return False
-        if message_id == expected:
-            self._expected = following
-            return True
-        return False
+        self._expected = run_ids(batch_id, 1, position + 1)[0]
+        return position > 0  # a run begins at 0

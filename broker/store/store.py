@@ -44,7 +44,7 @@ from broker.store.record import (
     StoredMessage,
 )
 from broker.store.recovery import RecoveryReport, recover
-from broker.store.runs import run_ids, split_run_id
+from broker.store.runs import find_run, split_run_id
 from broker.store.segment import Segment
 from broker.store.writer import BatchWriter
 
@@ -237,38 +237,16 @@ class MessageStore:
 
     def lookup_run(self, batch_id: str, count: int) -> list[StoredMessage | None]:
         """The records of ids ``batch_id.0 .. batch_id.(count-1)`` (`broker.store.runs`) that the
-        store holds, None for the others. A batch is appended from its first id on, and a
-        resend appends what a torn write lost: so the walk starts at ``batch_id.0`` and, where a
-        run breaks, goes on from the next id's own index entry."""
+        store holds, None for the others."""
         self._check_open()
-        found: list[StoredMessage | None] = [None] * count
-        position = 0
-        while position < count:
-            first = self._indexed(run_ids(batch_id, 1, position)[0])
-            if first is None:
-                break
-            run = self._run_from(first, batch_id, position, count)
-            found[position : position + len(run)] = run
-            position += len(run)
-        return found
+        return find_run(batch_id, count, self._indexed,
+                        lambda first: read_on(self._log, first.log_offset, self._visible_end()))
 
     def _indexed(self, message_id: str) -> StoredMessage | None:
         """The record of ``message_id`` by its own entry in the id index."""
         found = self._lookup(id_hash(message_id.encode()), 0, FOREVER_MS, 1,
                              lambda m: m.message_id == message_id)
         return found[0] if found else None
-
-    def _run_from(self, first: StoredMessage, batch_id: str, position: int,
-                  end: int) -> list[StoredMessage]:
-        """``first`` (id ``batch_id.position``) and the records after it in the log whose ids
-        follow on, up to position ``end`` (excluded)."""
-        run: list[StoredMessage] = []
-        following = read_on(self._log, first.log_offset, self._visible_end())
-        for expected, message in zip(run_ids(batch_id, end - position, position), following):
-            if message.message_id != expected:
-                break
-            run.append(message)
-        return run
 
     def _lookup(self, hashed: int, begin_ms: int, end_ms: int, max_count: int,
                 matches: Callable[[StoredMessage], bool]) -> list[StoredMessage]:
