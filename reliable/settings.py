@@ -30,6 +30,8 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
+    field_validator,
 )
 
 from backends.cache import ALLOWED_SCHEMES as CACHE_SCHEMES
@@ -67,6 +69,7 @@ __all__ = [
     "RetrySettings",
     "Seconds",
     "Section",
+    "ServerAddress",
     "Settings",
     "SettingsError",
     "StoreSettings",
@@ -151,11 +154,42 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+CLUSTERED = ("nats", "kafka", "amqp")
+"""The transports of engines that run as clusters: they take ``replicas`` and ``servers``."""
+ServerAddress = Annotated[str, _rule(lambda v: re.fullmatch(r"[^\s:/,]+:\d{1,5}", v) is not None
+                                     and 0 < int(v.rpartition(":")[2]) < 65536, "host:port (port 1-65535)")]
+
+
 class TransportSettings(Section):
     """``[transport]``: where messages come from and are acknowledged."""
 
     url: TransportUrl = "embedded://./.reliable/broker"
     visibility_timeout: PositiveSeconds = 30.0
+    publish_timeout: Seconds = 30.0
+    """How long ``App.publish`` retries a transport outage before raising it (0: no retry)."""
+    replicas: AtLeastOne | None = None
+    """Copies of each stream (nats://), topic (kafka://: its replication factor) or quorum queue
+    (amqp://: its initial group size) on a cluster; unset: the transport's default."""
+    servers: list[ServerAddress] = Field(default_factory=list)
+    """More servers of the URL's cluster (``host:port``), tried when the URL's cannot be reached."""
+
+    @field_validator("replicas", "servers")
+    @classmethod
+    def _clustered(cls, value: Any, info: ValidationInfo) -> Any:
+        scheme = str(info.data.get("url", "")).partition("://")[0]
+        if value and scheme not in CLUSTERED:
+            raise ValueError(f"a cluster option of {', '.join(f'{c}://' for c in CLUSTERED)} only "
+                             f"(the transport is {scheme}://)")
+        return value
+
+    def options(self) -> dict[str, Any]:
+        """The keyword options `open_transport` takes from this section (cluster ones when set)."""
+        options: dict[str, Any] = {"visibility_timeout": self.visibility_timeout}
+        if self.replicas is not None:
+            options["replicas"] = self.replicas
+        if self.servers:
+            options["servers"] = list(self.servers)
+        return options
 
 
 class CacheSettings(Section):

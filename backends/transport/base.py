@@ -222,3 +222,22 @@ def seconds(name: str, value: float | str) -> float:
     if isinstance(number, bool) or not isinstance(number, int | float) or not number > 0:
         raise ConfigurationError(f"transport option {name}={value!r}: a positive number of seconds is required")
     return float(number)
+
+
+def server_list(servers: Sequence[str] | str) -> list[str]:
+    """The ``servers`` option as a list of ``host:port``: given as a list, or as the URL's ``a:1,b:2``."""
+    listed = servers.split(",") if isinstance(servers, str) else list(servers)
+    for server in listed:
+        host, colon, port = server.rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigurationError(f"transport option servers: {server!r} is not host:port (port 1-65535)")
+    return listed
+
+
+def with_servers(url: str, servers: Sequence[str] | str) -> str:
+    """``url`` (``scheme://host:port[,host:port]...``) with ``servers`` added to its list of servers."""
+    extra = server_list(servers)
+    if not extra:
+        return url
+    head, question, query = url.partition("?")
+    return f"{head.rstrip('/')},{','.join(extra)}{question}{query}"
