@@ -32,6 +32,7 @@ from reliable.errors import HandlerOptionError, StoreUnavailableError, UnknownHa
 from reliable.handler import Handler, HandlerConfig
 from reliable.log import configure_logging
 from reliable.message import CONTENT_TYPE
+from reliable.outage import through_outages
 from reliable.runtime import Runtime
 from reliable.settings import Settings
 from reliable.worker import Worker
@@ -96,7 +97,7 @@ class App:
                     configure_logging(s.log.level, s.log.format)
                 store = open_store(s.store.url, self.clock)
                 cache = None if s.cache.url == "none" else open_cache(s.cache.url, self.clock, s.cache.prefix)
-                transport = open_transport(s.transport.url, self.clock, visibility_timeout=s.transport.visibility_timeout)
+                transport = open_transport(s.transport.url, self.clock, **s.transport.options())
                 self._runtime = Runtime(transport=transport, store=store, cache=cache, clock=self.clock)
                 log.info("backends_opened", transport=redact(s.transport.url), store=redact(s.store.url),
                          cache=redact(s.cache.url))
@@ -145,7 +146,11 @@ class App:
         message_ids: Sequence[str | None] | None = None,
         content_type: str = JSON,
     ) -> None:
-        """Publish many messages in one call to the transport."""
+        """Publish many messages in one call to the transport.
+
+        An outage (`BackendUnavailableError`: unreachable, or a cluster electing a
+        leader) is retried for up to ``[transport] publish_timeout`` seconds, then raised.
+        """
         all_headers = {CONTENT_TYPE: content_type, **(headers or {})}
         bodies = list(bodies)
         ids = list(message_ids or [None] * len(bodies))
@@ -153,8 +158,13 @@ class App:
             OutgoingMessage(encode_body(b, content_type), key=key, headers=all_headers, delay=delay, message_id=i)
             for b, i in zip(bodies, ids, strict=True)
         ]
-        self._declare_groups(topic)
-        self.runtime.transport.publish(topic, outgoing)
+        bound = self.settings.transport.publish_timeout
+
+        def send() -> None:
+            self._declare_groups(topic)
+            self.runtime.transport.publish(topic, outgoing)
+
+        through_outages(send, self.clock, bound, f"publish to {topic!r}")
 
     def _declare_groups(self, topic: str) -> None:
         """Declare this app's groups on ``topic`` before its first publish there, so a queue

@@ -4,8 +4,11 @@ nats-py is asyncio. The transport owns one event loop on a background thread
 and one connection on it; the worker's threads call in through
 `asyncio.run_coroutine_threadsafe` (`Connection.call`). nats-py reconnects by
 itself; what reaches the framework is an operation that could not finish
-while the server was unreachable: a `BackendUnavailableError` (the worker
-backs off and subscribes again). Any other failure is a `TransportError`.
+while the server was unreachable, or while a JetStream cluster had no leader
+for the stream or consumer (an election: no responders, a 503, "JetStream
+system temporarily unavailable"): a `BackendUnavailableError` (the worker
+backs off and subscribes again; a producer retries). Any other failure is a
+`TransportError`.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ _UNREACHABLE: tuple[type[BaseException], ...] = (
     nats.errors.TimeoutError,
     nats.errors.NoRespondersError,
     nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.NoStreamResponseError,  # a publish nobody answered: the stream has no leader
     asyncio.TimeoutError,
     ConnectionError,
     OSError,
@@ -69,12 +73,25 @@ class Servers:
         return cls(url, servers)
 
 
+LEADERLESS = frozenset({10008, 10009})
+"""JetStream error codes of a cluster without a leader for the request: "JetStream system
+temporarily unavailable" (JSClusterNotAvailErr) and "JetStream cluster can not handle
+request" (JSClusterNotLeaderErr); both pass once an election is over."""
+
+
 def translate(exc: BaseException, doing: str) -> ReliableError:
     """Our error for a nats-py exception met while ``doing`` something."""
     text = f"nats: {doing}: {type(exc).__name__}: {exc}"
-    if isinstance(exc, _UNREACHABLE):
+    if is_outage(exc):
         return BackendUnavailableError(text)
     return TransportError(text)
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True for a server out of reach or a cluster in an election: the same call succeeds later."""
+    if isinstance(exc, _UNREACHABLE):
+        return True
+    return isinstance(exc, nats.js.errors.APIError) and (exc.code == 503 or exc.err_code in LEADERLESS)
 
 
 class Connection:

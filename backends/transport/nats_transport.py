@@ -24,9 +24,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-import nats.js.errors
 import structlog
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
 from backends.clock import SYSTEM_CLOCK, Clock
 from backends.errors import ConfigurationError, TransportError
@@ -37,6 +35,7 @@ from backends.transport.base import (
     check_name,
     check_outgoing,
     seconds,
+    with_servers,
 )
 from backends.transport.nats_client import Connection, Servers
 from backends.transport.nats_layout import (
@@ -49,6 +48,7 @@ from backends.transport.nats_layout import (
     check_nats_name,
     new_message_id,
 )
+from backends.transport.nats_streams import Streams
 from backends.transport.nats_subscription import NatsSubscription
 from backends.types import OutgoingMessage
 
@@ -63,7 +63,8 @@ class NatsTransport(Transport):
     ``request_timeout`` (seconds a request may take before the server counts
     as unreachable, default 10), ``duplicate_window`` (seconds JetStream
     remembers a ``Nats-Msg-Id``, default 120), ``replicas`` (stream replicas
-    on a cluster, default 1).
+    on a cluster, default 1; an existing stream is updated to it), ``servers``
+    (more ``host:port`` of the cluster besides the URL's).
     """
 
     capabilities = CAPABILITIES
@@ -78,15 +79,15 @@ class NatsTransport(Transport):
         request_timeout: float | str = 10.0,
         duplicate_window: float | str = 120.0,
         replicas: int | str = 1,
+        servers: Sequence[str] | str = (),
     ) -> None:
-        servers = Servers.parse(url)
+        addresses = Servers.parse(with_servers(url, servers))
         self._layout = Layout(namespace)
         self._clock = clock
         self._ack_wait = seconds("visibility_timeout", visibility_timeout)
         self._duplicate_window = seconds("duplicate_window", duplicate_window)
-        self._replicas = _replicas(replicas)
-        self._connection = Connection(servers, seconds("request_timeout", request_timeout))
-        self._streams: set[str] = set()
+        self._connection = Connection(addresses, seconds("request_timeout", request_timeout))
+        self._streams = Streams(self._connection, replicas=_replicas(replicas), duplicate_window=self._duplicate_window)
         self._subscriptions: list[NatsSubscription] = []
         self._closed = False
 
@@ -150,40 +151,14 @@ class NatsTransport(Transport):
                     await js.delete_stream(name.config.name)
 
         self._connection.guarded(delete, "purge")
-        self._streams.clear()
+        self._streams.forget()
 
     def ensure_stream(self, topic: str) -> None:
-        """The topic's stream, created on first use (file storage, limits retention)."""
-        stream = self._layout.stream(topic)
-        if stream not in self._streams:
-            self._add_stream(stream, self._layout.stream_subjects(topic))
+        """The topic's stream, created or reconciled on first use (file storage, limits retention)."""
+        self._streams.ensure(self._layout.stream(topic), self._layout.stream_subjects(topic))
 
     def ensure_dead_letter_stream(self, group: str) -> None:
-        stream = self._layout.dead_letter_stream(group)
-        if stream not in self._streams:
-            self._add_stream(stream, [self._layout.dead_letter_subject(group)])
-
-    def _add_stream(self, stream: str, subjects: list[str]) -> None:
-        config = StreamConfig(
-            name=stream,
-            subjects=subjects,
-            retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE,
-            discard=DiscardPolicy.OLD,
-            duplicate_window=self._duplicate_window,
-            num_replicas=self._replicas,
-        )
-        js = self._connection.js
-
-        async def add() -> None:
-            try:
-                await js.add_stream(config)
-            except nats.js.errors.BadRequestError as exc:
-                if exc.err_code != 10058:  # "stream name already in use": made by another client
-                    raise
-
-        self._connection.guarded(add, f"create stream {stream!r}")
-        self._streams.add(stream)
+        self._streams.ensure(self._layout.dead_letter_stream(group), [self._layout.dead_letter_subject(group)])
 
     def _send(
         self, subject: str, messages: Sequence[OutgoingMessage], extra: dict[str, str], *, dedupe: bool

@@ -1,0 +1,28 @@
+"""Free loopback ports for the servers a cluster test starts (never the shared services' ports)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from contextlib import ExitStack
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports nothing listens on right now (held together while chosen)."""
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+def wait_listening(port: int, timeout: float) -> None:
+    """Return once something accepts connections on ``port``; an `AssertionError` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing listens on port {port} after {timeout:.0f} s"
+            time.sleep(0.1)
