@@ -26,6 +26,7 @@ __all__ = [
     "DeadLetterNotFoundError",
     "FenceConflictError",
     "HandlerOptionError",
+    "HandlerShapeError",
     "LeaseHeldError",
     "ReliableError",
     "ReplayLoopError",
@@ -43,6 +44,11 @@ class TokenMissingError(ReliableError):
 
 class HandlerOptionError(ConfigurationError):
     """Raised when `@app.handler(...)` is given an invalid option (at decoration time)."""
+
+
+class HandlerShapeError(ReliableError):
+    """Raised when a handler call returned an awaitable or generator it cannot be run to completion
+    from (its body never ran): the message is poison, never counted processed."""
 
 
 class UnknownHandlerError(ConfigurationError):

@@ -2,7 +2,11 @@
 
 Options are validated when the decorator runs (an unknown token spec, a
 negative batch size, a lease without a positive expiry: `HandlerOptionError`
-naming the option). Settings that are not given on the decorator (retry
+naming the option), and so is the handler's shape: a generator or async
+generator function, or a non-callable, would let the pipeline ack messages
+whose body never ran, so it is refused. A handler that still hands back
+something unfinished (a lambda returning a generator) fails the message as
+poison (`HandlerShapeError`), never counted processed. Settings that are not given on the decorator (retry
 policy, in-process retry, TTLs, commit strategy, concurrency) are resolved
 from the settings file, per handler, when the app starts.
 """
@@ -17,7 +21,7 @@ from typing import Any
 from backends.store.base import Transaction
 from backends.types import Message
 from reliable.commit import STRATEGIES, CommitStrategy
-from reliable.errors import HandlerOptionError
+from reliable.errors import HandlerOptionError, HandlerShapeError
 from reliable.idempotency import Token, TokenFunction
 from reliable.retry import (
     Classifier,
@@ -69,8 +73,9 @@ class Handler:
         concurrency: int | None = None,
         prefetch: int | None = None,
     ) -> None:
+        _check_shape(func)
         self.func = func
-        self.name = name or func.__name__
+        self.name = name or _name(func)
         self.topic = _require_name("topic", topic)
         self.group = _require_name("group", group or self.name)
         self.token = None if token is None else Token.parse(token)
@@ -92,13 +97,48 @@ class Handler:
         return self.func(*args, **kwargs)
 
     def call(self, message: Message, tx: Transaction | None) -> Any:
-        return self.func(message, tx) if self._takes_tx else self.func(message)
+        return self._ran(self.func(message, tx) if self._takes_tx else self.func(message))
 
     def call_batch(self, messages: list[Message], tx: Transaction) -> Any:
-        return self.func(messages, tx) if self._takes_tx else self.func(messages)
+        return self._ran(self.func(messages, tx) if self._takes_tx else self.func(messages))
+
+    def _ran(self, value: Any) -> Any:
+        """``value``, unless it is a body that has not run yet (`HandlerShapeError`)."""
+        if inspect.isawaitable(value) or inspect.isgenerator(value) or inspect.isasyncgen(value):
+            if inspect.iscoroutine(value) or inspect.isgenerator(value):
+                value.close()  # never started: closing it runs nothing and silences the warning
+            raise HandlerShapeError(
+                f"handler {self.name!r} returned {type(value).__name__} {value!r} instead of "
+                "running its body; the message is not counted processed"
+            )
+        return value
 
     def __repr__(self) -> str:
         return f"<Handler {self.name} topic={self.topic} group={self.group}>"
+
+
+def _name(func: Any) -> str:
+    return str(getattr(func, "__name__", None) or type(func).__name__)
+
+
+_UNRUNNABLE = (
+    (inspect.isasyncgenfunction, "an async generator function"),
+    (inspect.isgeneratorfunction, "a generator function"),
+    (inspect.iscoroutinefunction, "an async def function (not supported yet)"),
+)
+"""Handler shapes whose call returns without running the body, and how to name them."""
+
+
+def _check_shape(func: Any) -> None:
+    """Refuse a handler the pipeline could not run to completion (at decoration time)."""
+    if not callable(func):
+        raise HandlerOptionError(f"handler {func!r} is not callable; decorate a function taking the message")
+    for test, shape in _UNRUNNABLE:
+        if test(func) or test(type(func).__call__):
+            raise HandlerOptionError(
+                f"handler {_name(func)!r} is {shape}: calling it would not run its body, so its "
+                "messages would be acknowledged unhandled; write a plain function that returns"
+            )
 
 
 def _require_name(option: str, value: Any) -> str:
@@ -137,5 +177,5 @@ def _takes_transaction(func: HandlerFunction) -> bool:
     except (TypeError, ValueError):
         return True
     if not params:
-        raise HandlerOptionError(f"handler {getattr(func, '__name__', func)!r} must accept the message")
+        raise HandlerOptionError(f"handler {_name(func)!r} must accept the message")
     return len(params) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
