@@ -32,7 +32,7 @@ from typing import Any
 import structlog
 
 from backends.clock import SYSTEM_CLOCK, Clock
-from backends.errors import TransportError
+from backends.errors import ConfigurationError, TransportError
 from backends.transport.base import (
     ORIGIN_TOPIC_HEADER,
     SubscribeOptions,
@@ -40,6 +40,7 @@ from backends.transport.base import (
     check_name,
     check_outgoing,
     seconds,
+    with_servers,
 )
 from backends.transport.kafka_client import Publisher, Record, Servers
 from backends.transport.kafka_layout import (
@@ -67,7 +68,9 @@ class KafkaTransport(Transport):
     dead and its partitions move, default 30; the cluster bounds it, 6 s to
     30 min by default), ``request_timeout``
     (seconds a produce, commit or metadata request may take before the cluster
-    counts as unreachable, default 30).
+    counts as unreachable, default 30), ``replicas`` (when set, a topic
+    with another replication factor is refused when first used), ``servers`` (more ``host:port`` of the
+    cluster besides the URL's).
     """
 
     capabilities = CAPABILITIES
@@ -79,12 +82,15 @@ class KafkaTransport(Transport):
         *,
         visibility_timeout: float | str = 30.0,
         request_timeout: float | str = 30.0,
+        replicas: int | str | None = None,
+        servers: Sequence[str] | str = (),
     ) -> None:
-        self._servers = Servers.parse(url)
+        self._servers = Servers.parse(with_servers(url, servers))
         self._clock = clock
         self._session_timeout = seconds("visibility_timeout", visibility_timeout)
         self._request_timeout = seconds("request_timeout", request_timeout)
-        self._publisher = Publisher(self._servers, {}, self._request_timeout)
+        wanted = None if replicas is None else count("replicas", replicas)
+        self._publisher = Publisher(self._servers, {}, self._request_timeout, wanted)
         self._subscriptions: list[KafkaSubscription] = []
         self._closed = False
 
@@ -168,3 +174,11 @@ class KafkaTransport(Transport):
         if self._closed:
             raise TransportError("KafkaTransport is closed")
 
+
+
+def count(name: str, value: int | str) -> int:
+    """``value`` (a number, or its text from the URL) if an integer >= 1, else a `ConfigurationError`."""
+    number = int(value) if isinstance(value, int | str) and str(value).isdigit() else 0
+    if isinstance(value, bool) or number < 1:
+        raise ConfigurationError(f"transport option {name}={value!r}: an integer >= 1 is required")
+    return number

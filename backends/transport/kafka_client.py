@@ -1,9 +1,17 @@
 """The librdkafka side of `kafka://`: the URL, client settings, errors, and a waiting producer.
 
 librdkafka reconnects by itself; what reaches the framework is an operation
-that could not finish. An error librdkafka marks retriable, or one saying the
-brokers cannot be reached, is a `BackendUnavailableError` (the worker backs
-off and subscribes again); any other is a `TransportError`.
+that could not finish. An error librdkafka marks retriable, one saying the
+brokers cannot be reached, or one of a partition without a leader or without
+enough in-sync replicas (an election, a broker down) is a
+`BackendUnavailableError` (the worker backs off and subscribes again; a
+producer retries); any other is a `TransportError`.
+
+With ``replicas`` set, every topic the transport uses (the cluster creates
+them, with its ``default.replication.factor``) is checked when first used:
+one with another replication factor is refused with a `ConfigurationError`
+naming both (Kafka changes it only by a partition reassignment, an
+operator's decision).
 """
 
 from __future__ import annotations
@@ -40,6 +48,14 @@ _UNREACHABLE = frozenset(
         KafkaError.NOT_COORDINATOR,
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.PREFERRED_LEADER_NOT_AVAILABLE,
+        KafkaError.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+        KafkaError.REPLICA_NOT_AVAILABLE,
+        KafkaError.KAFKA_STORAGE_ERROR,
     }
 )
 
@@ -83,6 +99,17 @@ class Servers:
         return cls(url, location)
 
 
+def check_replicas(topic: str, wanted: int, replicas: Sequence[int]) -> None:
+    """A `ConfigurationError` unless every partition of ``topic`` has ``wanted`` replicas."""
+    differing = sorted(set(replicas) - {wanted})
+    if differing:
+        raise ConfigurationError(
+            f"kafka: topic {topic!r} exists with replication factor {differing[0]} (the settings want "
+            f"{wanted}); Kafka changes it only by a partition reassignment: reassign the partitions "
+            "(kafka-reassign-partitions), or change [transport] replicas"
+        )
+
+
 class Publisher:
     """A librdkafka producer whose ``send`` returns once every record is acknowledged.
 
@@ -90,8 +117,10 @@ class Publisher:
     round-robin without a key), the same as every other transport.
     """
 
-    def __init__(self, servers: Servers, settings: dict[str, Any], timeout: float) -> None:
+    def __init__(self, servers: Servers, settings: dict[str, Any], timeout: float,
+                 replicas: int | None = None) -> None:
         self._timeout = timeout
+        self._replicas = replicas
         self._producer = Producer(
             {
                 "bootstrap.servers": servers.bootstrap,
@@ -162,6 +191,8 @@ class Publisher:
                 f"kafka: topic {topic!r} is not available ({reason}); create it, "
                 "or let the cluster auto-create topics"
             )
+        if self._replicas is not None:
+            check_replicas(topic, self._replicas, [len(partition.replicas) for partition in found.partitions.values()])
         with self._lock:
             self._partitions[topic] = len(found.partitions)
         return len(found.partitions)

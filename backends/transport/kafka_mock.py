@@ -1,16 +1,25 @@
 """librdkafka's mock Kafka cluster in a process of its own, for tests without a Kafka server.
 
 ``python -m backends.transport.kafka_mock --brokers 3`` starts an in-process
-mock cluster (``test.mock.num.brokers``) speaking the Kafka protocol on
-loopback, prints its ``kafka://host:port,...`` URL on one line and serves until
-its standard input closes or it is terminated. The cluster lives as long as
-that process, so consumers in other processes can be killed and come back.
-`MockCluster` runs it from Python.
+mock cluster (librdkafka's ``rd_kafka_mock_cluster_new``) speaking the Kafka
+protocol on loopback, prints its ``kafka://host:port,...`` URL on one line and
+serves until its standard input closes or it is terminated. The cluster lives
+as long as that process, so consumers in other processes can be killed and
+come back. `MockCluster` runs it from Python.
+
+The mock cluster's failure controls, which confluent-kafka's Python binding
+does not expose, are called through ctypes on the librdkafka the binding
+ships: a line ``down 2`` on standard input takes broker 2 down (its
+connections closed, new ones refused), ``up 2`` brings it back, ``leader
+TOPIC PARTITION 3`` makes broker 3 the partition's leader (an election, as
+the controller would hold one). Each command is answered by a line ``ok``.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import subprocess
 import sys
 from pathlib import Path
@@ -20,17 +29,57 @@ from typing import Self
 from backends.errors import ConfigurationError
 
 STARTUP_TIMEOUT = 30.0
+CONTROLLER = 1
+"""The broker that answers as the cluster's controller (creates topics)."""
+
+
+def _librdkafka() -> ctypes.CDLL:
+    """The librdkafka confluent-kafka loads (its wheel bundles one), else the system's."""
+    import confluent_kafka
+
+    bundled = sorted((Path(confluent_kafka.__file__).parent.parent / "confluent_kafka.libs").glob("librdkafka*.so*"))
+    name = str(bundled[0]) if bundled else ctypes.util.find_library("rdkafka")
+    if name is None:
+        raise ConfigurationError("librdkafka not found: install confluent-kafka (or librdkafka1)")
+    lib = ctypes.CDLL(name)
+    lib.rd_kafka_conf_new.restype = ctypes.c_void_p
+    lib.rd_kafka_new.restype = ctypes.c_void_p
+    lib.rd_kafka_conf_set.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                      ctypes.c_size_t]
+    lib.rd_kafka_new.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+    lib.rd_kafka_mock_cluster_new.restype = ctypes.c_void_p
+    lib.rd_kafka_mock_cluster_new.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.rd_kafka_mock_cluster_bootstraps.restype = ctypes.c_char_p
+    lib.rd_kafka_mock_cluster_bootstraps.argtypes = [ctypes.c_void_p]
+    for control in ("rd_kafka_mock_broker_set_down", "rd_kafka_mock_broker_set_up"):
+        getattr(lib, control).argtypes = [ctypes.c_void_p, ctypes.c_int32]
+    lib.rd_kafka_mock_set_controller_id.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+    lib.rd_kafka_mock_partition_set_leader.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32,
+                                                       ctypes.c_int32]
+    return lib
 
 
 def serve(brokers: int) -> None:
-    """Start a mock cluster, print its URL, and keep it up until stdin closes."""
-    from confluent_kafka import Producer
-
-    owner = Producer({"test.mock.num.brokers": brokers, "log_level": 3})
-    metadata = owner.list_topics(timeout=STARTUP_TIMEOUT)
-    servers = ",".join(f"{b.host}:{b.port}" for b in sorted(metadata.brokers.values(), key=lambda b: b.id))
-    print(f"kafka://{servers}", flush=True)
-    sys.stdin.read()  # returns at end of file: the parent is done, or gone
+    """Start a mock cluster, print its URL, obey failure commands until stdin closes."""
+    lib = _librdkafka()
+    error = ctypes.create_string_buffer(512)
+    conf = lib.rd_kafka_conf_new()
+    lib.rd_kafka_conf_set(conf, b"log_level", b"3", error, len(error))  # no warning about its bootstraps
+    owner = lib.rd_kafka_new(0, conf, error, len(error))  # 0: a producer handle
+    if not owner:
+        raise ConfigurationError(f"librdkafka: {error.value.decode()}")
+    cluster = lib.rd_kafka_mock_cluster_new(owner, brokers)
+    lib.rd_kafka_mock_set_controller_id(cluster, CONTROLLER)  # else topics cannot be created (CreateTopics)
+    print(f"kafka://{lib.rd_kafka_mock_cluster_bootstraps(cluster).decode()}", flush=True)
+    for line in sys.stdin:  # ends at end of file: the parent is done, or gone
+        command, *args = line.split()
+        if command == "down":
+            lib.rd_kafka_mock_broker_set_down(cluster, int(args[0]))
+        elif command == "up":
+            lib.rd_kafka_mock_broker_set_up(cluster, int(args[0]))
+        elif command == "leader":
+            lib.rd_kafka_mock_partition_set_leader(cluster, args[0].encode(), int(args[1]), int(args[2]))
+        print("ok", flush=True)
 
 
 class MockCluster:
@@ -50,6 +99,26 @@ class MockCluster:
             self.stop()
             raise ConfigurationError(f"the mock Kafka cluster did not start (printed {line!r})")
         self.url = line
+
+    def set_down(self, broker: int) -> None:
+        """Take ``broker`` down: its connections are closed and new ones refused."""
+        self._command(f"down {broker}")
+
+    def set_up(self, broker: int) -> None:
+        """Bring ``broker`` back."""
+        self._command(f"up {broker}")
+
+    def set_leader(self, topic: str, partition: int, broker: int) -> None:
+        """Make ``broker`` the leader of ``topic``'s ``partition`` (an election)."""
+        self._command(f"leader {topic} {partition} {broker}")
+
+    def _command(self, line: str) -> None:
+        assert self._process.stdin is not None and self._process.stdout is not None
+        self._process.stdin.write(line + "\n")
+        self._process.stdin.flush()
+        answer = self._process.stdout.readline().strip()
+        if answer != "ok":
+            raise ConfigurationError(f"the mock Kafka cluster did not obey {line!r} (answered {answer!r})")
 
     def kill(self) -> None:
         """SIGKILL the cluster's process: every broker disappears at once."""

@@ -135,6 +135,6 @@ class ClusterRun:
     def _report(self) -> None:
         print(f"\n{self.count} tokens ({len(self.bodies)} messages, {len(self.poison)} poison); "
               f"worker outages ridden through: {self.outages_seen()}")
-        print(f"{'failure':<28}{'node':<10}{'at effect':>10}{'recovery s':>12}")
+        print(f"{'failure':<32}{'node':<10}{'at effect':>10}{'recovery s':>12}")
         for failure in self.failures:
-            print(f"{failure.name:<28}{failure.hit:<10}{failure.done_at_injection:>10}{failure.recovery:>12.2f}")
+            print(f"{failure.name:<32}{failure.hit:<10}{failure.done_at_injection:>10}{failure.recovery:>12.2f}")

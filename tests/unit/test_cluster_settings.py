@@ -6,13 +6,15 @@ from pathlib import Path
 
 import nats.js.errors
 import pytest
+from confluent_kafka import KafkaError
+from nats.js.api import RetentionPolicy, StreamConfig
 
 from backends.errors import BackendUnavailableError, ConfigurationError, TransportError
 from backends.transport import open_transport
 from backends.transport.base import with_servers
+from backends.transport.kafka_client import translate as kafka_translate
 from backends.transport.nats_client import translate
 from backends.transport.nats_streams import differences
-from nats.js.api import RetentionPolicy, StreamConfig
 from reliable.settings import Settings, SettingsError
 
 
@@ -75,3 +77,11 @@ def test_stream_differences_are_named() -> None:
     wanted = StreamConfig(name="s", subjects=["a"], retention=RetentionPolicy.LIMITS, num_replicas=3)
     assert differences(existing, wanted, ("retention", "num_replicas", "subjects")) == [
         "retention workqueue (the settings want limits)", "num_replicas 1 (the settings want 3)"]
+
+
+def test_a_kafka_partition_without_leader_or_enough_replicas_is_an_outage() -> None:
+    for code in (KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                 KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION,
+                 KafkaError.FENCED_LEADER_EPOCH, KafkaError.ELIGIBLE_LEADERS_NOT_AVAILABLE):
+        assert isinstance(kafka_translate(KafkaError(code), "produce"), BackendUnavailableError), code
+    assert type(kafka_translate(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), "produce")) is TransportError
