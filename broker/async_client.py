@@ -21,25 +21,27 @@ from typing import Any
 import structlog
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from broker.client import CONNECT_TIMEOUT, parse_address, publish_fields, result, unix_path, where
-from broker.delivery.values import (
-    Delivery,
-    GroupInfo,
-    OutgoingMessage,
-    Placement,
-    QueueLag,
-    TopicInfo,
+from broker.client import (
+    CONNECT_TIMEOUT,
+    PUBLISH,
+    parse_address,
+    publish_fields,
+    result,
+    unix_path,
+    where,
 )
+from broker.delivery.values import Delivery, OutgoingMessage, Placement
 from broker.errors import BrokerError, BrokerUnavailableError, UnknownMemberError
-from broker.server import native_codec
-from broker.server.native_codec import FrameDecoder, decode_body
-from broker.server.native_tables import rows
+from broker.protocol import codec as native_codec
+from broker.protocol.calls import AsyncCalls
+from broker.protocol.codec import FrameDecoder, decode_body
+from broker.protocol.operations import Operation
 
 log = structlog.get_logger("broker.client")
 _Link = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
-class AsyncClient:
+class AsyncClient(AsyncCalls):
     """The broker server's calls as coroutines, over one pipelined connection."""
 
     def __init__(self, address: str, *, user: str | None = None, password: str | None = None,
@@ -57,51 +59,16 @@ class AsyncClient:
         self._reader_task: asyncio.Task[None] | None = None
         self._closed = False
 
+
     async def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
+        """`broker.client.Client.publish`, awaited: resent with backoff under the same ids."""
         fields = publish_fields(topic, messages)  # made once: a resend keeps the ids or batch id
         async for attempt in AsyncRetrying(retry=retry_if_exception_type(BrokerUnavailableError),
                                            wait=wait_exponential(multiplier=0.05, max=2.0),
                                            stop=stop_after_delay(self._retry_seconds), reraise=True):
             with attempt:
-                reply = await self._call("publish", **fields)
-        return rows(Placement, reply["placements"], "placements")
-
-    async def join(self, group: str, topics: Sequence[str], *, broadcast: bool = False,
-                   from_end: bool = False, prefetch: int | None = None,
-                   lease: float | None = None) -> str:
-        reply = await self._call("subscribe", group=group, topics=list(topics), broadcast=broadcast,
-                                 from_end=from_end, prefetch=prefetch, lease=lease)
-        return str(reply["member"])
-
-    async def leave(self, member: str) -> None:
-        await self._call("unsubscribe", member=member)
-
-    async def fetch(self, member: str, max_messages: int, timeout: float) -> list[Delivery]:
-        reply = await self._call("fetch", member=member, max_messages=max_messages, timeout=timeout)
-        return rows(Delivery, reply["messages"], "messages")
-
-    async def ack(self, member: str, receipts: Sequence[str]) -> None:
-        await self._call("ack", member=member, receipts=list(receipts))
-
-    async def nack(self, member: str, receipts: Sequence[str], delay: float) -> None:
-        await self._call("nack", member=member, receipts=list(receipts), delay=delay)
-
-    async def dead_letter(self, member: str, receipts: Sequence[str], reason: str) -> None:
-        await self._call("dead_letter", member=member, receipts=list(receipts), reason=reason)
-
-    async def commit(self, member: str, offsets: Mapping[tuple[str, int], int]) -> None:
-        await self._call("commit", member=member, offsets=[[t, q, o] for (t, q), o in offsets.items()])
-
-    async def topics(self) -> list[TopicInfo]:
-        return [TopicInfo(**t) for t in (await self._call("topics"))["topics"]]
-
-    async def groups(self) -> list[GroupInfo]:
-        return [GroupInfo(**{**g, "topics": tuple(g["topics"])})
-                for g in (await self._call("groups"))["groups"]]
-
-    async def lag(self, group: str) -> list[QueueLag]:
-        return [QueueLag(q["topic"], q["queue"], q["committed"], q["end"])
-                for q in (await self._call("lag", group=group))["lag"]]
+                reply = await self._request(PUBLISH, fields)
+        return list(PUBLISH.result(reply))
 
     async def close(self) -> None:
         self._closed = True
@@ -118,11 +85,11 @@ class AsyncClient:
 
     # -- the connection ------------------------------------------------------------
 
-    async def _call(self, op: str, **fields: Any) -> dict[str, Any]:
+    async def _request(self, op: Operation, fields: Mapping[str, Any]) -> dict[str, Any]:
         link = await self._connected()
-        return await self._request(link, op, fields)
+        return await self._send(link, op.name, fields)
 
-    async def _request(self, link: _Link, op: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    async def _send(self, link: _Link, op: str, fields: Mapping[str, Any]) -> dict[str, Any]:
         request_id = next(self._ids)
         waiting = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = waiting
@@ -153,7 +120,7 @@ class AsyncClient:
             self._reader_task = asyncio.create_task(self._read(link), name="broker-client-reader")
             user, password = self._credentials
             if user is not None:
-                await self._request(link, "hello", {"user": user, "password": password})
+                await self._send(link, "hello", {"user": user, "password": password})
             return link
 
     async def _read(self, link: _Link) -> None:

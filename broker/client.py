@@ -28,21 +28,17 @@ import structlog
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from broker import errors
-from broker.delivery.values import (
-    Delivery,
-    GroupInfo,
-    OutgoingMessage,
-    Placement,
-    QueueLag,
-    TopicInfo,
-)
+from broker.delivery.values import OutgoingMessage, Placement
 from broker.errors import BrokerError, BrokerUnavailableError
-from broker.server import native_codec
+from broker.protocol import codec as native_codec
+from broker.protocol.calls import SyncCalls
+from broker.protocol.codec import FrameDecoder, decode_body
+from broker.protocol.operations import OPERATIONS, Operation
+from broker.protocol.tables import outgoing_table
 from broker.server.errors import WIRE_ERRORS, ClientError
-from broker.server.native_codec import FrameDecoder, decode_body
-from broker.server.native_tables import outgoing_table, rows
 
 log = structlog.get_logger("broker.client")
+PUBLISH = OPERATIONS["publish"]
 CONNECT_TIMEOUT = 5.0
 
 
@@ -70,7 +66,7 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class Client:
+class Client(SyncCalls):
     """A `BrokerApi` over one pipelined connection to a broker server."""
 
     def __init__(self, address: str, *, user: str | None = None, password: str | None = None,
@@ -88,104 +84,19 @@ class Client:
         self._sock: socket.socket | None = None
         self._closed = False
 
-    # -- BrokerApi ---------------------------------------------------------------
+    # -- BrokerApi: one method per operation (SyncCalls), publish resent over reconnects ------
+
 
     def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
+        """Append ``messages`` to ``topic``; resent with backoff over reconnects, under the same
+        ids or batch id, so a resend whose first copy reached the store is dropped."""
         fields = publish_fields(topic, messages)  # made once: a resend keeps the ids or batch id
-        return rows(Placement, self._resending("publish", **fields)["placements"], "placements")
-
-    def publish_to_group(self, group: str, topic: str,
-                         messages: Sequence[OutgoingMessage]) -> list[Placement]:
-        carried = outgoing_table(messages, [m.message_id for m in messages])
-        reply = self._call("publish_to_group", group=group, topic=topic, messages=carried)
-        return rows(Placement, reply["placements"], "placements")
-
-    def join(self, group: str, topics: Sequence[str], *, broadcast: bool = False,
-             from_end: bool = False, prefetch: int | None = None, lease: float | None = None,
-             tags: Sequence[str] | None = None) -> str:
-        return str(self._call("subscribe", group=group, topics=list(topics), broadcast=broadcast,
-                              from_end=from_end, prefetch=prefetch, lease=lease,
-                              tags=list(tags) if tags else None)["member"])
-
-    def leave(self, member: str) -> None:
-        self._call("unsubscribe", member=member)
-
-    def fetch(self, member: str, max_messages: int, timeout: float) -> list[Delivery]:
-        reply = self._call("fetch", member=member, max_messages=max_messages, timeout=timeout)
-        return rows(Delivery, reply["messages"], "messages")
-
-    def ack(self, member: str, receipts: Sequence[str]) -> None:
-        self._call("ack", member=member, receipts=list(receipts))
-
-    def nack(self, member: str, receipts: Sequence[str], delay: float) -> None:
-        self._call("nack", member=member, receipts=list(receipts), delay=delay)
-
-    def dead_letter(self, member: str, receipts: Sequence[str], reason: str) -> None:
-        self._call("dead_letter", member=member, receipts=list(receipts), reason=reason)
-
-    def extend(self, member: str, receipts: Sequence[str]) -> None:
-        self._call("extend", member=member, receipts=list(receipts))
-
-    def commit(self, member: str, offsets: Mapping[tuple[str, int], int]) -> None:
-        self._call("commit", member=member, offsets=[[t, q, o] for (t, q), o in offsets.items()])
-
-    def assignment(self, member: str) -> list[tuple[str, int]]:
-        raise BrokerError("assignment is not part of the native protocol yet")
-
-    def pending(self, group: str, topics: Sequence[str]) -> int:
-        return int(self._call("pending", group=group, topics=list(topics))["pending"])
-
-    def next_due(self, group: str) -> float | None:
-        return self._call("pending", group=group, topics=[])["next_due"]  # type: ignore[no-any-return]
-
-    def read(self, topic: str, queue: int, offset: int, max_messages: int) -> list[Delivery]:
-        reply = self._call("read", topic=topic, queue=queue, offset=offset, max_messages=max_messages)
-        return rows(Delivery, reply["messages"], "messages")
-
-    def queue_offsets(self, topic: str) -> list[list[int]]:
-        return [list(pair) for pair in self._call("queue_offsets", topic=topic)["offsets"]]
-
-    def group_offsets(self, group: str, topic: str) -> list[int | None]:
-        return list(self._call("group_offsets", group=group, topic=topic)["offsets"])
-
-    def commit_group(self, group: str, topic: str, offsets: Sequence[int]) -> None:
-        self._call("commit_group", group=group, topic=topic, offsets=list(offsets))
-
-    def topics(self) -> list[TopicInfo]:
-        return [TopicInfo(**t) for t in self._call("topics")["topics"]]
-
-    def groups(self) -> list[GroupInfo]:
-        return [GroupInfo(**{**g, "topics": tuple(g["topics"])}) for g in self._call("groups")["groups"]]
-
-    def lag(self, group: str) -> list[QueueLag]:
-        return [QueueLag(q["topic"], q["queue"], q["committed"], q["end"])
-                for q in self._call("lag", group=group)["lag"]]
-
-    # -- operator calls (broker/server/native_admin.py) ----------------------------
-
-    def dlq_list(self, group: str, limit: int = 100) -> list[Delivery]:
-        return rows(Delivery, self._call("dlq_list", group=group, limit=limit)["messages"], "messages")
-
-    def dlq_waiting(self, group: str) -> int:
-        return int(self._call("dlq_waiting", group=group)["waiting"])
-
-    def dlq_replay(self, group: str) -> int:
-        return int(self._call("dlq_replay", group=group)["replayed"])
-
-    def dlq_purge(self, group: str) -> int:
-        return int(self._call("dlq_purge", group=group)["purged"])
-
-    def lookup_key(self, topic: str, key: str, begin: float, end: float,
-                   limit: int = 64) -> list[Delivery]:
-        reply = self._call("lookup_key", topic=topic, key=key, begin=begin, end=end, limit=limit)
-        return rows(Delivery, reply["messages"], "messages")
-
-    def lookup_id(self, message_id: str) -> Delivery | None:
-        found = rows(Delivery, self._call("lookup_id", message_id=message_id)["messages"], "messages")
-        return found[0] if found else None
-
-    def stats(self) -> dict[str, float]:
-        return dict(self._call("stats")["stats"])
+        for attempt in Retrying(retry=retry_if_exception_type(BrokerUnavailableError),
+                                wait=wait_exponential(multiplier=0.05, max=2.0),
+                                stop=stop_after_delay(self._retry_seconds), reraise=True):
+            with attempt:
+                return list(PUBLISH.result(self._request(PUBLISH, fields)))
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         with self._lock:
@@ -196,14 +107,8 @@ class Client:
 
     # -- the connection ------------------------------------------------------------
 
-    def _resending(self, op: str, **fields: Any) -> dict[str, Any]:
-        """``_call`` retried with backoff while the broker is unreachable (safe: ids de-duplicate)."""
-        for attempt in Retrying(retry=retry_if_exception_type(BrokerUnavailableError),
-                                wait=wait_exponential(multiplier=0.05, max=2.0),
-                                stop=stop_after_delay(self._retry_seconds), reraise=True):
-            with attempt:
-                return self._call(op, **fields)
-        raise AssertionError("unreachable")
+    def _request(self, op: Operation, fields: Mapping[str, Any]) -> dict[str, Any]:
+        return self._call(op.name, **fields)
 
     def _call(self, op: str, **fields: Any) -> dict[str, Any]:
         sock = self._connected()

@@ -6,23 +6,24 @@ process that opens the same directory gets a `LocalClient`, so ``reliable
 publish`` or ``reliable dlq`` from a shell, or a second worker, keep working
 while a worker runs, with the same guarantees.
 
-Frames: a 4-byte big-endian length, then msgpack: a request is ``[method,
-args, kwargs]``, a reply ``[True, result]`` or ``[False, [error class name,
-text]]``. Only the `BrokerApi` calls are served; values travel as dicts of
-their fields. Each client thread has a connection of its own, so a long-poll
+Frames: a 4-byte big-endian length, then msgpack: a request is ``[operation,
+fields]``, a reply ``[True, reply fields]`` or ``[False, [error class name,
+text]]``, the operation's fields and reply exactly as the native protocol
+carries them (`broker.protocol.operations`: both ends are derived from its
+table). The local socket is the directory owner's own, reachable only
+through the file system, so it asks no credentials. Each client thread has a connection of its own, so a long-poll
 fetch never holds up another thread's ack.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import socket
 import socketserver
 import struct
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,64 +32,17 @@ import structlog
 
 from broker import errors
 from broker.delivery.api import BrokerApi
-from broker.delivery.values import (
-    Delivery,
-    GroupInfo,
-    OutgoingMessage,
-    Placement,
-    QueueLag,
-    TopicInfo,
-    as_dict,
-)
 from broker.errors import BrokerError, BrokerUnavailableError
+from broker.protocol.calls import SyncCalls
+from broker.protocol.operations import OPERATIONS, Operation
 
 log = structlog.get_logger("broker.local")
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024
 SOCKET_NAME = "broker.sock"
 
-# method -> how its reply is rebuilt on the client
-_REPLIES: dict[str, Callable[[Any], Any]] = {
-    "publish": lambda r: [Placement(**p) for p in r],
-    "publish_to_group": lambda r: [Placement(**p) for p in r],
-    "join": str,
-    "leave": lambda r: None,
-    "fetch": lambda r: [Delivery(**d) for d in r],
-    "ack": lambda r: None,
-    "nack": lambda r: None,
-    "dead_letter": lambda r: None,
-    "extend": lambda r: None,
-    "commit": lambda r: None,
-    "assignment": lambda r: [(t, q) for t, q in r],
-    "pending": int,
-    "next_due": lambda r: r,
-    "topics": lambda r: [TopicInfo(**t) for t in r],
-    "groups": lambda r: [GroupInfo(**{**g, "topics": tuple(g["topics"])}) for g in r],
-    "lag": lambda r: [QueueLag(**q) for q in r],
-    "dlq_list": lambda r: [Delivery(**d) for d in r],
-    "read": lambda r: [Delivery(**d) for d in r],
-    "queue_offsets": lambda r: r,
-    "group_offsets": lambda r: r,
-    "commit_group": lambda r: None,
-    "dlq_replay": int,
-    "dlq_purge": int,
-}
-
-
 def socket_path(directory: str | Path) -> Path:
     return Path(directory) / SOCKET_NAME
-
-
-def _plain(value: Any) -> Any:
-    if (dataclasses.is_dataclass(value) and not isinstance(value, type)) or isinstance(value, Delivery):
-        return {name: _plain(field) for name, field in as_dict(value).items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, Mapping):
-        if all(isinstance(k, str) for k in value):
-            return {k: _plain(v) for k, v in value.items()}
-        return [[_plain(k), _plain(v)] for k, v in value.items()]  # (topic, queue) keys
-    return value
 
 
 def _send(sock: socket.socket, payload: Any) -> None:
@@ -120,10 +74,10 @@ class _Handler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         while True:
             try:
-                method, args, kwargs = _receive(self.request)
+                name, request = _receive(self.request)
             except (ConnectionError, OSError, ValueError):
                 return
-            _send(self.request, self.server.call(method, args, kwargs))
+            _send(self.request, self.server.call(name, request))
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -133,19 +87,18 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.api = api
         super().__init__(path, _Handler)
 
-    def call(self, method: str, args: list[Any], kwargs: dict[str, Any]) -> list[Any]:
-        if method not in _REPLIES:
-            return [False, ["BrokerError", f"unknown local call {method!r}"]]
-        if method in ("publish", "publish_to_group"):
-            args = [*args[:-1], [OutgoingMessage(**m) for m in args[-1]]]
-        if method == "commit":
-            args = [args[0], {(t, q): o for (t, q), o in args[1]}]
+    def call(self, name: str, request: Any) -> list[Any]:
+        """Run the operation ``name`` of the table on the engine: ``[True, reply]`` or
+        ``[False, [error class name, text]]``."""
+        op = OPERATIONS.get(name)
+        if op is None or not isinstance(request, dict):
+            return [False, ["BrokerError", f"unknown local call {name!r}"]]
         try:
-            return [True, _plain(getattr(self.api, method)(*args, **kwargs))]
+            return [True, op.answer(op.call(self.api, op.parse(request)))]
         except BrokerError as exc:
             return [False, [type(exc).__name__, str(exc)]]
         except Exception as exc:  # reported to the caller; the server goes on
-            log.exception("local.call_failed", method=method)
+            log.exception("local.call_failed", op=name)
             return [False, ["BrokerError", f"{type(exc).__name__}: {exc}"]]
 
 
@@ -168,7 +121,7 @@ class LocalServer:
             os.unlink(self.path)
 
 
-class LocalClient:
+class LocalClient(SyncCalls):
     """A `BrokerApi` over the local socket of the process that owns the directory."""
 
     def __init__(self, directory: str | Path) -> None:
@@ -177,21 +130,17 @@ class LocalClient:
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
 
-    def __getattr__(self, method: str) -> Callable[..., Any]:
-        if method not in _REPLIES:
-            raise AttributeError(method)
-        return lambda *args, **kwargs: self._call(method, list(args), kwargs)
 
-    def _call(self, method: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    def _request(self, op: Operation, fields: Mapping[str, Any]) -> dict[str, Any]:
         sock = self._connection()
         try:
-            _send(sock, [method, _plain(args), _plain(kwargs)])
+            _send(sock, [op.name, dict(fields)])
             ok, result = _receive(sock)
         except (ConnectionError, OSError) as exc:
             self._forget(sock)
             raise BrokerUnavailableError(f"the broker owning {self.path.parent} is gone: {exc}") from exc
         if ok:
-            return _REPLIES[method](result)
+            return dict(result)
         name, text = result
         error = getattr(errors, name, BrokerError)
         raise (error if isinstance(error, type) and issubclass(error, BrokerError) else BrokerError)(text)

@@ -123,17 +123,17 @@ class _EmbeddedAdmin:
         return getattr(self.api, name)
 
     def dlq_waiting(self, group: str) -> int:
-        from broker.server import lookup
+        from broker.delivery import lookup
 
         return lookup.dlq_waiting(self.api, group)
 
     def lookup_key(self, topic: str, key: str, begin: float, end: float, limit: int) -> list[Any]:
-        from broker.server import lookup
+        from broker.delivery import lookup
 
         return lookup.by_key(self.api.engine, topic, key, begin, end, limit)
 
     def lookup_id(self, message_id: str) -> Any:
-        from broker.server import lookup
+        from broker.delivery import lookup
 
         return lookup.by_id(self.api.engine, message_id)
 

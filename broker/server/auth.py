@@ -5,9 +5,12 @@ A password is stored only as a self-describing hash: ``scrypt$n$r$p$salt$hash``
 and hash in URL-safe base64. Verification recomputes the hash and compares in
 constant time; an unknown user costs the same work as a wrong password.
 
-Permissions are shell-style patterns over topic names (``orders.*``, ``*``),
-one list for producing and one for consuming. With no users configured the
-broker is open (every client may do everything); `broker.server.config`
+Permissions are shell-style patterns over names (``orders.*``, ``*``): one
+list of topics a user may produce to, one of topics it may consume from,
+one of groups it may act as (join, fetch and ack as a member, commit its
+offsets, handle its dead letters), and ``admin = true`` for every right
+(`broker.protocol.access` says which operation needs which). With no users
+configured the broker is open (every client is an admin); `broker.server.config`
 refuses such a broker on anything but a loopback address.
 """
 
@@ -19,11 +22,11 @@ import functools
 import hashlib
 import hmac
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from broker.errors import BrokerConfigError
-from broker.server.errors import AuthenticationError, PermissionDeniedError
+from broker.server.errors import AuthenticationError
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
 PBKDF2_ITERATIONS = 600_000
@@ -84,21 +87,26 @@ def check_hash(encoded: str, where: str) -> str:
 
 @dataclass(frozen=True)
 class User:
-    """One account: a password hash and the topic patterns it may produce to and consume from."""
+    """One account: a password hash, the topic patterns it may produce to and consume from, the
+    group patterns it may act as, and whether it is an admin."""
 
     name: str
     password_hash: str
     produce: tuple[str, ...] = ()
     consume: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    admin: bool = False
 
 
 @dataclass(frozen=True)
 class Principal:
-    """Who a connection is, once authenticated, and what it may do."""
+    """Who a connection is, once authenticated, and what it may do (`broker.protocol.access.Rights`)."""
 
     name: str
     produce: tuple[str, ...]
     consume: tuple[str, ...]
+    groups: tuple[str, ...] = ()
+    admin: bool = False
 
     def may_produce(self, topic: str) -> bool:
         return any(fnmatch.fnmatchcase(topic, pattern) for pattern in self.produce)
@@ -106,18 +114,11 @@ class Principal:
     def may_consume(self, topic: str) -> bool:
         return any(fnmatch.fnmatchcase(topic, pattern) for pattern in self.consume)
 
-    def check_produce(self, topics: Sequence[str]) -> None:
-        for topic in topics:
-            if not self.may_produce(topic):
-                raise PermissionDeniedError(f"user {self.name!r} may not produce to topic {topic!r}")
-
-    def check_consume(self, topics: Sequence[str]) -> None:
-        for topic in topics:
-            if not self.may_consume(topic):
-                raise PermissionDeniedError(f"user {self.name!r} may not consume from topic {topic!r}")
+    def may_join(self, group: str) -> bool:
+        return any(fnmatch.fnmatchcase(group, pattern) for pattern in self.groups)
 
 
-OPEN = Principal("anonymous", ("*",), ("*",))
+OPEN = Principal("anonymous", ("*",), ("*",), ("*",), admin=True)
 
 
 @functools.cache
@@ -145,27 +146,32 @@ class Authenticator:
         matches = verify_password(password, user.password_hash if user else _dummy_hash())
         if user is None or not matches:
             raise AuthenticationError(f"wrong user name or password for {login!r}")
-        return Principal(user.name, user.produce, user.consume)
+        return Principal(user.name, user.produce, user.consume, user.groups, user.admin)
 
 
 def load_users(data: Mapping[str, object], where: str = "broker.users") -> dict[str, User]:
-    """Users from a settings table ``{name: {password_hash, produce, consume}}``, validated."""
+    """Users from a settings table ``{name: {password_hash, produce, consume, groups, admin}}``,
+    validated."""
     users = {}
     for name, entry in data.items():
         if not isinstance(entry, Mapping):
             raise BrokerConfigError(f"{where}.{name} = {entry!r}: must be a table")
-        unknown = set(entry) - {"password_hash", "produce", "consume"}
+        unknown = set(entry) - {"password_hash", "produce", "consume", "groups", "admin"}
         if unknown:
             raise BrokerConfigError(f"{where}.{name}: unknown keys {sorted(unknown)}; "
-                                    "allowed: password_hash, produce, consume")
+                                    "allowed: password_hash, produce, consume, groups, admin")
         password_hash = check_hash(str(entry.get("password_hash", "")), f"{where}.{name}.password_hash")
-        users[name] = User(name, password_hash, _patterns(entry, "produce", f"{where}.{name}"),
-                           _patterns(entry, "consume", f"{where}.{name}"))
+        admin = entry.get("admin", False)
+        if not isinstance(admin, bool):
+            raise BrokerConfigError(f"{where}.{name}.admin = {admin!r}: must be true or false")
+        produce, consume, groups = (_patterns(entry, key, f"{where}.{name}")
+                                    for key in ("produce", "consume", "groups"))
+        users[name] = User(name, password_hash, produce, consume, groups, admin)
     return users
 
 
 def _patterns(entry: Mapping[str, object], key: str, where: str) -> tuple[str, ...]:
     value = entry.get(key, [])
     if not isinstance(value, list | tuple) or not all(isinstance(x, str) and x for x in value):
-        raise BrokerConfigError(f"{where}.{key} = {value!r}: must be a list of topic patterns")
+        raise BrokerConfigError(f"{where}.{key} = {value!r}: must be a list of name patterns")
     return tuple(value)

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import BrokerConfigError
+from broker.protocol.codec import DEFAULT_MAX_FRAME_SIZE
 from broker.server.auth import Authenticator, User, load_users
-from broker.server.native_codec import DEFAULT_MAX_FRAME_SIZE
 
 #: keys of the ``[broker]`` table that configure the engine, not the server
 ENGINE_KEYS = frozenset({"data_dir", "flush", "selection"})

@@ -32,19 +32,16 @@ from broker.delivery.topics import check_name
 from broker.delivery.values import (
     Delivery,
     DeliveryColumns,
-    GroupInfo,
     MessageColumns,
     OutgoingMessage,
     Placement,
     PlacementColumns,
-    QueueLag,
-    TopicInfo,
 )
 from broker.errors import DeliveryError
-from broker.server import lookup
+from broker.protocol.operations import Operation
 
-__all__ = ["Delivery", "DeliveryColumns", "Engine", "GroupInfo", "MessageColumns", "OutgoingMessage", "Placement",
-           "PlacementColumns", "QueueLag", "TopicInfo"]
+__all__ = ["Delivery", "DeliveryColumns", "Engine", "MessageColumns", "OutgoingMessage", "Placement",
+           "PlacementColumns"]
 T = TypeVar("T")
 
 
@@ -110,10 +107,6 @@ class Engine:
         finally:
             broker.lock.release()
 
-    async def publish_to_group(self, group: str, topic: str,
-                               messages: Sequence[OutgoingMessage]) -> list[Placement]:
-        return await self._run(self.api.publish_to_group, group, topic, messages)
-
     async def join(self, group: str, topics: Sequence[str], **options: Any) -> str:
         return await self._run(self.api.join, group, topics, **options)
 
@@ -142,57 +135,12 @@ class Engine:
     async def dead_letter(self, member: str, receipts: Sequence[str], reason: str) -> None:
         await self._run(self.api.dead_letter, member, receipts, reason)
 
-    async def extend(self, member: str, receipts: Sequence[str]) -> None:
-        await self._run(self.api.extend, member, receipts)
-
-    async def commit(self, member: str, offsets: Mapping[tuple[str, int], int]) -> None:
-        await self._run(self.api.commit, member, offsets)
-
-    async def pending(self, group: str, topics: Sequence[str]) -> int:
-        return await self._run(self.api.pending, group, topics)
-
-    async def next_due(self, group: str) -> float | None:
-        return await self._run(self.api.next_due, group)
-
-    async def read(self, topic: str, queue: int, offset: int, max_messages: int) -> list[Delivery]:
-        return await self._run(self.api.read, topic, queue, offset, max_messages)
-
-    async def queue_offsets(self, topic: str) -> list[list[int]]:
-        return await self._run(self.api.queue_offsets, topic)
-
-    async def group_offsets(self, group: str, topic: str) -> list[int | None]:
-        return await self._run(self.api.group_offsets, group, topic)
-
-    async def commit_group(self, group: str, topic: str, offsets: Sequence[int]) -> None:
-        await self._run(self.api.commit_group, group, topic, offsets)
-
-    async def dlq_list(self, group: str, limit: int) -> list[Delivery]:
-        return await self._run(self.api.dlq_list, group, limit)  # type: ignore[attr-defined]
-
-    async def dlq_replay(self, group: str) -> int:
-        return await self._wait(self.api.dlq_replay, group)  # type: ignore[attr-defined]
-
-    async def dlq_purge(self, group: str) -> int:
-        return await self._run(self.api.dlq_purge, group)  # type: ignore[attr-defined]
-
-    async def dlq_waiting(self, group: str) -> int:
-        return await self._run(lookup.dlq_waiting, self.api, group)
-
-    async def lookup_key(self, topic: str, key: str, begin: float, end: float,
-                         limit: int) -> list[Delivery]:
-        return await self._run(lookup.by_key, self.api, topic, key, begin, end, limit)
-
-    async def lookup_id(self, message_id: str) -> Delivery | None:
-        return await self._run(lookup.by_id, self.api, message_id)
-
-    async def topics(self) -> list[TopicInfo]:
-        return await self._run(self.api.topics)
-
-    async def groups(self) -> list[GroupInfo]:
-        return await self._run(self.api.groups)
-
-    async def lag(self, group: str) -> list[QueueLag]:
-        return await self._run(self.api.lag, group)
+    async def call(self, op: Operation, args: Mapping[str, Any]) -> Any:
+        """Run the table's operation ``op`` with its parsed ``args``: on the pool of long waits
+        when it may wait, else on the engine's own."""
+        if op.waits:
+            return await self._wait(op.call, self.api, args)
+        return await self._run(op.call, self.api, args)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.errors import BrokerError
+from broker.protocol.operations import OPERATIONS
+from broker.protocol.tables import checked_columns
 from broker.server.engine import MessageColumns, PlacementColumns
 from broker.server.errors import MalformedFrameError
-from broker.server.native_ops import Context, Operation, Reply, need, placements_reply, strings
-from broker.server.native_tables import checked_columns
+from broker.server.native_ops import Context, Reply, placements_reply
 from broker.store.runs import MAX_BATCH_ID
 
 RunOperation = Callable[[Context, Sequence[Mapping[str, Any]]], Awaitable[list[Reply | Exception]]]
@@ -49,7 +50,7 @@ async def publish_run(ctx: Context, requests: Sequence[Mapping[str, Any]]) -> li
     twice is a duplicate either way); when the engine refuses the whole, or the requests mix
     batch ids with ids, each runs alone, so only the request at fault fails.
     """
-    topic = need(requests[0], "publish", "topic", str)
+    topic = str(requests[0].get("topic"))  # each request's own is checked below
     checked: list[tuple[MessageColumns, str] | Exception] = []
     for request in requests:
         try:
@@ -73,13 +74,14 @@ async def publish_run(ctx: Context, requests: Sequence[Mapping[str, Any]]) -> li
 
 def _publishing(ctx: Context, request: Mapping[str, Any]) -> tuple[MessageColumns, str]:
     """The messages of one publish request, checked, and the batch id naming them ("" if none)."""
-    topic = need(request, "publish", "topic", str)
-    messages = checked_columns(need(request, "publish", "messages", dict), "publish: messages")
-    batch_id = need(request, "publish", "batch", str, "")
+    topic, batch_id = _PUBLISH_TOPIC.parse("publish", request), _BATCH.parse("publish", request)
+    _PUBLISH.access.check(ctx.principal, {"topic": topic})
+    if not _MESSAGES.kind.check(request.get("messages")):
+        _MESSAGES.parse("publish", request)  # the error naming the field
+    messages = checked_columns(request["messages"], "publish: messages")  # no object per message
     if len(batch_id) > MAX_BATCH_ID or (batch_id and any(messages.column("message_id"))):
         raise MalformedFrameError(f"publish: batch must be at most {MAX_BATCH_ID} characters, and "
                                   "it names the messages itself (no message_id)")
-    ctx.principal.check_produce([topic])
     return messages, batch_id
 
 
@@ -107,11 +109,11 @@ async def _publish(ctx: Context, topic: str, messages: MessageColumns,
 async def ack_run(ctx: Context, requests: Sequence[Mapping[str, Any]]) -> list[Reply | Exception]:
     """Consecutive acks of one member as one engine call (acks of stale receipts are ignored
     anyway, so together they do what they would one by one)."""
-    member = ctx.member(requests[0], "ack")
+    member = ctx.member(_ACK_MEMBER.parse("ack", requests[0]), "ack")  # the run's, by the session
     receipts: list[list[str] | Exception] = []
     for request in requests:
         try:
-            receipts.append(strings(request, "ack", "receipts"))
+            receipts.append(_RECEIPTS.parse("ack", request))
         except BrokerError as error:
             receipts.append(error)
     await ctx.engine.ack(member, [r for named in receipts if not isinstance(named, Exception)
@@ -121,4 +123,6 @@ async def ack_run(ctx: Context, requests: Sequence[Mapping[str, Any]]) -> list[R
 
 #: operations whose requests, queued one after another, run together
 TOGETHER = {"publish": Together("topic", publish_run), "ack": Together("member", ack_run)}
-OPERATIONS: dict[str, Operation] = {op: together.alone for op, together in TOGETHER.items()}
+_PUBLISH = OPERATIONS["publish"]
+_PUBLISH_TOPIC, _MESSAGES, _BATCH = _PUBLISH.fields
+_ACK_MEMBER, _RECEIPTS = OPERATIONS["ack"].fields

@@ -16,7 +16,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from broker.errors import BrokerError
-from broker.server import native_admin, native_codec, native_ops, native_runs
+from broker.protocol import codec as native_codec
+from broker.protocol.codec import FrameDecoder, decode_body
+from broker.protocol.operations import OPERATIONS, Operation
+from broker.server import native_ops, native_runs
 from broker.server.auth import Authenticator, Principal
 from broker.server.connection import Connection, ConnectionTimedOut
 from broker.server.engine import Engine
@@ -28,7 +31,6 @@ from broker.server.errors import (
     UnknownOperationError,
 )
 from broker.server.inbox import Inbox, Pending
-from broker.server.native_codec import FrameDecoder, decode_body
 
 SERVER_NAME = "reliable-broker"
 INBOX_BYTES = 4 * 1024 * 1024
@@ -123,7 +125,7 @@ class NativeSession:
             if await self._reply_error(request_id, error):
                 raise _Close from error
             return
-        if op in CONCURRENT:
+        if operation.waits:  # a long wait runs beside the connection's other requests
             task = asyncio.create_task(self._run(request_id, operation, ctx, request))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -178,10 +180,12 @@ class NativeSession:
                           "protocol": native_codec.VERSION, "user": principal.name,
                           "max_frame_size": self.conn.limits.max_frame_size})
 
-    async def _run(self, request_id: int, operation: native_ops.Operation,
+    async def _run(self, request_id: int, operation: Operation,
                    ctx: native_ops.Context, request: Mapping[str, Any]) -> None:
+        together = native_runs.TOGETHER.get(operation.name)
         try:
-            reply = await operation(ctx, request)
+            reply = await (together.alone(ctx, request) if together is not None else
+                           native_ops.serve(ctx, operation, request))
         except BrokerError as error:
             await self._reply_error(request_id, error)
         except Exception as error:  # the engine's bug must not end the server
@@ -229,8 +233,6 @@ class _Close(ConnectionError):
     """Internal: a fatal error was reported; the connection ends."""
 
 
-OPERATIONS = {**native_ops.OPERATIONS, **native_runs.OPERATIONS, **native_admin.OPERATIONS}
-CONCURRENT = native_ops.CONCURRENT | native_admin.CONCURRENT
 _KNOWN = frozenset(OPERATIONS) | {"hello"}
 
 

@@ -20,7 +20,7 @@ from types import TracebackType
 import structlog
 
 from broker.errors import BrokerConfigError
-from broker.server import native_codec
+from broker.protocol import codec as native_codec
 from broker.server.config import ServerConfig
 from broker.server.connection import Connection
 from broker.server.engine import Engine

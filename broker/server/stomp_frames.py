@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from broker.protocol.operations import OPERATIONS
 from broker.server.auth import Principal
 from broker.server.engine import Delivery, OutgoingMessage
 from broker.server.errors import MalformedFrameError, RequestError, UnknownOperationError
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
 CONTROL_HEADERS = frozenset({"destination", "content-length", "receipt", "transaction",
                              "persistent", "message-id", "subscription", "ack", "redelivered"})
 TRANSACTED = frozenset({"SEND", "ACK", "NACK"})
+#: the rights of SEND and SUBSCRIBE: those of the native operations they map onto
+SEND_ACCESS = OPERATIONS["publish"].access
+QUEUE_ACCESS = OPERATIONS["subscribe"].access
+TOPIC_ACCESS = OPERATIONS["read"].access
 
 
 class StompHandlers:
@@ -61,7 +66,7 @@ class StompHandlers:
         """Publish ``frames`` in order, one batch per run of frames to the same destination."""
         for topic, batch in itertools.groupby(frames, lambda f: Destination.parse(f.get("destination")).topic):
             messages = [self._outgoing(f) for f in batch]
-            self.principal.check_produce([topic])
+            SEND_ACCESS.check(self.principal, {"topic": topic})
             placed = await self.session.engine.publish(topic, messages)
             self.session.conn.metrics.published.labels(topic).inc(len(placed))
 
@@ -81,7 +86,10 @@ class StompHandlers:
         if ack_mode not in ACK_MODES:
             raise MalformedFrameError(f"ack mode {ack_mode!r} is not one of {', '.join(ACK_MODES)}")
         prefetch = _prefetch(frame.get("activemq.prefetchSize"), self.session.conn.limits.stomp_prefetch)
-        self.principal.check_consume([destination.topic])
+        if destination.kind == "queue":  # the group NAME over topic NAME, as a native subscribe
+            QUEUE_ACCESS.check(self.principal, {"group": destination.topic, "topics": [destination.topic]})
+        else:  # a private group of this connection: reading the topic, as a native read
+            TOPIC_ACCESS.check(self.principal, {"topic": destination.topic})
         engine = self.session.engine
         if destination.kind == "queue":
             member = await engine.join(destination.topic, [destination.topic])

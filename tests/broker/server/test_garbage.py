@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from broker.client import Client
 from broker.delivery.values import OutgoingMessage
-from broker.server import native_codec
+from broker.protocol import codec as native_codec
 from broker.server.native_session import OPERATIONS
 from tests.broker.server.serving import ServerProcess
 

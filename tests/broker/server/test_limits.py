@@ -15,7 +15,7 @@ import pytest
 from broker.client import Client
 from broker.delivery.values import OutgoingMessage
 from broker.errors import BrokerUnavailableError
-from broker.server import native_codec
+from broker.protocol import codec as native_codec
 from broker.server.config import TlsConfig
 from tests.broker.server.serving import ServerProcess
 

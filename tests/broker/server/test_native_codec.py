@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.server import native_codec
+from broker.protocol import codec as native_codec
+from broker.protocol.codec import FrameDecoder, decode_body, encode
 from broker.server.errors import (
     BrokenStreamError,
     FrameTooLargeError,
@@ -18,7 +19,6 @@ from broker.server.errors import (
     ProtocolError,
     UnsupportedVersionError,
 )
-from broker.server.native_codec import FrameDecoder, decode_body, encode
 
 values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text() | st.binary(),

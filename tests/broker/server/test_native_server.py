@@ -19,7 +19,7 @@ import pytest
 
 from broker.client import Client
 from broker.delivery.values import OutgoingMessage
-from broker.server import native_codec
+from broker.protocol import codec as native_codec
 from broker.server.auth import hash_password
 from broker.server.errors import AuthenticationError, PermissionDeniedError
 from tests.broker.server.serving import ServerProcess
@@ -32,9 +32,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     settings.write_text(
         "[broker]\nmax_frame_size = 65536\nmax_connections = 4\n"
         f'[broker.users.app]\npassword_hash = "{hash_password("s3cret")}"\n'
-        'produce = ["*"]\nconsume = ["*"]\n'
+        'produce = ["*"]\nconsume = ["*"]\ngroups = ["*"]\n'
         f'[broker.users.reader]\npassword_hash = "{hash_password("r3ad")}"\n'
-        'produce = []\nconsume = ["*"]\n')
+        'produce = []\nconsume = ["*"]\ngroups = ["*"]\n')
     started = ServerProcess(folder / "data", "--settings", str(settings)).start()
     yield started
     started.stop()

@@ -26,18 +26,18 @@ from broker.delivery.values import (
     PlacementColumns,
 )
 from broker.errors import InvalidNameError
+from broker.protocol.tables import (
+    checked_messages,
+    outgoing_table,
+    rows,
+    table,
+)
 from broker.server.auth import OPEN
 from broker.server.engine import Engine
 from broker.server.errors import MalformedFrameError
 from broker.server.metrics import ServerMetrics
 from broker.server.native_ops import Context
 from broker.server.native_runs import TOGETHER
-from broker.server.native_tables import (
-    checked_messages,
-    outgoing_table,
-    rows,
-    table,
-)
 from tests.broker.server.serving import ServerProcess
 
 texts = st.text(max_size=6)

@@ -57,7 +57,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     settings.write_text(
         "[broker]\nstomp_max_redeliveries = 2\nstomp_redelivery_delay = 0.2\n"
         f'[broker.users.app]\npassword_hash = "{hash_password("s3cret")}"\n'
-        'produce = ["*"]\nconsume = ["*"]\n'
+        'produce = ["*"]\nconsume = ["*"]\ngroups = ["*"]\n'
         f'[broker.users.reader]\npassword_hash = "{hash_password("r3ad")}"\n'
         'produce = []\nconsume = ["orders-*"]\n')
     started = ServerProcess(folder / "data", "--settings", str(settings)).start()

@@ -26,7 +26,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     settings.write_text(
         f"[broker]\nmax_frame_size = {MAX_FRAME}\n"
         f'[broker.users.app]\npassword_hash = "{hash_password("s3cret")}"\n'
-        'produce = ["*"]\nconsume = ["*"]\n')
+        'produce = ["*"]\nconsume = ["*"]\ngroups = ["*"]\n')
     started = ServerProcess(folder / "data", "--settings", str(settings)).start()
     yield started
     started.stop()

@@ -25,7 +25,7 @@ from broker.server.errors import (
     UnsupportedVersionError,
 )
 
-VERSION = 2  # 2: lists of messages travel as tables, column by column (native_tables)
+VERSION = 2  # 2: lists of messages travel as tables, column by column (broker.protocol.tables)
 PREFIX = struct.Struct(">IB")
 DEFAULT_MAX_FRAME_SIZE = 8 * 1024 * 1024
 

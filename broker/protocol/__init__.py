@@ -1,0 +1,1 @@
+"""The native protocol, shared by the broker server and its clients: frames, tables, operations."""

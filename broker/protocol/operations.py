@@ -1,0 +1,224 @@
+"""Every broker operation, declared once: its fields, reply, whether it waits, the right it needs.
+
+The layers are derived from this table, not written per operation: the
+native server validates a request's fields and checks its `Access` from it
+(`broker.server.native_ops`), the server's engine adapter runs its engine
+function on the right thread pool (``waits``: a long poll gets the pool of
+its own), the sync, asyncio and local-socket clients get one method per
+operation (`broker.protocol.calls`), STOMP frames are checked with the
+`Access` of the operation they map onto, and docs/broker-server.md lists
+the permissions from it (`permission_table`).
+
+An operation's ``method`` is its name in Python (a `BrokerApi` call where
+the engine has one); ``name`` is its name on the wire (``subscribe`` joins
+a group). ``engine`` is the function the server calls with the engine
+first; by default the engine's method of the same name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from broker.delivery import lookup
+from broker.protocol.access import Access, Rights, may_see_topic
+from broker.protocol.kinds import (
+    ANY,
+    BOOL,
+    DELIVERIES,
+    FOUND,
+    GROUP_INFOS,
+    INT,
+    INTS,
+    LAGS,
+    NUMBER,
+    OFFSET_PAIRS,
+    OFFSETS,
+    OUTGOING,
+    PLACEMENTS,
+    QUEUES,
+    STR,
+    STRS,
+    TOPIC_INFOS,
+    Kind,
+)
+from broker.server.errors import MalformedFrameError
+
+REQUIRED: Any = object()
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a request (or the reply): its name, kind, default and lower bound."""
+
+    name: str
+    kind: Kind
+    default: Any = REQUIRED
+    minimum: float | None = None
+    above: bool = False  # the bound is exclusive
+
+    def parse(self, op: str, request: Mapping[str, Any]) -> Any:
+        """The Python value of this field of ``request``; `MalformedFrameError` naming op and field."""
+        if self.name not in request or (request[self.name] is None and self.default is not REQUIRED):
+            if self.default is REQUIRED:
+                raise MalformedFrameError(f"{op}: field {self.name!r} is required")
+            return self.default
+        value = request[self.name]
+        if not self.kind.check(value):
+            raise MalformedFrameError(
+                f"{op}: field {self.name!r} must be {self.kind.expected}, got {type(value).__name__}")
+        if self.minimum is not None and value is not None and (
+                value <= self.minimum if self.above else value < self.minimum):
+            raise MalformedFrameError(
+                f"{op}: field {self.name!r} must be {'>' if self.above else '>='} {self.minimum:g}, got {value}")
+        return self.kind.load(value)
+
+
+def _member() -> Field:
+    return Field("member", STR)
+
+
+def _receipts() -> Field:
+    return Field("receipts", STRS)
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One request of the native protocol and what it means (see the module docstring)."""
+
+    name: str
+    fields: tuple[Field, ...]
+    reply: Field | None
+    access: Access
+    waits: bool = False
+    method: str = ""
+    engine: Callable[..., Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.access.declared:
+            raise TypeError(f"operation {self.name!r} declares no access: every operation names "
+                            "the right it needs (broker.protocol.access.Access)")
+        if not self.method:
+            object.__setattr__(self, "method", self.name)
+
+    def parse(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """The request's fields as Python values, every one checked, defaults filled in."""
+        return {f.name: f.parse(self.name, request) for f in self.fields}
+
+    def request(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """A client's call as the request's wire fields (None left out: the server's default)."""
+        names = [f.name for f in self.fields]
+        if len(args) > len(names) or set(kwargs) - set(names):
+            raise TypeError(f"{self.method}() takes {', '.join(names) or 'no arguments'}")
+        given = {**dict(zip(names, args, strict=False)), **kwargs}
+        kinds = {f.name: f.kind for f in self.fields}
+        return {name: kinds[name].dump(value) for name, value in given.items() if value is not None}
+
+    def call(self, api: Any, args: Mapping[str, Any]) -> Any:
+        """Run this operation on the engine ``api`` (in the process that owns it)."""
+        if self.engine is not None:
+            return self.engine(api, **args)
+        return getattr(api, self.method)(**args)
+
+    def answer(self, result: Any) -> dict[str, Any]:
+        """The reply's wire fields for the engine's ``result``."""
+        return {} if self.reply is None else {self.reply.name: self.reply.kind.dump(result)}
+
+    def result(self, reply: Mapping[str, Any]) -> Any:
+        """A client's value of the reply (None for an empty reply)."""
+        return None if self.reply is None else self.reply.kind.load(reply[self.reply.name])
+
+
+def _shows_group(rights: Rights, group: Any) -> bool:
+    return bool(rights.may_join(group.name))
+
+
+def _shows_topic(rights: Rights, topic: Any) -> bool:
+    return may_see_topic(rights, topic.name)
+
+
+def _shows_lag(rights: Rights, lag: Any) -> bool:
+    return may_see_topic(rights, lag.topic)
+
+
+def _shows_found(rights: Rights, found: Any) -> bool:
+    return found is not None and bool(rights.may_consume(found.topic))
+
+
+def _stats(api: Any) -> dict[str, float]:
+    """Topics, messages, groups and members the engine holds (the server adds its counters)."""
+    topics = [t for t in api.topics() if not t.name.startswith("%")]
+    groups = api.groups()
+    return {"topics": len(topics), "messages": sum(t.messages for t in topics),
+            "groups": len(groups), "members": sum(g.members for g in groups)}
+
+
+def _table(operations: Iterable[Operation]) -> dict[str, Operation]:
+    table: dict[str, Operation] = {}
+    for op in operations:
+        if op.name in table:
+            raise TypeError(f"operation {op.name!r} is declared twice")
+        table[op.name] = op
+    return table
+
+
+TOPIC, GROUP, MEMBER = Field("topic", STR), Field("group", STR), _member()
+OPERATIONS: dict[str, Operation] = _table([
+    Operation("publish", (TOPIC, Field("messages", OUTGOING), Field("batch", STR, "")),
+              Field("placements", PLACEMENTS), Access(produce=("topic",))),
+    Operation("publish_to_group", (GROUP, TOPIC, Field("messages", OUTGOING)),
+              Field("placements", PLACEMENTS),
+              Access(produce=("topic",), consume=("topic",), group="group")),
+    Operation("subscribe", (GROUP, Field("topics", STRS), Field("broadcast", BOOL, False),
+                            Field("from_end", BOOL, False), Field("prefetch", INT, None, 1),
+                            Field("lease", NUMBER, None, 0, above=True), Field("tags", STRS, None)),
+              Field("member", STR), Access(consume=("topics",), group="group"), method="join"),
+    Operation("unsubscribe", (MEMBER,), None, Access(member=True), method="leave"),
+    Operation("fetch", (MEMBER, Field("max_messages", INT, 100, 1), Field("timeout", NUMBER, 0.0, 0)),
+              Field("messages", DELIVERIES), Access(member=True), waits=True),
+    Operation("ack", (MEMBER, _receipts()), None, Access(member=True)),
+    Operation("nack", (MEMBER, _receipts(), Field("delay", NUMBER, 0.0, 0)), None, Access(member=True)),
+    Operation("dead_letter", (MEMBER, _receipts(), Field("reason", STR, "")), None, Access(member=True)),
+    Operation("extend", (MEMBER, _receipts()), None, Access(member=True)),
+    Operation("commit", (MEMBER, Field("offsets", OFFSETS)), None, Access(member=True)),
+    Operation("assignment", (MEMBER,), Field("assignment", QUEUES), Access(member=True)),
+    Operation("pending", (GROUP, Field("topics", STRS)), Field("pending", INT),
+              Access(consume=("topics",), group="group")),
+    Operation("next_due", (GROUP,), Field("next_due", NUMBER.optional()), Access(group="group")),
+    Operation("read", (TOPIC, Field("queue", INT, minimum=0), Field("offset", INT, minimum=0),
+                       Field("max_messages", INT, 500, 1)),
+              Field("messages", DELIVERIES), Access(consume=("topic",)), waits=True),
+    Operation("queue_offsets", (TOPIC,), Field("offsets", OFFSET_PAIRS), Access(consume=("topic",))),
+    Operation("group_offsets", (GROUP, TOPIC), Field("offsets", ANY),
+              Access(consume=("topic",), group="group")),
+    Operation("commit_group", (GROUP, TOPIC, Field("offsets", INTS)), None,
+              Access(consume=("topic",), group="group")),
+    Operation("topics", (), Field("topics", TOPIC_INFOS), Access(anyone=True, shows=_shows_topic)),
+    Operation("groups", (), Field("groups", GROUP_INFOS), Access(anyone=True, shows=_shows_group)),
+    Operation("lag", (GROUP,), Field("lag", LAGS), Access(group="group", shows=_shows_lag)),
+    Operation("dlq_list", (GROUP, Field("limit", INT, 100, 1)), Field("messages", DELIVERIES),
+              Access(dead_letters="group")),
+    Operation("dlq_waiting", (GROUP,), Field("waiting", INT), Access(dead_letters="group"),
+              engine=lookup.dlq_waiting),
+    Operation("dlq_replay", (GROUP,), Field("replayed", INT), Access(dead_letters="group"), waits=True),
+    Operation("dlq_purge", (GROUP,), Field("purged", INT), Access(dead_letters="group")),
+    Operation("lookup_key", (TOPIC, Field("key", STR), Field("begin", NUMBER, 0.0),
+                             Field("end", NUMBER, 2.0**40), Field("limit", INT, 64, 1)),
+              Field("messages", DELIVERIES), Access(consume=("topic",)), engine=lookup.by_key),
+    Operation("lookup_id", (Field("message_id", STR),), Field("messages", FOUND),
+              Access(anyone=True, shows=_shows_found), engine=lookup.by_id),
+    Operation("stats", (), Field("stats", ANY), Access(anyone=True, shows=lambda r, s: True),
+              engine=_stats),
+    Operation("ping", (), None, Access(anyone=True), engine=lambda api: None),
+])
+BY_METHOD: dict[str, Operation] = {op.method: op for op in OPERATIONS.values()}
+
+
+def permission_table(operations: Mapping[str, Operation] = OPERATIONS) -> str:
+    """The Markdown table of docs/broker-server.md: each operation and the rights it needs."""
+    lines = ["| operation | Python call | needs (or admin) | waits |", "|---|---|---|---|"]
+    for op in operations.values():
+        lines.append(f"| `{op.name}` | `{op.method}` | {op.access.describe()} | "
+                     f"{'yes' if op.waits else ''} |")
+    return "\n".join(lines) + "\n"
