@@ -1,21 +1,28 @@
 """The STOMP listener driven by a real STOMP client (stomp.py), versions 1.1 and 1.2.
 
 One server process with users and a short redelivery policy for the module;
-each test uses destinations of its own.
+each test uses destinations of its own. "Nothing more comes" is shown by the
+server's own state, never by a look of fixed length: the group has nothing
+left (`settled`), or the server's count of deliveries on the topic
+(`delivered`, from its /metrics) equals what the client holds.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
 import stomp
+from prometheus_client.parser import text_string_to_metric_families
 from stomp.exception import ConnectFailedException
 
+from broker.client import Client
 from broker.server.auth import hash_password
 from tests.broker.server.serving import ServerProcess
+from tests.waiting import wait_until
 
 WAIT = 20.0
 
@@ -27,6 +34,7 @@ class Inbox(stomp.ConnectionListener):
         self.messages: list[stomp.utils.Frame] = []
         self.receipts: list[str] = []
         self.errors: list[stomp.utils.Frame] = []
+        self.heartbeats: list[float] = []
         self.changed = threading.Condition()
 
     def on_message(self, frame) -> None:  # type: ignore[no-untyped-def]
@@ -44,6 +52,11 @@ class Inbox(stomp.ConnectionListener):
             self.errors.append(frame)
             self.changed.notify_all()
 
+    def on_heartbeat(self) -> None:
+        with self.changed:
+            self.heartbeats.append(time.monotonic())
+            self.changed.notify_all()
+
     def wait_for(self, count: int, what: str = "messages") -> list:  # type: ignore[type-arg]
         with self.changed:
             self.changed.wait_for(lambda: len(getattr(self, what)) >= count, timeout=WAIT)
@@ -55,7 +68,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("stomp")
     settings = folder / "reliable.toml"
     settings.write_text(
-        "[broker]\nstomp_max_redeliveries = 2\nstomp_redelivery_delay = 0.2\n"
+        "[broker]\nstomp_max_redeliveries = 2\nstomp_redelivery_delay = 0.2\nmetrics_port = 0\n"
         f'[broker.users.app]\npassword_hash = "{hash_password("s3cret")}"\n'
         'produce = ["*"]\nconsume = ["*"]\ngroups = ["*"]\n'
         f'[broker.users.reader]\npassword_hash = "{hash_password("r3ad")}"\n'
@@ -63,6 +76,25 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     started = ServerProcess(folder / "data", "--settings", str(settings)).start()
     yield started
     started.stop()
+
+
+def settled(server: ServerProcess, group: str) -> None:
+    """Wait until the broker reports nothing left for ``group`` on its topic: every message acked
+    or dead-lettered, so nothing more can be delivered to it."""
+    client = Client(server.url, user="app", password="s3cret")
+    try:
+        wait_until(lambda: client.pending(group, [group]) == 0, f"group {group!r} to have nothing left to deliver")
+    finally:
+        client.close()
+
+
+def delivered(server: ServerProcess, topic: str) -> int:
+    """How many MESSAGE frames the server has sent on ``topic`` (its own count, from /metrics)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as page:
+        families = text_string_to_metric_families(page.read().decode())
+        return int(sum(sample.value for family in families if family.name == "broker_messages_delivered"
+                       for sample in family.samples
+                       if sample.name.endswith("_total") and sample.labels.get("topic") == topic))
 
 
 def connect(server: ServerProcess, version: str = "1.2", user: str = "app",
@@ -107,7 +139,9 @@ def test_client_ack_is_cumulative_and_unacked_messages_come_back(server, unique)
     second, again = connect(server)
     second.subscribe(destination, id="1", ack="client-individual")
     redelivered = again.wait_for(2)
-    time.sleep(0.5)  # nothing else may come (bounded look, not a synchronisation)
+    for message in redelivered:
+        second.ack(message.headers["ack"])
+    settled(server, unique)  # m0 and m1 were acked by the first: nothing else can come
     assert sorted(m.body for m in again.messages) == sorted(m.body for m in received[2:])
     assert all(m.headers.get("redelivered") == "true" for m in redelivered)
     second.disconnect()
@@ -122,11 +156,11 @@ def test_prefetch_size_bounds_the_unacknowledged_messages_in_flight(server, uniq
     connection.subscribe(destination, id="1", ack="client-individual",
                          headers={"activemq.prefetchSize": "2"})
     first = inbox.wait_for(2)
-    time.sleep(0.5)  # nothing else may come (bounded look, not a synchronisation)
+    assert delivered(server, unique) == 2  # the server sent no third: its window is full
     assert len(inbox.messages) == 2
     connection.ack(first[0].headers["ack"])
     assert len(inbox.wait_for(3)) == 3
-    time.sleep(0.5)
+    assert delivered(server, unique) == 3  # one ack opened the window by one
     assert len(inbox.messages) == 3
     connection.disconnect()
 
@@ -138,7 +172,7 @@ def test_nack_follows_the_redelivery_policy_then_the_dead_letter_queue(server, u
     for delivery in range(1, 4):  # the first delivery and 2 redeliveries, each NACKed
         message = inbox.wait_for(delivery)[-1]
         connection.nack(message.headers["ack"])
-    time.sleep(0.6)  # past the redelivery delay: nothing more comes
+    settled(server, unique)  # the third NACK dead-lettered it: nothing more can come
     assert len(inbox.messages) == 3
     connection.subscribe(f"/queue/%DLQ%{unique}", id="2", ack="auto")
     letter = inbox.wait_for(4)[-1]
@@ -156,7 +190,7 @@ def test_a_transaction_sends_and_acks_on_commit_and_nothing_on_abort(server, uni
     committed = connection.begin()
     connection.send(destination, "once", transaction=committed, headers={"receipt": "sent"})
     assert inbox.wait_for(1, "receipts") == ["sent"]  # the server has taken both SENDs
-    time.sleep(0.3)  # a bounded look: a message published at SEND would arrive meanwhile
+    settled(server, unique)  # and published neither: the topic holds nothing for the group
     assert inbox.messages == []  # nothing before COMMIT
     connection.commit(committed)
     (message,) = inbox.wait_for(1)
@@ -181,7 +215,8 @@ def test_acks_in_a_transaction_count_on_commit_and_not_on_abort(server, unique) 
     again, second = connect(server)
     again.subscribe(destination, id="1", ack="client-individual")
     (back,) = second.wait_for(1)
-    time.sleep(0.5)  # nothing else may come (bounded look, not a synchronisation)
+    again.ack(back.headers["ack"])
+    settled(server, unique)  # "acked" was done by the commit: nothing else can come
     assert [m.body for m in second.messages] == ["kept"] and back.headers["redelivered"] == "true"
     again.disconnect()
 
@@ -200,7 +235,9 @@ def test_topics_broadcast_to_every_subscriber(server, unique) -> None:
 
 def test_heart_beats_keep_an_idle_connection_open(server, unique) -> None:
     connection, inbox = connect(server, heartbeats=(200, 200))
-    time.sleep(1.5)  # several heart-beat periods with no traffic
+    # the server beats every 1 s and closes a connection silent for 2 s: three of its beats span more
+    # than that, with nothing but the client's beats coming in
+    assert len(inbox.wait_for(3, "heartbeats")) >= 3
     assert connection.is_connected()
     connection.send(f"/queue/{unique}", "still here", receipt="alive")
     assert inbox.wait_for(1, "receipts") == ["alive"]
