@@ -41,3 +41,7 @@ class BodyDecodeError(ReliableError):
 
 class FenceConflictError(ReliableError):
     """Raised when a batch fence name is reused by a different run (e.g. a fresh checkpoint)."""
+
+
+class OutboxMessageError(ReliableError):
+    """Raised when `Transaction.publish` is given a message it cannot write to the outbox."""

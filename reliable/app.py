@@ -12,6 +12,7 @@ import math
 import signal
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from reliable.handler import Handler, HandlerConfig
 from reliable.log import configure_logging
 from reliable.message import CONTENT_TYPE
 from reliable.outage import through_outages
+from reliable.outbox import Relay
 from reliable.runtime import Runtime
 from reliable.settings import Settings
 from reliable.worker import Worker
@@ -95,7 +97,7 @@ class App:
                 s = self.settings
                 if not structlog.is_configured():  # leave an application's own logging alone
                     configure_logging(s.log.level, s.log.format)
-                store = open_store(s.store.url, self.clock)
+                store = open_store(s.store.url, self.clock, outbox=s.outbox.name)
                 cache = None if s.cache.url == "none" else open_cache(s.cache.url, self.clock, s.cache.prefix)
                 transport = open_transport(s.transport.url, self.clock, **s.transport.options())
                 self._runtime = Runtime(transport=transport, store=store, cache=cache, clock=self.clock)
@@ -166,6 +168,11 @@ class App:
 
         through_outages(send, self.clock, bound, f"publish to {topic!r}")
 
+    def relay(self) -> Relay:
+        """A relay of this app's outbox to its transport (`reliable.outbox`)."""
+        return Relay(self.runtime.store, self.runtime.transport, self.settings.outbox, self.clock,
+                     declare=self._declare_groups)
+
     def _declare_groups(self, topic: str) -> None:
         """Declare this app's groups on ``topic`` before its first publish there, so a queue
         broker keeps the message for them even before their workers join."""
@@ -180,19 +187,29 @@ class App:
 
     def run(self, *, until_idle: bool = False, handlers: Sequence[str] | None = None) -> None:
         """Consume until stopped (SIGINT/SIGTERM or `stop()`), or with ``until_idle`` until
-        nothing is left to deliver, scheduled redeliveries included."""
+        nothing is left to deliver, scheduled redeliveries and the outbox included.
+
+        With ``outbox.relay`` (the default) the outbox is relayed too: on a thread
+        of its own, or with ``until_idle`` between deliveries until it is drained.
+        """
         workers = [self._worker(h) for h in self._select(handlers)]
+        relay = self.relay() if self.settings.outbox.relay else None
+        relaying: AbstractContextManager[object] = (
+            relay.running() if relay is not None and not until_idle else nullcontext())
         restore = self._install_signals()
         self._stop.clear()
         self._purged_at = self.clock.time()  # first purge one interval in: starting stays fast
         log.info("worker_started", handlers=[w.handler.name for w in workers], until_idle=until_idle)
         try:
-            while not self._stop.is_set():
-                self._purge_expired_tokens()
-                if self._cycle(workers, until_idle):
-                    continue
-                if until_idle and not self._wait_for_due(workers):
-                    break
+            with relaying:
+                while not self._stop.is_set():
+                    self._purge_expired_tokens()
+                    if self._cycle(workers, until_idle):
+                        continue
+                    if until_idle and relay is not None and relay.drain(self._stop):  # sent: B may have work
+                        continue
+                    if until_idle and not self._wait_for_due(workers):
+                        break
         finally:
             for w in workers:
                 w.close()

@@ -7,16 +7,32 @@
   ``duplicate``, ``redelivered``, ``dead_lettered``, ``deferred``, and
   ``retried`` for in-process retries;
 * ``reliable_handler_seconds{handler}``: the pipeline's time per message
-  (per batch in batch mode), the handler's own call included.
+  (per batch in batch mode), the handler's own call included;
+* ``reliable_outbox_backlog{outbox}`` and
+  ``reliable_outbox_oldest_unsent_seconds{outbox}``: the rows a relay has still
+  to send (FAILED ones included in the age), refreshed by every running relay;
+  ``reliable_outbox_rows_total{outbox, state}``: rows a relay marked ``sent``
+  or ``failed``.
 """
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
 
 MESSAGES = Counter("reliable_messages", "Messages by handler and outcome", ["handler", "outcome"])
 HANDLER_SECONDS = Histogram("reliable_handler_seconds", "Pipeline seconds per message (batch)",
                             ["handler"])
+OUTBOX_BACKLOG = Gauge("reliable_outbox_backlog", "Outbox rows waiting for a relay", ["outbox"])
+OUTBOX_OLDEST = Gauge("reliable_outbox_oldest_unsent_seconds", "Age of the oldest unsent outbox row",
+                      ["outbox"])
+OUTBOX_ROWS = Counter("reliable_outbox_rows", "Outbox rows a relay marked sent or failed", ["outbox", "state"])
 
 
 def count(handler: str, outcome: str, n: int = 1) -> None:
@@ -31,3 +47,13 @@ def serve_metrics(port: int, host: str = "127.0.0.1", registry: CollectorRegistr
     """Serve ``/metrics`` on ``host:port`` from a background thread; the port bound (0: any)."""
     server, _ = start_http_server(port, addr=host, registry=registry)
     return int(server.server_port)
+
+
+def outbox_backlog(outbox: str, backlog: int, oldest_unsent_seconds: float) -> None:
+    OUTBOX_BACKLOG.labels(outbox).set(backlog)
+    OUTBOX_OLDEST.labels(outbox).set(oldest_unsent_seconds)
+
+
+def outbox_rows(outbox: str, state: str, n: int) -> None:
+    if n:
+        OUTBOX_ROWS.labels(outbox, state).inc(n)

@@ -64,6 +64,7 @@ __all__ = [
     "Limit",
     "LogLevel",
     "LogSettings",
+    "OutboxSettings",
     "Port",
     "PositiveSeconds",
     "RetrySettings",
@@ -258,6 +259,25 @@ class WorkerSettings(Section):
     poll_timeout: PositiveSeconds = 1.0
 
 
+class OutboxSettings(Section):
+    """``[outbox]``: the rows ``tx.publish`` writes and the relay that sends them."""
+
+    name: Annotated[str, _rule(lambda v: bool(v) and len(v) <= 255, "a non-empty name of at most 255 characters")] = "default"
+    """The outbox this app publishes into and relays from: apps sharing one database but not one
+    transport need names of their own."""
+    relay: bool = True
+    """Run a relay inside every worker (``reliable run``); else only ``reliable relay`` sends."""
+    batch_size: Annotated[int, _no_bool("an integer from 1 to 10000"),
+                          _rule(lambda v: 1 <= v <= 10_000, "an integer from 1 to 10000")] = 500
+    poll_interval: PositiveSeconds = 1.0
+    """How long an idle relay waits when nothing wakes it (commits in process and PostgreSQL's
+    NOTIFY wake it at once)."""
+    retention: Seconds = 86400.0
+    """How long sent rows are kept (for ``reliable outbox list``) before the relay deletes them."""
+    max_backoff: PositiveSeconds = 5.0
+    """The longest wait between attempts while the transport or the store is down."""
+
+
 class LogSettings(Section):
     """``[log]``: structlog output."""
 
@@ -289,6 +309,7 @@ class Settings(Section):
     commit: CommitSettings = Field(default_factory=CommitSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     log: LogSettings = Field(default_factory=LogSettings)
+    outbox: OutboxSettings = Field(default_factory=OutboxSettings)
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     handlers: dict[str, dict[str, Any]] = Field(default_factory=dict)
 

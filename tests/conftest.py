@@ -96,7 +96,7 @@ def _forget_test_rows() -> Iterator[None]:
         tables = set(inspect(engine).get_table_names())
         with engine.begin() as conn:
             for table, column in (("reliable_tokens", "namespace"), ("reliable_dead_letters", '"group"'),
-                                  ("reliable_offsets", '"group"')):
+                                  ("reliable_offsets", '"group"'), ("reliable_outbox", "outbox")):
                 if table in tables:
                     conn.execute(text(f"delete from {table} where {column} = any(:names)"),
                                  {"names": _UNIQUE_NAMES})

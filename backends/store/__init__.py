@@ -24,10 +24,11 @@ __all__ = [
 ]
 
 
-def open_store(url: str, clock: Clock = SYSTEM_CLOCK) -> Store:
-    """The store for ``url``; an unknown scheme raises `UnsupportedURLError`.
+def open_store(url: str, clock: Clock = SYSTEM_CLOCK, *, outbox: str = "default") -> Store:
+    """The store for ``url``, publishing into the outbox named ``outbox``; an unknown scheme
+    raises `UnsupportedURLError`.
 
     Nothing is connected yet: the tables are created on first use, and an
     unreachable database raises `StoreUnavailableError` then.
     """
-    return SqlStore(url, clock)
+    return SqlStore(url, clock, outbox=outbox)

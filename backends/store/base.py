@@ -1,8 +1,8 @@
 """The `Store` protocol: the durable token table, offsets, dead letters and batch fences.
 
 A store hands out a `Transaction` that the user's handler writes through, so
-the token claim, the handler's own writes, the offsets and the dead letters
-commit or roll back together.
+the token claim, the handler's own writes, the outbox rows it publishes, the
+offsets and the dead letters commit or roll back together.
 """
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from backends.types import DeadLetter, QueueRef
+from backends.types import JSON, DeadLetter, QueueRef
+
+if TYPE_CHECKING:  # the outbox's module imports the store's primitives, which import this one
+    from backends.store.outbox import SqlOutbox
 
 
 class TokenState(enum.Enum):
@@ -48,6 +51,24 @@ class Transaction(ABC):
         if parameters is None:
             return self.connection.execute(statement)
         return self.connection.execute(statement, parameters)
+
+    @abstractmethod
+    def publish(
+        self,
+        topic: str,
+        body: Any,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        delay: float = 0.0,
+        content_type: str = JSON,
+    ) -> str:
+        """Publish a message once this transaction commits: an outbox row written in it, which a
+        relay sends (rolled back with it, never sent). Returns the message id it will carry.
+
+        ``body`` is encoded as `App.publish` does; a bad topic, key, header, delay or body
+        raises `OutboxMessageError` here, before anything is written.
+        """
 
     @abstractmethod
     def claim(self, namespace: str, tokens: Sequence[str], ttl: float) -> set[str]:
@@ -89,6 +110,9 @@ class Transaction(ABC):
 
 class Store(ABC):
     """Durable state; every write that must be atomic with a handler goes through a transaction."""
+
+    outbox: SqlOutbox
+    """The outbox the store's transactions publish into (see `backends.store.outbox`)."""
 
     @abstractmethod
     def transaction(self) -> AbstractContextManager[Transaction]:

@@ -2,19 +2,20 @@
 
 `SqlStore` writes every public operation once over a `Dialect`: how the
 engine is built, the ``INSERT`` that knows ``ON CONFLICT``, how a read-only
-unit begins, how a batch of tokens is claimed and looked up, and whether a
-claim can be sent ahead. `backends.store.sqlite` and
+unit begins, how a batch of tokens is claimed and looked up, whether a
+claim can be sent ahead, and how the outbox's rows are locked and announced. `backends.store.sqlite` and
 `backends.store.postgresql` implement them; nothing else asks which
 database it is on.
 """
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table
+from sqlalchemy import Connection, Engine, Select, Table
 from sqlalchemy.engine import URL
 
 from backends.store.claims import Claim, ClaimPath
@@ -53,3 +54,16 @@ class Dialect(ABC):
         """Send ``claim`` without waiting for it (a `backends.store.ahead.ClaimAhead`), or None
         where the database cannot."""
         return None
+
+    def skip_locked(self, statement: Select[Any]) -> Select[Any]:
+        """``statement`` locking the rows it selects, skipping those another transaction holds
+        (where the database locks rows; elsewhere the write transaction holds them all)."""
+        return statement
+
+    def announce_outbox(self, connection: Connection, name: str) -> None:
+        """Tell relays in other processes, once the transaction commits, that outbox ``name``
+        has new rows (where the database can; elsewhere they poll)."""
+
+    def listen_outbox(self, url: URL, name: str, wake: Callable[[], None], stopping: threading.Event) -> None:
+        """Call ``wake`` whenever another process announces outbox ``name``, until ``stopping``
+        is set (returns at once where the database cannot announce)."""

@@ -5,16 +5,22 @@ claimed in one statement whose text stays the same whatever the batch size
 (prepared once): the tokens travel as one text of lines, the claimed ones
 come back in one row. A large batch is first tried with ``COPY``, and a whole
 batch's claim can be sent ahead in a pipeline (`backends.store.ahead`).
+Relays lock outbox rows with ``FOR UPDATE SKIP LOCKED`` and are woken by
+``NOTIFY`` from the transactions that wrote rows (``LISTEN`` on a connection
+of their own).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import structlog
 from sqlalchemy import (
     Connection,
     Engine,
+    Select,
     String,
     Table,
     any_,
@@ -46,6 +52,13 @@ MAX_OVERFLOW = 8
 INSERT_PAGE = 5_000  # rows per multi-row INSERT of executemany (offsets)
 RECYCLE_SECONDS = 1800
 CHUNK = 20_000
+
+OUTBOX_CHANNEL = "reliable_outbox"
+"""The ``NOTIFY`` channel of every outbox; the payload names the outbox."""
+LISTEN_CHECK = 0.5  # seconds between looks at the stop event while listening
+LISTEN_RETRY_MAX = 5.0  # seconds: the longest wait before listening again after an outage
+
+log = structlog.get_logger(__name__)
 
 COPY_CLAIM_MIN = 5_000
 """Batches at least this large are first claimed with ``COPY`` (see `claim_by_copy`)."""
@@ -141,6 +154,32 @@ class PostgreSQL(Dialect):
 
     def claim_ahead(self, connection: Connection, claim: Claim) -> ClaimAhead:
         return ClaimAhead(connection, claim)
+
+    def skip_locked(self, statement: Select[Any]) -> Select[Any]:
+        return statement.with_for_update(skip_locked=True)
+
+    def announce_outbox(self, connection: Connection, name: str) -> None:
+        connection.execute(select(func.pg_notify(OUTBOX_CHANNEL, name)))
+
+    def listen_outbox(self, url: URL, name: str, wake: Callable[[], None], stopping: threading.Event) -> None:
+        import psycopg  # the postgres extra; only reached on PostgreSQL
+
+        conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        retry_in = 0.1
+        while not stopping.is_set():
+            try:
+                with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as connection:
+                    connection.execute(f"LISTEN {OUTBOX_CHANNEL}")
+                    wake()  # rows announced while nobody listened
+                    log.info("outbox.listening", outbox=name, channel=OUTBOX_CHANNEL)
+                    retry_in = 0.1
+                    while not stopping.is_set():
+                        if any(n.payload == name for n in connection.notifies(timeout=LISTEN_CHECK)):
+                            wake()
+            except psycopg.Error as exc:
+                log.warning("outbox.listen_failed", outbox=name, retry_in=retry_in, error=str(exc))
+                stopping.wait(retry_in)
+                retry_in = min(retry_in * 2, LISTEN_RETRY_MAX)
 
 
 _COPY = f"COPY {tokens.name} (namespace, token, state, created_at, expires_at) FROM STDIN"

@@ -1,4 +1,4 @@
-"""The store's tables: tokens, offsets, dead letters and batch fences (SQLAlchemy Core).
+"""The store's tables: tokens, offsets, dead letters, batch fences and the outbox (SQLAlchemy Core).
 
 Times are epoch seconds (floats) from the injected clock, never the database's
 own ``now()``, so a fake clock drives expiry in tests and every process agrees.
@@ -18,6 +18,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    text,
 )
 
 metadata = MetaData()
@@ -101,4 +102,37 @@ fences = Table(
     Column("run_id", String(255), nullable=False),
     Column("recorded_at", Double, nullable=False),
     PrimaryKeyConstraint("name", "batch_id", name="reliable_fences_pk"),
+)
+
+# The transactional outbox: rows a transaction writes (`Transaction.publish`) that a relay
+# publishes once they are committed. Rows belong to one named ``outbox`` (apps that share a
+# database but not a transport keep apart); ``id`` orders the rows of a key (writers of one key
+# that do not overlap commit in id order). The ``message_id`` a row is sent with is drawn when
+# it is written, so every resend carries the same one. The partial indexes cover only what a
+# relay looks for: unsent rows.
+outbox = Table(
+    "reliable_outbox",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
+    Column("outbox", _identifier(255), nullable=False),
+    Column("message_id", String(64), nullable=False, unique=True),
+    Column("topic", String(255), nullable=False),
+    Column("key", _identifier(512), nullable=True),
+    Column("headers", Text, nullable=False),  # JSON object text
+    Column("payload", LargeBinary, nullable=False),  # the bytes to publish, exactly
+    Column("deliver_at", Double, nullable=False),  # written at + the publish's delay
+    Column("state", String(16), nullable=False),  # backends.store.outbox.RowState
+    Column("created_at", Double, nullable=False),
+    Column("sent_at", Double, nullable=True),
+    Column("error", Text, nullable=True),  # why the transport refused a FAILED row
+    Index("reliable_outbox_pending", "outbox", "id",
+          postgresql_where=text("state = 'pending'"), sqlite_where=text("state = 'pending'")),
+    Index("reliable_outbox_unsent_key", "outbox", "key", "id",
+          postgresql_where=text("state <> 'sent'"), sqlite_where=text("state <> 'sent'")),
+    Index("reliable_outbox_failed", "outbox", "key", "id",
+          postgresql_where=text("state = 'failed'"), sqlite_where=text("state = 'failed'")),
+    Index("reliable_outbox_sent", "outbox", "sent_at"),
+    sqlite_autoincrement=True,  # ids only grow, also after the newest rows were purged
 )

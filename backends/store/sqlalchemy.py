@@ -7,7 +7,8 @@ ORM): the claim and the lookups are one statement each. A store is safe to
 share between threads; every transaction takes its own pooled connection.
 Database errors that mean "cannot reach the database" become
 `StoreUnavailableError`; the user's own exceptions inside a transaction
-propagate unchanged.
+propagate unchanged. A transaction that published (``tx.publish``) wakes the
+outbox's relays once it commits.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ from backends.store.base import LeaseOutcome, Store, Transaction
 from backends.store.claims import Claim
 from backends.store.dialect import Dialect
 from backends.store.engine import is_unavailable, parse_store_url
+from backends.store.outbox import OutboxWriter, SqlOutbox
 from backends.store.postgresql import PostgreSQL
 from backends.store.schema import metadata
 from backends.store.sqlite import SQLite
-from backends.types import DeadLetter, QueueRef
+from backends.types import JSON, DeadLetter, QueueRef
 from backends.urls import redact
 
 log = structlog.get_logger(__name__)
@@ -68,10 +70,21 @@ def _lock_order(tokens: Sequence[str]) -> list[str]:
 class SqlTransaction(Transaction):
     """One database transaction on a pooled connection; see `Transaction`."""
 
-    def __init__(self, connection: Connection, dialect: Dialect, clock: Clock) -> None:
+    def __init__(self, connection: Connection, dialect: Dialect, clock: Clock, outbox: OutboxWriter) -> None:
         self.connection = connection
         self._dialect = dialect
         self._clock = clock
+        self._outbox = outbox
+        self.published = 0  # outbox rows written: the commit announces them
+
+    @_guarded
+    def publish(self, topic: str, body: Any, *, key: str | None = None, headers: Mapping[str, str] | None = None,
+                delay: float = 0.0, content_type: str = JSON) -> str:
+        statement, row = self._outbox.insert(topic, body, key=key, headers=headers, delay=delay,
+                                             content_type=content_type)
+        self.connection.execute(statement, row)
+        self.published += 1
+        return str(row["message_id"])
 
     @_guarded
     def claim(self, namespace: str, tokens: Sequence[str], ttl: float) -> set[str]:
@@ -117,11 +130,13 @@ DIALECTS: dict[str, type[Dialect]] = {"sqlite": SQLite, "postgresql": PostgreSQL
 class SqlStore(Store):
     """The durable store on SQLite or PostgreSQL; tables are created on first use."""
 
-    def __init__(self, url: str | URL, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, url: str | URL, clock: Clock = SYSTEM_CLOCK, *, outbox: str = "default") -> None:
         self.url = parse_store_url(url) if isinstance(url, str) else url
         self.dialect = DIALECTS[self.url.get_backend_name()]()
         self.engine: Engine = self.dialect.engine(self.url)
         self._clock = clock
+        self._outbox_writer = OutboxWriter(outbox, clock)
+        self.outbox = SqlOutbox(outbox, self.url, self.dialect, clock, self._unit, lambda: self._unit(read_only=True))
         self._tables_ready = False
         self._tables_lock = threading.Lock()
 
@@ -133,8 +148,11 @@ class SqlStore(Store):
     @contextmanager
     def transaction(self) -> Iterator[SqlTransaction]:
         connection = self._begin()
+        tx = SqlTransaction(connection, self.dialect, self._clock, self._outbox_writer)
         try:
-            yield SqlTransaction(connection, self.dialect, self._clock)
+            yield tx
+            if tx.published:
+                self.dialect.announce_outbox(connection, self.outbox.name)
         except BaseException:
             self._rollback_quietly(connection)
             connection.close()
@@ -146,6 +164,8 @@ class SqlStore(Store):
             self._raise(exc, "commit")
         finally:
             connection.close()
+        if tx.published:
+            self.outbox.wakeup.notify()
 
     def _begin(self, read_only: bool = False) -> Connection:
         self._ensure_tables()

@@ -1,0 +1,275 @@
+"""The transactional outbox in the store: rows a transaction writes, handed to a relay once committed.
+
+`OutboxWriter` turns one ``tx.publish(...)`` call into its row (validated,
+body encoded, message id drawn); every transaction class calls it, so the
+rules live once. `SqlOutbox` is the store's side of the relay: ``claim``
+opens a transaction holding the next rows that may be sent (locked with
+``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so relays never take the same row;
+on SQLite the write transaction holds the whole database), keeps the rows of
+a key in order, and marks what the relay reports sent or refused. ``status``,
+``rows``, ``retry`` and ``purge_sent`` serve the CLI, the metrics and the
+retention. `Wakeup` is how a commit wakes an idle relay.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
+from typing import Any
+
+from sqlalchemy import Connection, Executable, exists, func, insert, select, text, update
+from sqlalchemy.engine import URL
+
+from backends.clock import Clock
+from backends.errors import OutboxMessageError
+from backends.store.dialect import Dialect
+from backends.store.engine import chunks
+from backends.store.schema import outbox
+from backends.types import CONTENT_TYPE, JSON, OutgoingMessage, encode_body
+
+Unit = Callable[[], AbstractContextManager[Connection]]
+"""Opens a transaction of the store's own, committed on a normal exit."""
+
+
+class RowState(enum.Enum):
+    """Where an outbox row stands."""
+
+    PENDING = "pending"  # committed, not yet confirmed by the transport
+    SENT = "sent"  # the transport confirmed it (purged after the retention)
+    FAILED = "failed"  # the transport refused it; its key waits until `SqlOutbox.retry`
+
+
+_PENDING = text("reliable_outbox.state = 'pending'")  # literal, so SQLite uses the partial index
+_UNSENT = text("reliable_outbox.state <> 'sent'")
+_FAILED = text("failed.state = 'failed'")  # of the alias below
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    """One row of the outbox: a message to publish, and where it stands."""
+
+    id: int
+    message_id: str
+    topic: str
+    key: str | None
+    headers: Mapping[str, str]
+    payload: bytes
+    deliver_at: float
+    state: RowState
+    created_at: float
+    sent_at: float | None = None
+    error: str | None = None
+
+    def outgoing(self, now: float) -> OutgoingMessage:
+        """The message to publish at ``now``: the row's id, the delay left of its own."""
+        return OutgoingMessage(self.payload, key=self.key, headers=self.headers,
+                               delay=max(self.deliver_at - now, 0.0), message_id=self.message_id)
+
+
+@dataclass(frozen=True)
+class OutboxStatus:
+    """The backlog of one outbox."""
+
+    outbox: str
+    backlog: int  # PENDING rows
+    failed: int
+    sent: int  # SENT rows not yet purged
+    oldest_unsent_at: float | None  # written-at of the oldest PENDING or FAILED row
+
+    def oldest_unsent_age(self, now: float) -> float:
+        """Seconds the oldest unsent row has waited (0 with nothing unsent)."""
+        return 0.0 if self.oldest_unsent_at is None else max(now - self.oldest_unsent_at, 0.0)
+
+
+def new_message_id() -> str:
+    """A message id for a new row: random, so outboxes sharing a topic never collide."""
+    return uuid.uuid4().hex
+
+
+class OutboxWriter:
+    """Turns a ``tx.publish(...)`` call into the row it writes (one place for every transaction class)."""
+
+    def __init__(self, name: str, clock: Clock, message_ids: Callable[[], str] = new_message_id) -> None:
+        self.name, self.clock, self.message_ids = name, clock, message_ids
+
+    def insert(
+        self,
+        topic: str,
+        body: Any,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        delay: float = 0.0,
+        content_type: str = JSON,
+    ) -> tuple[Executable, dict[str, Any]]:
+        """The ``INSERT`` of the row and its parameters; `OutboxMessageError` names what is wrong."""
+        _check(topic, key, headers, delay)
+        try:
+            payload = encode_body(body, content_type)
+        except (TypeError, ValueError) as exc:
+            raise OutboxMessageError(f"tx.publish to {topic!r}: body cannot be encoded as {content_type}: {exc}") from exc
+        now = self.clock.time()
+        row = {
+            "outbox": self.name, "message_id": self.message_ids(), "topic": topic, "key": key,
+            "headers": json.dumps({CONTENT_TYPE: content_type, **(headers or {})}), "payload": payload,
+            "deliver_at": now + delay, "state": RowState.PENDING.value, "created_at": now,
+        }
+        return insert(outbox), row
+
+
+def _check(topic: Any, key: Any, headers: Any, delay: Any) -> None:
+    where = f"tx.publish to {topic!r}"
+    if not isinstance(topic, str) or not topic or topic.startswith("%"):
+        raise OutboxMessageError(f"{where}: topic must be a non-empty name not starting with '%'")
+    if key is not None and not isinstance(key, str):
+        raise OutboxMessageError(f"{where}: key={key!r} must be a string or None")
+    if headers is not None and not (
+        isinstance(headers, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+    ):
+        raise OutboxMessageError(f"{where}: headers={headers!r} must map strings to strings")
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or not math.isfinite(delay) or delay < 0:
+        raise OutboxMessageError(f"{where}: delay={delay!r} must be a number of seconds >= 0")
+
+
+class Wakeup:
+    """Tells waiting relays that rows were committed; a commit between a look and a wait is not missed.
+
+    A relay reads ``generation`` before it looks for rows, then waits for it to
+    change (paced by wall time, like any wait for another thread).
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self.generation = 0
+
+    def notify(self) -> None:
+        with self._changed:
+            self.generation += 1
+            self._changed.notify_all()
+
+    def wait(self, seen: int, timeout: float) -> bool:
+        """Wait until a notification after ``seen`` or ``timeout``; True if one came."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.generation != seen, timeout)
+
+
+class Claimed:
+    """The rows a relay may send now, in the transaction that holds them; its marks commit with it."""
+
+    def __init__(self, connection: Connection, rows: list[OutboxRow], clock: Clock) -> None:
+        self._connection, self.rows, self._clock = connection, rows, clock
+
+    def sent(self, rows: Sequence[OutboxRow]) -> None:
+        """The transport confirmed ``rows``."""
+        now = self._clock.time()
+        for part in chunks([r.id for r in rows], 500):
+            self._connection.execute(update(outbox).where(outbox.c.id.in_(part))
+                                     .values(state=RowState.SENT.value, sent_at=now))
+
+    def failed(self, row: OutboxRow, error: str) -> None:
+        """The transport refused ``row`` for good: it waits, with the rows of its key, for a retry."""
+        self._connection.execute(update(outbox).where(outbox.c.id == row.id)
+                                 .values(state=RowState.FAILED.value, error=error))
+
+
+class SqlOutbox:
+    """One named outbox in a SQL store: what relays claim, and what operators inspect."""
+
+    def __init__(self, name: str, url: URL, dialect: Dialect, clock: Clock, write: Unit, read: Unit) -> None:
+        self.name, self._url, self._dialect, self._clock = name, url, dialect, clock
+        self._write, self._read = write, read
+        self.wakeup = Wakeup()
+
+    def listen(self, stopping: threading.Event) -> None:
+        """Wake this outbox's relays when another process commits rows, until ``stopping`` is set
+        (PostgreSQL's ``LISTEN``; returns at once where the database cannot announce)."""
+        self._dialect.listen_outbox(self._url, self.name, self.wakeup.notify, stopping)
+
+    @contextmanager
+    def claim(self, limit: int) -> Iterator[Claimed]:
+        """A transaction holding up to ``limit`` rows that may be sent now, in id order.
+
+        A row is held back while an earlier unsent row of its key is not held
+        here too (another relay's, or FAILED): the rows of a key go out in
+        order, one relay at a time.
+        """
+        failed = outbox.alias("failed")
+        behind_failed = exists().where(failed.c.outbox == outbox.c.outbox, failed.c.key == outbox.c.key,
+                                       _FAILED, failed.c.id < outbox.c.id)
+        pending = select(outbox).where(outbox.c.outbox == self.name, _PENDING, ~behind_failed)
+        with self._write() as connection:
+            candidates = [_row(r) for r in connection.execute(
+                self._dialect.skip_locked(pending.order_by(outbox.c.id).limit(limit)))]
+            yield Claimed(connection, self._in_key_order(connection, candidates), self._clock)
+
+    def _in_key_order(self, connection: Connection, candidates: list[OutboxRow]) -> list[OutboxRow]:
+        keys = sorted({r.key for r in candidates if r.key is not None})
+        if not keys:
+            return candidates
+        mine, top = {r.id for r in candidates}, candidates[-1].id
+        earlier: list[tuple[int, str]] = []
+        for part in chunks(keys, self._dialect.chunk):
+            earlier += [(row_id, key) for row_id, key in connection.execute(select(outbox.c.id, outbox.c.key).where(
+                outbox.c.outbox == self.name, outbox.c.key.in_(part), outbox.c.id <= top, _UNSENT))]
+        held_elsewhere: dict[str, float] = {}  # per key: its first unsent row this claim does not hold
+        for row_id, key in earlier:
+            if row_id not in mine:
+                held_elsewhere[key] = min(held_elsewhere.get(key, math.inf), row_id)
+        return [r for r in candidates if r.key is None or r.id < held_elsewhere.get(r.key, math.inf)]
+
+    def status(self) -> OutboxStatus:
+        """How many rows wait, failed and were sent, and when the oldest unsent one was written."""
+        with self._read() as connection:
+            counts: dict[str, int] = dict(connection.execute(select(outbox.c.state, func.count()).where(
+                outbox.c.outbox == self.name).group_by(outbox.c.state)).all())
+            oldest = connection.execute(select(func.min(outbox.c.created_at)).where(
+                outbox.c.outbox == self.name, _UNSENT)).scalar()
+        return OutboxStatus(self.name, counts.get(RowState.PENDING.value, 0), counts.get(RowState.FAILED.value, 0),
+                            counts.get(RowState.SENT.value, 0), oldest)
+
+    def rows(self, state: RowState | None = None, limit: int = 100, after_id: int = 0) -> list[OutboxRow]:
+        """Rows with id > ``after_id`` (of ``state``, or any), oldest first."""
+        statement = select(outbox).where(outbox.c.outbox == self.name, outbox.c.id > after_id)
+        if state is not None:
+            statement = statement.where(outbox.c.state == state.value)
+        with self._read() as connection:
+            return [_row(r) for r in connection.execute(statement.order_by(outbox.c.id).limit(limit))]
+
+    def retry(self, ids: Sequence[int] | None = None) -> int:
+        """Make FAILED rows (all, or those of ``ids``) pending again; return how many."""
+        statement = update(outbox).where(outbox.c.outbox == self.name, outbox.c.state == RowState.FAILED.value)
+        if ids is not None:
+            statement = statement.where(outbox.c.id.in_(list(ids)))
+        with self._write() as connection:
+            count = connection.execute(statement.values(state=RowState.PENDING.value, error=None)).rowcount
+        self.wakeup.notify()
+        return int(count)
+
+    def purge_sent(self, before: float) -> int:
+        """Delete SENT rows sent before ``before`` (the retention); return how many."""
+        with self._write() as connection:
+            return int(connection.execute(outbox.delete().where(
+                outbox.c.outbox == self.name, outbox.c.state == RowState.SENT.value,
+                outbox.c.sent_at < before)).rowcount)
+
+
+@lru_cache(maxsize=256)
+def _headers(stored: str) -> Mapping[str, str]:
+    """The headers of a row, read once per distinct text (rows of one writer share theirs)."""
+    return MappingProxyType(json.loads(stored))
+
+
+def _row(record: Any) -> OutboxRow:
+    return OutboxRow(
+        id=record.id, message_id=record.message_id, topic=record.topic, key=record.key,
+        headers=_headers(record.headers), payload=bytes(record.payload), deliver_at=record.deliver_at,
+        state=RowState(record.state), created_at=record.created_at, sent_at=record.sent_at, error=record.error,
+    )

@@ -1,0 +1,232 @@
+"""The relay: publishes committed outbox rows to the transport, in order per key, and marks them sent.
+
+A handler (or any code holding a store transaction) writes messages with
+``tx.publish(...)``: rows of the outbox, committed or rolled back with its
+other writes (`backends.store.outbox`). A relay claims the next rows that
+may go (`SqlOutbox.claim`), publishes them with the message id each row was
+given (the same on every resend, so a transport that drops copies by id
+drops a resend, and elsewhere the consumer's default token, the message id,
+makes it a duplicate), and marks them sent in the same transaction, only
+after the transport confirmed them. One pass:
+
+    claim rows → publish runs of one topic, in id order → mark sent → commit
+
+A transport that refuses a row for good (not an outage) gets it marked
+FAILED with the reason; the rows of its key wait behind it until
+``reliable outbox retry``. An outage of the transport or the store commits
+what was confirmed, then waits with a growing backoff (tenacity) and tries
+again: a row is never lost, at worst sent again.
+
+A relay runs inside every worker (`App.run`) and standalone (``reliable
+relay``). It waits for a commit to wake it (`Wakeup`, in process; PostgreSQL
+``NOTIFY`` across processes), else polls every ``outbox.poll_interval``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from itertools import groupby
+
+import structlog
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_when_event_set,
+    wait_random_exponential,
+)
+from tenacity.stop import StopBaseT
+
+from backends.clock import Clock
+from backends.errors import BackendUnavailableError, TransportError
+from backends.store.base import Store
+from backends.store.outbox import Claimed, OutboxRow
+from backends.transport.base import Transport
+from reliable import metrics
+from reliable.settings import OutboxSettings
+
+log = structlog.get_logger("reliable.outbox")
+
+RETENTION_CHECK = 60.0
+"""Seconds between deletions of sent rows older than the retention."""
+METRICS_REFRESH = 1.0
+"""Seconds between refreshes of the backlog metrics by a running relay."""
+DRAIN_ATTEMPTS = 4
+"""Attempts of one `Relay.drain` through an outage before it hands the turn back to the workers."""
+FIRST_BACKOFF = 0.05
+"""Seconds: the scale of the first waits after an outage (growing to ``max_backoff``)."""
+
+
+class _Pass:
+    """One claimed batch on its way to the transport: what was confirmed, refused, or cut short."""
+
+    def __init__(self, claimed: Claimed, now: float) -> None:
+        self.claimed, self.now = claimed, now
+        self.sent: list[OutboxRow] = []
+        self.failed = 0
+        self.refused_keys: set[str] = set()  # a row of the key was refused: the rest wait behind it
+        self.outage: BackendUnavailableError | None = None
+
+    def may_send(self, row: OutboxRow) -> bool:
+        return row.key is None or row.key not in self.refused_keys
+
+    def refuse(self, row: OutboxRow, exc: TransportError) -> None:
+        self.claimed.failed(row, f"{type(exc).__name__}: {exc}")
+        self.failed += 1
+        if row.key is not None:
+            self.refused_keys.add(row.key)
+        log.error("outbox_row_refused", row=row.id, topic=row.topic, key=row.key, error=str(exc))
+
+
+class Relay:
+    """Sends one store's outbox to one transport."""
+
+    def __init__(self, store: Store, transport: Transport, settings: OutboxSettings, clock: Clock,
+                 declare: Callable[[str], None] = lambda topic: None) -> None:
+        self.outbox = store.outbox
+        self.transport, self.settings, self.clock = transport, settings, clock
+        self._declare = declare  # groups that must exist before a topic's first publish (amqp://)
+        self._purged_at = float("-inf")
+        self._reported_at = float("-inf")
+
+    # -- one pass ---------------------------------------------------------------------------
+
+    def step(self) -> int:
+        """Claim and send one batch; return how many rows it settled (sent or refused).
+
+        After an outage the rows the transport confirmed are committed as sent,
+        then the outage is raised (`BackendUnavailableError`).
+        """
+        with self.outbox.claim(self.settings.batch_size) as claimed:
+            done = _Pass(claimed, self.clock.time())
+            for topic, run in groupby(claimed.rows, key=lambda r: r.topic):
+                self._send(done, topic, [r for r in run if done.may_send(r)])
+                if done.outage is not None:
+                    break
+            claimed.sent(done.sent)
+        metrics.outbox_rows(self.outbox.name, "sent", len(done.sent))
+        metrics.outbox_rows(self.outbox.name, "failed", done.failed)
+        if done.outage is not None:
+            raise done.outage
+        return len(done.sent) + done.failed
+
+    def _send(self, done: _Pass, topic: str, run: list[OutboxRow]) -> None:
+        """Publish ``run`` (rows of ``topic``); refused as a whole, each row again alone."""
+        try:
+            self._publish(topic, run, done.now)
+        except BackendUnavailableError as exc:
+            done.outage = exc
+        except TransportError:
+            for row in run:
+                if done.outage is None and done.may_send(row):
+                    self._send_alone(done, row)
+        else:
+            done.sent += run
+
+    def _send_alone(self, done: _Pass, row: OutboxRow) -> None:
+        try:
+            self._publish(row.topic, [row], done.now)
+        except BackendUnavailableError as exc:
+            done.outage = exc
+        except TransportError as exc:
+            done.refuse(row, exc)
+        else:
+            done.sent.append(row)
+
+    def _publish(self, topic: str, rows: Sequence[OutboxRow], now: float) -> None:
+        if rows:
+            self._declare(topic)
+            self.transport.publish(topic, [r.outgoing(now) for r in rows])
+
+    # -- loops ------------------------------------------------------------------------------
+
+    def drain(self, stopping: threading.Event | None = None) -> bool:
+        """Send until nothing more may be sent now; `App.run(until_idle=True)` calls it between
+        deliveries. True when rows were settled, or when an outage outlasted a few attempts
+        (waited on the clock): the outbox is not idle yet."""
+        stop = stop_when_event_set(stopping if stopping is not None else threading.Event())
+        retrying = self._retrying(self.clock.sleep, stop | stop_after_attempt(DRAIN_ATTEMPTS))
+        total = 0
+        try:
+            while settled := retrying(self.step):
+                total += settled
+        except BackendUnavailableError:
+            return True
+        return total > 0
+
+    def run(self, stopping: threading.Event) -> None:
+        """Send as rows are committed until ``stopping`` is set (a worker's thread, ``reliable relay``)."""
+        listener = threading.Thread(target=self.outbox.listen, args=(stopping,), daemon=True,
+                                    name=f"reliable-outbox-listen-{self.outbox.name}")
+        listener.start()
+        log.info("relay_started", outbox=self.outbox.name)
+        try:
+            while not stopping.is_set():
+                seen = self.outbox.wakeup.generation
+                settled = self._attempt(stopping)
+                self._housekeeping()
+                if not settled:
+                    log.debug("relay_waiting", outbox=self.outbox.name)
+                    self.outbox.wakeup.wait(seen, self.settings.poll_interval)
+        finally:
+            listener.join(timeout=2.0)
+            log.info("relay_stopped", outbox=self.outbox.name)
+
+    @contextmanager
+    def running(self) -> Iterator[threading.Thread]:
+        """`run` on a thread of its own while the block runs; stopped and joined after it."""
+        stopping = threading.Event()
+        thread = threading.Thread(target=self.run, args=(stopping,), daemon=True,
+                                  name=f"reliable-relay-{self.outbox.name}")
+        thread.start()
+        try:
+            yield thread
+        finally:
+            stopping.set()
+            self.outbox.wakeup.notify()
+            thread.join()
+
+    def _attempt(self, stopping: threading.Event) -> int:
+        """`step`, with outages retried after a growing, jittered wait; 0 once ``stopping``."""
+        def wait(seconds: float) -> None:  # a wall-time wait that `stopping` cuts short
+            stopping.wait(seconds)
+
+        try:
+            return self._retrying(wait, stop_when_event_set(stopping))(self.step)
+        except BackendUnavailableError:
+            return 0  # stopping during an outage: the rows wait for the next relay
+
+    def _retrying(self, sleep: Callable[[float], None], stop: StopBaseT) -> Retrying:
+        return Retrying(
+            retry=retry_if_exception_type(BackendUnavailableError),
+            wait=wait_random_exponential(multiplier=FIRST_BACKOFF, max=self.settings.max_backoff),
+            stop=stop,
+            sleep=sleep,
+            before_sleep=self._outage,
+            reraise=True,
+        )
+
+    def _outage(self, state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        wait = state.next_action.sleep if state.next_action is not None else 0.0
+        log.warning("relay_backoff", outbox=self.outbox.name, attempt=state.attempt_number,
+                    retry_in=round(wait, 3), error=str(error))
+
+    def _housekeeping(self) -> None:
+        """Refresh the backlog metrics and delete sent rows past the retention, each now and then."""
+        now = self.clock.time()
+        try:
+            if now - self._reported_at >= METRICS_REFRESH:
+                self._reported_at = now
+                status = self.outbox.status()
+                metrics.outbox_backlog(self.outbox.name, status.backlog, status.oldest_unsent_age(now))
+            if now - self._purged_at >= RETENTION_CHECK:
+                self._purged_at = now
+                purged = self.outbox.purge_sent(now - self.settings.retention)
+                if purged:
+                    log.info("outbox_sent_rows_purged", outbox=self.outbox.name, count=purged)
+        except BackendUnavailableError as exc:
+            log.warning("relay_housekeeping_failed", outbox=self.outbox.name, error=str(exc))

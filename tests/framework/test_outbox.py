@@ -1,0 +1,245 @@
+"""The transactional outbox: ``tx.publish`` commits or rolls back with the handler, the relay
+sends each committed row once, with the row's message id, in order per key.
+
+Everything runs on real components: the embedded broker, SQLite files and
+the shared PostgreSQL (each test in an outbox of its own name).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from backends.errors import OutboxMessageError
+from backends.store.outbox import RowState
+from backends.transport.base import Transport
+from backends.types import Message, OutgoingMessage
+from reliable import App
+from reliable.outbox import Relay
+from reliable.settings import Settings
+from reliable.testing import test_app
+from tests.framework.conftest import create_effects, effects, write_effect
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def app(tmp_path: Path, store_url: str, unique: str) -> Iterator[App]:
+    app = test_app(tmp_path, store=store_url, transport=f"embedded://{tmp_path / 'broker'}",
+                   settings={"RELIABLE_OUTBOX__NAME": unique, "RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1"})
+    create_effects(app, f"{unique}_effects")
+    yield app
+    with app.store.transaction() as tx:
+        tx.execute(text(f"drop table if exists {unique}_effects"))
+    app.close()
+
+
+def received(app: App, group: str, topic: str, count: int) -> list[Message]:
+    """Everything ``group`` gets of ``topic`` once ``count`` arrived (acked as it comes)."""
+    got: list[Message] = []
+    with app.transport.subscribe(group, [topic]) as subscription:
+        while len(got) < count:
+            batch = subscription.fetch(count, timeout=5.0)
+            assert batch, f"only {len(got)} of {count} messages arrived"
+            subscription.ack(batch)
+            got += batch
+        assert subscription.fetch(count, timeout=0.2) == []
+    return got
+
+
+def test_a_handler_that_publishes_reaches_the_next_handler_once(app: App, unique: str) -> None:
+    table = f"{unique}_effects"
+
+    @app.handler("orders", group=f"{unique}-orders", token="body.id")
+    def order(msg: Message, tx) -> None:
+        write_effect(tx, f"order-{msg.body['id']}", table=table)
+        tx.publish("invoices", {"order": msg.body["id"]}, key=str(msg.body["id"]))
+
+    @app.handler("invoices", group=f"{unique}-invoices", token="id")
+    def invoice(msg: Message, tx) -> None:
+        write_effect(tx, f"invoice-{msg.body['order']}", table=table)
+
+    for n in (1, 2, 1):  # a duplicate: its follow-up is not written twice
+        app.publish("orders", {"id": n})
+    app.run(until_idle=True)
+
+    assert effects(app, table) == ["invoice-1", "invoice-2", "order-1", "order-2"]
+    status = app.store.outbox.status()
+    assert (status.backlog, status.sent, status.failed) == (0, 2, 0)
+
+
+def test_a_handler_that_raises_after_publishing_publishes_nothing(app: App, unique: str) -> None:
+    @app.handler("orders", group=f"{unique}-orders", fatal=[ValueError])
+    def order(msg: Message, tx) -> None:
+        tx.publish("invoices", {"order": 1})
+        raise ValueError("the order is invalid")
+
+    app.transport.declare(f"{unique}-invoices", ["invoices"])
+    app.publish("orders", {"id": 1})
+    app.run(until_idle=True)
+
+    assert app.stats()["dead_lettered"] == 1
+    assert app.store.outbox.rows() == []
+    with app.transport.subscribe(f"{unique}-invoices", ["invoices"]) as subscription:
+        assert subscription.fetch(10, timeout=0.2) == []
+
+
+def test_a_batch_handler_isolating_a_poison_message_keeps_its_neighbours_publishes(app: App, unique: str) -> None:
+    @app.handler("orders", group=f"{unique}-orders", token="body.id", batch=10, fatal=[ValueError])
+    def orders(messages: list[Message], tx) -> None:
+        for msg in messages:
+            tx.publish("invoices", {"order": msg.body["id"]})
+            if msg.body["id"] == 3:
+                raise ValueError("poison")
+
+    for n in range(1, 6):
+        app.publish("orders", {"id": n})
+    app.run(until_idle=True)
+
+    bodies = sorted(m.body["order"] for m in received(app, f"{unique}-invoices", "invoices", 4))
+    assert bodies == [1, 2, 4, 5]
+
+
+def test_plain_code_publishes_with_its_own_writes_and_the_row_id_travels(app: App, unique: str) -> None:
+    with app.store.transaction() as tx:
+        write_effect(tx, "web-request", table=f"{unique}_effects")
+        message_id = tx.publish("signups", {"user": 7}, key="user-7", headers={"origin": "web"})
+    with pytest.raises(RuntimeError), app.store.transaction() as tx:
+        tx.publish("signups", {"user": 8})
+        raise RuntimeError("the request failed")
+    app.transport.declare(f"{unique}-signups", ["signups"])
+
+    assert app.relay().drain()
+
+    [message] = received(app, f"{unique}-signups", "signups", 1)
+    assert (message.id, message.key, message.body) == (message_id, "user-7", {"user": 7})
+    assert message.headers["origin"] == "web"
+    [row] = app.store.outbox.rows()
+    assert (row.message_id, row.state) == (message_id, RowState.SENT)
+
+
+def test_bad_messages_are_refused_before_anything_is_written(app: App, unique: str) -> None:
+    bad: list[dict[str, object]] = [
+        {"topic": ""}, {"topic": "%DLQ%x"}, {"key": 5}, {"headers": {"a": 1}}, {"delay": -1},
+        {"delay": float("nan")}, {"body": object()},
+    ]
+    with app.store.transaction() as tx:
+        for fields in bad:
+            call = {"topic": "t", "body": {"ok": 1}, **fields}
+            with pytest.raises(OutboxMessageError, match="tx.publish to"):
+                tx.publish(call.pop("topic"), call.pop("body"), **call)  # type: ignore[arg-type]
+    assert app.store.outbox.rows() == []
+
+
+class Recording(Transport):
+    """A real transport, with every confirmed publish recorded by the relay that made it.
+
+    With ``meet``, each relay's first publish waits (holding its claimed rows) until the other
+    relay publishes too: it can only if it claimed other rows meanwhile.
+    """
+
+    def __init__(self, inner: Transport, sends: list[tuple[str, str]], lock: threading.Lock,
+                 in_flight: list[int], overlaps: list[int], meet: threading.Barrier | None) -> None:
+        self.inner, self.sends, self.lock = inner, sends, lock
+        self.in_flight, self.overlaps, self.meet = in_flight, overlaps, meet
+        self.capabilities = inner.capabilities
+
+    def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        with self.lock:
+            self.in_flight[0] += 1
+            self.overlaps[0] = max(self.overlaps[0], self.in_flight[0])
+        try:
+            if self.meet is not None:
+                meet, self.meet = self.meet, None
+                try:
+                    meet.wait(timeout=20)
+                except threading.BrokenBarrierError:
+                    pass  # the other relay never published meanwhile: overlaps stays 1
+            self.inner.publish(topic, messages)
+        finally:
+            with self.lock:
+                self.in_flight[0] -= 1
+                self.sends += [(threading.current_thread().name, m.message_id or "") for m in messages]
+
+    def subscribe(self, group, topics, options=None):  # type: ignore[no-untyped-def]
+        return self.inner.subscribe(group, topics, options)
+
+    def publish_to_group(self, group, topic, messages):  # type: ignore[no-untyped-def]
+        self.inner.publish_to_group(group, topic, messages)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_two_relays_over_one_outbox_never_send_a_row_twice_and_keep_key_order(
+    app: App, unique: str, store_url: str
+) -> None:
+    rows, keys = 3000, 30
+    for start in range(0, rows, 500):
+        with app.store.transaction() as tx:
+            for n in range(start, start + 500):  # one row in three without a key: any relay may send it
+                tx.publish("ledger", {"n": n}, key=f"k{n % keys}" if n % 3 else None)
+    app.transport.declare(f"{unique}-ledger", ["ledger"])
+    settings = Settings.load(None, env={"RELIABLE_OUTBOX__NAME": unique, "RELIABLE_OUTBOX__BATCH_SIZE": "40"})
+    sends: list[tuple[str, str]] = []
+    lock, in_flight, overlaps = threading.Lock(), [0], [0]
+    meet = threading.Barrier(2) if store_url.startswith("postgresql") else None  # SQLite: one writer
+    relays = []
+    for _ in range(2):  # each relay on its own store: its own connections, as in two processes
+        store = type(app.store)(store_url, app.clock, outbox=unique)
+        recording = Recording(app.transport, sends, lock, in_flight, overlaps, meet)
+        relays.append((store, Relay(store, recording, settings.outbox, app.clock)))
+    start = threading.Barrier(2)
+
+    def drain(relay: Relay) -> None:
+        start.wait()
+        while relay.outbox.status().backlog:
+            relay.drain()
+
+    threads = [threading.Thread(target=drain, args=(relay,), name=f"relay-{i}") for i, (_, relay) in enumerate(relays)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for store, _ in relays:
+        store.close()
+
+    ids = [message_id for _, message_id in sends]
+    assert len(ids) == len(set(ids)) == rows  # no row sent twice, none left out
+    by_relay = {name for name, _ in sends}
+    assert by_relay == {"relay-0", "relay-1"}  # both relays really took rows
+    if meet is not None:
+        assert overlaps[0] == 2  # on PostgreSQL they published at the same time, holding other rows
+    got = received(app, f"{unique}-ledger", "ledger", rows)
+    per_key: dict[str | None, list[int]] = {}
+    for m in got:
+        per_key.setdefault(m.key, []).append(m.body["n"])
+    assert all(ns == sorted(ns) for key, ns in per_key.items() if key is not None)  # no order without a key
+    assert sum(map(len, per_key.values())) == rows
+
+
+def test_test_app_runs_the_relay(tmp_path: Path) -> None:
+    app = test_app(tmp_path)
+    seen: list[int] = []
+
+    @app.handler("orders")
+    def order(msg: Message, tx) -> None:
+        tx.publish("shipments", {"order": msg.body["id"]}, delay=30)
+
+    @app.handler("shipments")
+    def shipment(msg: Message) -> None:
+        seen.append(msg.body["order"])
+
+    app.publish("orders", {"id": 1})
+    app.run(until_idle=True)  # the delay passes on the fake clock
+    assert seen == [1]
+    app.close()
