@@ -1,0 +1,112 @@
+"""``reliable relay`` and ``reliable outbox status | list | retry`` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from backends.store import SqlStore
+from backends.transport import open_transport
+from reliable.testing import test_app
+
+
+def reliable_exe() -> str:
+    return shutil.which("reliable", path=str(Path(sys.executable).parent)) or "reliable"
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
+    return {**env, **extra}
+
+
+def test_a_standalone_relay_is_woken_by_a_commit_in_another_process(
+    postgres_url: str, reliable_server, tmp_path: Path, unique: str
+) -> None:
+    settings = tmp_path / "reliable.toml"
+    settings.write_text(
+        f'[transport]\nurl = "{reliable_server.url}"\n[store]\nurl = "{postgres_url}"\n'
+        f'[outbox]\nname = "{unique}"\npoll_interval = "1h"\n'  # only a NOTIFY can wake it in time
+        '[log]\nlevel = "debug"\nformat = "json"\n'
+    )
+    relay = subprocess.Popen([reliable_exe(), "relay", "--settings", str(settings)], env=clean_env(),
+                             stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    idle = threading.Event()  # LISTEN is on, and the relay went to wait after it
+
+    def follow() -> None:
+        assert relay.stderr is not None
+        listening = False
+        for line in relay.stderr:
+            lines.append(line)
+            listening = listening or '"outbox.listening"' in line
+            if listening and '"relay_waiting"' in line:
+                idle.set()
+
+    threading.Thread(target=follow, daemon=True).start()
+    try:
+        assert idle.wait(60), "".join(lines)[-3000:]
+        store = SqlStore(postgres_url, outbox=unique)
+        with store.transaction() as tx:
+            ids = [tx.publish(f"{unique}-events", {"n": n}, key="k") for n in range(5)]
+        store.close()
+        transport = open_transport(reliable_server.url)
+        got = []
+        with transport.subscribe(unique, [f"{unique}-events"]) as subscription:
+            while len(got) < 5:
+                batch = subscription.fetch(5, timeout=30.0)
+                assert batch, f"the relay sent {len(got)} of 5 rows: {''.join(lines)[-3000:]}"
+                subscription.ack(batch)
+                got += batch
+        transport.close()
+        assert [m.id for m in got] == ids
+        assert [m.body["n"] for m in got] == list(range(5))
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        assert relay.wait(60) == 0, "".join(lines)[-3000:]
+
+
+def test_status_list_and_retry_show_and_release_a_row_the_transport_refused(tmp_path: Path, unique: str) -> None:
+    env = {"RELIABLE_OUTBOX__NAME": unique}
+    app = test_app(tmp_path, transport=f"embedded://{tmp_path / 'broker'}", settings=env)
+    with app.store.transaction() as tx:
+        tx.publish("bad/topic", {"n": 1}, key="k")  # the broker refuses the name
+        tx.publish("orders", {"n": 2}, key="k")  # waits behind it: same key
+        tx.publish("orders", {"n": 3}, key="other")
+    assert app.relay().drain()
+    app.close()
+    settings = tmp_path / "reliable.toml"
+    settings.write_text(f'[store]\nurl = "sqlite:///{tmp_path / "store.db"}"\n'
+                        f'[transport]\nurl = "embedded://{tmp_path / "broker"}"\n[outbox]\nname = "{unique}"\n'
+                        '[log]\nlevel = "warning"\n')
+
+    def reliable(*args: str) -> str:
+        done = subprocess.run([reliable_exe(), *args, "--settings", str(settings)], env=clean_env(),
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    status = json.loads(reliable("outbox", "status"))
+    assert (status["pending"], status["failed"], status["sent"]) == (1, 1, 1)
+    assert status["oldest_unsent_age_seconds"] >= 0 and status["oldest_unsent"]
+    [failed] = [json.loads(line) for line in reliable("outbox", "list", "--state", "failed").splitlines()]
+    assert (failed["topic"], failed["key"]) == ("bad/topic", "k")
+    assert "bad/topic" in failed["error"]
+    assert len(reliable("outbox", "list").splitlines()) == 3
+    assert reliable("outbox", "retry", "--id", str(failed["id"])).startswith("1 failed row(s)")
+    status = json.loads(reliable("outbox", "status"))
+    assert (status["pending"], status["failed"]) == (2, 0)
+
+
+def test_the_outbox_commands_are_listed() -> None:
+    done = subprocess.run([reliable_exe(), "outbox", "--help"], env=clean_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0
+    assert all(command in done.stdout for command in ("status", "list", "retry"))
+    done = subprocess.run([reliable_exe(), "--help"], env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert "relay" in done.stdout
