@@ -1,4 +1,5 @@
-"""The kill -9 chaos run (`tests/transports/chaos.py`) on `redis://` and `embedded://`.
+"""The kill -9 chaos run (`tests/transports/chaos.py`) on `redis://` and `embedded://`, and the
+outbox chain under kill -9 (`tests/transports/outbox_chain.py`) on those and `reliable://`.
 
 Kafka, NATS and RabbitMQ run it in their own framework suites; these two
 transports keep their leases themselves (a Lua script; the broker engine),
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.transports.chaos import kill_9_chaos
+from tests.transports.outbox_chain import outbox_chain_with_kills
 
 LEASE = 3.0
 
@@ -35,3 +37,27 @@ def test_kill_9_at_random_points_each_token_once_each_poison_dead_lettered_once(
         "RELIABLE_LOG__LEVEL": "warning",
     })
     kill_9_chaos(env, postgres_url, effects, unique, kills, count)
+
+
+@pytest.mark.parametrize(("kills", "count"), [(20, 10_000), pytest.param(100, 50_000, marks=pytest.mark.soak)])
+@pytest.mark.parametrize("transport", ["embedded", "reliable", "redis"])
+def test_outbox_chain_under_kill_9_each_b_effect_once_in_order_per_key(
+    transport: str, request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str, redis_url: str,
+    unique: str, kills: int, count: int,
+) -> None:
+    urls = {
+        "embedded": lambda: f"embedded://{tmp_path / 'broker'}",
+        "reliable": lambda: request.getfixturevalue("reliable_server").url,
+        "redis": lambda: f"{redis_url}?namespace={unique}",
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
+    env.update({
+        "RELIABLE_TRANSPORT__URL": urls[transport](),
+        "RELIABLE_TRANSPORT__VISIBILITY_TIMEOUT": str(LEASE),
+        "RELIABLE_STORE__URL": postgres_url,
+        "RELIABLE_CACHE__URL": redis_url,
+        "RELIABLE_RETRY__INITIAL_DELAY": "0.5",
+        "RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1",
+        "RELIABLE_LOG__LEVEL": "warning",
+    })
+    outbox_chain_with_kills(env, postgres_url, unique, kills, count)

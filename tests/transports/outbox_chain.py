@@ -1,0 +1,126 @@
+"""The consume-transform-produce chain through the outbox, under kill -9, on any transport.
+
+A producer publishes ``count`` tokens to ``NAME-a`` (10% sent twice, shuffled,
+spread over `KEYS` keys). A's worker (`tests.transports.outbox_chain_worker`)
+forwards each one to ``NAME-b`` with ``tx.publish`` and relays the outbox
+itself; a standalone relay (``reliable relay``) relays it too; B's worker
+records every token it gets. The A worker and the relay are killed with
+SIGKILL, each kill after a random amount of B's progress and at a random
+moment after it, and started again. Then:
+
+* every token's B effect is in PostgreSQL exactly once (none lost, none
+  twice: neither A's duplicates, nor a relay's resend after a kill between a
+  publish and its commit);
+* the outbox holds one row per token, all sent;
+* per key, B committed the messages in the order of their outbox rows.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from sqlalchemy import create_engine, text
+
+from reliable import App
+from reliable.settings import Settings
+from tests.transports.effects import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = 40
+
+
+def _query(postgres_url: str, sql: str, **parameters: object) -> list[tuple]:
+    engine = create_engine(postgres_url)
+    with engine.begin() as conn:
+        result = conn.execute(text(sql), parameters)
+        rows = [tuple(row) for row in result] if result.returns_rows else []
+    engine.dispose()
+    return rows
+
+
+def outbox_chain_with_kills(env: Mapping[str, str], postgres_url: str, name: str, kills: int, count: int) -> None:
+    """Run the chain described above on the transport ``env`` configures; assert its outcome."""
+    try:
+        _chain(env, postgres_url, name, kills, count)
+    finally:
+        _query(postgres_url, f"drop table if exists {name}_b")
+
+
+def _chain(env: Mapping[str, str], postgres_url: str, name: str, kills: int, count: int) -> None:
+    tokens = [f"t{n}" for n in range(count)]
+    keys = {t: f"k{n % KEYS}" for n, t in enumerate(tokens)}
+    sent = tokens + random.Random(21).sample(tokens, count // 10)
+    random.Random(22).shuffle(sent)
+    env = {**env, "PYTHONPATH": str(ROOT), "RELIABLE_OUTBOX__NAME": name}
+    _query(postgres_url, f"create table {name}_b (id bigserial primary key, token text, message_id text, key text)")
+    producer = App(Settings.load(None, env=env))
+    for topic in (f"{name}-a", f"{name}-b"):  # a queue broker keeps messages for known groups only
+        producer.transport.declare(topic, [topic])
+
+    def send() -> None:
+        for i in range(0, len(sent), 500):
+            for key in sorted({keys[t] for t in sent[i : i + 500]}):
+                producer.publish_many(f"{name}-a", [{"token": t} for t in sent[i : i + 500] if keys[t] == key], key=key)
+
+    def start(*command: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", *command], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def a_worker() -> subprocess.Popen:
+        return start("tests.transports.outbox_chain_worker", "a", name)
+
+    def relay() -> subprocess.Popen:
+        return start("reliable.cli", "relay")
+
+    def done() -> int:
+        return int(_query(postgres_url, f"select count(distinct token) from {name}_b")[0][0])
+
+    sending = threading.Thread(target=send)
+    sending.start()
+    b_worker = start("tests.transports.outbox_chain_worker", "b", name)
+    running = {"a": a_worker(), "relay": relay()}
+    rng, mid_work, killed = random.Random(), 0, {"a": 0, "relay": 0}
+    try:
+        for _ in range(kills):
+            victim = rng.choice(sorted(running))
+            target = done() + rng.randint(1, 400)  # kill after a random amount of progress
+            wait_until(lambda: done() >= min(target, count), lambda: b_worker.poll() is None, 0.05)  # noqa: B023
+            time.sleep(rng.uniform(0, 0.1))  # and at a random moment after it
+            mid_work += done() < count
+            running[victim].send_signal(signal.SIGKILL)
+            assert running[victim].wait(timeout=30) == -signal.SIGKILL
+            killed[victim] += 1
+            running[victim] = a_worker() if victim == "a" else relay()
+        sending.join()
+        wait_until(lambda: done() >= count, lambda: b_worker.poll() is None)
+    finally:
+        sending.join()
+        for process in (*running.values(), b_worker):
+            process.send_signal(signal.SIGTERM)
+        b_out, _ = b_worker.communicate(timeout=120)
+        for process in running.values():
+            process.communicate(timeout=120)
+        producer.close()
+    assert mid_work >= kills * 3 // 4, "the kills landed while the chain was still working"
+    assert killed["a"] and killed["relay"], killed
+
+    effects = dict(_query(postgres_url, f"select token, count(*) from {name}_b group by token"))
+    assert effects == dict.fromkeys(tokens, 1)  # every B effect exactly once, none lost
+    rows = dict(_query(postgres_url, "select message_id, id from reliable_outbox where outbox = :n and state = 'sent'",
+                       n=name))
+    assert len(rows) == count  # one row per token: A's duplicates published nothing
+    order: dict[str, list[int]] = {}
+    for message_id, key in _query(postgres_url, f"select message_id, key from {name}_b order by id"):
+        order.setdefault(key, []).append(rows[message_id])
+    assert set(order) == set(keys.values())
+    assert all(ids == sorted(ids) for ids in order.values())  # per key, in outbox order
+    stats = json.loads(b_out.strip().splitlines()[-1])
+    print(f"outbox chain {name}: kills {killed}, B duplicates skipped {stats.get('duplicate', 0)}")
