@@ -194,9 +194,9 @@ class Worker:
         """Nack or dead-letter a message that was not done; True once the transport took it."""
         message, failure = result.message, result.failure
         if result.outcome is Outcome.REDELIVERED or result.outcome is Outcome.DEFERRED:
-            return self._guarded(lambda: self.subscription.nack(message, result.delay)) is not FAILED
+            return self._settling(lambda s: s.nack(message, result.delay)) is not FAILED
         if result.outcome is Outcome.DEAD_LETTERED and failure is not None:
-            return self._guarded(lambda: self.subscription.dead_letter(message, failure)) is not FAILED
+            return self._settling(lambda s: s.dead_letter(message, failure)) is not FAILED
         return False
 
     def _in_progress(self, messages: Sequence[Message]) -> None:
@@ -211,7 +211,7 @@ class Worker:
                 subscription.in_progress(messages)
 
     def _ack(self, messages: Sequence[Message]) -> None:
-        if self._guarded(lambda: self.subscription.ack(messages)) is not FAILED:
+        if self._settling(lambda s: s.ack(messages)) is not FAILED:
             self._advance(messages)
 
     def _advance(self, messages: Sequence[Message]) -> None:
@@ -219,7 +219,20 @@ class Worker:
             return
         advanced = self.watermark.mark_done(messages)
         if advanced:
-            self._guarded(lambda: self.subscription.commit(advanced))
+            self._settling(lambda s: s.commit(advanced))
+
+    def _settling(self, call: Callable[[Subscription], Any]) -> Any:
+        """``call`` on the membership that fetched the messages being settled, guarded.
+
+        Once an outage made the worker leave (a nack or dead letter of the same
+        batch failed, say), the rest of the batch is not settled through a new
+        membership, which never held those messages: they come back to the group
+        and are skipped by their tokens.
+        """
+        subscription = self._subscription
+        if subscription is None:
+            return FAILED
+        return self._guarded(lambda: call(subscription))
 
     def _guarded(self, call: Callable[[], Any]) -> Any:
         """``call()``, or `FAILED` after a transport outage (logged; the worker subscribes again)."""

@@ -19,6 +19,7 @@ unreachable) or `TransportError` (refused), and the owner opens a new one.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -72,6 +73,17 @@ def parameters(url: str, heartbeat: float, connect_timeout: float) -> pika.URLPa
     return result
 
 
+def alternatives(first: pika.URLParameters, servers: Sequence[str]) -> list[pika.URLParameters]:
+    """``first`` and the same parameters for each ``host:port`` of ``servers``, tried in this order."""
+    found = [first]
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        other = copy.deepcopy(first)
+        other.host, other.port = host, int(port)
+        found.append(other)
+    return found
+
+
 class RefusedError(TransportError):
     """RabbitMQ closed a channel over a call (404: no such queue, 406: declared otherwise)."""
 
@@ -97,7 +109,7 @@ _FAILURES = (pika.exceptions.AMQPError, OSError, AssertionError)
 class Connection:
     """One pika connection: a channel for publishing in transactions, more on demand."""
 
-    def __init__(self, params: pika.URLParameters, name: str) -> None:
+    def __init__(self, params: Sequence[pika.URLParameters], name: str) -> None:
         self.name = name
         self._lock = threading.RLock()
         self._closed = threading.Event()

@@ -71,13 +71,17 @@ def check_amqp_name(kind: str, name: str) -> None:
 class Layout:
     """The RabbitMQ names and queue arguments of one namespace."""
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, replicas: int | None = None) -> None:
         if not isinstance(namespace, str) or not _LEGAL.fullmatch(namespace) or namespace.startswith("amq."):
             raise ConfigurationError(
                 f"transport option namespace={namespace!r}: letters, digits, '_', '.' and '-', "
                 "not starting with 'amq.'"
             )
         self.namespace = namespace
+        self.quorum: dict[str, Any] = dict(QUORUM)
+        """A quorum queue's arguments: with ``replicas``, its initial group size (members)."""
+        if replicas is not None:
+            self.quorum["x-quorum-initial-group-size"] = replicas
 
     def exchange(self, topic: str) -> str:
         return f"{self.namespace}:t:{topic}"
@@ -100,16 +104,15 @@ class Layout:
         With ``single_active_consumer`` one member consumes at a time (the others
         stand by), so messages keep their order across members too.
         """
-        arguments: dict[str, Any] = {**QUORUM, **AT_LEAST_ONCE, "x-dead-letter-exchange": "",
+        arguments: dict[str, Any] = {**self.quorum, **AT_LEAST_ONCE, "x-dead-letter-exchange": "",
                                      "x-dead-letter-routing-key": self.dead_letter_queue(group)}
         if single_active_consumer:
             arguments["x-single-active-consumer"] = True
         return arguments
 
-    @staticmethod
-    def delay_arguments(bucket_ms: int, exchange: str, routing_key: str | None) -> dict[str, Any]:
+    def delay_arguments(self, bucket_ms: int, exchange: str, routing_key: str | None) -> dict[str, Any]:
         """A delay queue: its messages expire after ``bucket_ms`` into ``exchange`` (at-least-once)."""
-        arguments: dict[str, Any] = {**QUORUM, **AT_LEAST_ONCE, "x-message-ttl": bucket_ms,
+        arguments: dict[str, Any] = {**self.quorum, **AT_LEAST_ONCE, "x-message-ttl": bucket_ms,
                                      "x-dead-letter-exchange": exchange}
         if routing_key is not None:
             arguments["x-dead-letter-routing-key"] = routing_key

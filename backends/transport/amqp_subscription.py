@@ -68,7 +68,7 @@ class AmqpSubscription(Subscription):
         topics: Sequence[str],
         options: SubscribeOptions,
         *,
-        parameters: pika.URLParameters,
+        parameters: Sequence[pika.URLParameters],
         layout: Layout,
         clock: Clock,
         single_active_consumer: bool = False,

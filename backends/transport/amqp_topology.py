@@ -3,7 +3,11 @@
 Declarations are idempotent in RabbitMQ; a name already declared through a
 connection is not declared again through it. A queue that exists with other
 arguments (a classic queue of the same name, say) is refused by RabbitMQ
-with ``PRECONDITION_FAILED``, which reaches the caller as a `TransportError`.
+with ``PRECONDITION_FAILED`` naming the argument and both values (a quorum
+queue made with another ``x-quorum-initial-group-size`` than ``[transport]
+replicas``, say), which reaches the caller as a `TransportError`: RabbitMQ
+cannot change a queue's arguments, an operator changes its members with
+``rabbitmq-queues grow`` / ``shrink``.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import TypeVar
 from pika.adapters.blocking_connection import BlockingChannel
 
 from backends.transport.amqp_client import Connection, RefusedError
-from backends.transport.amqp_layout import BUCKETS_MS, QUORUM, Layout
+from backends.transport.amqp_layout import BUCKETS_MS, Layout
 
 NOT_FOUND = 404
 T = TypeVar("T")
@@ -51,7 +55,7 @@ class Topology:
 
         def declare() -> None:
             channel = self._admin()
-            channel.queue_declare(dead_letters, durable=True, arguments=QUORUM)
+            channel.queue_declare(dead_letters, durable=True, arguments=self.layout.quorum)
             channel.queue_declare(queue, durable=True, arguments=self.layout.queue_arguments(group, self.single_active_consumer))
             channel.queue_bind(queue, exchange)
 

@@ -30,7 +30,7 @@ import pika
 
 from backends.clock import SYSTEM_CLOCK, Clock
 from backends.errors import ConfigurationError, TransportError
-from backends.transport.amqp_client import Connection, Publish, parameters
+from backends.transport.amqp_client import Connection, Publish, alternatives, parameters
 from backends.transport.amqp_layout import (
     CAPABILITIES,
     DUE_HEADER,
@@ -49,7 +49,9 @@ from backends.transport.base import (
     Transport,
     check_name,
     check_outgoing,
+    count,
     seconds,
+    server_list,
 )
 from backends.types import OutgoingMessage
 
@@ -64,7 +66,11 @@ class AmqpTransport(Transport):
     stops answering loses its messages after about this many seconds,
     default 30), ``connect_timeout`` (seconds, default 10),
     ``single_active_consumer`` (``true``: one member of a group consumes a
-    queue at a time, the others stand by: order across members kept).
+    queue at a time, the others stand by: order across members kept),
+    ``replicas`` (members of each quorum queue it declares: its initial group
+    size; an existing queue of another size is refused by RabbitMQ, naming
+    both), ``servers`` (more ``host:port`` nodes of the cluster, tried in
+    order when the URL's cannot be reached; same credentials and vhost).
     """
 
     capabilities = CAPABILITIES
@@ -78,11 +84,14 @@ class AmqpTransport(Transport):
         visibility_timeout: float | str = 30.0,
         connect_timeout: float | str = 10.0,
         single_active_consumer: bool | str = False,
+        replicas: int | str | None = None,
+        servers: Sequence[str] | str = (),
     ) -> None:
-        self._parameters = parameters(
+        first = parameters(
             url, seconds("visibility_timeout", visibility_timeout), seconds("connect_timeout", connect_timeout)
         )
-        self._layout = Layout(namespace)
+        self._parameters = alternatives(first, server_list(servers))
+        self._layout = Layout(namespace, None if replicas is None else count("replicas", replicas))
         self._single_active = _flag("single_active_consumer", single_active_consumer)
         self._clock = clock
         self._lock = threading.Lock()

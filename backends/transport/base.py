@@ -224,6 +224,14 @@ def seconds(name: str, value: float | str) -> float:
     return float(number)
 
 
+def count(name: str, value: int | str) -> int:
+    """``value`` (a number, or its text from the URL) if an integer >= 1, else a `ConfigurationError`."""
+    number = int(value) if isinstance(value, int | str) and str(value).isdigit() else 0
+    if isinstance(value, bool) or number < 1:
+        raise ConfigurationError(f"transport option {name}={value!r}: an integer >= 1 is required")
+    return number
+
+
 def server_list(servers: Sequence[str] | str) -> list[str]:
     """The ``servers`` option as a list of ``host:port``: given as a list, or as the URL's ``a:1,b:2``."""
     listed = servers.split(",") if isinstance(servers, str) else list(servers)

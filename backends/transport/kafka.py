@@ -32,13 +32,14 @@ from typing import Any
 import structlog
 
 from backends.clock import SYSTEM_CLOCK, Clock
-from backends.errors import ConfigurationError, TransportError
+from backends.errors import TransportError
 from backends.transport.base import (
     ORIGIN_TOPIC_HEADER,
     SubscribeOptions,
     Transport,
     check_name,
     check_outgoing,
+    count,
     seconds,
     with_servers,
 )
@@ -175,10 +176,3 @@ class KafkaTransport(Transport):
             raise TransportError("KafkaTransport is closed")
 
 
-
-def count(name: str, value: int | str) -> int:
-    """``value`` (a number, or its text from the URL) if an integer >= 1, else a `ConfigurationError`."""
-    number = int(value) if isinstance(value, int | str) and str(value).isdigit() else 0
-    if isinstance(value, bool) or number < 1:
-        raise ConfigurationError(f"transport option {name}={value!r}: an integer >= 1 is required")
-    return number

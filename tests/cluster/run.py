@@ -3,7 +3,8 @@
 A producer (an `App` in the test process, ``app.publish`` riding through
 outages) publishes ``count`` tokens, 1% poison and 10% sent twice, shuffled,
 staying at most `AHEAD` messages ahead of the consumer so that publishing
-goes on while nodes fail. One framework worker in a process of its own
+goes on while nodes fail (and pausing while a failed node is restarted, so
+that work is left for the next failure). One framework worker in a process of its own
 (`tests.transports.chaos_worker`: transactional commits, PostgreSQL store,
 batches of 50) consumes them. When progress reaches each failure's share of
 the work, the failure is injected (a node killed, a broker set down) and,
@@ -67,6 +68,8 @@ class ClusterRun:
     failures: Sequence[Failure]
     published: int = 0
     errors: list[BaseException] = field(default_factory=list)
+    restoring: threading.Event = field(default_factory=threading.Event)
+    """Set while a failure is undone: the producer waits, so work is left for the next failure."""
 
     def __post_init__(self) -> None:
         tokens = [f"t{n}" for n in range(self.count)]
@@ -120,12 +123,16 @@ class ClusterRun:
         failure.hit = failure.inject()
         wait_until(lambda: self.done() >= min(before + RESUMED, self.count), alive, 0.05)
         failure.recovery = time.monotonic() - started
-        failure.restore(failure.hit)
+        self.restoring.set()
+        try:
+            failure.restore(failure.hit)
+        finally:
+            self.restoring.clear()
 
     def _send(self, producer: App) -> None:
         try:
             for start in range(0, len(self.bodies), BATCH):
-                wait_until(lambda: self.published - self.done() < AHEAD)  # noqa: B023
+                wait_until(lambda: not self.restoring.is_set() and self.published - self.done() < AHEAD)
                 producer.publish_many(self.topic, self.bodies[start:start + BATCH])
                 self.published += len(self.bodies[start:start + BATCH])
         except BaseException as exc:

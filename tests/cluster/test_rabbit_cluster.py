@@ -1,0 +1,84 @@
+"""Handlers ride through the quorum queue's leader being killed in a 3-node RabbitMQ cluster.
+
+The cluster is the machine's ``rabbitmq-server`` started three times on
+loopback by the test (`RabbitCluster`: own node names, ports and mnesia
+directories; the shared server is never touched). During one run
+(`tests.cluster.run`) the node leading the group's quorum queue is killed
+with ``kill -9`` and restarted, then a follower. The clients list every node
+(``[transport] servers``), so those connected to the killed node reconnect to
+another. Every effect must be in PostgreSQL once and every poison message
+dead-lettered once; the killed leader is shown to lead no more afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from backends.errors import TransportError
+from backends.transport.amqp_layout import Layout
+from backends.transport.amqp_transport import AmqpTransport
+from tests.cluster.rabbit_cluster import RabbitCluster
+from tests.cluster.run import ClusterRun, Failure
+
+
+@pytest.fixture
+def rabbit_cluster(tmp_path: Path, unique: str) -> Iterator[RabbitCluster]:
+    with RabbitCluster(tmp_path / "rabbit", unique) as cluster:
+        yield cluster
+
+
+def rabbit_run(cluster: RabbitCluster, postgres_url: str, effects: str, topic: str, count: int, log_dir: Path,
+               rounds: int) -> ClusterRun:
+    queue = Layout(topic).queue(topic, topic)
+    first = cluster.nodes[0]
+
+    def kill_leader() -> str:
+        node = cluster.leader(queue)
+        cluster.kill(node)
+        assert cluster.leader(queue) != node  # a new leader was elected
+        return node.partition("@")[0].removeprefix(cluster.name)
+
+    def kill_follower() -> str:
+        leader = cluster.leader(queue)
+        node = next(n for n in cluster.nodes if n != leader)
+        cluster.kill(node)
+        return node.partition("@")[0].removeprefix(cluster.name)
+
+    def restart(letter: str) -> None:
+        cluster.start(f"{cluster.name}{letter}@localhost")
+
+    kinds = [("kill -9 quorum queue leader", kill_leader), ("kill -9 follower", kill_follower)]
+    steps = [kinds[i % len(kinds)] for i in range(len(kinds) * rounds)]
+    failures = [Failure(name, (i + 1) / (len(steps) + 1), inject, restart) for i, (name, inject) in enumerate(steps)]
+    env = {
+        "RELIABLE_TRANSPORT__URL": f"{cluster.url(first)}?namespace={topic}&connect_timeout=3",
+        "RELIABLE_TRANSPORT__SERVERS": str(cluster.servers(first)).replace("'", '"'),
+        "RELIABLE_TRANSPORT__REPLICAS": "3",
+        "RELIABLE_TRANSPORT__VISIBILITY_TIMEOUT": "5",
+        "RELIABLE_STORE__URL": postgres_url,
+        "RELIABLE_CACHE__URL": "memory://",
+        "RELIABLE_COMMIT__STRATEGY": "transactional",
+        "RELIABLE_RETRY__INITIAL_DELAY": "0.5",
+        "RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1",
+        "RELIABLE_LOG__LEVEL": "warning",
+    }
+    return ClusterRun(env, postgres_url, effects, topic, count, log_dir, failures)
+
+
+def test_quorum_queue_rides_through_kill_9_of_its_leader_and_a_follower(
+    rabbit_cluster: RabbitCluster, postgres_url: str, effects: str, unique: str, tmp_path: Path
+) -> None:
+    rabbit_run(rabbit_cluster, postgres_url, effects, unique, 3000, tmp_path, rounds=1).run()
+    with AmqpTransport(rabbit_cluster.url(rabbit_cluster.nodes[0]), namespace=unique, replicas=1) as transport, \
+            pytest.raises(TransportError, match="inequivalent arg 'x-quorum-initial-group-size'"):
+        transport.declare(unique, [unique])  # the queue has 3 members: a size of 1 is refused, naming it
+
+
+@pytest.mark.soak
+def test_soak_quorum_queue_rides_through_many_kills(
+    rabbit_cluster: RabbitCluster, postgres_url: str, effects: str, unique: str, tmp_path: Path
+) -> None:
+    rabbit_run(rabbit_cluster, postgres_url, effects, unique, 20000, tmp_path, rounds=4).run()
