@@ -33,9 +33,9 @@ from broker.errors import BrokerError, BrokerUnavailableError
 from broker.protocol import codec as native_codec
 from broker.protocol.calls import SyncCalls
 from broker.protocol.codec import FrameDecoder, decode_body
+from broker.protocol.errors import WIRE_ERRORS, ClientError
 from broker.protocol.operations import OPERATIONS, Operation
 from broker.protocol.tables import outgoing_table
-from broker.server.errors import WIRE_ERRORS, ClientError
 
 log = structlog.get_logger("broker.client")
 PUBLISH = OPERATIONS["publish"]

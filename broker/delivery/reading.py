@@ -46,7 +46,8 @@ def group_offsets(broker: Broker, group: str, topic: str) -> list[int | None]:
 
 
 def commit_group(broker: Broker, group: str, topic: str, offsets: Sequence[int]) -> None:
-    """Record ``offsets`` (the next offset per queue) as ``group``'s; never moves one back."""
+    """Record ``offsets`` (the next offset per queue) as ``group``'s; never moves one back, and
+    never past a queue's end."""
     check_name("group", group)
     with broker.lock:
         if len(offsets) != broker.topic_table.queues(topic):
@@ -54,6 +55,11 @@ def commit_group(broker: Broker, group: str, topic: str, offsets: Sequence[int])
                                 f"{broker.topic_table.queues(topic)} queues of {topic!r}")
         if group in broker.group_table:
             raise DeliveryError(f"group {group!r} has live members; its offsets are the broker's")
+        ends = [broker.store.max_offset(topic, queue) for queue in range(len(offsets))]
+        beyond = [(q, o, end) for q, (o, end) in enumerate(zip(offsets, ends)) if not 0 <= o <= end]
+        if beyond:  # past the end, the group would skip every message written up to there
+            raise DeliveryError(f"commit_group {group!r}: offsets (queue, offset, end) {beyond} of "
+                                f"{topic!r} are not between 0 and the queue's end")
         for queue, offset in enumerate(offsets):
             saved = broker.offsets.get((group, topic, queue))
             broker.offsets.put((group, topic, queue), max(int(offset), saved or 0))

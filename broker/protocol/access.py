@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from broker.delivery.group import dlq_topic
-from broker.server.errors import PermissionDeniedError
+from broker.protocol.errors import PermissionDeniedError
 
 INTERNAL = ("%RETRY%", "%DLQ%")
 """Prefixes of a group's own topics: ``%RETRY%<group>`` and ``%DLQ%<group>``."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgpack
 
-from broker.server.errors import (
+from broker.protocol.errors import (
     BrokenStreamError,
     FrameTooLargeError,
     MalformedFrameError,

@@ -23,6 +23,7 @@ from typing import Any
 
 from broker.delivery import lookup
 from broker.protocol.access import Access, Rights, may_see_topic
+from broker.protocol.errors import MalformedFrameError
 from broker.protocol.kinds import (
     ANY,
     BOOL,
@@ -43,7 +44,6 @@ from broker.protocol.kinds import (
     TOPIC_INFOS,
     Kind,
 )
-from broker.server.errors import MalformedFrameError
 
 REQUIRED: Any = object()
 

@@ -24,7 +24,7 @@ from broker.delivery.values import (
     field_names,
     many,
 )
-from broker.server.errors import MalformedFrameError
+from broker.protocol.errors import MalformedFrameError
 
 T = TypeVar("T")
 Table = dict[str, Any]

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from broker.errors import BrokerConfigError
-from broker.server.errors import AuthenticationError
+from broker.protocol.errors import AuthenticationError
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
 PBKDF2_ITERATIONS = 600_000

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.errors import UnknownMemberError
+from broker.protocol.errors import MalformedFrameError
 from broker.protocol.operations import OPERATIONS, Operation
 from broker.protocol.tables import Table, column_table
 from broker.server.auth import Principal
 from broker.server.engine import DeliveryColumns, Engine, PlacementColumns
-from broker.server.errors import MalformedFrameError
 from broker.server.metrics import ServerMetrics
 
 Reply = dict[str, Any]

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.errors import BrokerError
+from broker.protocol.errors import MalformedFrameError
 from broker.protocol.operations import OPERATIONS
 from broker.protocol.tables import checked_columns
 from broker.server.engine import MessageColumns, PlacementColumns
-from broker.server.errors import MalformedFrameError
 from broker.server.native_ops import Context, Reply, placements_reply
 from broker.store.runs import MAX_BATCH_ID
 

@@ -18,18 +18,18 @@ from typing import Any
 from broker.errors import BrokerError
 from broker.protocol import codec as native_codec
 from broker.protocol.codec import FrameDecoder, decode_body
-from broker.protocol.operations import OPERATIONS, Operation
-from broker.server import native_ops, native_runs
-from broker.server.auth import Authenticator, Principal
-from broker.server.connection import Connection, ConnectionTimedOut
-from broker.server.engine import Engine
-from broker.server.errors import (
+from broker.protocol.errors import (
     AuthenticationError,
     MalformedFrameError,
     ProtocolError,
     ServerError,
     UnknownOperationError,
 )
+from broker.protocol.operations import OPERATIONS, Operation
+from broker.server import native_ops, native_runs
+from broker.server.auth import Authenticator, Principal
+from broker.server.connection import Connection, ConnectionTimedOut
+from broker.server.engine import Engine
 from broker.server.inbox import Inbox, Pending
 
 SERVER_NAME = "reliable-broker"

@@ -21,10 +21,10 @@ import structlog
 
 from broker.errors import BrokerConfigError
 from broker.protocol import codec as native_codec
+from broker.protocol.errors import ConnectionLimitError
 from broker.server.config import ServerConfig
 from broker.server.connection import Connection
 from broker.server.engine import Engine
-from broker.server.errors import ConnectionLimitError
 from broker.server.metrics import ServerMetrics
 from broker.server.native_session import NativeSession
 from broker.server.stomp_codec import StompFrame, encode

@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from broker.server.errors import BrokenStreamError, FrameTooLargeError
+from broker.protocol.errors import BrokenStreamError, FrameTooLargeError
 
 VERSIONS = ("1.0", "1.1", "1.2")
 HEARTBEAT = b"\n"

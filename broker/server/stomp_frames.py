@@ -11,10 +11,10 @@ import itertools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from broker.protocol.errors import MalformedFrameError, RequestError, UnknownOperationError
 from broker.protocol.operations import OPERATIONS
 from broker.server.auth import Principal
 from broker.server.engine import Delivery, OutgoingMessage
-from broker.server.errors import MalformedFrameError, RequestError, UnknownOperationError
 from broker.server.stomp_codec import StompFrame
 from broker.server.stomp_subscription import ACK_MODES, AckMode, Destination, StompSubscription
 

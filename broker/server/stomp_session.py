@@ -12,10 +12,10 @@ import itertools
 from typing import Any
 
 from broker.errors import BrokerError
+from broker.protocol.errors import AuthenticationError, MalformedFrameError, ProtocolError
 from broker.server.auth import Authenticator, Principal
 from broker.server.connection import Connection, ConnectionTimedOut
 from broker.server.engine import Engine
-from broker.server.errors import AuthenticationError, MalformedFrameError, ProtocolError
 from broker.server.stomp_codec import HEARTBEAT, StompDecoder, StompFrame, encode
 from broker.server.stomp_frames import StompHandlers
 

@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from broker.protocol.errors import MalformedFrameError, RequestError
 from broker.server.config import Limits
 from broker.server.engine import Delivery, Engine
-from broker.server.errors import MalformedFrameError, RequestError
 
 AckMode = Literal["auto", "client", "client-individual"]
 ACK_MODES: tuple[AckMode, ...] = ("auto", "client", "client-individual")

@@ -15,8 +15,8 @@ import pytest
 
 from broker.client import Client
 from broker.delivery.values import OutgoingMessage
+from broker.protocol.errors import PermissionDeniedError
 from broker.server.auth import hash_password
-from broker.server.errors import PermissionDeniedError
 from tests.broker.server.serving import ServerProcess
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from broker.protocol import codec as native_codec
 from broker.protocol.codec import FrameDecoder, decode_body, encode
-from broker.server.errors import (
+from broker.protocol.errors import (
     BrokenStreamError,
     FrameTooLargeError,
     MalformedFrameError,

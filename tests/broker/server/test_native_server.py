@@ -20,8 +20,8 @@ import pytest
 from broker.client import Client
 from broker.delivery.values import OutgoingMessage
 from broker.protocol import codec as native_codec
+from broker.protocol.errors import AuthenticationError, PermissionDeniedError
 from broker.server.auth import hash_password
-from broker.server.errors import AuthenticationError, PermissionDeniedError
 from tests.broker.server.serving import ServerProcess
 
 

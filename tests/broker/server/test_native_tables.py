@@ -26,6 +26,7 @@ from broker.delivery.values import (
     PlacementColumns,
 )
 from broker.errors import InvalidNameError
+from broker.protocol.errors import MalformedFrameError
 from broker.protocol.tables import (
     checked_messages,
     outgoing_table,
@@ -34,7 +35,6 @@ from broker.protocol.tables import (
 )
 from broker.server.auth import OPEN
 from broker.server.engine import Engine
-from broker.server.errors import MalformedFrameError
 from broker.server.metrics import ServerMetrics
 from broker.server.native_ops import Context
 from broker.server.native_runs import TOGETHER

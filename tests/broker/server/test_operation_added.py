@@ -23,11 +23,11 @@ from broker.delivery.engine import Broker
 from broker.delivery.values import OutgoingMessage
 from broker.local import LocalClient, LocalServer
 from broker.protocol.access import Access
+from broker.protocol.errors import MalformedFrameError
 from broker.protocol.kinds import INT, STR, STRS
 from broker.protocol.operations import BY_METHOD, OPERATIONS, Field, Operation
 from broker.server.config import ServerConfig
 from broker.server.engine import Engine
-from broker.server.errors import MalformedFrameError
 from broker.server.server import BrokerServer
 
 

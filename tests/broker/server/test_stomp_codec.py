@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.server.errors import BrokenStreamError, FrameTooLargeError, ProtocolError
+from broker.protocol.errors import BrokenStreamError, FrameTooLargeError, ProtocolError
 from broker.server.stomp_codec import StompDecoder, StompFrame, encode
 
 header_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
