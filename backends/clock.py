@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Protocol
@@ -53,3 +54,13 @@ class FakeClock:
 
 
 SYSTEM_CLOCK = SystemClock()
+
+
+async def pause(clock: Clock, seconds: float) -> None:
+    """Wait ``seconds`` on ``clock`` from a coroutine: the wall clock without blocking the event
+    loop (``asyncio.sleep``); any other clock (a fake one advances at once) through its ``sleep``."""
+    if isinstance(clock, SystemClock):
+        if seconds > 0:
+            await asyncio.sleep(seconds)
+    else:
+        clock.sleep(seconds)

@@ -1,5 +1,9 @@
 """The `@app.handler(...)` decorator: a registered handler and its validated options.
 
+A handler is a plain function ``(message[, tx])`` or an ``async def`` one,
+whose ``tx`` is then the store's async transaction (`backends.store.aio`)
+and which runs with many messages in flight on one event loop.
+
 Options are validated when the decorator runs (an unknown token spec, a
 negative batch size, a lease without a positive expiry: `HandlerOptionError`
 naming the option), and so is the handler's shape: a generator or async
@@ -18,7 +22,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.store.base import Transaction
 from backends.types import Message
 from reliable.commit import STRATEGIES, CommitStrategy
 from reliable.errors import HandlerOptionError, HandlerShapeError
@@ -90,19 +93,29 @@ class Handler:
         if self.batch and self.lease:
             raise HandlerOptionError(f"handler {self.name!r}: batch= and lease= cannot be combined")
         self._takes_tx = _takes_transaction(func)
+        self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
         self.config: HandlerConfig  # set by App when it starts
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the undecorated function (for unit tests of the handler's own logic)."""
         return self.func(*args, **kwargs)
 
-    def call(self, message: Message, tx: Transaction | None) -> Any:
-        return self._ran(self.func(message, tx) if self._takes_tx else self.func(message))
+    async def run(self, message: Message, tx: Any) -> Any:
+        """Run the handler's body on one message to its end (awaited when it is ``async def``)."""
+        return await self._ran(self.func(message, tx) if self._takes_tx else self.func(message))
 
-    def call_batch(self, messages: list[Message], tx: Transaction) -> Any:
-        return self._ran(self.func(messages, tx) if self._takes_tx else self.func(messages))
+    async def run_batch(self, messages: list[Message], tx: Any) -> Any:
+        """Run the handler's body on a batch to its end (batch mode)."""
+        return await self._ran(self.func(messages, tx) if self._takes_tx else self.func(messages))
 
-    def _ran(self, value: Any) -> Any:
+    async def _ran(self, value: Any) -> Any:
+        """What the body returned: an async handler's coroutine awaited, and never a body that
+        has not run (`HandlerShapeError`)."""
+        if self.is_async and inspect.iscoroutine(value):
+            value = await value
+        return self._finished(value)
+
+    def _finished(self, value: Any) -> Any:
         """``value``, unless it is a body that has not run yet (`HandlerShapeError`)."""
         if inspect.isawaitable(value) or inspect.isgenerator(value) or inspect.isasyncgen(value):
             if inspect.iscoroutine(value) or inspect.isgenerator(value):
@@ -124,7 +137,6 @@ def _name(func: Any) -> str:
 _UNRUNNABLE = (
     (inspect.isasyncgenfunction, "an async generator function"),
     (inspect.isgeneratorfunction, "a generator function"),
-    (inspect.iscoroutinefunction, "an async def function (not supported yet)"),
 )
 """Handler shapes whose call returns without running the body, and how to name them."""
 

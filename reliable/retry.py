@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from tenacity import (
+    AsyncRetrying,
     RetryCallState,
     Retrying,
     retry_if_exception,
@@ -57,6 +58,7 @@ __all__ = [
     "build_classifier",
     "call_with_redelivery",
     "call_with_retry",
+    "call_with_retry_async",
     "classify",
     "fatal_on",
     "parse_duration",
@@ -276,18 +278,53 @@ def call_with_retry(
     The first call runs without tenacity (the common case costs nothing); only
     after a retryable failure do the remaining calls go through `Retrying`.
     """
-
-    def retryable(exc: BaseException) -> bool:
-        return isinstance(exc, Exception) and classify(exc, classifier) is Verdict.RETRY
-
     try:
         return fn()
     except Exception as exc:
-        if policy.attempts == 1 or not retryable(exc):
-            raise
-        if on_retry is not None:
-            on_retry(exc, 1)
+        _first_failed(exc, policy, classifier, on_retry)
     clock.sleep(min(policy.initial_wait, policy.max_wait))
+    return Retrying(sleep=clock.sleep, **_retrying(policy, classifier, on_retry))(fn)
+
+
+async def call_with_retry_async(
+    fn: Callable[[], Awaitable[T]],
+    *,
+    policy: InProcessRetry,
+    classifier: Classifier | None = None,
+    sleep: Callable[[float], Awaitable[None]],
+    on_retry: Callable[[BaseException, int], Any] | None = None,
+) -> T:
+    """`call_with_retry` for a coroutine function, awaiting ``sleep`` between calls
+    (tenacity's `AsyncRetrying`): the same policy, classification and numbering."""
+    try:
+        return await fn()
+    except Exception as exc:
+        _first_failed(exc, policy, classifier, on_retry)
+    await sleep(min(policy.initial_wait, policy.max_wait))
+
+    async def attempt() -> T:  # a coroutine function, so tenacity awaits what ``fn`` returns
+        return await fn()
+
+    result: T = await AsyncRetrying(sleep=sleep, **_retrying(policy, classifier, on_retry))(attempt)
+    return result
+
+
+def _retryable(classifier: Classifier | None) -> Callable[[BaseException], bool]:
+    return lambda exc: isinstance(exc, Exception) and classify(exc, classifier) is Verdict.RETRY
+
+
+def _first_failed(exc: Exception, policy: InProcessRetry, classifier: Classifier | None,
+                  on_retry: Callable[[BaseException, int], Any] | None) -> None:
+    """Re-raise the first call's ``exc`` unless it is worth another call; report the retry."""
+    if policy.attempts == 1 or not _retryable(classifier)(exc):
+        raise exc
+    if on_retry is not None:
+        on_retry(exc, 1)
+
+
+def _retrying(policy: InProcessRetry, classifier: Classifier | None,
+              on_retry: Callable[[BaseException, int], Any] | None) -> dict[str, Any]:
+    """The tenacity options of the calls after the first (stop, wait, retry, reporting)."""
 
     def before_sleep(state: RetryCallState) -> None:
         if on_retry is not None and state.outcome is not None:
@@ -295,17 +332,15 @@ def call_with_retry(
             assert exc is not None
             on_retry(exc, state.attempt_number + 1)  # numbered from the first call
 
-    retrying = Retrying(
-        stop=stop_after_attempt(policy.attempts - 1),
-        wait=wait_exponential(
+    return {
+        "stop": stop_after_attempt(policy.attempts - 1),
+        "wait": wait_exponential(
             multiplier=policy.initial_wait * policy.multiplier, exp_base=policy.multiplier, max=policy.max_wait
         ),
-        retry=retry_if_exception(retryable),
-        sleep=clock.sleep,
-        before_sleep=before_sleep,
-        reraise=True,
-    )
-    return retrying(fn)
+        "retry": retry_if_exception(_retryable(classifier)),
+        "before_sleep": before_sleep,
+        "reraise": True,
+    }
 
 
 class RetriesSpent(Exception):

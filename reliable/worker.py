@@ -2,7 +2,9 @@
 
 A worker is one member of its handler's group. With ``concurrency > 1``
 messages are dispatched to lanes by key, so messages with the same key keep
-their order. Where the consumer keeps offsets (`Capabilities.consumer_offsets`)
+their order: a sync handler's lanes run on threads, an ``async def``
+handler's as tasks on one event loop (`OnLoop`), ``concurrency`` messages in
+flight. Where the consumer keeps offsets (`Capabilities.consumer_offsets`)
 the worker tracks the contiguous prefix of done offsets (`OffsetWatermark`),
 commits only that, and — with the transactional strategy — saves it in the
 handler's transaction and seeks back to it when queues are assigned.
@@ -15,6 +17,7 @@ de-duplicated by their tokens.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -31,6 +34,7 @@ from reliable.commit import CommitStrategy, OffsetWatermark
 from reliable.handler import Handler
 from reliable.outcome import Outcome, Result
 from reliable.pipeline import Pipeline
+from reliable.pipeline.runner import OnLoop
 from reliable.runtime import Runtime
 
 log = structlog.get_logger("reliable.worker")
@@ -74,11 +78,14 @@ class Worker:
         if strategy.in_transaction and self.watermark is None:
             log.info("offsets_not_saved", handler=handler.name,
                      reason="the transport acknowledges each message; transactional acts as per_message")
-        self.pipeline = Pipeline(handler, runtime, self.watermark if saves_offsets else None, self._in_progress)
+        self.lanes = handler.config.concurrency
+        self._loop = OnLoop(runtime.store, runtime.clock, self.lanes, handler.name) if handler.is_async else None
+        self.pipeline = Pipeline(handler, runtime, self.watermark if saves_offsets else None, self._in_progress,
+                                 self._loop)
         self._renewing = threading.Lock()
         self._saves_offsets = saves_offsets
-        self.lanes = handler.config.concurrency
-        self._pool = ThreadPoolExecutor(self.lanes, thread_name_prefix=f"reliable-{handler.name}") if self.lanes > 1 else None
+        threads = self.lanes > 1 and self._loop is None
+        self._pool = ThreadPoolExecutor(self.lanes, thread_name_prefix=f"reliable-{handler.name}") if threads else None
         self._subscription: Subscription | None = None
         self._reconnect = Reconnect(runtime.clock)
 
@@ -134,6 +141,8 @@ class Worker:
         self.pipeline.guard.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        if self._loop is not None:
+            self._loop.close()
         self._leave()
 
     # -- assignment -------------------------------------------------------------------------
@@ -172,14 +181,30 @@ class Worker:
     # -- dispatch and acknowledgement ---------------------------------------------------------
 
     def _dispatch(self, messages: list[Message]) -> list[Result]:
+        if self._loop is not None:
+            return self._loop.run(self._in_flight(self._lanes(messages)))
         if self._pool is None:
             return self._process(messages)
-        lanes: list[list[Message]] = [[] for _ in range(self.lanes)]
-        for m in messages:
-            lane_key = m.key if m.key is not None else f"{m.topic}/{m.queue}/{m.offset}/{m.id}"
-            lanes[zlib.crc32(lane_key.encode()) % self.lanes].append(m)
-        futures = [self._pool.submit(self._process, lane) for lane in lanes if lane]
+        futures = [self._pool.submit(self._process, lane) for lane in self._lanes(messages)]
         return [result for future in futures for result in future.result()]
+
+    def _lanes(self, messages: list[Message]) -> list[list[Message]]:
+        """``messages`` split over the lanes: by key (one key, one lane: its order is kept),
+        messages without a key dealt out in turn (no order to keep; the lanes fill evenly)."""
+        lanes: list[list[Message]] = [[] for _ in range(self.lanes)]
+        keyless = 0
+        for m in messages:
+            if m.key is None:
+                lanes[keyless % self.lanes].append(m)
+                keyless += 1
+            else:
+                lanes[zlib.crc32(m.key.encode()) % self.lanes].append(m)
+        return [lane for lane in lanes if lane]
+
+    async def _in_flight(self, lanes: list[list[Message]]) -> list[Result]:
+        """Every lane as a task on the loop; each runs its messages in order."""
+        done = await asyncio.gather(*(self.pipeline.run(lane, self.stopping.is_set) for lane in lanes))
+        return [result for results in done for result in results]
 
     def _process(self, messages: list[Message]) -> list[Result]:
         """Run the pipeline on ``messages``; once stopping, the rest stay unacknowledged and go

@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from backends.errors import ConfigurationError
 from backends.types import JSON, DeadLetter, QueueRef
 
 if TYPE_CHECKING:  # the outbox's module imports the store's primitives, which import this one
@@ -169,6 +170,11 @@ class Store(ABC):
     @abstractmethod
     def purge_expired(self) -> int:
         """Delete expired token records; return how many."""
+
+    def open_async(self, connections: int) -> Any:
+        """Async transactions on this store for one event loop (an `AsyncSqlStore`), for
+        ``async def`` handlers; a store without an asyncio driver says so."""
+        raise ConfigurationError(f"{type(self).__name__} has no async transactions; async def handlers need a SQL store")
 
     def iter_dead_letters(self, group: str, page: int = 500) -> Iterator[DeadLetter]:
         """Every dead letter of ``group``, paged."""

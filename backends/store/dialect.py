@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, Table
 from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from backends.store.claims import Claim, ClaimPath
 
@@ -33,6 +34,11 @@ class Dialect(ABC):
     @abstractmethod
     def engine(self, url: URL) -> Engine:
         """An engine tuned for this database (pool, locking)."""
+
+    @abstractmethod
+    def async_engine(self, url: URL, connections: int) -> AsyncEngine:
+        """The same database through its asyncio driver, tuned alike, with a pool of
+        ``connections`` (one per message in flight; `backends.store.aio`)."""
 
     @abstractmethod
     def insert(self, table: Table) -> Any:

@@ -33,6 +33,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from backends.store.ahead import ClaimAhead
 from backends.store.claims import (
@@ -138,6 +139,17 @@ class PostgreSQL(Dialect):
             connect_args={"connect_timeout": 10},
         )
 
+    def async_engine(self, url: URL, connections: int) -> AsyncEngine:
+        return create_async_engine(  # psycopg's async driver: one connection per message in flight
+            url,
+            pool_recycle=RECYCLE_SECONDS,
+            pool_size=connections,
+            max_overflow=MAX_OVERFLOW,
+            pool_timeout=30,
+            insertmanyvalues_page_size=INSERT_PAGE,
+            connect_args={"connect_timeout": 10},
+        )
+
     def insert(self, table: Table) -> Any:
         return postgresql.insert(table)
 
@@ -183,6 +195,14 @@ class PostgreSQL(Dialect):
 
 
 _COPY = f"COPY {tokens.name} (namespace, token, state, created_at, expires_at) FROM STDIN"
+
+
+class AsyncPostgreSQL(PostgreSQL):
+    """PostgreSQL under async transactions: ``COPY`` needs psycopg's sync cursor, so every
+    batch is claimed with ``INSERT ... ON CONFLICT``."""
+
+    def claim_paths(self) -> ClaimPath:
+        return OneRow(postgresql.insert) | _Batch()
 
 
 def claim_by_copy(connection: Connection, claim: Claim) -> bool:

@@ -28,12 +28,13 @@ from backends.clock import SYSTEM_CLOCK, Clock
 from backends.errors import StoreUnavailableError
 from backends.store import deadletters, progress
 from backends.store import tokens as records
+from backends.store.aio import AsyncSqlStore
 from backends.store.base import LeaseOutcome, Store, Transaction
 from backends.store.claims import Claim
 from backends.store.dialect import Dialect
 from backends.store.engine import is_unavailable, parse_store_url
 from backends.store.outbox import OutboxWriter, SqlOutbox
-from backends.store.postgresql import PostgreSQL
+from backends.store.postgresql import AsyncPostgreSQL, PostgreSQL
 from backends.store.schema import metadata
 from backends.store.sqlite import SQLite
 from backends.types import JSON, DeadLetter, QueueRef
@@ -125,6 +126,9 @@ class SqlTransaction(Transaction):
 
 DIALECTS: dict[str, type[Dialect]] = {"sqlite": SQLite, "postgresql": PostgreSQL}
 """The dialect of each backend name a store URL may have (`ALLOWED_SCHEMES`)."""
+
+ASYNC_DIALECTS: dict[str, type[Dialect]] = {"sqlite": SQLite, "postgresql": AsyncPostgreSQL}
+"""The same, for transactions on the asyncio drivers (`backends.store.aio`)."""
 
 
 class SqlStore(Store):
@@ -235,6 +239,13 @@ class SqlStore(Store):
                 deadletters.add_identity_column(connection)
             self._tables_ready = True
             log.info("store.ready", store=repr(self))
+
+    def open_async(self, connections: int) -> AsyncSqlStore:
+        """Async transactions on this database for one event loop, ``connections`` at once
+        (`backends.store.aio`); the tables are created first."""
+        self._ensure_tables()
+        dialect = ASYNC_DIALECTS[self.url.get_backend_name()]()
+        return AsyncSqlStore(dialect.async_engine(self.url, connections), dialect, self._clock, repr(self))
 
     # -- operations in a short transaction of their own --------------------------------
 

@@ -30,6 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from backends.store.claims import (
     CLAIM_COLUMNS,
@@ -80,6 +81,17 @@ class SQLite(Dialect):
         engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
         event.listen(engine, "connect", _on_connect)
         event.listen(engine, "begin", _on_begin)
+        return engine
+
+    def async_engine(self, url: URL, connections: int) -> AsyncEngine:
+        # SQLite writes one transaction at a time: messages in flight queue for one connection in
+        # the pool (first come, first served) rather than in SQLite's busy handler, which polls
+        del connections
+        engine = create_async_engine(url.set(drivername="sqlite+aiosqlite"), pool_size=1, max_overflow=0,
+                                     pool_timeout=BUSY_TIMEOUT_MS / 1000,
+                                     connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+        event.listen(engine.sync_engine, "connect", _on_connect)
+        event.listen(engine.sync_engine, "begin", _on_begin)
         return engine
 
     def insert(self, table: Table) -> Any:

@@ -25,6 +25,7 @@ every outcome.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import structlog
 
@@ -34,6 +35,7 @@ from reliable.handler import Handler
 from reliable.outcome import Result
 from reliable.pipeline.lease import InProgress, Leased
 from reliable.pipeline.observe import Metrics, Observer, Observers, Report
+from reliable.pipeline.runner import Inline, Runner, drive
 from reliable.pipeline.steps import Step, Steps, Work
 from reliable.pipeline.transaction import each_in_transaction, together_in_transaction
 from reliable.runtime import Runtime
@@ -54,25 +56,30 @@ class Pipeline:
     """
 
     def __init__(self, handler: Handler, runtime: Runtime, offsets: OffsetWatermark | None = None,
-                 in_progress: InProgress | None = None) -> None:
+                 in_progress: InProgress | None = None, runner: Runner | None = None) -> None:
         self.handler = handler
         self.observers = Observers([Report(runtime.counters), Metrics()])
-        self.steps = Steps(handler, runtime, offsets, self.observers)
+        self.runner = runner or Inline(runtime.store, runtime.clock)
+        self.steps = Steps(handler, runtime, offsets, self.observers, self.runner)
         self.guard = self.steps.guard
         run: Step
         if handler.lease is not None:
             run = Leased(self.steps, in_progress)
         elif handler.batch:
-            run = lambda work: together_in_transaction(self.steps, work)  # noqa: E731
+            run = partial(together_in_transaction, self.steps)
         else:
-            run = lambda work: each_in_transaction(self.steps, work)  # noqa: E731
+            run = partial(each_in_transaction, self.steps)
         s = self.steps
         self.before: list[Step] = [s.tokens, s.repeats, s.cached]
-        self.run = run
+        self.run_chunk = run
         self.after: list[Step] = [s.dead_letters, s.remember]
         self.chunk = handler.batch or 1
 
     def process(self, messages: Sequence[Message], stopping: Callable[[], bool] = lambda: False) -> list[Result]:
+        """`run` for a sync handler, on the calling thread (its runner is `Inline`)."""
+        return drive(self.run(messages, stopping))
+
+    async def run(self, messages: Sequence[Message], stopping: Callable[[], bool] = lambda: False) -> list[Result]:
         """Run ``messages`` through the chain; one `Result` per message, in order.
 
         The steps before ``run`` see the whole fetch (one cache round trip for
@@ -82,17 +89,17 @@ class Pipeline:
         """
         work = [Work(m) for m in messages]
         for step in self.before:
-            step(work)
+            await step(work)
         done: list[Work] = []
         for start in range(0, len(work), self.chunk):
             if stopping():
                 log.info("worker_stopping", handler=self.handler.name, handed_back=len(work) - start)
                 break
             chunk = work[start : start + self.chunk]
-            self.run(chunk)
+            await self.run_chunk(chunk)
             done += chunk
         for step in self.after:
-            step(done)
+            await step(done)
         results = []
         for w in done:
             assert w.result is not None, f"no step decided message {w.message.id}"

@@ -72,15 +72,15 @@ class Leased:
         self.in_progress = in_progress
         self.seconds = float(steps.handler.lease or 0)
 
-    def __call__(self, work: list[Work]) -> None:
+    async def __call__(self, work: list[Work]) -> None:
         for w in undecided(work):
             assert w.token is not None  # lease mode always has a token (message id by default)
-            self._run(w, w.token)
+            await self._run(w, w.token)
 
-    def _run(self, w: Work, token: str) -> None:
-        steps, group = self.steps, self.steps.handler.group
+    async def _run(self, w: Work, token: str) -> None:
+        steps, group, store = self.steps, self.steps.handler.group, self.steps.runtime.store
         try:
-            held = steps.runtime.store.lease(group, token, self.seconds)
+            held = await steps.runner.offload(lambda: store.lease(group, token, self.seconds))
         except StoreUnavailableError as exc:
             w.result = steps.deferred(w.message, token, exc)
             return
@@ -95,12 +95,12 @@ class Leased:
         try:
             with Heartbeat(lambda: self._renew(w.message, token), self.seconds / RENEWALS_PER_LEASE,
                            steps.handler.name):
-                value = steps.retrying(lambda: steps.call([w.message], None))
+                value = await steps.retrying(lambda: steps.call([w.message], None))
         except Exception as exc:
-            self._release(token)
+            await steps.runner.offload(lambda: self._release(token))
             w.result = steps.failed(w.message, token, exc)
             return
-        self._complete(w, token, value)
+        await self._complete(w, token, value)
 
     def _renew(self, message: Message, token: str) -> None:
         if not self.steps.runtime.store.renew_lease(self.steps.handler.group, token, self.seconds):
@@ -108,12 +108,12 @@ class Leased:
         if self.in_progress is not None:
             self.in_progress([message])
 
-    def _complete(self, w: Work, token: str, value: Any) -> None:
+    async def _complete(self, w: Work, token: str, value: Any) -> None:
         """Store the result; with the store down the message is not acked and its lease expires."""
-        steps = self.steps
+        steps, store = self.steps, self.steps.runtime.store
         try:
-            steps.retrying(lambda: steps.runtime.store.complete_lease(
-                steps.handler.group, token, value, steps.config.token_ttl))
+            await steps.retrying(lambda: steps.runner.offload(lambda: store.complete_lease(
+                steps.handler.group, token, value, steps.config.token_ttl)))
         except StoreUnavailableError as exc:
             log.error("lease_result_not_stored", handler=steps.handler.name, token=token, error=str(exc))
             w.decide(Outcome.DEFERRED, delay=self.seconds, error=exc)

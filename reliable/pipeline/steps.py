@@ -1,8 +1,9 @@
 """The steps every mode shares: token, repeats, cache, the failure branch, dead letters, cache fill.
 
-A step is a plain callable over the chunk of `Work` the mode hands it
+A step is a coroutine function over the chunk of `Work` the mode hands it
 (`Step`): one message in single and lease mode, the whole batch in batch
-mode. A step decides a message by giving it a `Result`; later steps leave
+mode. Steps wait only through the pipeline's `Runner`, so the same steps run
+sync handlers inline and ``async def`` handlers on an event loop. A step decides a message by giving it a `Result`; later steps leave
 decided messages alone, except the dead-letter step, which writes the record
 of every message decided DEAD_LETTERED (no dead letter without its record).
 """
@@ -10,7 +11,7 @@ of every message decided DEAD_LETTERED (no dead letter without its record).
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,7 +19,6 @@ import structlog
 from sqlalchemy.exc import DBAPIError
 
 from backends.errors import ReliableError, StoreUnavailableError
-from backends.store.base import Transaction
 from backends.types import DeadLetter, Failure, Message
 from reliable.commit import OffsetWatermark
 from reliable.handler import Handler
@@ -26,7 +26,8 @@ from reliable.idempotency import Guard
 from reliable.message import REPLAYS_HEADER
 from reliable.outcome import Outcome, Result
 from reliable.pipeline.observe import Observers
-from reliable.retry import Verdict, call_with_retry, classify
+from reliable.pipeline.runner import Runner, awaited
+from reliable.retry import Verdict, call_with_retry_async, classify
 from reliable.runtime import Runtime
 
 log = structlog.get_logger("reliable.pipeline")
@@ -44,7 +45,7 @@ class Work:
         self.result = Result(self.message, outcome, self.token, **details)
 
 
-Step = Callable[[list[Work]], None]
+Step = Callable[[list[Work]], Awaitable[None]]
 
 
 def store_down(exc: BaseException) -> bool:
@@ -62,8 +63,9 @@ class Steps:
     """The shared steps of one handler's pipeline, bound to its runtime."""
 
     def __init__(self, handler: Handler, runtime: Runtime, offsets: OffsetWatermark | None,
-                 observers: Observers) -> None:
+                 observers: Observers, runner: Runner) -> None:
         self.handler, self.runtime, self.offsets, self.observers = handler, runtime, offsets, observers
+        self.runner = runner
         self.config = handler.config
         self.guard = Guard(
             namespace=handler.group,
@@ -75,7 +77,7 @@ class Steps:
 
     # -- before the handler -------------------------------------------------------------
 
-    def tokens(self, work: list[Work]) -> None:
+    async def tokens(self, work: list[Work]) -> None:
         """Find each message's token; a message without one (or with an undecodable body) fails.
 
         In lease mode a handler without a token spec uses the message id: the lease needs a key.
@@ -88,7 +90,7 @@ class Steps:
                 continue
             w.token = found if found is not None or self.handler.lease is None else w.message.id
 
-    def repeats(self, work: list[Work]) -> None:
+    async def repeats(self, work: list[Work]) -> None:
         """A token seen earlier in the same chunk is a duplicate of that message."""
         first: set[str] = set()
         for w in undecided(work):
@@ -97,43 +99,50 @@ class Steps:
             elif w.token is not None:
                 first.add(w.token)
 
-    def cached(self, work: list[Work]) -> None:
+    async def cached(self, work: list[Work]) -> None:
         """One cache round trip: tokens the cache has seen are duplicates."""
-        seen = self.guard.cached([w.token for w in undecided(work) if w.token is not None])
+        tokens = [w.token for w in undecided(work) if w.token is not None]
+        seen = await self.runner.offload(lambda: self.guard.cached(tokens)) if tokens else set()
         for w in undecided(work):
             if w.token is not None and w.token in seen:
                 w.decide(Outcome.DUPLICATE)
 
     # -- around the handler ---------------------------------------------------------------
 
-    def call(self, messages: list[Message], tx: Transaction | None, *, batch: bool = False) -> Any:
-        """The handler itself, timed for the observers."""
+    async def call(self, messages: list[Message], tx: Any, *, batch: bool = False) -> Any:
+        """The handler itself (awaited when it is ``async def``), timed for the observers."""
         started = self.runtime.clock.time()
         try:
             if batch:
                 assert tx is not None, "batch mode runs in a transaction"
-                return self.handler.call_batch(messages, tx)
-            return self.handler.call(messages[0], tx)
+                return await self.handler.run_batch(messages, tx)
+            return await self.handler.run(messages[0], tx)
         finally:
             self.observers.handler_ran(self.handler, len(messages), self.runtime.clock.time() - started)
 
-    def retrying(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` under the in-process retry policy (transient errors retried in place)."""
+    async def retrying(self, fn: Callable[[], Awaitable[Any]]) -> Any:
+        """``await fn()`` under the in-process retry policy (transient errors retried in place)."""
         def retried(exc: BaseException, attempt: int) -> None:
             self.runtime.counters.incr("retried")
             self.observers.retried(self.handler, exc, attempt)
             log.info("retrying_in_process", handler=self.handler.name, attempt=attempt, error=repr(exc))
 
-        return call_with_retry(fn, policy=self.config.in_process, classifier=self.handler.classifier,
-                               clock=self.runtime.clock, on_retry=retried)
+        return await call_with_retry_async(fn, policy=self.config.in_process, classifier=self.handler.classifier,
+                                           sleep=self.runner.sleep, on_retry=retried)
 
-    def save_offsets(self, tx: Transaction, messages: Sequence[Message]) -> None:
+    async def save_offsets(self, tx: Any, messages: Sequence[Message]) -> None:
         """Save, in ``tx``, where the queues stand once ``messages`` are done too."""
         if self.offsets is None or not messages:
             return
         positions = self.offsets.positions_if_done(messages)
         if positions:
-            tx.save_offsets(self.handler.group, positions)
+            await awaited(tx.save_offsets(self.handler.group, positions))
+
+    async def claim(self, tx: Any, tokens: Sequence[str]) -> set[str]:
+        """Claim ``tokens`` in ``tx`` (`Guard.claim`); the ones not returned are duplicates."""
+        if not tokens:
+            return set()
+        return await awaited(tx.claim(self.guard.namespace, tokens, self.guard.token_ttl))
 
     def offsets_saved(self, messages: Sequence[Message]) -> None:
         """The transaction that saved ``messages``' positions committed: they are done."""
@@ -164,7 +173,7 @@ class Steps:
         delay = self.config.redelivery.next_delay(None, self.runtime.rng, attempt=1)
         return Result(message, Outcome.DEFERRED, token, delay=delay, error=exc)
 
-    def dead_letters(self, work: list[Work]) -> None:
+    async def dead_letters(self, work: list[Work]) -> None:
         """Record every DEAD_LETTERED message, with the offsets, in one transaction.
 
         A message the group has a record of already (a duplicate of a poison
@@ -176,27 +185,27 @@ class Steps:
         if not poisoned:
             return
         try:
-            with self.runtime.store.transaction() as tx:
+            async with self.runner.transaction() as tx:
                 for w in poisoned:
                     assert w.result is not None
-                    w.result = self._record(tx, w.result)
-                self.save_offsets(tx, [w.message for w in poisoned])
+                    w.result = await self._record(tx, w.result)
+                await self.save_offsets(tx, [w.message for w in poisoned])
         except StoreUnavailableError as exc:
             for w in poisoned:
                 w.result = self.deferred(w.message, w.token, exc)
             return
         self.offsets_saved([w.message for w in poisoned])
 
-    def _record(self, tx: Transaction, result: Result) -> Result:
+    async def _record(self, tx: Any, result: Result) -> Result:
         assert result.failure is not None
         replays = int(result.message.headers.get(REPLAYS_HEADER, 0) or 0)
         letter = DeadLetter(self.handler.group, result.message, result.token, result.failure, replays=replays)
-        if tx.add_dead_letter(letter) is None:
+        if await awaited(tx.add_dead_letter(letter)) is None:
             return replace(result, outcome=Outcome.DUPLICATE)
         return result
 
     # -- after ----------------------------------------------------------------------------
 
-    def remember(self, work: list[Work]) -> None:
+    async def remember(self, work: list[Work]) -> None:
         """Queue the tokens of acked messages for the cache (written behind)."""
         self.guard.remember([w.result.token for w in work if w.result and w.result.acked and w.result.token])

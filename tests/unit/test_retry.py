@@ -274,3 +274,27 @@ def test_call_with_redelivery_waits_the_policy_s_delays_then_reports_the_spent_a
     with pytest.raises(KeyError):  # passed through unchanged
         call_with_redelivery(lambda n: {}["k"], policy=policy, classifier=None, clock=clock,
                              rng=random.Random(1), propagate=(KeyError,))
+
+
+def test_call_with_retry_async_awaits_every_attempt_of_a_plain_callable() -> None:
+    """``fn`` may be any callable returning an awaitable (a lambda): each retry is awaited,
+    not handed back unawaited (tenacity only awaits coroutine functions itself)."""
+    import asyncio
+
+    from reliable.retry import call_with_retry_async
+
+    calls: list[int] = []
+    waits: list[float] = []
+
+    async def work() -> str:
+        calls.append(len(calls) + 1)
+        if len(calls) < 3:
+            raise ConnectionError("transient")
+        return "done"
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    result = asyncio.run(call_with_retry_async(lambda: work(), policy=InProcessRetry(attempts=4, initial_wait=0.5),
+                                               sleep=sleep))
+    assert result == "done" and calls == [1, 2, 3] and len(waits) == 2

@@ -1,0 +1,144 @@
+"""The store's async transaction, for ``async def`` handlers, on the same database.
+
+An async handler writes through an `AsyncSqlTransaction` (SQLAlchemy 2's
+async engine: psycopg's async driver on PostgreSQL, aiosqlite on SQLite), and
+the token is claimed in that same transaction, as for sync handlers. Only
+what a handler's transaction needs is async (claim, savepoint, offsets, dead
+letters, fences, commit); lookups, leases and dead-letter pages stay on the
+sync `SqlStore`. Every framework statement runs the very function the sync
+store runs (`backends.store.tokens`, `progress`, `deadletters`) through
+``AsyncConnection.run_sync``, so the SQL is written once.
+
+An async engine belongs to the event loop it first connects on: each loop
+opens its own `AsyncSqlStore` (`SqlStore.open_async`) and closes it there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, NoReturn, TypeVar
+
+import structlog
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from backends.clock import Clock
+from backends.errors import StoreUnavailableError
+from backends.store import deadletters, progress
+from backends.store import tokens as records
+from backends.store.dialect import Dialect
+from backends.store.engine import is_unavailable
+from backends.types import DeadLetter, QueueRef
+
+log = structlog.get_logger(__name__)
+
+R = TypeVar("R")
+
+
+def lock_order(tokens: Sequence[str]) -> list[str]:
+    """``tokens`` distinct and sorted: one lock order for every transaction (no deadlocks)."""
+    return sorted(dict.fromkeys(tokens))
+
+
+def _raise(exc: DBAPIError, step: str) -> NoReturn:
+    """Re-raise ``exc``, as `StoreUnavailableError` when it means an outage."""
+    if not is_unavailable(exc):
+        raise exc
+    raise StoreUnavailableError(f"store unavailable during {step}: {exc.orig}") from exc
+
+
+class AsyncSqlTransaction:
+    """One database transaction of an async handler: ``await tx.execute(...)`` for its writes.
+
+    ``connection`` is the SQLAlchemy ``AsyncConnection``. The framework's own
+    operations mirror `backends.store.base.Transaction`, awaited.
+    """
+
+    def __init__(self, connection: AsyncConnection, dialect: Dialect, clock: Clock) -> None:
+        self.connection = connection
+        self._dialect = dialect
+        self._clock = clock
+
+    async def execute(self, statement: Any, parameters: Any = None, /) -> Any:
+        """Run a statement in this transaction (the handler's own writes)."""
+        if parameters is None:
+            return await self.connection.execute(statement)
+        return await self.connection.execute(statement, parameters)
+
+    async def claim(self, namespace: str, tokens: Sequence[str], ttl: float) -> set[str]:
+        """See `Transaction.claim`: a concurrent twin's uncommitted row makes this wait."""
+        return await self._run("claim", records.claim, self._dialect, namespace, lock_order(tokens),
+                               self._clock.time(), ttl)
+
+    @asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        """A nested transaction: an exception inside rolls back to it and propagates."""
+        nested = await self.connection.begin_nested()
+        try:
+            yield
+        except BaseException:
+            if nested.is_active:
+                await nested.rollback()
+            raise
+        else:
+            await nested.commit()
+
+    async def save_offsets(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
+        await self._run("save_offsets", progress.save_offsets, self._dialect, group, offsets)
+
+    async def add_dead_letter(self, letter: DeadLetter) -> int | None:
+        return await self._run("add_dead_letter", deadletters.add, self._dialect, letter, self._clock.time())
+
+    async def fence(self, name: str, batch_id: int, run_id: str) -> bool:
+        return await self._run("fence", progress.fence, self._dialect, name, batch_id, run_id, self._clock.time())
+
+    async def _run(self, step: str, fn: Callable[..., R], *args: Any) -> R:
+        try:
+            return await self.connection.run_sync(fn, *args)
+        except DBAPIError as exc:
+            _raise(exc, step)
+
+
+class AsyncSqlStore:
+    """Async transactions on a store's database, for one event loop (see the module)."""
+
+    def __init__(self, engine: AsyncEngine, dialect: Dialect, clock: Clock, name: str) -> None:
+        self.engine, self._dialect, self._clock, self._name = engine, dialect, clock, name
+
+    def __repr__(self) -> str:
+        return f"AsyncSqlStore({self._name})"
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncSqlTransaction]:
+        """Begin; commit on normal exit, roll back on an exception (and re-raise it)."""
+        try:
+            connection = await self.engine.connect()
+        except DBAPIError as exc:
+            _raise(exc, "connect")
+        try:
+            try:
+                await connection.begin()
+            except DBAPIError as exc:
+                _raise(exc, "begin")
+            try:
+                yield AsyncSqlTransaction(connection, self._dialect, self._clock)
+            except BaseException:
+                await self._rollback_quietly(connection)
+                raise
+            try:
+                await connection.commit()
+            except DBAPIError as exc:
+                await self._rollback_quietly(connection)
+                _raise(exc, "commit")
+        finally:
+            await connection.close()
+
+    async def _rollback_quietly(self, connection: AsyncConnection) -> None:
+        try:
+            await connection.rollback()
+        except DBAPIError as exc:  # the connection is gone; the database rolls back for us
+            log.warning("store.rollback_failed", store=repr(self), error=str(exc.orig))
+
+    async def close(self) -> None:
+        await self.engine.dispose()
