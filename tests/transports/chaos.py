@@ -55,11 +55,13 @@ def kill_9_chaos(env: Mapping[str, str], postgres_url: str, effects: str, topic:
     try:
         for _ in range(kills):
             worker, before = start(), done()
-            target = before + rng.randint(1, 250)  # kill after a random amount of progress
-            wait_until(lambda: done() >= min(target, len(tokens)), lambda: worker.poll() is None, 0.05)  # noqa: B023
-            time.sleep(rng.uniform(0, 0.1))  # and at a random moment after it
-            mid_work += done() < len(tokens)
-            worker.send_signal(signal.SIGKILL)
+            try:
+                target = before + rng.randint(1, 250)  # kill after a random amount of progress
+                wait_until(lambda: done() >= min(target, len(tokens)), lambda: worker.poll() is None, 0.05)  # noqa: B023
+                time.sleep(rng.uniform(0, 0.1))  # and at a random moment after it
+                mid_work += done() < len(tokens)
+            finally:  # a failed wait must not leave a worker consuming after the test
+                worker.send_signal(signal.SIGKILL)
             assert worker.wait(timeout=30) == -signal.SIGKILL
         sending.join()
         survivor = start()
