@@ -11,16 +11,20 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import structlog
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 NATS_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+pytest_plugins = ["tests.scheduling"]  # how pytest-xdist spreads the suite over its workers
 
 
 SOAK_TIMEOUT = 3600  # seconds: a soak runs many times longer than pytest-timeout's default for a test
@@ -85,23 +89,33 @@ def unique() -> str:
 
 @pytest.fixture(scope="session", autouse=True)
 def _forget_test_rows() -> Iterator[None]:
-    """After the run, delete what tests left in the shared PostgreSQL tables under their names."""
+    """After the run (of each xdist worker: the names are the process's own), delete what tests
+    left in the shared PostgreSQL tables under their names.
+
+    Each table in a transaction of its own, retried when PostgreSQL picks it as a deadlock's
+    victim (other workers and other runs write and delete in the same tables meanwhile)."""
     yield
     if not _UNIQUE_NAMES or not _reachable(DATABASE_URL, 5432):
         return
     from sqlalchemy import create_engine, inspect, text
+    from sqlalchemy.exc import OperationalError
 
     engine = create_engine(DATABASE_URL)
+    forget = retry(retry=retry_if_exception_type(OperationalError), stop=stop_after_attempt(5),
+                   wait=wait_random(0.05, 0.5), reraise=True)(_delete_rows)
     try:
         tables = set(inspect(engine).get_table_names())
-        with engine.begin() as conn:
-            for table, column in (("reliable_tokens", "namespace"), ("reliable_dead_letters", '"group"'),
-                                  ("reliable_offsets", '"group"'), ("reliable_outbox", "outbox")):
-                if table in tables:
-                    conn.execute(text(f"delete from {table} where {column} = any(:names)"),
-                                 {"names": _UNIQUE_NAMES})
+        for table, column in (("reliable_tokens", "namespace"), ("reliable_dead_letters", '"group"'),
+                              ("reliable_offsets", '"group"'), ("reliable_outbox", "outbox")):
+            if table in tables:
+                forget(engine, text(f"delete from {table} where {column} = any(:names)"))
     finally:
         engine.dispose()
+
+
+def _delete_rows(engine: Any, statement: Any) -> None:
+    with engine.begin() as conn:
+        conn.execute(statement, {"names": _UNIQUE_NAMES})
 
 
 @pytest.fixture
