@@ -42,6 +42,10 @@ class CommitStrategy:
     def close(self) -> None:
         """Stop background work (after a final flush)."""
 
+    def forget(self) -> None:
+        """Drop held acks: the membership that fetched those messages is gone (an outage), so
+        they come back to the group and are skipped by their tokens."""
+
 
 class PerMessage(CommitStrategy):
     """Ack every message when it is done."""
@@ -90,6 +94,10 @@ class Batch(CommitStrategy):
             pending, self._pending, self._since = self._pending, [], None
         if pending:
             ack(pending)
+
+    def forget(self) -> None:
+        with self._lock:
+            self._pending, self._since = [], None
 
 
 class Async(CommitStrategy):

@@ -274,6 +274,7 @@ class Worker:
         subscription, self._subscription = self._subscription, None
         if subscription is None:
             return
+        self.strategy.forget()  # held acks belong to the membership being left
         try:
             subscription.close()
         except Exception as exc:  # leaving a group over a dead connection: nothing to save
