@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, NamedTuple
 
 import msgpack
+from pydantic_core import to_jsonable_python
+from typing_extensions import TypeVar
 
 from backends.errors import BodyDecodeError
 
@@ -36,8 +38,12 @@ class OutgoingMessage:
     message_id: str | None = None
 
 
+B = TypeVar("B", default=Any)
+"""The type of a typed handler's body (`Message[Order]`); Any for every other message."""
+
+
 @dataclass(frozen=True)
-class Message:
+class Message(Generic[B]):
     """A delivered message. Immutable; ``attempt`` is the transport's delivery count.
 
     ``queue`` and ``offset`` are the message's place where the transport has one
@@ -46,6 +52,8 @@ class Message:
 
     ``payload`` holds the bytes exactly as published; ``body`` decodes them
     (JSON, or msgpack when the ``content-type`` header says so) on first use.
+    ``Message[Order]`` is the annotation of a handler that wants the envelope
+    with ``body`` validated into ``Order`` (see `with_body`).
     """
 
     id: str
@@ -71,6 +79,13 @@ class Message:
         if cached is _UNDECODED:
             cached = self.__dict__["_body"] = decode_body(self.payload, self.headers.get(CONTENT_TYPE, JSON))
         return cached
+
+    def with_body(self, body: Any) -> Message[Any]:
+        """This message with ``body`` in place of the decoded payload (a typed handler's view);
+        the payload, which is what is stored and acknowledged, is unchanged."""
+        typed: Message[Any] = replace(self)
+        typed.__dict__["_body"] = body
+        return typed
 
 
 @dataclass(frozen=True)
@@ -98,9 +113,12 @@ class DeadLetter:
 
 
 def encode_body(body: Any, content_type: str = JSON) -> bytes:
-    """Encode a body for the wire; bytes pass through unchanged."""
+    """Encode a body for the wire; bytes pass through unchanged. Pydantic models, dataclasses,
+    datetimes and UUIDs are encoded as their JSON form (pydantic's ``to_jsonable_python``)."""
     if isinstance(body, bytes | bytearray | memoryview):
         return bytes(body)
+    if not isinstance(body, str | int | float | bool | list | dict | type(None)):
+        body = to_jsonable_python(body)
     if content_type == MSGPACK:
         return msgpack.packb(body, use_bin_type=True)
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()

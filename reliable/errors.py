@@ -22,6 +22,7 @@ from backends.errors import (
 __all__ = [
     "BackendUnavailableError",
     "BodyDecodeError",
+    "BodyValidationError",
     "CacheUnavailableError",
     "ConfigurationError",
     "DeadLetterNotFoundError",
@@ -38,6 +39,11 @@ __all__ = [
     "UnknownHandlerError",
     "UnsupportedURLError",
 ]
+
+
+class BodyValidationError(BodyDecodeError):
+    """Raised when a body decodes but does not validate into the handler's annotated type
+    (a pydantic model or dataclass): the message is poison, dead-lettered with the errors."""
 
 
 class TokenMissingError(ReliableError):

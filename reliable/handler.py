@@ -33,6 +33,7 @@ from reliable.retry import (
     RedeliveryPolicy,
     build_classifier,
 )
+from reliable.typed import BodyType
 
 Redelivery = RedeliveryPolicy | DelayLevels
 HandlerFunction = Callable[..., Any]
@@ -93,6 +94,7 @@ class Handler:
         if self.batch and self.lease:
             raise HandlerOptionError(f"handler {self.name!r}: batch= and lease= cannot be combined")
         self._takes_tx = _takes_transaction(func)
+        self._body = BodyType.of(func)
         self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
         self.config: HandlerConfig  # set by App when it starts
 
@@ -101,8 +103,11 @@ class Handler:
         return self.func(*args, **kwargs)
 
     async def run(self, message: Message, tx: Any) -> Any:
-        """Run the handler's body on one message to its end (awaited when it is ``async def``)."""
-        return await self._ran(self.func(message, tx) if self._takes_tx else self.func(message))
+        """Run the handler's body on one message to its end (awaited when it is ``async def``).
+
+        A typed handler gets the body validated into its annotation (`BodyType`)."""
+        argument = message if self._body is None else self._body.argument(message)
+        return await self._ran(self.func(argument, tx) if self._takes_tx else self.func(argument))
 
     async def run_batch(self, messages: list[Message], tx: Any) -> Any:
         """Run the handler's body on a batch to its end (batch mode)."""
