@@ -9,13 +9,13 @@ server being killed with ``kill -9`` and restarted on the same port.
 from __future__ import annotations
 
 import threading
-import time
 
 from sqlalchemy import create_engine, text
 
 from reliable import App
 from reliable.settings import Settings
 from tests.broker.server.serving import ServerProcess
+from tests.waiting import wait_until
 
 WAIT = 120.0
 
@@ -70,15 +70,10 @@ def test_a_worker_rides_out_the_server_killed_and_restarted(tmp_path, postgres_u
     app.publish_many(unique, [{"token": f"t{n}"} for n in range(300)])
     worker = threading.Thread(target=app.run, daemon=True)
     worker.start()
-    deadline = time.monotonic() + WAIT
-    while len(rows(postgres_url, unique)) < 50:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: len(rows(postgres_url, unique)) >= 50, "50 of 300 effects", WAIT)
     server.kill()  # mid-run: connections cut, unacknowledged work in flight
     server = ServerProcess(tmp_path / "data", port=server.port).start()
-    while len(rows(postgres_url, unique)) < 300:
-        assert time.monotonic() < deadline, f"{len(rows(postgres_url, unique))} of 300"
-        time.sleep(0.1)
+    wait_until(lambda: len(rows(postgres_url, unique)) >= 300, "all 300 effects after the restart", WAIT)
     app.stop()
     worker.join(timeout=60)
     found = rows(postgres_url, unique)

@@ -13,8 +13,9 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from tests.waiting import wait_until
 
 APP = '''
 import time
@@ -46,10 +47,12 @@ def test_sigterm_finishes_in_flight_work_flushes_acks_and_exits_0(tmp_path: Path
     command = [str(Path(sys.executable).parent / "reliable"), "run", "jobs_app:app"]
     worker = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while len(list((tmp_path / "started").iterdir())) < 3:
-        assert time.monotonic() < deadline and worker.poll() is None
-        time.sleep(0.01)
+
+    def three_started() -> bool:
+        assert worker.poll() is None, "the worker exited before SIGTERM"
+        return len(list((tmp_path / "started").iterdir())) >= 3
+
+    wait_until(three_started, "three jobs started", 60)
     worker.send_signal(signal.SIGTERM)
     out, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err[-3000:]

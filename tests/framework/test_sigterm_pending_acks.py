@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from sqlalchemy import create_engine, text
@@ -19,6 +18,7 @@ from sqlalchemy import create_engine, text
 from reliable import Message
 from reliable.testing import test_app
 from tests.transports.effects import effect_counts
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,10 +43,11 @@ def test_sigterm_finishes_in_flight_flushes_acks_and_exits_0(tmp_path, postgres_
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "in-flight").exists():
-            assert worker.poll() is None and time.monotonic() < deadline, worker.stderr.read() if worker.stderr else ""
-            time.sleep(0.01)
+        def in_flight() -> bool:
+            assert worker.poll() is None, worker.stderr.read() if worker.stderr else ""
+            return (tmp_path / "in-flight").exists()
+
+        wait_until(in_flight, "the held message in its handler", 60)
         worker.send_signal(signal.SIGTERM)  # while "hold" is in its handler, its neighbours' acks pending
         (tmp_path / "release").touch()
         _out, err = worker.communicate(timeout=60)
