@@ -6,10 +6,9 @@ exceptions, both declared here and nowhere else:
 * `ONE_WORKER`: tests whose node id matches one of these patterns form a
   group that runs on one worker, one test after another, in collection order
   (the Spark tests share that worker's one SparkSession; the README's blocks
-  share the repository's example folder and follow one another; the kill -9
-  chaos runs each hold dozens of PostgreSQL connections and keep both cores
-  busy, and side by side they exhausted PostgreSQL's 100 connections). Groups
-  are handed out first, the largest first.
+  share the repository's example folder and follow one another). Groups are
+  handed out first, the largest first, and hold their worker until done: keep
+  them few and short.
 * `START_FIRST`: the slowest tests (crash and kill loops, soaks of real
   servers) are moved to the front, so none of them starts last and the run
   does not end on one worker finishing a long test alone.
@@ -30,11 +29,12 @@ import pytest
 ONE_WORKER: dict[str, str] = {
     "tests/spark/*": "spark",
     "tests/test_readme.py::*": "readme",
-    "tests/transports/*::test_kill_9_at_random_points_*": "chaos",
 }
 """Node id pattern -> group: the group's tests run on one worker, in order."""
 
 START_FIRST: tuple[str, ...] = (
+    "tests/transports/*::test_kill_9_at_random_points_*",  # 20 kills over 10,000 tokens
+    "tests/cluster/*::*",  # 3-node clusters started by the test
     "tests/test_readme_benchmarks.py::*",  # Spark and broker benchmarks in child processes
     "tests/framework/test_transport_faults.py::*kill_9*",
     "tests/framework/test_exactly_once.py::*kill_9*",
