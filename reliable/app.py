@@ -9,7 +9,9 @@ create its app at import time and a command line can still choose settings.
 from __future__ import annotations
 
 import math
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -196,7 +198,7 @@ class App:
         relay = self.relay() if self.settings.outbox.relay else None
         relaying: AbstractContextManager[object] = (
             relay.running() if relay is not None and not until_idle else nullcontext())
-        restore = self._install_signals()
+        restore = self._install_signals(workers)
         self._stop.clear()
         self._purged_at = self.clock.time()  # first purge one interval in: starting stays fast
         log.info("worker_started", handlers=[w.handler.name for w in workers], until_idle=until_idle)
@@ -293,12 +295,30 @@ class App:
         size = min(config.commit_batch_size, max(1, math.ceil(OPTIMIZE_ACK_FRACTION * config.prefetch)))
         return commit_strategy(config.commit, size, config.commit_interval)
 
-    def _install_signals(self) -> Callable[[], None]:
+    def _install_signals(self, workers: Sequence[Worker]) -> Callable[[], None]:
+        """SIGINT / SIGTERM: finish the messages in hand, then return. A second Ctrl-C forces the
+        exit at once (Celery's cold shutdown): the messages in hand are not acked, and the
+        transport delivers them again."""
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
+
+        def on_signal(number: int, _frame: object) -> None:
+            name = signal.Signals(number).name
+            in_hand = sum(w.in_hand for w in workers)
+            if not self._stop.is_set():
+                log.warning("shutdown_started", signal=name, in_hand=in_hand,
+                            then="finishing the messages in hand; Ctrl-C again forces the exit")
+                self.stop()
+            elif number == signal.SIGINT:
+                log.error("shutdown_forced", signal=name, handed_back=in_hand,
+                          then="not acknowledged: the transport delivers them again")
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(128 + number)
+
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         for s in previous:
-            signal.signal(s, lambda *_: self.stop())
+            signal.signal(s, on_signal)
 
         def restore() -> None:
             for s, handler in previous.items():

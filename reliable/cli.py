@@ -32,13 +32,18 @@ def load_app(target: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise click.BadParameter(f"cannot import module {module_name!r}: {exc}") from exc
-    app = getattr(module, attribute, None)
+    if not hasattr(module, attribute):
+        apps = sorted(name for name, value in vars(module).items() if isinstance(value, App))
+        hint = f"; it has {', '.join(apps)}" if apps else ""
+        raise click.BadParameter(f"module {module_name!r} has no attribute {attribute!r}{hint}")
+    app = getattr(module, attribute)
     if not isinstance(app, App):
         raise click.BadParameter(f"{target!r} is not a reliable.App (found {type(app).__name__})")
     return app
 
 
 @click.group()
+@click.version_option(package_name="reliable", prog_name="reliable")
 def cli() -> None:
     """reliable: idempotent, retrying, dead-lettering consumers."""
 

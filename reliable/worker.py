@@ -88,6 +88,7 @@ class Worker:
         self._pool = ThreadPoolExecutor(self.lanes, thread_name_prefix=f"reliable-{handler.name}") if threads else None
         self._subscription: Subscription | None = None
         self._reconnect = Reconnect(runtime.clock)
+        self.in_hand = 0  # messages fetched and not yet settled (what a forced exit hands back)
 
     @property
     def fetch_size(self) -> int:
@@ -114,7 +115,11 @@ class Worker:
         if messages:
             if self.watermark is not None:
                 self.watermark.fetched(messages)
-            self._settle(self._dispatch(messages))
+            self.in_hand = len(messages)
+            try:
+                self._settle(self._dispatch(messages))
+            finally:
+                self.in_hand = 0
         self.strategy.tick(self._ack, self.runtime.clock.time())
         return len(messages)
 

@@ -88,7 +88,7 @@ def _log_failure(handler: Handler, result: Result) -> None:
         event,
         handler=handler.name, group=handler.group, topic=m.topic, queue=m.queue,
         offset=m.offset, token=result.token, attempt=m.attempt, delay=round(result.delay, 3),
-        error=repr(result.error),
+        error=repr(result.error), exc_info=result.error,  # the traceback: file and line
     )
 
 

@@ -125,7 +125,8 @@ class Steps:
         def retried(exc: BaseException, attempt: int) -> None:
             self.runtime.counters.incr("retried")
             self.observers.retried(self.handler, exc, attempt)
-            log.info("retrying_in_process", handler=self.handler.name, attempt=attempt, error=repr(exc))
+            log.info("retrying_in_process", handler=self.handler.name, attempt=attempt, error=repr(exc),
+                     exc_info=exc)
 
         return await call_with_retry_async(fn, policy=self.config.in_process, classifier=self.handler.classifier,
                                            sleep=self.runner.sleep, on_retry=retried)

@@ -114,3 +114,14 @@ def test_broker_topics_groups_and_lag_from_the_shell(project: Path) -> None:
     assert table.stdout.splitlines()[0].split() == ["name", "topics", "members", "broadcast"]
     refused = reliable_cmd(project, "broker", "topics", "--url", "reliable://127.0.0.1:1")
     assert refused.returncode == 2 and "unreachable" in refused.stderr
+
+
+def test_run_with_a_misspelt_app_names_the_module_and_the_attribute(project: Path) -> None:
+    result = reliable_cmd(project, "run", "billing_app:ap")
+    assert result.returncode != 0
+    assert "module 'billing_app' has no attribute 'ap'; it has app" in result.stderr
+
+
+def test_version(project: Path) -> None:
+    result = reliable_cmd(project, "--version")
+    assert result.returncode == 0 and result.stdout.startswith("reliable, version ")
