@@ -33,6 +33,7 @@ from reliable.commit import CommitStrategy, commit_strategy
 from reliable.deadletter import DeadLetters
 from reliable.errors import HandlerOptionError, StoreUnavailableError, UnknownHandlerError
 from reliable.handler import Handler, HandlerConfig
+from reliable.health import RunState
 from reliable.log import configure_logging
 from reliable.message import CONTENT_TYPE
 from reliable.outage import through_outages
@@ -63,6 +64,7 @@ class App:
         self._purged_at = float("-inf")
         self._declared: set[str] = set()  # topics whose groups are declared to the transport
         self._lock = threading.Lock()
+        self.run_state = RunState(clock)  # what the health probes ask (`reliable.health`)
 
     @classmethod
     def from_settings(cls, path: str | Path, **kwargs: Any) -> App:
@@ -202,9 +204,11 @@ class App:
         self._stop.clear()
         self._purged_at = self.clock.time()  # first purge one interval in: starting stays fast
         log.info("worker_started", handlers=[w.handler.name for w in workers], until_idle=until_idle)
+        self.run_state.began(workers)
         try:
             with relaying:
                 while not self._stop.is_set():
+                    self.run_state.beat()
                     self._purge_expired_tokens()
                     if self._cycle(workers, until_idle):
                         continue
@@ -213,6 +217,7 @@ class App:
                     if until_idle and not self._wait_for_due(workers):
                         break
         finally:
+            self.run_state.ended()
             for w in workers:
                 w.close()
             restore()

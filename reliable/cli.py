@@ -53,15 +53,16 @@ def cli() -> None:
 @click.option("--settings", "settings_path", type=click.Path(dir_okay=False), help=SETTINGS_HELP)
 @click.option("--handler", "handlers", multiple=True, help="run only these handlers (repeatable)")
 @click.option("--until-idle", is_flag=True, help="return when nothing is left to deliver")
-@click.option("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")
+@click.option("--metrics-port", type=int,
+              help="serve 127.0.0.1:PORT/metrics (Prometheus), /healthz and /readyz")
 def run(target: str, settings_path: str | None, handlers: tuple[str, ...], until_idle: bool,
         metrics_port: int | None) -> None:
     """Run the handlers of MODULE:APP until stopped (Ctrl-C / SIGTERM finish gracefully)."""
     app = load_app(target)
     if metrics_port is not None:
-        from reliable.metrics import serve_metrics
+        from reliable.health import serve_probes
 
-        serve_metrics(metrics_port)
+        serve_probes(app, metrics_port)
     if settings_path:
         app.use_settings(Settings.load(settings_path))
     app.run(until_idle=until_idle, handlers=list(handlers) or None)

@@ -136,6 +136,10 @@ class Worker:
         due = self._guarded(lambda: self.subscription.next_due())
         return None if due is FAILED else due
 
+    def transport_reachable(self) -> bool:
+        """False while the worker waits out a transport outage (readiness, `reliable.health`)."""
+        return self._reconnect.failures == 0
+
     def flush(self) -> None:
         self.strategy.flush(self._ack)
         self.pipeline.guard.flush()

@@ -176,6 +176,10 @@ class Store(ABC):
         ``async def`` handlers; a store without an asyncio driver says so."""
         raise ConfigurationError(f"{type(self).__name__} has no async transactions; async def handlers need a SQL store")
 
+    def ping(self) -> None:
+        """One read, so a probe knows the store answers; `StoreUnavailableError` when it does not."""
+        self.known("%ping", ["%ping"])
+
     def iter_dead_letters(self, group: str, page: int = 500) -> Iterator[DeadLetter]:
         """Every dead letter of ``group``, paged."""
         after = 0

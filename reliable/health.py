@@ -1,0 +1,117 @@
+"""Health probes: ``/healthz`` (alive), ``/readyz`` (ready), ``/metrics``, on the metrics port.
+
+Spring Boot Actuator's split, for an orchestrator:
+* **alive** (``/healthz``): the app's run loop is running and has gone round
+  within `LIVENESS_SECONDS` (a worker stuck forever is not alive);
+* **ready** (``/readyz``): alive, no worker is waiting out a transport outage,
+  and the store answers a read. A cache that is down is reported but keeps the
+  app ready: the pipeline degrades to the store alone.
+Both answer 200 or 503 with a JSON body saying which check failed; any other
+path is 404.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any, Protocol
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+
+from backends.clock import Clock
+from backends.errors import ReliableError
+
+if TYPE_CHECKING:
+    from reliable.app import App
+
+LIVENESS_SECONDS = 300.0
+"""A run loop that has not gone round for this long is not alive (a handler stuck that long)."""
+
+
+class Member(Protocol):
+    """What readiness asks of a worker."""
+
+    def transport_reachable(self) -> bool: ...
+
+
+class RunState:
+    """Whether the app's run loop is running, when it last went round, and its workers."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._workers: Sequence[Member] = ()
+        self._running = False
+        self._beat = 0.0
+
+    def began(self, workers: Sequence[Member]) -> None:
+        with self._lock:
+            self._workers, self._running, self._beat = workers, True, self._clock.time()
+
+    def beat(self) -> None:
+        self._beat = self._clock.time()
+
+    def ended(self) -> None:
+        with self._lock:
+            self._workers, self._running = (), False
+
+    def alive(self) -> dict[str, Any]:
+        """The liveness checks, each true or false."""
+        with self._lock:
+            age = self._clock.time() - self._beat
+            return {"running": self._running, "loop_recent": self._running and age < LIVENESS_SECONDS}
+
+    def transports_reachable(self) -> bool:
+        with self._lock:
+            return all(w.transport_reachable() for w in self._workers)
+
+
+def readiness(app: App) -> dict[str, Any]:
+    """The readiness checks of ``app``: alive, transport and store reachable (the cache only reported)."""
+    checks: dict[str, Any] = {**app.run_state.alive(), "transport": app.run_state.transports_reachable()}
+    try:
+        app.store.ping()
+        checks["store"] = True
+    except ReliableError:
+        checks["store"] = False
+    checks["cache_degraded"] = app.stats().get("cache_degraded", 0)
+    return checks
+
+
+def _ok(checks: dict[str, Any]) -> bool:
+    return all(v for k, v in checks.items() if k != "cache_degraded")
+
+
+def serve_probes(app: App, port: int, host: str = "127.0.0.1",
+                 registry: CollectorRegistry = REGISTRY) -> ThreadingHTTPServer:
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` for ``app`` from a background thread
+    (``server.server_address`` has the port bound; 0 binds any)."""
+    routes: dict[str, Callable[[], tuple[int, str, bytes]]] = {
+        "/metrics": lambda: (200, CONTENT_TYPE_LATEST, generate_latest(registry)),
+        "/healthz": lambda: _probe(app.run_state.alive()),
+        "/readyz": lambda: _probe(readiness(app)),
+    }
+
+    class Probes(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+            route = routes.get(self.path.split("?", 1)[0])
+            status, kind, body = route() if route else (404, "text/plain", b"not found: /metrics, /healthz, /readyz\n")
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - probes are not logged
+            pass
+
+    server = ThreadingHTTPServer((host, port), Probes)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="reliable-probes", daemon=True).start()
+    return server
+
+
+def _probe(checks: dict[str, Any]) -> tuple[int, str, bytes]:
+    return (200 if _ok(checks) else 503), "application/json", json.dumps(checks).encode()
