@@ -26,6 +26,7 @@ from typing import Protocol
 
 from broker.delivery.values import (
     Delivery,
+    DeliveryColumns,
     GroupInfo,
     OutgoingMessage,
     Placement,
@@ -82,6 +83,9 @@ class BrokerApi(Protocol):
 
     def read(self, topic: str, queue: int, offset: int, max_messages: int) -> list[Delivery]:
         """Messages of (topic, queue) from ``offset`` on, outside any group (a stream processor)."""
+
+    def read_columns(self, topic: str, queue: int, offset: int, max_messages: int) -> DeliveryColumns:
+        """`read` column by column (no `Delivery` per message: a columnar reader's call)."""
 
     def queue_offsets(self, topic: str) -> list[list[int]]:
         """``[first kept, end]`` per queue of ``topic``."""

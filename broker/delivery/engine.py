@@ -32,6 +32,7 @@ from broker.delivery.selection import selector
 from broker.delivery.topics import Topics, check_name
 from broker.delivery.values import (
     Delivery,
+    DeliveryColumns,
     GroupInfo,
     MessageColumns,
     OutgoingMessage,
@@ -293,6 +294,9 @@ class Broker:
 
     def read(self, topic: str, queue: int, offset: int, max_messages: int) -> list[Delivery]:
         return reading.read(self, topic, queue, offset, max_messages)
+
+    def read_columns(self, topic: str, queue: int, offset: int, max_messages: int) -> DeliveryColumns:
+        return reading.read_columns(self, topic, queue, offset, max_messages)
 
     def queue_offsets(self, topic: str) -> list[list[int]]:
         return reading.queue_offsets(self, topic)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from broker.delivery.topics import check_name
-from broker.delivery.values import Delivery
+from broker.delivery.values import Delivery, DeliveryColumns
 from broker.errors import DeliveryError
 
 if TYPE_CHECKING:
@@ -21,13 +21,23 @@ if TYPE_CHECKING:
 
 def read(broker: Broker, topic: str, queue: int, offset: int, max_messages: int) -> list[Delivery]:
     """Up to ``max_messages`` messages of (topic, queue) from ``offset`` on; no lease, no receipt."""
+    return read_columns(broker, topic, queue, offset, max_messages).deliveries()
+
+
+def read_columns(broker: Broker, topic: str, queue: int, offset: int, max_messages: int) -> DeliveryColumns:
+    """`read` column by column, as the store reads them: no `Delivery` per message (what the
+    server sends, and what a columnar reader such as Spark's Arrow source takes)."""
     check_name("topic", topic, internal=True)
     if offset < 0 or max_messages < 1:
         raise DeliveryError(f"read of {topic}/{queue}: offset {offset} must be >= 0 and "
                             f"max_messages {max_messages} >= 1")
-    stored = broker.store.read(topic, queue, offset, max_count=max_messages)
-    return [Delivery("", m.topic, m.queue, m.queue_offset, m.message_id, m.body, m.key, m.tag,
-                     dict(m.headers), m.attempt + 1, m.store_time) for m in stored]
+    batch = broker.store.read_batch(topic, queue, offset, max_messages)
+    count = len(batch.queue_offsets)
+    return DeliveryColumns(count, {"receipt": "", "topic": topic, "queue": queue}, {
+        "offset": list(batch.queue_offsets), "message_id": batch.message_ids, "body": batch.bodies,
+        "key": batch.keys, "tag": batch.tags, "headers": batch.headers,
+        "delivery_count": [attempt + 1 for attempt in batch.attempts],
+        "published_at": batch.store_times}) if count else DeliveryColumns(0, {}, {})
 
 
 def queue_offsets(broker: Broker, topic: str) -> list[list[int]]:

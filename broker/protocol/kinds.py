@@ -22,7 +22,14 @@ from broker.delivery.values import (
     QueueLag,
     TopicInfo,
 )
-from broker.protocol.tables import checked_messages, outgoing_table, rows, table
+from broker.protocol.tables import (
+    checked_messages,
+    column_table,
+    delivery_columns,
+    outgoing_table,
+    rows,
+    table,
+)
 
 
 def _same(value: Any) -> Any:
@@ -88,6 +95,10 @@ def _rows_of(kind: type, names: Sequence[str] | None = None) -> Kind:
 
 DELIVERIES = _rows_of(Delivery, DELIVERY_FIELDS)
 PLACEMENTS = _rows_of(Placement)
+DELIVERY_COLUMNS = Kind("a table of Delivery", lambda v: type(v) is dict,
+                        dump=lambda c: column_table(c.count, c.same, c.columns),
+                        load=lambda carried: delivery_columns(carried, "messages"))
+"""`DeliveryColumns` as the same table: no `Delivery` made per message at either end."""
 
 
 def _first(deliveries: list[Delivery]) -> Delivery | None:
@@ -119,6 +130,6 @@ QUEUES = Kind("a list of [topic, queue]", lambda v: type(v) is list,
 OFFSET_PAIRS = Kind("a list of [first, end]", lambda v: type(v) is list,
                     load=lambda pairs: [list(p) for p in pairs])
 
-__all__ = ["ANY", "BOOL", "DELIVERIES", "FOUND", "GROUP_INFOS", "INT", "INTS", "LAGS", "NUMBER",
+__all__ = ["ANY", "BOOL", "DELIVERIES", "DELIVERY_COLUMNS", "FOUND", "GROUP_INFOS", "INT", "INTS", "LAGS", "NUMBER",
            "OFFSETS", "OFFSET_PAIRS", "OUTGOING", "PLACEMENTS", "QUEUES", "STR", "STRS", "TOPIC_INFOS",
            "Kind", "OutgoingMessage"]

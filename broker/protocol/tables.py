@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 
 from broker.delivery.values import (
     MESSAGE_FIELDS,
+    Delivery,
+    DeliveryColumns,
     MessageColumns,
     OutgoingMessage,
     columns_of,
@@ -75,6 +77,16 @@ def rows(kind: type[T], carried: Any, where: str) -> list[T]:
     if count == 0:
         return []
     return many(kind, count, {**_defaults(kind, set(same) | set(columns), where), **same}, columns)
+
+
+def delivery_columns(carried: Any, where: str) -> DeliveryColumns:
+    """The deliveries ``carried`` holds as `DeliveryColumns` (a read's reply), fields left out at
+    their defaults, without a `Delivery` per message; a `MalformedFrameError` naming ``where``
+    unless it is such a table."""
+    count, same, columns = _parts(carried, where)
+    if count == 0:
+        return DeliveryColumns(0, {}, {})
+    return DeliveryColumns(count, {**_defaults(Delivery, set(same) | set(columns), where), **same}, columns)
 
 
 def outgoing_table(messages: Sequence[OutgoingMessage], message_ids: list[str] | None) -> Table:
