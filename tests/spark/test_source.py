@@ -71,3 +71,35 @@ def test_options_come_from_the_settings_file_and_bad_ones_are_named(tmp_path):
         ReliableStreamReader({"url": "embedded://x", "topic": "t", "maxRowsPerBatch": "lots"})
     # admission control shares the rows fairly and never passes the end of a queue
     assert share({"q0": 0, "q1": 0, "q2": 5}, {"q0": 100, "q1": 3, "q2": 5}, 10) == {"q0": 7, "q1": 3, "q2": 5}
+
+
+def test_a_read_becomes_one_arrow_batch_of_the_schema_spark_checks(spark, tmp_path):
+    """The executors' conversion: Spark's own Arrow schema for `SCHEMA`, keys and tags "" as null,
+    ``json`` only where the content type says JSON and the body is text, one map per row."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    from reliable.spark.arrow import ARROW_SCHEMA, SCHEMA, record_batch
+
+    assert to_arrow_schema(StructType.fromDDL(SCHEMA), timezone="UTC").equals(ARROW_SCHEMA)
+    broker = open_embedded(tmp_path / "broker")
+    json_header = {"content-type": "application/json"}
+    broker.publish("mixed", [OutgoingMessage(b'{"n": 1}', key="k", tag="t", headers=json_header, queue=0),
+                             OutgoingMessage(b"\xff not text", headers=json_header, queue=0),
+                             OutgoingMessage(b'{"n": 3}', queue=0)])
+    broker.publish("same", [OutgoingMessage(f'{{"n": {n}}}'.encode(), headers=json_header, queue=0)
+                            for n in range(5)])
+    mixed = broker.read_columns("mixed", 0, 0, 10)
+    rows = record_batch(mixed.count, dict(mixed.same), dict(mixed.columns)).to_pylist()
+    assert [(r["key"], r["tag"], r["json"], dict(r["headers"])) for r in rows] == [
+        ("k", "t", '{"n": 1}', json_header), (None, None, None, json_header), (None, None, None, {})]
+    expected = broker.read("mixed", 0, 0, 10)
+    assert [(r["offset"], r["message_id"], r["body"], r["delivery_count"]) for r in rows] == [
+        (d.offset, d.message_id, d.body, d.delivery_count) for d in expected]
+    assert [r["published_at"].timestamp() for r in rows] == pytest.approx([d.published_at for d in expected])
+    same = broker.read_columns("same", 0, 0, 10)
+    batch = record_batch(same.count, dict(same.same), dict(same.columns))
+    assert batch.schema.equals(ARROW_SCHEMA)
+    assert [json.loads(text)["n"] for text in batch.column("json").to_pylist()] == list(range(5))
+    assert [dict(h) for h in batch.column("headers").to_pylist()] == [json_header] * 5
+    broker.close()
