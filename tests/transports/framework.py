@@ -1,4 +1,5 @@
-"""The framework suite every transport runs: a handler with transactional commits, kill -9 chaos, a cut.
+"""The framework suite every transport runs: a handler with transactional commits, kill -9 chaos,
+the outbox chain under kill -9, a cut.
 
 Written once, run per transport (like huey's storage tests): a transport's
 ``test_<name>_framework.py`` subclasses `FrameworkSuite` (and `CutSuite` where
@@ -32,6 +33,7 @@ from reliable.settings import Settings
 from tests.tcp_proxy import TcpProxy
 from tests.transports.chaos import kill_9_chaos
 from tests.transports.effects import dead_letter_counts, effect_counts, insert_effect, wait_until
+from tests.transports.outbox_chain import outbox_chain_with_kills
 
 WAIT_CUT = 30.0
 """The bound on the wait for the handler held at the cut."""
@@ -132,6 +134,15 @@ class FrameworkSuite:
     ) -> None:
         env = {**without_reliable_variables(), **self.settings_env(place, postgres_url, cache_url)}
         kill_9_chaos(env, postgres_url, effects, unique, kills, count)
+
+    @pytest.mark.parametrize(
+        ("kills", "count"), [(20, 10_000), pytest.param(100, 50_000, marks=pytest.mark.soak)]
+    )
+    def test_outbox_chain_under_kill_9_each_b_effect_once_in_order_per_key(
+        self, place: str, postgres_url: str, cache_url: str, unique: str, kills: int, count: int
+    ) -> None:
+        env = {**without_reliable_variables(), **self.settings_env(place, postgres_url, cache_url)}
+        outbox_chain_with_kills(env, postgres_url, unique, kills, count)
 
 
 class CutSuite(FrameworkSuite):
