@@ -166,7 +166,11 @@ class Relay:
         try:
             while not stopping.is_set():
                 seen = self.outbox.wakeup.generation
-                settled = self._attempt(stopping)
+                try:
+                    settled = self._attempt(stopping)
+                except Exception as exc:  # not an outage (a bug, a refused statement): keep relaying
+                    log.exception("relay_failed", outbox=self.outbox.name, error=str(exc))
+                    settled = 0
                 self._housekeeping()
                 if not settled:
                     log.debug("relay_waiting", outbox=self.outbox.name)

@@ -4,7 +4,7 @@ An async handler writes through an `AsyncSqlTransaction` (SQLAlchemy 2's
 async engine: psycopg's async driver on PostgreSQL, aiosqlite on SQLite), and
 the token is claimed in that same transaction, as for sync handlers. Only
 what a handler's transaction needs is async (claim, savepoint, offsets, dead
-letters, fences, commit); lookups, leases and dead-letter pages stay on the
+letters, fences, the outbox rows ``tx.publish`` writes, commit); lookups, leases and dead-letter pages stay on the
 sync `SqlStore`. Every framework statement runs the very function the sync
 store runs (`backends.store.tokens`, `progress`, `deadletters`) through
 ``AsyncConnection.run_sync``, so the SQL is written once.
@@ -29,7 +29,8 @@ from backends.store import deadletters, progress
 from backends.store import tokens as records
 from backends.store.dialect import Dialect
 from backends.store.engine import is_unavailable
-from backends.types import DeadLetter, QueueRef
+from backends.store.outbox import OutboxWriter, Outgoing, Wakeup
+from backends.types import JSON, DeadLetter, QueueRef
 
 log = structlog.get_logger(__name__)
 
@@ -55,10 +56,31 @@ class AsyncSqlTransaction:
     operations mirror `backends.store.base.Transaction`, awaited.
     """
 
-    def __init__(self, connection: AsyncConnection, dialect: Dialect, clock: Clock) -> None:
+    def __init__(self, connection: AsyncConnection, dialect: Dialect, clock: Clock, outbox: OutboxWriter) -> None:
         self.connection = connection
         self._dialect = dialect
         self._clock = clock
+        self._outgoing = Outgoing(outbox)  # outbox rows, written in one go at commit
+
+    @property
+    def published(self) -> int:
+        """How many messages this transaction publishes (so far)."""
+        return len(self._outgoing.rows)
+
+    def publish(self, topic: str, body: Any, *, key: str | None = None, headers: Mapping[str, str] | None = None,
+                delay: float = 0.0, content_type: str = JSON, message_id: str | None = None) -> str:
+        """See `Transaction.publish` (not awaited: the rows are written at commit)."""
+        return self._outgoing.publish(topic, body, key=key, headers=headers, delay=delay, content_type=content_type,
+                                      message_id=message_id)
+
+    async def write_outbox(self) -> None:
+        """Write the published rows (one ``executemany``) and announce them; just before the commit."""
+        if self._outgoing.rows:
+            try:
+                await self.connection.execute(self._outgoing.writer.statement, self._outgoing.rows)
+            except DBAPIError as exc:
+                _raise(exc, "write_outbox")
+            await self._run("announce_outbox", self._dialect.announce_outbox, self._outgoing.writer.name)
 
     async def execute(self, statement: Any, parameters: Any = None, /) -> Any:
         """Run a statement in this transaction (the handler's own writes)."""
@@ -75,11 +97,13 @@ class AsyncSqlTransaction:
     async def savepoint(self) -> AsyncIterator[None]:
         """A nested transaction: an exception inside rolls back to it and propagates."""
         nested = await self.connection.begin_nested()
+        published = self.published
         try:
             yield
         except BaseException:
             if nested.is_active:
                 await nested.rollback()
+            self._outgoing.rolled_back_to(published)
             raise
         else:
             await nested.commit()
@@ -103,8 +127,10 @@ class AsyncSqlTransaction:
 class AsyncSqlStore:
     """Async transactions on a store's database, for one event loop (see the module)."""
 
-    def __init__(self, engine: AsyncEngine, dialect: Dialect, clock: Clock, name: str) -> None:
+    def __init__(self, engine: AsyncEngine, dialect: Dialect, clock: Clock, name: str, outbox: OutboxWriter,
+                 wakeup: Wakeup) -> None:
         self.engine, self._dialect, self._clock, self._name = engine, dialect, clock, name
+        self._outbox, self._wakeup = outbox, wakeup
 
     def __repr__(self) -> str:
         return f"AsyncSqlStore({self._name})"
@@ -121,8 +147,10 @@ class AsyncSqlStore:
                 await connection.begin()
             except DBAPIError as exc:
                 _raise(exc, "begin")
+            tx = AsyncSqlTransaction(connection, self._dialect, self._clock, self._outbox)
             try:
-                yield AsyncSqlTransaction(connection, self._dialect, self._clock)
+                yield tx
+                await tx.write_outbox()
             except BaseException:
                 await self._rollback_quietly(connection)
                 raise
@@ -133,6 +161,8 @@ class AsyncSqlStore:
                 _raise(exc, "commit")
         finally:
             await connection.close()
+        if tx.published:
+            self._wakeup.notify()  # the relays of this process
 
     async def _rollback_quietly(self, connection: AsyncConnection) -> None:
         try:

@@ -18,7 +18,7 @@ from backends.errors import ConfigurationError
 from backends.types import JSON, DeadLetter, QueueRef
 
 if TYPE_CHECKING:  # the outbox's module imports the store's primitives, which import this one
-    from backends.store.outbox import SqlOutbox
+    from backends.store.outbox import Deferred, SqlOutbox
 
 
 class TokenState(enum.Enum):
@@ -63,11 +63,13 @@ class Transaction(ABC):
         headers: Mapping[str, str] | None = None,
         delay: float = 0.0,
         content_type: str = JSON,
+        message_id: str | None = None,
     ) -> str:
         """Publish a message once this transaction commits: an outbox row written in it, which a
-        relay sends (rolled back with it, never sent). Returns the message id it will carry.
+        relay sends (rolled back with it, never sent). Returns the message id it will carry
+        (``message_id``, else a new random one).
 
-        ``body`` is encoded as `App.publish` does; a bad topic, key, header, delay or body
+        ``body`` is encoded as `App.publish` does; a bad topic, key, header, delay, id or body
         raises `OutboxMessageError` here, before anything is written.
         """
 
@@ -156,8 +158,10 @@ class Store(ABC):
         """
 
     @abstractmethod
-    def complete_lease(self, namespace: str, token: str, result: Any, ttl: float) -> None:
-        """Mark a leased token DONE with its JSON-serialisable ``result``."""
+    def complete_lease(self, namespace: str, token: str, result: Any, ttl: float,
+                       publish: Deferred | None = None) -> None:
+        """Mark a leased token DONE with its JSON-serialisable ``result``, writing the messages the
+        handler published (``publish``) in the same transaction."""
 
     @abstractmethod
     def renew_lease(self, namespace: str, token: str, lease_seconds: float) -> bool:

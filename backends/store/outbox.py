@@ -89,18 +89,25 @@ class OutboxStatus:
         return 0.0 if self.oldest_unsent_at is None else max(now - self.oldest_unsent_at, 0.0)
 
 
+MESSAGE_ID_MAX = 64  # the column's width
+
+
 def new_message_id() -> str:
     """A message id for a new row: random, so outboxes sharing a topic never collide."""
     return uuid.uuid4().hex
 
 
 class OutboxWriter:
-    """Turns a ``tx.publish(...)`` call into the row it writes (one place for every transaction class)."""
+    """Turns ``tx.publish(...)`` calls into the rows a transaction writes (one place for every
+    transaction class): each call is checked and its row made at once (`row`); the rows go in
+    with one ``statement`` (an ``executemany``) when the transaction commits."""
+
+    statement: Executable = insert(outbox)
 
     def __init__(self, name: str, clock: Clock, message_ids: Callable[[], str] = new_message_id) -> None:
         self.name, self.clock, self.message_ids = name, clock, message_ids
 
-    def insert(
+    def row(
         self,
         topic: str,
         body: Any,
@@ -109,24 +116,27 @@ class OutboxWriter:
         headers: Mapping[str, str] | None = None,
         delay: float = 0.0,
         content_type: str = JSON,
-    ) -> tuple[Executable, dict[str, Any]]:
-        """The ``INSERT`` of the row and its parameters; `OutboxMessageError` names what is wrong."""
-        _check(topic, key, headers, delay)
+        message_id: str | None = None,
+    ) -> dict[str, Any]:
+        """The row of one publish; `OutboxMessageError` names what is wrong with the call."""
+        _check(topic, key, headers, delay, message_id)
         try:
             payload = encode_body(body, content_type)
         except (TypeError, ValueError) as exc:
             raise OutboxMessageError(f"tx.publish to {topic!r}: body cannot be encoded as {content_type}: {exc}") from exc
         now = self.clock.time()
         row = {
-            "outbox": self.name, "message_id": self.message_ids(), "topic": topic, "key": key,
+            "outbox": self.name, "message_id": message_id or self.message_ids(), "topic": topic, "key": key,
             "headers": json.dumps({CONTENT_TYPE: content_type, **(headers or {})}), "payload": payload,
             "deliver_at": now + delay, "state": RowState.PENDING.value, "created_at": now,
         }
-        return insert(outbox), row
+        return row
 
 
-def _check(topic: Any, key: Any, headers: Any, delay: Any) -> None:
+def _check(topic: Any, key: Any, headers: Any, delay: Any, message_id: Any = None) -> None:
     where = f"tx.publish to {topic!r}"
+    if message_id is not None and not (isinstance(message_id, str) and 0 < len(message_id) <= MESSAGE_ID_MAX):
+        raise OutboxMessageError(f"{where}: message_id={message_id!r} must be 1 to {MESSAGE_ID_MAX} characters")
     if not isinstance(topic, str) or not topic or topic.startswith("%"):
         raise OutboxMessageError(f"{where}: topic must be a non-empty name not starting with '%'")
     if key is not None and not isinstance(key, str):
@@ -137,6 +147,49 @@ def _check(topic: Any, key: Any, headers: Any, delay: Any) -> None:
         raise OutboxMessageError(f"{where}: headers={headers!r} must map strings to strings")
     if isinstance(delay, bool) or not isinstance(delay, int | float) or not math.isfinite(delay) or delay < 0:
         raise OutboxMessageError(f"{where}: delay={delay!r} must be a number of seconds >= 0")
+
+
+class Outgoing:
+    """The rows one transaction publishes, written together just before it commits; the sync and
+    the async transaction each hold one, so the rules live here once."""
+
+    def __init__(self, writer: OutboxWriter) -> None:
+        self.writer = writer
+        self.rows: list[dict[str, Any]] = []
+
+    def publish(self, topic: str, body: Any, *, key: str | None = None, headers: Mapping[str, str] | None = None,
+                delay: float = 0.0, content_type: str = JSON, message_id: str | None = None) -> str:
+        row = self.writer.row(topic, body, key=key, headers=headers, delay=delay, content_type=content_type,
+                              message_id=message_id)
+        self.rows.append(row)
+        return str(row["message_id"])
+
+    def rolled_back_to(self, mark: int) -> None:
+        """A savepoint taken when ``mark`` rows were published rolled back: its rows go with it."""
+        del self.rows[mark:]
+
+
+class Deferred:
+    """``tx.publish`` for a lease-mode handler, which runs outside any transaction: each call is
+    checked at once, and written in the transaction that stores the handler's result (so the
+    messages are published once the result is stored, never by a call whose result is not)."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def publish(self, topic: str, body: Any, *, key: str | None = None, headers: Mapping[str, str] | None = None,
+                delay: float = 0.0, content_type: str = JSON, message_id: str | None = None) -> str:
+        _check(topic, key, headers, delay, message_id)
+        call = {"topic": topic, "body": body, "key": key, "headers": headers, "delay": delay,
+                "content_type": content_type, "message_id": message_id or new_message_id()}
+        self.calls.append(call)
+        return str(call["message_id"])
+
+    def write(self, tx: Any) -> None:
+        """Write the calls' rows in ``tx`` (a `Transaction`)."""
+        for call in self.calls:
+            tx.publish(call["topic"], call["body"], key=call["key"], headers=call["headers"], delay=call["delay"],
+                       content_type=call["content_type"], message_id=call["message_id"])
 
 
 class Wakeup:

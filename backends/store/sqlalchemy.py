@@ -33,7 +33,7 @@ from backends.store.base import LeaseOutcome, Store, Transaction
 from backends.store.claims import Claim
 from backends.store.dialect import Dialect
 from backends.store.engine import is_unavailable, parse_store_url
-from backends.store.outbox import OutboxWriter, SqlOutbox
+from backends.store.outbox import Deferred, OutboxWriter, Outgoing, SqlOutbox
 from backends.store.postgresql import AsyncPostgreSQL, PostgreSQL
 from backends.store.schema import metadata
 from backends.store.sqlite import SQLite
@@ -75,17 +75,24 @@ class SqlTransaction(Transaction):
         self.connection = connection
         self._dialect = dialect
         self._clock = clock
-        self._outbox = outbox
-        self.published = 0  # outbox rows written: the commit announces them
+        self._outgoing = Outgoing(outbox)  # outbox rows, written in one go at commit
+
+    @property
+    def published(self) -> int:
+        """How many messages this transaction publishes (so far)."""
+        return len(self._outgoing.rows)
+
+    def publish(self, topic: str, body: Any, *, key: str | None = None, headers: Mapping[str, str] | None = None,
+                delay: float = 0.0, content_type: str = JSON, message_id: str | None = None) -> str:
+        return self._outgoing.publish(topic, body, key=key, headers=headers, delay=delay, content_type=content_type,
+                                      message_id=message_id)
 
     @_guarded
-    def publish(self, topic: str, body: Any, *, key: str | None = None, headers: Mapping[str, str] | None = None,
-                delay: float = 0.0, content_type: str = JSON) -> str:
-        statement, row = self._outbox.insert(topic, body, key=key, headers=headers, delay=delay,
-                                             content_type=content_type)
-        self.connection.execute(statement, row)
-        self.published += 1
-        return str(row["message_id"])
+    def write_outbox(self) -> None:
+        """Write the published rows (one ``executemany``) and announce them; just before the commit."""
+        if self._outgoing.rows:
+            self.connection.execute(self._outgoing.writer.statement, self._outgoing.rows)
+            self._dialect.announce_outbox(self.connection, self._outgoing.writer.name)
 
     @_guarded
     def claim(self, namespace: str, tokens: Sequence[str], ttl: float) -> set[str]:
@@ -95,11 +102,13 @@ class SqlTransaction(Transaction):
     @contextmanager
     def savepoint(self) -> Iterator[None]:
         nested = self.connection.begin_nested()
+        published = self.published
         try:
             yield
         except BaseException:
             if nested.is_active:
                 nested.rollback()
+            self._outgoing.rolled_back_to(published)
             raise
         else:
             nested.commit()
@@ -155,8 +164,7 @@ class SqlStore(Store):
         tx = SqlTransaction(connection, self.dialect, self._clock, self._outbox_writer)
         try:
             yield tx
-            if tx.published:
-                self.dialect.announce_outbox(connection, self.outbox.name)
+            tx.write_outbox()
         except BaseException:
             self._rollback_quietly(connection)
             connection.close()
@@ -245,7 +253,8 @@ class SqlStore(Store):
         (`backends.store.aio`); the tables are created first."""
         self._ensure_tables()
         dialect = ASYNC_DIALECTS[self.url.get_backend_name()]()
-        return AsyncSqlStore(dialect.async_engine(self.url, connections), dialect, self._clock, repr(self))
+        return AsyncSqlStore(dialect.async_engine(self.url, connections), dialect, self._clock, repr(self),
+                             self._outbox_writer, self.outbox.wakeup)
 
     # -- operations in a short transaction of their own --------------------------------
 
@@ -265,9 +274,15 @@ class SqlStore(Store):
         with self._unit() as connection:
             return records.lease(connection, self.dialect, namespace, token, self._now(), lease_seconds)
 
-    def complete_lease(self, namespace: str, token: str, result: Any, ttl: float) -> None:
-        with self._unit() as connection:
-            records.complete_lease(connection, self.dialect, namespace, token, result, self._now(), ttl)
+    def complete_lease(self, namespace: str, token: str, result: Any, ttl: float,
+                       publish: Deferred | None = None) -> None:
+        with self.transaction() as tx:
+            try:
+                records.complete_lease(tx.connection, self.dialect, namespace, token, result, self._now(), ttl)
+                if publish is not None:
+                    publish.write(tx)
+            except DBAPIError as exc:
+                self._raise(exc, "query")
 
     def renew_lease(self, namespace: str, token: str, lease_seconds: float) -> bool:
         with self._unit() as connection:

@@ -7,6 +7,8 @@ its lease is not repeated by a twin; then the result is stored and returned
 to duplicates. A store outage after the side effect leaves the message
 unacked (DEFERRED): the lease expires and a redelivery may run it again,
 the at-least-once that lease mode promises for effects outside the database.
+The handler's ``tx.publish`` calls are kept (`Deferred`) and written as outbox
+rows in the transaction that stores its result.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import structlog
 
 from backends.errors import StoreUnavailableError
 from backends.store.base import TokenState
+from backends.store.outbox import Deferred
 from backends.types import Message
 from reliable.outcome import Outcome
 from reliable.pipeline.steps import Steps, Work, undecided
@@ -92,15 +95,16 @@ class Leased:
             log.info("lease_held", handler=steps.handler.name, token=token, retry_in=wait)
             w.decide(Outcome.DEFERRED, delay=wait)
             return
+        publish = Deferred()  # the handler's tx.publish: written with its stored result
         try:
             with Heartbeat(lambda: self._renew(w.message, token), self.seconds / RENEWALS_PER_LEASE,
                            steps.handler.name):
-                value = await steps.retrying(lambda: steps.call([w.message], None))
+                value = await steps.retrying(lambda: steps.call([w.message], publish))
         except Exception as exc:
             await steps.runner.offload(lambda: self._release(token))
             w.result = steps.failed(w.message, token, exc)
             return
-        await self._complete(w, token, value)
+        await self._complete(w, token, value, publish)
 
     def _renew(self, message: Message, token: str) -> None:
         if not self.steps.runtime.store.renew_lease(self.steps.handler.group, token, self.seconds):
@@ -108,12 +112,13 @@ class Leased:
         if self.in_progress is not None:
             self.in_progress([message])
 
-    async def _complete(self, w: Work, token: str, value: Any) -> None:
-        """Store the result; with the store down the message is not acked and its lease expires."""
+    async def _complete(self, w: Work, token: str, value: Any, publish: Deferred) -> None:
+        """Store the result with what the handler published; with the store down the message is
+        not acked and its lease expires."""
         steps, store = self.steps, self.steps.runtime.store
         try:
             await steps.retrying(lambda: steps.runner.offload(lambda: store.complete_lease(
-                steps.handler.group, token, value, steps.config.token_ttl)))
+                steps.handler.group, token, value, steps.config.token_ttl, publish)))
         except StoreUnavailableError as exc:
             log.error("lease_result_not_stored", handler=steps.handler.name, token=token, error=str(exc))
             w.decide(Outcome.DEFERRED, delay=self.seconds, error=exc)

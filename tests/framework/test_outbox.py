@@ -243,3 +243,23 @@ def test_test_app_runs_the_relay(tmp_path: Path) -> None:
     app.run(until_idle=True)  # the delay passes on the fake clock
     assert seen == [1]
     app.close()
+
+
+def test_a_lease_handler_publishes_with_its_stored_result_and_not_when_it_fails(app: App, unique: str) -> None:
+    @app.handler("emails", group=f"{unique}-emails", token="body.id", lease=30.0, fatal=[ValueError])
+    def send(msg: Message, tx) -> str:
+        tx.publish("sent", {"email": msg.body["id"]}, key=str(msg.body["id"]))
+        if msg.body["id"] == 2:
+            raise ValueError("the address bounced")
+        return "delivered"
+
+    for n in (1, 2, 1):  # the duplicate gets the stored result and publishes nothing
+        app.publish("emails", {"id": n})
+    app.run(until_idle=True)
+
+    [message] = received(app, f"{unique}-sent", "sent", 1)
+    assert message.body == {"email": 1}
+    [row] = app.store.outbox.rows()
+    assert row.message_id == message.id
+    with pytest.raises(OutboxMessageError, match="message_id"), app.store.transaction() as tx:
+        tx.publish("sent", {}, message_id="x" * 65)

@@ -22,6 +22,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -70,9 +71,12 @@ def _chain(env: Mapping[str, str], postgres_url: str, name: str, kills: int, cou
             for key in sorted({keys[t] for t in sent[i : i + 500]}):
                 producer.publish_many(f"{name}-a", [{"token": t} for t in sent[i : i + 500] if keys[t] == key], key=key)
 
+    logs = Path(tempfile.mkdtemp(prefix=f"{name}-chain-"))
+
     def start(*command: str) -> subprocess.Popen:
+        log = (logs / f"{command[-1]}-{command[-2]}-{len(list(logs.iterdir()))}.log").open("w")
         return subprocess.Popen([sys.executable, "-m", *command], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                stdout=subprocess.PIPE, stderr=log, text=True)
 
     def a_worker() -> subprocess.Popen:
         return start("tests.transports.outbox_chain_worker", "a", name)
@@ -101,6 +105,10 @@ def _chain(env: Mapping[str, str], postgres_url: str, name: str, kills: int, cou
             running[victim] = a_worker() if victim == "a" else relay()
         sending.join()
         wait_until(lambda: done() >= count, lambda: b_worker.poll() is None)
+    except AssertionError:
+        for log in sorted(logs.iterdir()):  # what the processes said, for the failure's report
+            print(f"--- {log.name}\n{log.read_text()[-3000:]}")
+        raise
     finally:
         sending.join()
         for process in (*running.values(), b_worker):
