@@ -146,3 +146,23 @@ def test_embedded_urls_and_bad_options(tmp_path: Path, monkeypatch) -> None:
         open_transport(f"embedded://{tmp_path}/y?flush=sometimes")
     with pytest.raises(ConfigurationError, match="synchronous"):
         open_transport(f"embedded://{tmp_path}/z?synchronous=OFF")
+
+
+PUBLISHER = """
+import sys
+from backends.transport import open_transport
+from backends.types import OutgoingMessage
+
+with open_transport(f"embedded://{sys.argv[1]}") as transport:
+    transport.publish(sys.argv[2], [OutgoingMessage(b'{"n":%d}' % n, message_id=f"c{n}") for n in range(5)])
+"""
+
+
+def test_a_process_that_does_not_own_the_directory_publishes_through_the_owner(tmp_path: Path, unique: str) -> None:
+    path = tmp_path / "broker"
+    with open_transport(f"embedded://{path}") as owner:  # this process owns the directory
+        owner.publish(unique, outgoing(1))
+        child = subprocess.run([sys.executable, "-c", PUBLISHER, str(path), unique], capture_output=True, text=True,
+                               cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+        assert child.returncode == 0, child.stderr[-3000:]
+        assert sorted(m.id for m in drain(owner, "g", unique)) == ["c0", "c1", "c2", "c3", "c4", "m0"]
