@@ -57,6 +57,13 @@ class UnknownOperationError(ProtocolError):
     code = "unknown_operation"
 
 
+class LimitExceededError(ProtocolError):
+    """Raised when a connection would pass one of its bounds (open transactions, bytes they buffer)."""
+
+    code = "limit_exceeded"
+    fatal = True
+
+
 class AuthenticationError(ServerError):
     """Raised when credentials are missing or wrong."""
 
@@ -99,7 +106,7 @@ WIRE_ERRORS: dict[str, type[ServerError]] = {
     cls.code: cls
     for cls in (
         ProtocolError, FrameTooLargeError, UnsupportedVersionError, MalformedFrameError,
-        BrokenStreamError, UnknownOperationError, AuthenticationError, PermissionDeniedError,
-        RequestError, ConnectionLimitError,
+        BrokenStreamError, UnknownOperationError, LimitExceededError, AuthenticationError,
+        PermissionDeniedError, RequestError, ConnectionLimitError,
     )
 }

@@ -20,7 +20,7 @@ from broker.protocol.codec import DEFAULT_MAX_FRAME_SIZE
 from broker.server.auth import Authenticator, User, load_users
 
 #: keys of the ``[broker]`` table that configure the engine, not the server
-ENGINE_KEYS = frozenset({"data_dir", "flush", "selection"})
+ENGINE_KEYS = frozenset({"data_dir", "flush", "selection", "max_deliveries"})
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,15 @@ class Limits:
     stomp_max_redeliveries: int = 6  # ActiveMQ's maximumRedeliveries; then %DLQ%<group>
     stomp_redelivery_delay: float = 1.0  # ActiveMQ's initialRedeliveryDelay, seconds
     stomp_redelivery_multiplier: float = 1.0  # ActiveMQ's backOffMultiplier (1: a constant delay)
+    max_transactions: int = 16  # open STOMP transactions per connection
+    max_transaction_bytes: int = 16 * 1024 * 1024  # what they may hold together, per connection
 
     def __post_init__(self) -> None:
-        for name in ("max_frame_size", "max_connections", "stomp_prefetch"):
+        for name in ("max_frame_size", "max_connections", "stomp_prefetch", "max_transactions",
+                     "max_transaction_bytes"):
             _require(f"broker.{name}", getattr(self, name), int, 1)
+        for name in ("idle_timeout", "slow_client_timeout", "handshake_timeout", "max_fetch_wait"):
+            _require(f"broker.{name}", getattr(self, name), (int, float), 0.001)
         _require("broker.stomp_max_redeliveries", self.stomp_max_redeliveries, int, 0)
         _require("broker.stomp_redelivery_delay", self.stomp_redelivery_delay, (int, float), 0)
         _require("broker.stomp_redelivery_multiplier", self.stomp_redelivery_multiplier, (int, float), 1)
@@ -48,8 +53,6 @@ class Limits:
     def stomp_nack_delay(self, delivery_count: int) -> float:
         """Seconds before a NACKed message comes back, after its ``delivery_count``-th delivery."""
         return self.stomp_redelivery_delay * self.stomp_redelivery_multiplier ** (delivery_count - 1)
-        for name in ("idle_timeout", "slow_client_timeout", "handshake_timeout", "max_fetch_wait"):
-            _require(f"broker.{name}", getattr(self, name), (int, float), 0.001)
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,11 @@ class TlsConfig:
     keyfile: str
     cafile: str | None = None
     require_client_cert: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("certfile", "keyfile", "cafile"):
+            _require_kind(f"broker.tls_{name}", getattr(self, name), str, optional=name == "cafile")
+        _require_kind("broker.tls_require_client_cert", self.require_client_cert, bool)
 
     def context(self) -> ssl.SSLContext:
         """A server context refusing anything older than TLS 1.2."""
@@ -95,6 +103,9 @@ class ServerConfig:
             value = getattr(self, name)
             if value is not None:
                 _require(f"broker.{name}", value, int, 0, 65535)
+        _require_kind("broker.host", self.host, str)
+        _require_kind("broker.allow_open_network", self.allow_open_network, bool)
+        _require_kind("broker.unix_socket", self.unix_socket, str, optional=True)
         if not self.users and not self.allow_open_network and not _is_loopback(self.host):
             raise BrokerConfigError(
                 f"broker.host = {self.host!r}: a broker without users may only bind a loopback "
@@ -124,6 +135,8 @@ class ServerConfig:
         if tls and not {"certfile", "keyfile"} <= set(tls):
             raise BrokerConfigError(f"broker.tls_*: {sorted(tls)} given; TLS needs both "
                                     "tls_certfile and tls_keyfile")
+        if "data_dir" in data:
+            _require_kind("broker.data_dir", data["data_dir"], str)
         server = {k: v for k, v in data.items() if k in allowed}
         return cls(limits=Limits(**limits), tls=TlsConfig(**tls) if tls else None, users=users,
                    **server)
@@ -135,6 +148,14 @@ def _users_file(path: str) -> dict[str, User]:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise BrokerConfigError(f"broker.users_file = {path!r}: cannot read it ({exc})") from exc
     return load_users(document.get("users", {}), f"{path}: users")
+
+
+def _require_kind(key: str, value: Any, kind: type, optional: bool = False) -> None:
+    if (value is None and optional) or (isinstance(value, kind) and (kind is bool or not isinstance(
+            value, bool))):
+        return
+    raise BrokerConfigError(f"{key} = {value!r}: must be a {kind.__name__}"
+                            + (" or absent" if optional else ""))
 
 
 def _is_loopback(host: str) -> bool:

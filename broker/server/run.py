@@ -3,7 +3,7 @@
 ``python -m broker serve [--settings reliable.toml] [--data-dir DIR] [--host H] [--port P]``
 and ``reliable broker serve --settings reliable.toml`` both end here. The
 ``[broker]`` table of the settings file configures it (``data_dir``,
-``flush``, ``selection``, ``host``, ``port``, ``stomp_port``, ``metrics_port``, users, TLS,
+``flush``, ``selection``, ``max_deliveries``, ``host``, ``port``, ``stomp_port``, ``metrics_port``, users, TLS,
 limits); flags override it. SIGTERM or SIGINT stops it gracefully: the
 listeners close, every session's members leave, offsets are written and the
 store is checkpointed; the next start recovers from whatever a crash left.
@@ -48,7 +48,8 @@ def run(table: dict[str, Any], *, data_dir: str | None = None, host: str | None 
     given = {"host": host, "port": port, "stomp_port": stomp_port}
     config = ServerConfig.from_mapping({**table, **{k: v for k, v in given.items() if v is not None}})
     directory = data_dir or table.get("data_dir", DEFAULT_DATA_DIR)
-    broker = Broker(directory, DeliveryConfig(selection=table.get("selection", "round_robin")),
+    delivery = DeliveryConfig(**{key: table[key] for key in ("selection", "max_deliveries") if key in table})
+    broker = Broker(directory, delivery,
                     store_config=StoreConfig(flush=table.get("flush", "sync")))
     engine = Engine(broker)
     tune_garbage_collector()

@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from broker.protocol.errors import BrokenStreamError, FrameTooLargeError
+from broker.protocol.errors import BrokenStreamError, FrameTooLargeError, ProtocolError
 
 VERSIONS = ("1.0", "1.1", "1.2")
 HEARTBEAT = b"\n"
@@ -35,6 +35,16 @@ _UNESCAPES = {v: {code: char for char, code in table.items()} for v, table in _E
 _HEADER_END = {"1.0": re.compile(rb"\n\n"), "1.1": re.compile(rb"\n\n"),
                "1.2": re.compile(rb"\n\r?\n")}
 _ESCAPE_SEQUENCE = re.compile(r"\\(.?)", re.DOTALL)
+#: a number on the wire: ASCII digits only (not ``²`` or ``٣``, which `str.isdigit` accepts),
+#: at most 18 of them, so `int` never meets a 4,301-digit string
+_NUMBER = re.compile(r"[0-9]{1,18}", re.ASCII)
+
+
+def parse_number(header: str, raw: str, error: type[ProtocolError]) -> int:
+    """The whole number ``raw`` of ``header``; anything else raises ``error`` naming the header."""
+    if not _NUMBER.fullmatch(raw):
+        raise error(f"header {header}: {raw[:40]!r} is not a whole number of at most 18 ASCII digits")
+    return int(raw)
 
 
 @dataclass(frozen=True)
@@ -141,7 +151,9 @@ class StompDecoder:
             self._check_size(len(self._buffer))
             return False
         command, headers = self._parse_head(bytes(self._buffer[:end.start()]))
-        length = self._content_length(command, headers)
+        raw_length = headers.get("content-length")
+        length = None if raw_length is None else parse_number("content-length", raw_length,
+                                                              BrokenStreamError)
         if length is not None:
             self._check_size(end.end() + length + 1)
         self._pending = (command, headers, end.end(), length)
@@ -172,14 +184,6 @@ class StompDecoder:
             if escaped:
                 name, value = _unescape(name, self.version), _unescape(value, self.version)
             yield name, value
-
-    def _content_length(self, command: str, headers: Mapping[str, str]) -> int | None:
-        raw = headers.get("content-length")
-        if raw is None:
-            return None
-        if not raw.isdigit():
-            raise BrokenStreamError(f"{command} frame: content-length {raw!r} is not a byte count")
-        return int(raw)
 
     def _check_size(self, size: int) -> None:
         if size > self.max_frame_size:

@@ -15,8 +15,9 @@ from broker.protocol.errors import MalformedFrameError, RequestError, UnknownOpe
 from broker.protocol.operations import OPERATIONS
 from broker.server.auth import Principal
 from broker.server.engine import Delivery, OutgoingMessage
-from broker.server.stomp_codec import StompFrame
+from broker.server.stomp_codec import StompFrame, parse_number
 from broker.server.stomp_subscription import ACK_MODES, AckMode, Destination, StompSubscription
+from broker.server.stomp_transactions import StompTransactions
 
 if TYPE_CHECKING:
     from broker.server.stomp_session import StompSession
@@ -29,6 +30,11 @@ TRANSACTED = frozenset({"SEND", "ACK", "NACK"})
 SEND_ACCESS = OPERATIONS["publish"].access
 QUEUE_ACCESS = OPERATIONS["subscribe"].access
 TOPIC_ACCESS = OPERATIONS["read"].access
+#: the commands of a connected client, each served by the handler method of its lower-case name
+CONNECTED_COMMANDS = ("SEND", "SUBSCRIBE", "UNSUBSCRIBE", "ACK", "NACK", "BEGIN", "COMMIT",
+                      "ABORT", "DISCONNECT")
+#: every command a client may send: the only values the frame counter's ``command`` label takes
+CLIENT_COMMANDS = frozenset({"CONNECT", "STOMP", *CONNECTED_COMMANDS})
 
 
 class StompHandlers:
@@ -38,13 +44,10 @@ class StompHandlers:
         self.session = session
         self.principal = principal
         self.subscriptions: dict[str, StompSubscription] = {}
-        self.transactions: dict[str, list[StompFrame]] = {}
+        self.transactions = StompTransactions(session.conn.limits)
         self._ack_ids = itertools.count(1)
         self._handlers: dict[str, Callable[[StompFrame], Awaitable[None]]] = {
-            "SEND": self._send, "SUBSCRIBE": self._subscribe, "UNSUBSCRIBE": self._unsubscribe,
-            "ACK": self._ack, "NACK": self._nack, "BEGIN": self._begin, "COMMIT": self._commit,
-            "ABORT": self._abort, "DISCONNECT": self._disconnect,
-        }
+            command: getattr(self, f"_{command.lower()}") for command in CONNECTED_COMMANDS}
 
     async def handle(self, frame: StompFrame) -> None:
         handler = self._handlers.get(frame.command)
@@ -52,7 +55,10 @@ class StompHandlers:
             raise UnknownOperationError(f"unknown STOMP command {frame.command[:40]!r}")
         transaction = frame.get("transaction") if frame.command in TRANSACTED else None
         if transaction is not None:
-            self._transaction(transaction).append(frame)
+            if frame.command == "SEND":  # refused here, before the frame is kept
+                topic = Destination.parse(frame.get("destination")).topic
+                SEND_ACCESS.check(self.principal, {"topic": topic})
+            self.transactions.add(transaction, frame)
         else:
             await handler(frame)
         receipt = frame.get("receipt")
@@ -146,20 +152,11 @@ class StompHandlers:
                 return subscription, found
         raise RequestError(f"{frame.command}: no pending message with id {ack_id or message_id!r}")
 
-    def _transaction(self, name: str | None) -> list[StompFrame]:
-        if name is None or name not in self.transactions:
-            raise MalformedFrameError(f"transaction {name!r} has not begun")
-        return self.transactions[name]
-
     async def _begin(self, frame: StompFrame) -> None:
-        name = frame.get("transaction")
-        if not name or name in self.transactions:
-            raise MalformedFrameError(f"BEGIN: transaction {name!r} is missing or already begun")
-        self.transactions[name] = []
+        self.transactions.begin(frame.get("transaction"))
 
     async def _commit(self, frame: StompFrame) -> None:
-        frames = self._transaction(frame.get("transaction"))
-        del self.transactions[frame.get("transaction") or ""]
+        frames = self.transactions.end(frame.get("transaction"))
         for command, run in itertools.groupby(frames, lambda f: f.command):
             batch = list(run)
             if command == "SEND":
@@ -168,8 +165,7 @@ class StompHandlers:
                 await self._settle(acknowledgement, redeliver=command == "NACK")
 
     async def _abort(self, frame: StompFrame) -> None:
-        self._transaction(frame.get("transaction"))
-        del self.transactions[frame.get("transaction") or ""]
+        self.transactions.end(frame.get("transaction"))
 
     async def _disconnect(self, frame: StompFrame) -> None:
         """Leave every group before the RECEIPT: once the client has it, what it held
@@ -189,6 +185,7 @@ def _mode(value: str) -> AckMode:
 def _prefetch(raw: str | None, default: int) -> int:
     if raw is None:
         return default
-    if not raw.isdigit() or int(raw) < 1:
-        raise MalformedFrameError(f"activemq.prefetchSize {raw!r} must be a whole number >= 1")
-    return int(raw)
+    prefetch = parse_number("activemq.prefetchSize", raw, MalformedFrameError)
+    if prefetch < 1:
+        raise MalformedFrameError(f"header activemq.prefetchSize {raw!r} must be a whole number >= 1")
+    return prefetch

@@ -16,8 +16,8 @@ from broker.protocol.errors import AuthenticationError, MalformedFrameError, Pro
 from broker.server.auth import Authenticator, Principal
 from broker.server.connection import Connection, ConnectionTimedOut
 from broker.server.engine import Engine
-from broker.server.stomp_codec import HEARTBEAT, StompDecoder, StompFrame, encode
-from broker.server.stomp_frames import StompHandlers
+from broker.server.stomp_codec import HEARTBEAT, StompDecoder, StompFrame, encode, parse_number
+from broker.server.stomp_frames import CLIENT_COMMANDS, StompHandlers
 
 SERVER = "reliable-broker/1"
 SUPPORTED = ("1.0", "1.1", "1.2")
@@ -38,12 +38,15 @@ class StompSession:
         self.session_id = f"session-{next(self._ids)}"
         self.decoder = StompDecoder(conn.limits.max_frame_size)
         self.handlers: StompHandlers | None = None
-        self._read_timeout = conn.limits.handshake_timeout
+        self._read_timeout = conn.limits.idle_timeout
+        self._handshake_ends = 0.0
         self._heartbeat: asyncio.Task[None] | None = None
         self._failure: asyncio.Future[BaseException] | None = None
 
     async def run(self) -> None:
-        self._failure = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._failure = loop.create_future()
+        self._handshake_ends = loop.time() + self.conn.limits.handshake_timeout
         try:
             await self._serve()
         except ProtocolError as error:
@@ -65,19 +68,34 @@ class StompSession:
             if not data:
                 return
             for frame in self.decoder.frames(data):
-                self.conn.metrics.frames.labels("stomp", frame.command[:16]).inc()
+                command = frame.command if frame.command in CLIENT_COMMANDS else "unknown"
+                self.conn.metrics.frames.labels("stomp", command).inc()
                 await self._dispatch(frame)
 
     async def _read(self) -> bytes:
-        """The next chunk, or the failure a subscription's delivery task reported."""
+        """The next chunk, or the failure a subscription's delivery task reported.
+
+        Until CONNECT is served, reads end at the handshake deadline, however
+        many bytes (heart-beats, a frame in pieces) arrive before it.
+        """
         assert self._failure is not None
-        reading = asyncio.ensure_future(self.conn.read(self._read_timeout))
+        timeout = self._read_timeout
+        if self.handlers is None:
+            timeout = self._handshake_ends - asyncio.get_running_loop().time()
+            if timeout <= 0:
+                raise ConnectionTimedOut("handshake")
+        reading = asyncio.ensure_future(self.conn.read(timeout))
         either: list[asyncio.Future[Any]] = [reading, self._failure]
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if self._failure.done():
             reading.cancel()
             raise self._failure.result()
-        return reading.result()
+        try:
+            return reading.result()
+        except ConnectionTimedOut:
+            if self.handlers is None:
+                raise ConnectionTimedOut("handshake") from None
+            raise
 
     async def _dispatch(self, frame: StompFrame) -> None:
         try:
@@ -166,6 +184,7 @@ def _heartbeat(value: str | None) -> tuple[int, int]:
     if not value:
         return 0, 0
     parts = value.split(",")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise MalformedFrameError(f"heart-beat {value!r} is not two numbers of milliseconds")
-    return int(parts[0]), int(parts[1])
+    if len(parts) != 2:
+        raise MalformedFrameError(f"header heart-beat {value[:40]!r} is not two numbers of milliseconds")
+    send, want = (parse_number("heart-beat", part.strip(), MalformedFrameError) for part in parts)
+    return send, want

@@ -1,0 +1,54 @@
+"""The ``[broker]`` table is validated when the server starts: every key, named with its value.
+
+Each bad value below once started a server (or failed later, on the first
+connection); now it stops the start with a `BrokerConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from broker.errors import BrokerConfigError
+from broker.server.config import ServerConfig
+from tests.broker.server.serving import ROOT
+
+BAD_VALUES: list[tuple[str, Any]] = [
+    ("idle_timeout", "abc"), ("slow_client_timeout", 0), ("handshake_timeout", -1),
+    ("max_fetch_wait", "30"), ("max_frame_size", 0), ("max_connections", 1.5),
+    ("stomp_prefetch", True), ("max_transactions", 0), ("max_transaction_bytes", "1M"),
+    ("stomp_max_redeliveries", -1), ("stomp_redelivery_delay", "1s"),
+    ("stomp_redelivery_multiplier", 0.5), ("port", 70000), ("stomp_port", "61613"),
+    ("metrics_port", -1), ("host", 127), ("allow_open_network", "yes"), ("unix_socket", 5),
+    ("data_dir", 1), ("tls_require_client_cert", "no"),
+]
+
+
+@pytest.mark.parametrize(("key", "value"), BAD_VALUES)
+def test_a_bad_value_is_refused_naming_its_key(key: str, value: Any) -> None:
+    table: dict[str, Any] = {key: value}
+    if key.startswith("tls_"):
+        table.update(tls_certfile="cert.pem", tls_keyfile="key.pem")
+    with pytest.raises(BrokerConfigError, match=rf"broker\.{key} = "):
+        ServerConfig.from_mapping(table)
+
+
+def test_the_good_values_pass() -> None:
+    config = ServerConfig.from_mapping({"idle_timeout": 5, "handshake_timeout": 0.5,
+                                        "max_transactions": 4, "data_dir": "here", "flush": "sync"})
+    assert config.limits.idle_timeout == 5 and config.limits.max_transactions == 4
+
+
+@pytest.mark.parametrize(("key", "value"), [("idle_timeout", '"abc"'), ("flush", '"sometimes"'),
+                                            ("max_deliveries", '"often"')])
+def test_a_server_with_a_bad_value_does_not_start(tmp_path, key: str, value: str) -> None:
+    settings = tmp_path / "reliable.toml"
+    settings.write_text(f"[broker]\n{key} = {value}\n")
+    run = subprocess.run([sys.executable, "-m", "broker", "serve", "--settings", str(settings),
+                          "--data-dir", str(tmp_path / "data"), "--port", "0", "--stomp-port", "0"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0
+    assert "BrokerConfigError" in run.stderr and key in run.stderr.splitlines()[-1]
