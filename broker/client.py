@@ -99,10 +99,21 @@ class Client(SyncCalls):
         raise AssertionError("unreachable")
 
     def close(self) -> None:
+        """End the connection now: the server sees it end and releases what this client held.
+
+        ``shutdown`` comes first: closing a socket another thread is blocked in
+        ``recv()`` on neither wakes that thread nor sends FIN on Linux, so the
+        server would keep the connection until ``idle_timeout`` and its members'
+        messages until the session timeout.
+        """
         with self._lock:
             self._closed = True
             sock, self._sock = self._sock, None
         if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already gone
+                pass
             sock.close()
 
     # -- the connection ------------------------------------------------------------

@@ -12,15 +12,24 @@ from pathlib import Path
 from broker.delivery.group import DLQ_PREFIX, RETRY_PREFIX
 from broker.delivery.selection import QueueSelector, RoundRobin
 from broker.errors import InvalidNameError
+from broker.store.queues import TOPIC_NAME
 
 MAX_NAME = 200
 
 
 def check_name(kind: str, name: str, *, internal: bool = False) -> None:
-    """An `InvalidNameError` unless ``name`` is a usable topic or group name."""
-    if not isinstance(name, str) or not name or len(name) > MAX_NAME or "/" in name or "\n" in name:
+    """An `InvalidNameError` unless ``name`` is a usable topic or group name.
+
+    Both follow the store's rule for topic names (`broker.store.queues.TOPIC_NAME`):
+    a group's name becomes part of its ``%RETRY%`` and ``%DLQ%`` topics, so it is
+    refused here, before anything (``topics.json``, a consume queue) is written.
+    """
+    longest = MAX_NAME - (len(RETRY_PREFIX) if kind == "group" else 0)
+    if (not isinstance(name, str) or len(name) > longest or not TOPIC_NAME.fullmatch(name)
+            or name in (".", "..")):
         raise InvalidNameError(
-            f"{kind} name {name!r}: expected 1 to {MAX_NAME} characters without '/' or newlines")
+            f"{kind} name {name!r}: expected 1 to {longest} characters of letters, digits, "
+            "'_', '.', '%' or '-', and not '.' or '..'")
     if not internal and name.startswith((RETRY_PREFIX, DLQ_PREFIX)):
         raise InvalidNameError(f"{kind} name {name!r}: names starting with %RETRY% or %DLQ% are the broker's")
 
@@ -38,6 +47,7 @@ class Topics:
         """The queue count of ``topic``, creating it (internal topics get one queue)."""
         count = self._queues.get(topic)
         if count is None:
+            check_name("topic", topic, internal=True)  # also %RETRY%/%DLQ% of a group's name
             count = 1 if topic.startswith((RETRY_PREFIX, DLQ_PREFIX)) else self.default_queues
             self._queues[topic] = count
             self._save()

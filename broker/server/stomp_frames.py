@@ -46,6 +46,7 @@ class StompHandlers:
         self.subscriptions: dict[str, StompSubscription] = {}
         self.transactions = StompTransactions(session.conn.limits)
         self._ack_ids = itertools.count(1)
+        self._groups = itertools.count(1)
         self._handlers: dict[str, Callable[[StompFrame], Awaitable[None]]] = {
             command: getattr(self, f"_{command.lower()}") for command in CONNECTED_COMMANDS}
 
@@ -100,7 +101,7 @@ class StompHandlers:
         if destination.kind == "queue":
             member = await engine.join(destination.topic, [destination.topic])
         else:
-            group = f"%STOMP%{self.session.session_id}%{sub_id}"
+            group = f"%STOMP%{self.session.session_id}%{next(self._groups)}"  # any id: a safe name
             member = await engine.join(group, [destination.topic], broadcast=True, from_end=True)
         subscription = StompSubscription(
             sub_id, destination, _mode(ack_mode), prefetch, member, engine, self._message,
