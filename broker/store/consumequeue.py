@@ -23,7 +23,7 @@ from typing import NamedTuple
 import structlog
 
 from broker.errors import CorruptStoreError
-from broker.store.files import flush_mapped, fsync_directory, numbered_files
+from broker.store.files import RESERVE_CHUNK, flush_mapped, fsync_directory, numbered_files, reserve
 from broker.store.queuefiles import (
     ENTRY,
     SUFFIX,
@@ -60,6 +60,7 @@ class ConsumeQueue:
         if damage is not None:
             found = self._cut(found, *damage)
         self._files: dict[int, mmap.mmap] = {}
+        self._reserved: dict[int, int] = {}  # bytes allocated per file (`_reserve`)
         self._dirty: set[int] = set()
         for base in sorted(found):
             self._files[base] = self._map(self._path(base))
@@ -79,6 +80,7 @@ class ConsumeQueue:
         mapped = self._files.get(base)
         if mapped is None:
             mapped = self._files[base] = self._map(self._path(base))
+        self._reserve(base, queue_offset - base + 1)
         ENTRY.pack_into(mapped, (queue_offset - base) * ENTRY.size, log_offset, size, tag_hash)
         self._dirty.add(base)
         if queue_offset >= self.length:
@@ -94,6 +96,7 @@ class ConsumeQueue:
             if mapped is None:
                 mapped = self._files[base] = self._map(self._path(base))
             taken = min(total - done, base + self.per_file - queue_offset)
+            self._reserve(base, queue_offset - base + taken)
             position = (queue_offset - base) * size
             mapped[position : position + taken * size] = data[done * size : (done + taken) * size]
             self._dirty.add(base)
@@ -112,7 +115,19 @@ class ConsumeQueue:
         mapped = self._files.get(base)
         if mapped is None:
             mapped = self._files[base] = self._map(self._path(base))
+        self._reserve(base, last - base + 1)
         return mapped, base
+
+    def _reserve(self, base: int, entries: int) -> None:
+        """Allocate the first ``entries`` slots of the file at ``base`` (and a chunk more) before
+        they are written through its map (`broker.store.files.reserve`)."""
+        needed = entries * ENTRY.size
+        reserved = self._reserved.get(base, 0)
+        if needed <= reserved:
+            return
+        upto = min(self.per_file * ENTRY.size, max(needed, reserved + RESERVE_CHUNK))
+        reserve(self._path(base), upto)
+        self._reserved[base] = upto
 
     def extend(self, length: int) -> None:
         """Entries up to ``length`` were written into the file `file_for` gave."""

@@ -37,6 +37,25 @@ def atomic_write(path: Path, data: bytes) -> None:
     fsync_directory(path.parent)
 
 
+RESERVE_CHUNK = 64 * 1024
+"""Bytes a mapped file is allocated ahead of its writes (`reserve`)."""
+
+
+def reserve(path: Path, length: int) -> None:
+    """Allocate the blocks of ``path``'s first ``length`` bytes before they are written through a map.
+
+    A store file written through ``mmap`` is sparse: on a full disk the write of a
+    page with no block behind it is a SIGBUS, which kills the process. Allocated
+    ahead, a full disk is an `OSError` (ENOSPC) here instead, before anything of
+    the write happened, and the store can refuse the append and go on.
+    """
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, length)
+    finally:
+        os.close(fd)
+
+
 def flush_mapped(path: Path, mapped: mmap.mmap) -> None:
     """Force the changes made through ``mapped`` (a map of ``path``) to disk.
 

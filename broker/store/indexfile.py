@@ -20,7 +20,7 @@ from itertools import starmap
 from pathlib import Path
 
 from broker.errors import CorruptStoreError
-from broker.store.files import flush_mapped
+from broker.store.files import RESERVE_CHUNK, flush_mapped, reserve
 
 HEADER = struct.Struct("<qqQQIIII")  # begin ms, end ms, begin/end log offset, count, cap, slots, sealed
 SLOT = struct.Struct("<I")
@@ -86,6 +86,7 @@ class IndexFile:
         (self.begin_ms, self.end_ms, self.begin_log_offset, self.end_log_offset,
          self.count, self.capacity, self.slots, self.sealed) = HEADER.unpack_from(self._map, 0)
         self._entries = HEADER.size + self.slots * SLOT.size
+        self._reserved = 0  # bytes allocated from the start (`broker.store.files.reserve`)
         self._heads = _slot_heads(self._map, self.slots)
         while not self.sealed and self.count < self.capacity and self._entry(self.count)[2]:
             self.count += 1  # entries a killed writer added after its last header update
@@ -132,6 +133,10 @@ class IndexFile:
                 previous[position], latest[slot] = latest[slot], number
         at = self._entries + self.count * ENTRY.size
         data = b"".join(map(ENTRY.pack, hashes, offsets, sizes, times, previous))
+        if at + len(data) > self._reserved:  # slots and entries, before the map writes them
+            upto = min(len(self._map), max(at + len(data), self._reserved + RESERVE_CHUNK))
+            reserve(self.path, upto)
+            self._reserved = upto
         mapped[at : at + len(data)] = data
         newest = zip(slots, numbers) if distinct else dict(zip(slots, numbers)).items()
         deque(starmap(heads.__setitem__, newest), maxlen=0)

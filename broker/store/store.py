@@ -9,6 +9,7 @@ checkpoints and runs retention.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -154,13 +155,24 @@ class MessageStore:
             self._check_open()
             try:
                 appended = self._batch_writer.write(prepared, self.config.clock.time())
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise self._failed(exc) from exc
+                log.error("store.append_refused", path=str(self.path), error=repr(exc))
+                self._retention_due.set()
+                raise DiskFullError(f"append to {self.path}: the disk is full ({exc}); the batch "
+                                    "was cut back whole and the next append may succeed") from exc
             except BaseException as exc:
-                self._failure = exc
-                log.error("store.append_failed", error=repr(exc))
-                raise StoreError(f"append to {self.path} failed; reopen the store") from exc
+                raise self._failed(exc) from exc
             self._visible = end = self._log.end
             self._flusher.wrote(end)
         return appended, end
+
+    def _failed(self, exc: BaseException) -> StoreError:
+        """An append failed in a way the store cannot undo: every later call is refused."""
+        self._failure = exc
+        log.error("store.append_failed", error=repr(exc))
+        return StoreError(f"append to {self.path} failed; reopen the store")
 
     def _check_disk(self) -> None:
         usage = self.config.disk_usage(self.path)

@@ -62,9 +62,16 @@ class BatchWriter:
         queue_offsets = list(map(next, map(counters.__getitem__, places)))
         payloads = _payloads(batch, ids, queue_offsets, store_time)
         prefixes = map(_pack_prefix, repeat(_MAGIC), map(crc32c, payloads))
-        self._append(list(chain.from_iterable(zip(prefixes, payloads))), sizes, end)
-        self._dispatch(places, queue_offsets, queues, starts, offsets, sizes, batch.tag_hashes)
-        self._index_batch(batch, ids, offsets, int(store_time * 1000))
+        start = self._log.end
+        try:
+            self._append(list(chain.from_iterable(zip(prefixes, payloads))), sizes, end)
+            self._dispatch(places, queue_offsets, queues, starts, offsets, sizes, batch.tag_hashes)
+            self._index_batch(batch, ids, offsets, int(store_time * 1000))
+        except OSError:  # a full disk: the batch is cut back whole, as if never written
+            for place, consume_queue in queues.items():
+                consume_queue.truncate(starts[place])
+            self._log.truncate(start)
+            raise
         self._index.advance(end)
         message_ids = (batch.message_ids if not batch.generated
                        else list(map(bytes.decode, ids)) if not any(batch.ids)
