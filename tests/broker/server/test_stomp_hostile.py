@@ -33,9 +33,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         f"[broker]\nhandshake_timeout = {HANDSHAKE}\nmetrics_port = 0\n"
         f"max_transaction_bytes = {MAX_TRANSACTION_BYTES}\nmax_transactions = 2\n"
         f'[broker.users.app]\npassword_hash = "{hash_password("s3cret")}"\n'
-        'produce = ["*"]\nconsume = ["*"]\n'
+        'produce = ["*"]\nconsume = ["*"]\ngroups = ["*"]\n'
         f'[broker.users.reader]\npassword_hash = "{hash_password("r3ad")}"\n'
-        'produce = []\nconsume = ["*"]\n')
+        'produce = []\nconsume = ["*"]\ngroups = ["*"]\n')
     started = ServerProcess(folder / "data", "--settings", str(settings)).start()
     yield started
     started.stop()
