@@ -122,7 +122,8 @@ class StompSession:
         client_send, client_want = _heartbeat(frame.get("heart-beat"))
         send_every = max(SERVER_HEARTBEAT[0], client_want) if client_want else 0
         expect_every = max(SERVER_HEARTBEAT[1], client_send) if client_send else 0
-        self._read_timeout = 2 * expect_every / 1000 if expect_every else self.conn.limits.idle_timeout
+        idle = self.conn.limits.idle_timeout  # bounds silence whatever beats a client promises
+        self._read_timeout = min(2 * expect_every / 1000, idle) if expect_every else idle
         self.handlers = StompHandlers(self, principal)
         await self.send(StompFrame("CONNECTED", {
             "version": self.version, "heart-beat": f"{SERVER_HEARTBEAT[0]},{SERVER_HEARTBEAT[1]}",

@@ -22,6 +22,7 @@ from tests.broker.server.test_stomp import WAIT
 from tests.broker.server.test_stomp_errors import exchange, frame, queue_contents
 
 HANDSHAKE = 1.0
+IDLE = 5.0
 MAX_TRANSACTION_BYTES = 64 * 1024
 
 
@@ -30,7 +31,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("stomp-hostile")
     settings = folder / "reliable.toml"
     settings.write_text(
-        f"[broker]\nhandshake_timeout = {HANDSHAKE}\nmetrics_port = 0\n"
+        f"[broker]\nhandshake_timeout = {HANDSHAKE}\nidle_timeout = {IDLE}\nmetrics_port = 0\n"
         f"max_transaction_bytes = {MAX_TRANSACTION_BYTES}\nmax_transactions = 2\n"
         f'[broker.users.app]\npassword_hash = "{hash_password("s3cret")}"\n'
         'produce = ["*"]\nconsume = ["*"]\ngroups = ["*"]\n'
@@ -87,6 +88,18 @@ def test_a_connect_sent_a_byte_at_a_time_past_the_deadline_is_cut(server) -> Non
                 sent += 1
     assert sent < len(hello)
     assert b"CONNECTED" not in received
+
+
+def test_a_promise_of_rare_heart_beats_does_not_outlast_the_idle_timeout(server) -> None:
+    """A client promising a beat a day would have held its connection for two days, silent."""
+    hello = frame("CONNECT", {"accept-version": "1.2", "login": "app", "passcode": "s3cret",
+                              "heart-beat": "86400000,0"})
+    received = b""
+    with socket.create_connection(("127.0.0.1", server.stomp_port), timeout=WAIT) as sock:
+        sock.sendall(hello)
+        while data := sock.recv(65536):  # the server ends it; a hang fails on WAIT (> IDLE)
+            received += data
+    assert received.startswith(b"CONNECTED")
 
 
 def test_made_up_commands_never_become_metric_labels(server, unique) -> None:
