@@ -40,10 +40,10 @@ _ESCAPE_SEQUENCE = re.compile(r"\\(.?)", re.DOTALL)
 _NUMBER = re.compile(r"[0-9]{1,18}", re.ASCII)
 
 
-def parse_number(header: str, raw: str, error: type[ProtocolError]) -> int:
+def parse_number(header: str, raw: str, error: type[ProtocolError], what: str = "a whole number") -> int:
     """The whole number ``raw`` of ``header``; anything else raises ``error`` naming the header."""
     if not _NUMBER.fullmatch(raw):
-        raise error(f"header {header}: {raw[:40]!r} is not a whole number of at most 18 ASCII digits")
+        raise error(f"header {header}: {raw[:40]!r} is not {what} (at most 18 ASCII digits)")
     return int(raw)
 
 
@@ -153,7 +153,7 @@ class StompDecoder:
         command, headers = self._parse_head(bytes(self._buffer[:end.start()]))
         raw_length = headers.get("content-length")
         length = None if raw_length is None else parse_number("content-length", raw_length,
-                                                              BrokenStreamError)
+                                                              BrokenStreamError, "a byte count")
         if length is not None:
             self._check_size(end.end() + length + 1)
         self._pending = (command, headers, end.end(), length)

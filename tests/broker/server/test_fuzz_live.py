@@ -21,9 +21,11 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
 from broker.client import Client
 from broker.delivery.values import OutgoingMessage
+from broker.errors import BrokerUnavailableError
 from broker.server.auth import hash_password
 from tests.broker.server.serving import ServerProcess
 from tests.broker.server.test_stomp_errors import frame
@@ -90,9 +92,20 @@ def admin(server: ServerProcess) -> Client:
 
 
 def stored(server: ServerProcess) -> list[tuple[str, bytes]]:
+    """What topic ``kept`` holds, read through the native port.
+
+    The server's ``idle_timeout`` is 1 s (so fuzzed connections end fast), which
+    may cut this reader between two of its requests on a loaded machine: the
+    client then reconnects, and the read is asked again.
+    """
     client = admin(server)
     try:
-        return sorted((d.message_id, d.body) for q in range(4) for d in client.read("kept", q, 0, 100))
+        for attempt in Retrying(retry=retry_if_exception_type(BrokerUnavailableError),
+                                stop=stop_after_attempt(5), reraise=True):
+            with attempt:
+                return sorted((d.message_id, d.body) for q in range(4)
+                              for d in client.read("kept", q, 0, 100))
+        raise AssertionError("unreachable")
     finally:
         client.close()
 
