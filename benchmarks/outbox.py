@@ -1,0 +1,177 @@
+"""The transactional outbox next to publishing directly, in one run.
+
+1. Handler throughput, batch mode (``batch=500``): each message makes one
+   INSERT into a table of the store's database and publishes one message,
+   (a) through the outbox (``tx.publish``; the relay's sending is inside the
+   timing: ``run(until_idle=True)`` returns once the outbox is drained), next
+   to (b) the same handler calling ``app.publish`` directly (not exactly once).
+   Target: (a) >= 0.7x (b).
+2. Relay throughput: N committed rows sent by `Relay.drain`, next to the same
+   N messages published by ``transport.publish`` in batches of the relay's
+   size. Target: >= 0.8x.
+3. Commit-to-consumer latency of an idle relay: one row per transaction, the
+   next one written once the consumer got the last; the relay runs on its
+   thread, woken by the commit (same process) and, on PostgreSQL, by a
+   commit from another store (``NOTIFY``, as from another process).
+
+    python -m benchmarks.outbox [--messages N] [--store sqlite|postgresql] [--transport URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from sqlalchemy import text
+
+from backends.store import SqlStore, Store
+from backends.types import OutgoingMessage
+from reliable import App, Message
+from reliable.settings import Settings
+
+DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+BATCH = 500
+T = TypeVar("T")
+
+
+def make_app(folder: Path, store: str, transport: str, name: str) -> App:
+    env = {"RELIABLE_STORE__URL": store, "RELIABLE_TRANSPORT__URL": transport, "RELIABLE_CACHE__URL": "memory://",
+           "RELIABLE_OUTBOX__NAME": name, "RELIABLE_LOG__LEVEL": "warning"}
+    return App(Settings.load(None, env=env))
+
+
+def handler_rate(app: App, name: str, count: int, through_outbox: bool) -> float:
+    """Messages per second of the batch handler that writes a row and publishes one message."""
+    with app.store.transaction() as tx:
+        tx.execute(text(f"create table {name}_rows (token varchar(64))"))
+
+    @app.handler(f"{name}-in", group=f"{name}-in", token="body.token", batch=BATCH)
+    def forward(messages: list[Message], tx) -> None:
+        tx.execute(text(f"insert into {name}_rows (token) values (:t)"), [{"t": m.body["token"]} for m in messages])
+        for m in messages:
+            if through_outbox:
+                tx.publish(f"{name}-out", {"token": m.body["token"]})
+            else:
+                app.publish(f"{name}-out", {"token": m.body["token"]})
+
+    for start in range(0, count, BATCH):
+        app.publish_many(f"{name}-in", [{"token": f"t{n}"} for n in range(start, min(start + BATCH, count))])
+    started = time.perf_counter()
+    app.run(until_idle=True)
+    return count / (time.perf_counter() - started)
+
+
+def relay_rates(app: App, name: str, count: int) -> tuple[float, float]:
+    """Rows per second of `Relay.drain`, and messages per second of the transport's own publish."""
+    for start in range(0, count, BATCH):
+        with app.store.transaction() as tx:
+            for n in range(start, min(start + BATCH, count)):
+                tx.publish(f"{name}-relayed", {"n": n}, key=f"k{n % 64}")
+    started = time.perf_counter()
+    app.relay().drain()
+    relay = count / (time.perf_counter() - started)
+    messages = [OutgoingMessage(f'{{"n":{n}}}'.encode(), key=f"k{n % 64}", message_id=uuid.uuid4().hex)
+                for n in range(count)]
+    started = time.perf_counter()
+    for start in range(0, count, BATCH):
+        app.transport.publish(f"{name}-direct", messages[start : start + BATCH])
+    return relay, count / (time.perf_counter() - started)
+
+
+def latencies(app: App, writer: Store, name: str, samples: int) -> list[float]:
+    """Seconds from each commit's return to the consumer's fetch, one row at a time."""
+    topic, arrived = f"{name}-latency-{uuid.uuid4().hex[:6]}", threading.Event()
+    app.transport.declare(topic, [topic])
+    got: dict[str, float] = {}
+    stop = threading.Event()
+
+    def consume() -> None:
+        with app.transport.subscribe(topic, [topic]) as subscription:
+            while not stop.is_set():
+                batch = subscription.fetch(10, timeout=0.2)
+                now = time.perf_counter()
+                for m in batch:
+                    got[m.id] = now
+                if batch:
+                    subscription.ack(batch)
+                    arrived.set()
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    committed: dict[str, float] = {}
+    with app.relay().running():
+        for n in range(samples):
+            arrived.clear()
+            with writer.transaction() as tx:
+                message_id = tx.publish(topic, {"n": n})
+            committed[message_id] = time.perf_counter()
+            if not arrived.wait(10):
+                raise RuntimeError(f"row {n} never reached the consumer")
+    stop.set()
+    consumer.join()
+    return [got[i] - t for i, t in committed.items()]
+
+
+def row(label: str, values: list[str]) -> str:
+    return f"{label:<58}" + "".join(f"{v:>16}" for v in values)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--store", choices=["sqlite", "postgresql"], default="sqlite")
+    parser.add_argument("--transport", default=None, help="transport URL (default: embedded in a temporary folder)")
+    parser.add_argument("--samples", type=int, default=300, help="commits measured for the latency")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+
+        def fresh(label: str, run: Callable[[App, str], T]) -> T:
+            name = f"b{uuid.uuid4().hex[:10]}"
+            store = DATABASE_URL if args.store == "postgresql" else f"sqlite:///{root / label / 'store.db'}"
+            app = make_app(root / label, store, args.transport or f"embedded://{root / label / 'broker'}", name)
+            try:
+                return run(app, name)
+            finally:
+                with app.store.transaction() as tx:
+                    tx.execute(text(f"drop table if exists {name}_rows"))
+                    tx.execute(text("delete from reliable_outbox where outbox = :n"), {"n": name})
+                app.close()
+
+        outbox = fresh("outbox", lambda app, name: handler_rate(app, name, args.messages, True))
+        direct = fresh("direct", lambda app, name: handler_rate(app, name, args.messages, False))
+        relay, publish = fresh("relay", lambda app, name: relay_rates(app, name, args.messages))
+
+        def latency(app: App, name: str) -> dict[str, list[float]]:
+            found = {"same process (in-process wake-up)": latencies(app, app.store, name, args.samples)}
+            if args.store == "postgresql":
+                other = SqlStore(DATABASE_URL, outbox=name)
+                found["another store (PostgreSQL NOTIFY)"] = latencies(app, other, name, args.samples)
+                other.close()
+            return found
+
+        waits = fresh("latency", latency)
+    print(f"outbox benchmark: {args.messages} messages, store {args.store}, transport "
+          f"{args.transport or 'embedded://'}, batch {BATCH}")
+    print(row("", ["msg/s", "ratio", "target"]))
+    print(row("handler, batch mode: INSERT + tx.publish (relay included)", [f"{outbox:,.0f}", f"{outbox / direct:.2f}x", ">= 0.70x"]))
+    print(row("handler, batch mode: INSERT + app.publish (not exactly once)", [f"{direct:,.0f}", "1.00x", ""]))
+    print(row("relay: Relay.drain of committed rows", [f"{relay:,.0f}", f"{relay / publish:.2f}x", ">= 0.80x"]))
+    print(row(f"transport.publish, batches of {BATCH}", [f"{publish:,.0f}", "1.00x", ""]))
+    print(row("commit-to-consumer latency", ["p50 ms", "p99 ms", "max ms"]))
+    for label, values in waits.items():
+        ms = sorted(v * 1000 for v in values)
+        p99 = ms[min(len(ms) - 1, int(len(ms) * 0.99))]
+        print(row(f"  {label}", [f"{statistics.median(ms):.2f}", f"{p99:.2f}", f"{ms[-1]:.2f}"]))
+
+
+if __name__ == "__main__":
+    main()
