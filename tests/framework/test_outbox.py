@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import text
 
 from backends.errors import OutboxMessageError
@@ -21,8 +22,9 @@ from backends.types import Message, OutgoingMessage
 from reliable import App
 from reliable.outbox import Relay
 from reliable.settings import Settings
-from reliable.testing import test_app
+from reliable.testing import FakeClock, test_app
 from tests.framework.conftest import create_effects, effects, write_effect
+from tests.transports.effects import wait_until
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -278,3 +280,26 @@ def test_an_async_handler_publishes_through_its_async_transaction(app: App, uniq
 
     [message] = received(app, f"{unique}-invoices", "invoices", 1)
     assert message.body == {"order": 1}
+
+
+def test_a_running_relay_purges_sent_rows_past_the_retention_and_reports_the_backlog(
+    tmp_path: Path, unique: str
+) -> None:
+    clock = FakeClock()
+    app = test_app(tmp_path, clock=clock, transport=f"embedded://{tmp_path / 'broker'}",
+                   settings={"RELIABLE_OUTBOX__NAME": unique, "RELIABLE_OUTBOX__RETENTION": "1h"})
+    with app.store.transaction() as tx:
+        tx.publish("bad/topic", {"n": 0}, key="k")  # refused: FAILED, the oldest unsent row
+        tx.publish("orders", {"n": 1})
+    app.relay().drain()
+    clock.advance(2 * 3600)  # the sent row is past the retention
+    with app.store.transaction() as tx:
+        tx.publish("orders", {"n": 2})  # sent now: within the retention
+    labels = {"outbox": unique}
+    with app.relay().running():
+        wait_until(lambda: [r.state for r in app.store.outbox.rows()] == [RowState.FAILED, RowState.SENT]
+                   and REGISTRY.get_sample_value("reliable_outbox_backlog", labels) == 0, every=0.05)
+    assert REGISTRY.get_sample_value("reliable_outbox_oldest_unsent_seconds", labels) == 2 * 3600
+    assert REGISTRY.get_sample_value("reliable_outbox_rows_total", {**labels, "state": "failed"}) == 1
+    assert REGISTRY.get_sample_value("reliable_outbox_rows_total", {**labels, "state": "sent"}) == 2
+    app.close()
