@@ -15,6 +15,7 @@ from backends.types import DeadLetter
 from broker.errors import BrokerError
 from reliable.app import App
 from reliable.cli_broker import broker
+from reliable.cli_console import console
 from reliable.cli_outbox import outbox, relay
 from reliable.errors import ReliableError
 from reliable.settings import Settings
@@ -167,6 +168,7 @@ def dlq_purge(group: str, ids: tuple[int, ...], yes: bool, settings_path: str | 
 cli.add_command(broker)
 cli.add_command(relay)
 cli.add_command(outbox)
+cli.add_command(console)
 
 
 @cli.command("settings")

@@ -42,7 +42,14 @@ def serve(settings_path: str | None, data_dir: str | None, host: str | None, por
     from broker.server.run import run, settings_table
 
     configure_logging("info")
-    run(settings_table(settings_path), data_dir=data_dir, host=host, port=port)
+    table = settings_table(settings_path)
+    letters = None
+    if table.get("console_port", False) is not False:  # the console shows the framework's dead letters too
+        from reliable.app import App
+        from reliable.console import StoreLetters
+
+        letters = StoreLetters(App(Settings.load(settings_path)))
+    run(table, data_dir=data_dir, host=host, port=port, letters=letters)
 
 
 @contextmanager

@@ -59,6 +59,10 @@ if ! nats_up; then
   wait_for nats nats_up || missing+=("NATS with JetStream on 127.0.0.1:4222")
 fi
 
+if ! command -v chromium >/dev/null 2>&1; then
+  apt_install chromium || missing+=("Chromium (for the console's browser tests)")
+fi
+
 if ! java -version >/dev/null 2>&1; then
   apt_install openjdk-17-jre-headless || missing+=("Java 17 (for Spark)")
 fi

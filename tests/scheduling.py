@@ -39,6 +39,7 @@ START_FIRST: tuple[str, ...] = (
     "tests/framework/test_transport_faults.py::*kill_9*",
     "tests/framework/test_exactly_once.py::*kill_9*",
     "tests/framework/test_cli.py::*",  # a `reliable` process per command
+    "tests/console/test_console_browser.py::*",  # Chromium, 10,000 dead letters
     "tests/broker/test_crash.py::*",
     "tests/broker/server/test_server_kill.py::*",
     "tests/framework/test_sigterm*.py::*",

@@ -150,6 +150,10 @@ class Store(ABC):
         """How many dead letters ``group`` has."""
 
     @abstractmethod
+    def dead_letter_groups(self) -> list[str]:
+        """The groups that have dead letters."""
+
+    @abstractmethod
     def lease(self, namespace: str, token: str, lease_seconds: float) -> LeaseOutcome:
         """In its own committed transaction: take an IN_PROGRESS lease on ``token``.
 

@@ -92,6 +92,12 @@ def count(connection: Connection, group: str) -> int:
     return int(connection.execute(statement).scalar_one())
 
 
+def groups(connection: Connection) -> list[str]:
+    """The groups that have dead letters, by name."""
+    statement = select(dead_letters.c.group).distinct().order_by(dead_letters.c.group)
+    return [str(name) for name in connection.execute(statement).scalars()]
+
+
 def mark_replayed(connection: Connection, dialect: Dialect, ids: Sequence[int]) -> int:
     """Add one to the replay count of each dead letter in ``ids``; return how many."""
     changed = 0

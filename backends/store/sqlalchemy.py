@@ -325,6 +325,10 @@ class SqlStore(Store):
         with self._unit(read_only=True) as connection:
             return deadletters.count(connection, group)
 
+    def dead_letter_groups(self) -> list[str]:
+        with self._unit(read_only=True) as connection:
+            return deadletters.groups(connection)
+
     def mark_replayed(self, ids: Sequence[int]) -> int:
         """Count one more replay on each dead letter in ``ids``; return how many."""
         if not ids:

@@ -17,7 +17,6 @@ import itertools
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from itertools import chain
 from pathlib import Path
 
 import structlog
@@ -115,8 +114,7 @@ class Broker:
     # -- consuming (see `consume`) ----------------------------------------------
 
     def fetch(self, member: str, max_messages: int, timeout: float) -> list[Delivery]:
-        parts = consume.fetch(self, member, max_messages, timeout) or []
-        return parts[0].deliveries() if len(parts) == 1 else list(chain.from_iterable(p.deliveries() for p in parts))
+        return consume.fetch(self, member, max_messages, timeout)
 
     def ack(self, member: str, receipts: Sequence[str]) -> None:
         consume.ack(self, member, receipts)

@@ -41,8 +41,7 @@ def _number(value: Any) -> bool:
 
 
 def _all(kinds: tuple[type, ...]) -> Callable[[Any], bool]:
-    allowed = set(kinds)
-    return lambda value: type(value) is list and set(map(type, value)) <= allowed  # checked in C
+    return lambda value: type(value) is list and set(map(type, value)) <= set(kinds)  # checked in C
 
 
 @dataclass(frozen=True)

@@ -146,7 +146,12 @@ class Authenticator:
         matches = verify_password(password, user.password_hash if user else _dummy_hash())
         if user is None or not matches:
             raise AuthenticationError(f"wrong user name or password for {login!r}")
-        return Principal(user.name, user.produce, user.consume, user.groups, user.admin)
+        return self.principal(login) or OPEN
+
+    def principal(self, name: str) -> Principal | None:
+        """The rights of the configured user ``name`` now (None if there is no such user)."""
+        user = self.users.get(name)
+        return None if user is None else Principal(user.name, user.produce, user.consume, user.groups, user.admin)
 
 
 def load_users(data: Mapping[str, object], where: str = "broker.users") -> dict[str, User]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from broker.console.config import ConsoleConfig
 from broker.errors import BrokerConfigError
 from broker.protocol.codec import DEFAULT_MAX_FRAME_SIZE
 from broker.server.auth import Authenticator, User, load_users
@@ -97,6 +98,7 @@ class ServerConfig:
     users: Mapping[str, User] = field(default_factory=dict)
     allow_open_network: bool = False
     unix_socket: str | None = None  # a path: the native protocol there too (owner-only access)
+    console: ConsoleConfig | None = None  # the web console's listener (``console_port``); off by default
 
     def __post_init__(self) -> None:
         for name in ("port", "stomp_port", "metrics_port"):
@@ -124,6 +126,7 @@ class ServerConfig:
         users = load_users(data.pop("users", {}))
         if "users_file" in data:
             users.update(_users_file(data.pop("users_file")))
+        console = {k: data.pop(k) for k in list(data) if k.startswith("console_")}
         for port in ("stomp_port", "metrics_port"):
             if data.get(port) is False:
                 data[port] = None
@@ -131,7 +134,7 @@ class ServerConfig:
         unknown = set(data) - allowed - ENGINE_KEYS
         if unknown:
             raise BrokerConfigError(f"broker: unknown keys {sorted(unknown)}; allowed: "
-                                    f"{sorted(allowed | ENGINE_KEYS | set(limits) | {'users', 'users_file'})}")
+                                    f"{sorted(allowed | ENGINE_KEYS | set(limits) | {'users', 'users_file', 'console_port'})}")
         if tls and not {"certfile", "keyfile"} <= set(tls):
             raise BrokerConfigError(f"broker.tls_*: {sorted(tls)} given; TLS needs both "
                                     "tls_certfile and tls_keyfile")
@@ -139,7 +142,7 @@ class ServerConfig:
             _require_kind("broker.data_dir", data["data_dir"], str)
         server = {k: v for k, v in data.items() if k in allowed}
         return cls(limits=Limits(**limits), tls=TlsConfig(**tls) if tls else None, users=users,
-                   **server)
+                   console=ConsoleConfig.from_mapping(console, data.get("host", "127.0.0.1")), **server)
 
 
 def _users_file(path: str) -> dict[str, User]:

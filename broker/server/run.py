@@ -16,7 +16,7 @@ import asyncio
 import gc
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -27,6 +27,10 @@ from broker.server.config import ServerConfig
 from broker.server.engine import Engine
 from broker.server.server import serve
 from broker.store import StoreConfig
+
+if TYPE_CHECKING:  # the console's web libraries are an optional extra
+    from broker.console.serving import ConsoleServer
+    from broker.console.sources import LetterBook
 
 log = structlog.get_logger("broker.server")
 DEFAULT_DATA_DIR = ".reliable/broker-server"
@@ -43,8 +47,8 @@ def settings_table(path: str | None) -> dict[str, Any]:
 
 
 def run(table: dict[str, Any], *, data_dir: str | None = None, host: str | None = None,
-        port: int | None = None, stomp_port: int | None = None) -> None:
-    """Serve until SIGTERM / SIGINT."""
+        port: int | None = None, stomp_port: int | None = None, letters: LetterBook | None = None) -> None:
+    """Serve until SIGTERM / SIGINT; ``letters``: the framework's dead letters, for the console."""
     given = {"host": host, "port": port, "stomp_port": stomp_port}
     config = ServerConfig.from_mapping({**table, **{k: v for k, v in given.items() if v is not None}})
     directory = data_dir or table.get("data_dir", DEFAULT_DATA_DIR)
@@ -54,11 +58,24 @@ def run(table: dict[str, Any], *, data_dir: str | None = None, host: str | None 
     engine = Engine(broker)
     tune_garbage_collector()
     log.info("broker.serving", data_dir=str(directory), host=config.host, port=config.port)
+    console = _console(config, broker, letters)
     try:
         asyncio.run(serve(engine, config))
     finally:
+        if console is not None:
+            console.stop()
         engine.close()
         broker.close()
+
+
+def _console(config: ServerConfig, broker: Broker, letters: LetterBook | None) -> ConsoleServer | None:
+    """The web console over this engine, when ``console_port`` is set (extra ``reliable[console]``)."""
+    if config.console is None:
+        return None
+    from broker.console.serving import start_console
+    from broker.console.sources import EngineView
+
+    return start_console(config.console, config.authenticator(), EngineView(broker), letters)
 
 
 GC_THRESHOLDS = (50_000, 50, 100)

@@ -1,0 +1,81 @@
+"""The web console from the framework's side: its dead letters, and ``reliable console``.
+
+The console itself is the broker's (`broker.console`); the framework plugs in
+the one place its users keep dead letters, the store (`StoreLetters`), and
+serves the console for a deployment on the embedded broker or any other
+transport (`serve`). On a broker transport the console also shows topics,
+groups, lag and the broker's ``%DLQ%``; on another transport only the store's
+dead letters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from backends.transport.broker import BrokerTransport
+from backends.types import DeadLetter
+from broker.console.config import ConsoleConfig
+from broker.console.serving import ConsoleServer, start_console
+from broker.console.sources import BrokerView, ConsoleActionError, Letter, broker_view
+from broker.server.auth import Authenticator
+from reliable.app import App
+from reliable.deadletter import DeadLetters
+from reliable.errors import ReliableError
+
+
+class StoreLetters:
+    """The framework's dead-letter records (the store) as the console's `LetterBook`."""
+
+    def __init__(self, app: App, max_replays: int = 3) -> None:
+        self.app = app
+        self.max_replays = max_replays
+
+    @property
+    def letters(self) -> DeadLetters:
+        """The app's dead-letter queue (its backends open on the first page that needs them)."""
+        return self.app.dead_letter_queue
+
+    def groups(self) -> list[str]:
+        return self.letters.store.dead_letter_groups()
+
+    def count(self, group: str) -> int:
+        return self.letters.count(group)
+
+    def page(self, group: str, limit: int, after_id: int) -> list[Letter]:
+        return [_letter(d) for d in self.letters.page(group, limit, after_id)]
+
+    def get(self, letter_id: int) -> Letter | None:
+        found = self.letters.get(letter_id)
+        return None if found is None else _letter(found)
+
+    def replay(self, group: str, ids: Sequence[int], *, force: bool) -> int:
+        """Replay to the failing group only, refusing letters replayed ``max_replays`` times unless forced."""
+        try:
+            return self.letters.replay(group, list(ids), max_replays=self.max_replays, force=force)
+        except ReliableError as exc:
+            raise ConsoleActionError(str(exc)) from exc
+
+    def purge(self, group: str, ids: Sequence[int]) -> int:
+        try:
+            return self.letters.purge(group, list(ids))
+        except ReliableError as exc:
+            raise ConsoleActionError(str(exc)) from exc
+
+
+def _letter(letter: DeadLetter) -> Letter:
+    m, f = letter.message, letter.failure
+    return Letter(id=letter.id or 0, group=letter.group, topic=m.topic or "", message_id=m.id, key=m.key or "",
+                  headers=dict(m.headers), body=m.payload, error_type=f.error_type, error=f.error_message,
+                  traceback=f.traceback, attempts=f.attempts, replays=letter.replays,
+                  last_failure_at=f.last_failure_at, extra={"token": letter.token or ""})
+
+
+def app_view(app: App) -> BrokerView | None:
+    """The broker behind ``app``'s transport, when it is the project's broker (embedded or a server)."""
+    transport = app.transport
+    return broker_view(transport.api) if isinstance(transport, BrokerTransport) else None
+
+
+def serve(app: App, config: ConsoleConfig, authenticator: Authenticator) -> ConsoleServer:
+    """Serve the console for ``app``'s settings: its store's dead letters, and its broker if it has one."""
+    return start_console(config, authenticator, app_view(app), StoreLetters(app))

@@ -1,0 +1,54 @@
+"""A cookie-keeping HTTP client over a real socket, for console tests that need no browser."""
+
+from __future__ import annotations
+
+import http.client
+import re
+from urllib.parse import urlencode, urlsplit
+
+CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+class Visitor:
+    """One browser-less user of the console: keeps its session cookie, follows no redirects."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.cookie = ""
+
+    def request(self, method: str, path: str, form: dict[str, str | list[str]] | None = None) -> tuple[int, dict[str, str], str]:
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        headers = {"Cookie": self.cookie} if self.cookie else {}
+        body = None
+        if form is not None:
+            body = urlencode(form, doseq=True)
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+        try:
+            connection.request(method, path, body=body, headers=headers)
+            response = connection.getresponse()
+            text = response.read().decode()
+            found = {k.lower(): v for k, v in response.getheaders()}
+        finally:
+            connection.close()
+        if "set-cookie" in found:
+            self.cookie = found["set-cookie"].split(";", 1)[0]
+        return response.status, found, text
+
+    def get(self, path: str) -> tuple[int, str]:
+        status, _, text = self.request("GET", path)
+        return status, text
+
+    def post(self, path: str, form: dict[str, str | list[str]]) -> tuple[int, str]:
+        status, _, text = self.request("POST", path, form)
+        return status, text
+
+    def log_in(self, user: str, password: str) -> int:
+        return self.post("/login", {"user": user, "password": password})[0]
+
+    def csrf(self) -> str:
+        """This session's CSRF token, as a page's forms carry it."""
+        _, text = self.get("/groups")
+        found = CSRF.search(text)
+        assert found, "no CSRF token on the page"
+        return found.group(1)

@@ -1,0 +1,108 @@
+"""The console over real HTTP: log-in, the native protocol's rights on every page and action, CSRF."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.console.config import ConsoleConfig
+from broker.errors import BrokerConfigError
+from broker.server.config import ServerConfig
+from tests.console.deployment import PASSWORDS, Deployment, start
+from tests.console.http import Visitor
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    deployment = start(tmp_path_factory.mktemp("console"))
+    deployment.blocked.update({"p-2", "p-3"})
+    for payment in ("p-1", "p-2", "p-3"):
+        deployment.app.publish("payments", {"payment": payment, "note": "<b>bold</b>"})
+    deployment.app.run(until_idle=True)
+    yield deployment
+    deployment.console.stop()
+    deployment.app.close()
+
+
+def visitor(deployment: Deployment, user: str | None) -> Visitor:
+    v = Visitor(deployment.url)
+    if user is not None:
+        assert v.log_in(user, PASSWORDS[user]) == 303
+    return v
+
+
+def test_every_page_needs_a_login(deployment: Deployment) -> None:
+    anonymous = visitor(deployment, None)
+    for path in ("/topics", "/groups", "/groups/billing", "/groups/billing/letters", "/letters/1", "/lookup"):
+        status, headers, _ = anonymous.request("GET", path)
+        assert (status, headers["location"]) == (303, "/login"), path
+    assert anonymous.post("/groups/billing/replay", {"source": "framework", "id": "1"})[0] == 303
+    assert anonymous.log_in("alice", "wrong") == 401
+
+
+def test_pages_forbid_scripts_and_framing(deployment: Deployment) -> None:
+    _, headers, _ = visitor(deployment, "alice").request("GET", "/groups")
+    assert "default-src 'none'" in headers["content-security-policy"]
+    assert headers["x-frame-options"] == "DENY"
+
+
+def test_listings_show_only_what_the_native_protocol_would(deployment: Deployment) -> None:
+    alice, carol = visitor(deployment, "alice"), visitor(deployment, "carol")
+    assert "payments" in alice.get("/topics")[1]
+    assert "billing" in alice.get("/groups")[1]
+    assert "audit" not in alice.get("/groups")[1]  # a group alice has no right on
+    assert "payments" not in carol.get("/topics")[1]
+    assert "billing" not in carol.get("/groups")[1]
+    assert carol.get("/groups/billing")[0] == 403
+    assert carol.get("/groups/billing/letters")[0] == 403
+
+
+def test_a_user_with_the_group_right_alone_sees_lag_but_no_dead_letters(deployment: Deployment) -> None:
+    bob = visitor(deployment, "bob")
+    status, page = bob.get("/groups/billing")
+    assert status == 200 and 'id="lag"' in page and 'id="letters-hidden"' in page
+    assert bob.get("/groups/billing/letters")[0] == 403
+    letter = deployment.app.dead_letters("billing")[0]
+    assert bob.get(f"/letters/{letter.id}")[0] == 404
+
+
+def test_a_forged_or_unauthorised_action_changes_nothing(deployment: Deployment) -> None:
+    before = [letter.id for letter in deployment.app.dead_letters("billing")]
+    assert len(before) == 2
+    alice, bob = visitor(deployment, "alice"), visitor(deployment, "bob")
+    form = {"source": "framework", "id": [str(i) for i in before]}
+    assert alice.post("/groups/billing/purge", form)[0] == 403  # no CSRF token: a forged request
+    assert alice.post("/groups/billing/purge", {**form, "csrf": "x" * 43})[0] == 403
+    assert bob.post("/groups/billing/purge", {**form, "csrf": bob.csrf()})[0] == 403  # his token, no right
+    assert alice.post("/groups/audit/purge", {**form, "csrf": alice.csrf()})[0] == 403  # not her group
+    assert [letter.id for letter in deployment.app.dead_letters("billing")] == before
+
+
+def test_a_body_is_escaped(deployment: Deployment) -> None:
+    letter = deployment.app.dead_letters("billing")[0]
+    status, page = visitor(deployment, "alice").get(f"/letters/{letter.id}")
+    assert status == 200
+    assert "&lt;b&gt;bold&lt;/b&gt;" in page and "<b>bold</b>" not in page
+
+
+def test_console_settings_are_validated() -> None:
+    with pytest.raises(BrokerConfigError, match="console_prot"):
+        ServerConfig.from_mapping({"console_prot": 8700})
+    with pytest.raises(BrokerConfigError, match="without broker.console_port"):
+        ServerConfig.from_mapping({"console_page_size": 10})
+    with pytest.raises(BrokerConfigError, match="console_port = 70000"):
+        ServerConfig.from_mapping({"console_port": 70000})
+    with pytest.raises(BrokerConfigError, match="console_sample_interval"):
+        ConsoleConfig(sample_interval="often")  # type: ignore[arg-type]
+    assert ServerConfig.from_mapping({}).console is None
+    assert ServerConfig.from_mapping({"console_port": 0}).console == ConsoleConfig(port=0)
+
+
+def test_an_open_console_binds_loopback_only(tmp_path: Path) -> None:
+    from broker.console.serving import start_console
+    from broker.server.auth import Authenticator
+
+    with pytest.raises(BrokerConfigError, match="may only bind a loopback"):
+        start_console(ConsoleConfig(host="0.0.0.0", port=0), Authenticator(), None)

@@ -1,0 +1,131 @@
+"""The console in headless Chromium (Debian's, driven by Playwright): what an operator does.
+
+Screenshots of the main pages land in docs/console/ (docs/console.md shows them).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from backends.types import DeadLetter, Failure, Message
+from tests.console.deployment import PASSWORDS, Deployment, start
+from tests.waiting import wait_until
+
+playwright = pytest.importorskip("playwright.sync_api")
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Chromium is missing: scripts/services.sh installs Debian's chromium")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    """A deployment of each test's own (the tests may run on different workers)."""
+    deployment = start(tmp_path)
+    deployment.blocked.add("p-2")
+    deployment.app.publish("payments", {"payment": "p-1"})
+    deployment.app.publish("payments", {"payment": "p-2", "note": "<script>alert('owned')</script>"})
+    deployment.app.run(until_idle=True)
+    yield deployment
+    deployment.console.stop()
+    deployment.app.close()
+
+
+def session(browser, deployment: Deployment, user: str):  # type: ignore[no-untyped-def]
+    page = browser.new_page(viewport={"width": 1200, "height": 800})
+    page.on("dialog", lambda dialog: pytest.fail(f"a script ran in the console: {dialog.message}"))
+    page.goto(f"{deployment.url}/login")
+    page.fill("input[name=user]", user)
+    page.fill("input[name=password]", PASSWORDS[user])
+    page.click("button[type=submit]")
+    page.wait_for_url("**/topics")
+    return page
+
+
+def test_an_operator_finds_a_dead_letter_and_replays_it_to_its_group_only(browser, deployment) -> None:  # type: ignore[no-untyped-def]
+    page = session(browser, deployment, "alice")
+    assert "payments" in page.inner_text("#topics")
+    page.screenshot(path=str(SHOTS / "topics.png"))
+
+    page.click("text=Groups")
+    page.click("#groups >> text=billing")
+    wait_until(lambda: page.reload() and page.locator("#lag-plot").count(),  # a sample every 50 ms
+               "two lag samples, which make a curve")
+    assert page.locator("#lag-plot polyline").count() == 1
+    page.screenshot(path=str(SHOTS / "group.png"), full_page=True)
+
+    page.click("#letter-sources >> text=kept by the framework")
+    page.click("#letters >> a")
+    assert "payment p-2 is blocked" in page.inner_text("#cause")
+    assert "<script>alert('owned')</script>" in page.inner_text("#body")  # shown as text, never run
+    assert page.locator("#body script").count() == 0
+    page.screenshot(path=str(SHOTS / "letter.png"), full_page=True)
+
+    deployment.blocked.clear()
+    page.click("#replay")
+    assert "replay: 1 dead letter(s) of group billing" in page.inner_text("#done")
+    deployment.app.run(until_idle=True)
+    assert deployment.seen("charged") == ["p-1", "p-2"]
+    assert deployment.seen("audited") == ["p-1", "p-2"]  # audit got p-2 once: the replay went to billing only
+    assert deployment.app.dead_letters("billing") == []
+
+
+def test_a_read_only_user_finds_no_action_and_a_forged_post_is_refused(browser, deployment) -> None:  # type: ignore[no-untyped-def]
+    deployment.blocked.add("p-3")
+    deployment.app.publish("payments", {"payment": "p-3"})
+    deployment.app.run(until_idle=True)
+    [letter] = [d for d in deployment.app.dead_letters("billing") if d.token == "p-3"]
+
+    bob = session(browser, deployment, "bob")
+    bob.goto(f"{deployment.url}/groups/billing")
+    assert bob.locator("#letters-hidden").count() == 1
+    assert bob.locator("#replay, #purge").count() == 0
+    bob.goto(f"{deployment.url}/groups/billing/letters")
+    assert bob.locator("#replay, #purge").count() == 0
+    token = bob.locator("input[name=csrf]").first.get_attribute("value")
+    forged = bob.request.post(f"{deployment.url}/groups/billing/purge",
+                              form={"csrf": token or "", "source": "framework", "id": str(letter.id)})
+    assert forged.status == 403
+
+    alice = session(browser, deployment, "alice")
+    no_token = alice.request.post(f"{deployment.url}/groups/billing/purge",
+                                  form={"source": "framework", "id": str(letter.id)})
+    assert no_token.status == 403
+    assert letter.id in [d.id for d in deployment.app.dead_letters("billing")]
+
+
+def test_ten_thousand_dead_letters_open_paged(browser, deployment) -> None:  # type: ignore[no-untyped-def]
+    now = time.time()
+    before = deployment.app.dead_letter_queue.count("billing")
+    with deployment.app.store.transaction() as tx:
+        for n in range(10_000):
+            message = Message(f"bulk-{n}", "payments", 0, n, b'{"payment": "bulk-%d"}' % n)
+            tx.add_dead_letter(DeadLetter("billing", message, f"bulk-{n}",
+                                          Failure("builtins.ValueError", f"bulk {n}", "", 1, now, now)))
+    page = session(browser, deployment, "alice")
+    started = time.perf_counter()
+    page.goto(f"{deployment.url}/groups/billing/letters")
+    first = time.perf_counter() - started
+    assert f"{before + 10_000} dead letter(s)" in page.inner_text("#letter-total")
+    assert page.locator("#letters tbody tr").count() == 50
+    started = time.perf_counter()
+    page.click("#next-page")
+    second = time.perf_counter() - started
+    assert page.locator("#letters tbody tr").count() == 50
+    page.screenshot(path=str(SHOTS / "letters.png"))
+    print(f"\n{before + 10_000:,} dead letters: first page {first * 1000:.0f} ms, next page {second * 1000:.0f} ms")
