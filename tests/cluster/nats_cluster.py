@@ -98,6 +98,10 @@ class NatsCluster:
         """How many replicas JetStream keeps of ``stream``."""
         return asyncio.run(self._replicas(stream))
 
+    def describe(self, stream: str, consumer: str) -> str:
+        """The consumer's state as JetStream reports it (for a failing test's message)."""
+        return asyncio.run(self._describe(stream, consumer))
+
     def stop(self) -> None:
         for process in self.processes.values():
             if process.poll() is None:
@@ -119,6 +123,18 @@ class NatsCluster:
             return info.cluster.leader if info.cluster else None
         except Exception:  # an election in progress: no answer yet
             return None
+        finally:
+            await client.close()
+
+    async def _describe(self, stream: str, consumer: str) -> str:
+        client = await nats.connect(self.servers, connect_timeout=2)
+        try:
+            info = await client.jetstream(timeout=5).consumer_info(stream, consumer)
+            return (f"consumer {consumer}: pending {info.num_pending}, ack pending {info.num_ack_pending}, "
+                    f"redelivered {info.num_redelivered}, waiting pulls {info.num_waiting}, delivered "
+                    f"{info.delivered}, ack floor {info.ack_floor}, leader {info.cluster and info.cluster.leader}")
+        except Exception as exc:  # the cluster itself may be what is wrong
+            return f"consumer {consumer}: no info ({type(exc).__name__}: {exc})"
         finally:
             await client.close()
 

@@ -34,7 +34,7 @@ from tests.transports.effects import dead_letter_counts, effect_counts, wait_unt
 
 ROOT = Path(__file__).resolve().parents[2]
 AHEAD = 600
-"""Messages the producer may publish beyond what the worker has done (so publishing overlaps the failures)."""
+"""Tokens the producer may publish beyond those the worker has done (so publishing overlaps the failures)."""
 RESUMED = 100
 """Effects committed after a failure that show the worker is through it (two batches of 50)."""
 BATCH = 50
@@ -66,6 +66,8 @@ class ClusterRun:
     count: int
     log_dir: Path
     failures: Sequence[Failure]
+    describe: Callable[[], str] = lambda: ""
+    """The engine's own view of the group (consumer state), printed when a wait runs out."""
     published: int = 0
     errors: list[BaseException] = field(default_factory=list)
     restoring: threading.Event = field(default_factory=threading.Event)
@@ -98,8 +100,8 @@ class ClusterRun:
         sending.start()
         try:
             for failure in self.failures:
-                self._inflict(failure, lambda: worker.poll() is None)  # noqa: B023
-            wait_until(lambda: self.done() >= self.count, lambda: worker.poll() is None)
+                self._explained(lambda: self._inflict(failure, lambda: worker.poll() is None))  # noqa: B023
+            self._explained(lambda: wait_until(lambda: self.done() >= self.count, lambda: worker.poll() is None))
             sending.join(timeout=60)
         finally:
             worker.terminate()
@@ -110,6 +112,14 @@ class ClusterRun:
         self._report()
         assert effect_counts(self.postgres_url, self.effects) == {t: 1 for t in self.tokens if t not in self.poison}
         assert dead_letter_counts(self.postgres_url, self.topic) == {t: 1 for t in self.poison}
+
+    def _explained(self, wait: Callable[[], None]) -> None:
+        """``wait()``; a wait that runs out names the progress and the engine's view of the group."""
+        try:
+            wait()
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {self.done()} of {self.count} done, {self.published} published; "
+                                 f"{self.describe()}") from exc
 
     def outages_seen(self) -> int:
         """How many times the worker logged the transport as unavailable (it rode through each)."""
@@ -130,11 +140,14 @@ class ClusterRun:
             self.restoring.clear()
 
     def _send(self, producer: App) -> None:
+        sent: set[str] = set()  # tokens published: what the worker's progress is measured against
         try:
             for start in range(0, len(self.bodies), BATCH):
-                wait_until(lambda: not self.restoring.is_set() and self.published - self.done() < AHEAD)
-                producer.publish_many(self.topic, self.bodies[start:start + BATCH])
-                self.published += len(self.bodies[start:start + BATCH])
+                wait_until(lambda: not self.restoring.is_set() and len(sent) - self.done() < AHEAD)
+                batch = self.bodies[start:start + BATCH]
+                producer.publish_many(self.topic, batch)
+                self.published += len(batch)
+                sent.update(str(body["token"]) for body in batch)
         except BaseException as exc:
             self.errors.append(exc)
             raise

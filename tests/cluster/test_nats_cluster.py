@@ -67,7 +67,8 @@ def nats_run(cluster: NatsCluster, postgres_url: str, redis_url: str, effects: s
         "RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1",
         "RELIABLE_LOG__LEVEL": "warning",
     }
-    return ClusterRun(env, postgres_url, effects, topic, count, log_dir, failures)
+    return ClusterRun(env, postgres_url, effects, topic, count, log_dir, failures,
+                      describe=lambda: cluster.describe(stream, consumer))
 
 
 def test_r3_stream_rides_through_kill_9_of_leaders_and_a_follower(
