@@ -12,7 +12,8 @@ does not expose, are called through ctypes on the librdkafka the binding
 ships: a line ``down 2`` on standard input takes broker 2 down (its
 connections closed, new ones refused), ``up 2`` brings it back, ``leader
 TOPIC PARTITION 3`` makes broker 3 the partition's leader (an election, as
-the controller would hold one). Each command is answered by a line ``ok``.
+the controller would hold one), ``coordinator GROUP 1`` makes broker 1 the
+group's coordinator. Each command is answered by a line ``ok``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def _librdkafka() -> ctypes.CDLL:
     lib.rd_kafka_mock_cluster_bootstraps.argtypes = [ctypes.c_void_p]
     for control in ("rd_kafka_mock_broker_set_down", "rd_kafka_mock_broker_set_up"):
         getattr(lib, control).argtypes = [ctypes.c_void_p, ctypes.c_int32]
+    lib.rd_kafka_mock_coordinator_set.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32]
     lib.rd_kafka_mock_set_controller_id.argtypes = [ctypes.c_void_p, ctypes.c_int32]
     lib.rd_kafka_mock_partition_set_leader.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32,
                                                        ctypes.c_int32]
@@ -77,6 +79,8 @@ def serve(brokers: int) -> None:
             lib.rd_kafka_mock_broker_set_down(cluster, int(args[0]))
         elif command == "up":
             lib.rd_kafka_mock_broker_set_up(cluster, int(args[0]))
+        elif command == "coordinator":
+            lib.rd_kafka_mock_coordinator_set(cluster, b"group", args[0].encode(), int(args[1]))
         elif command == "leader":
             lib.rd_kafka_mock_partition_set_leader(cluster, args[0].encode(), int(args[1]), int(args[2]))
         print("ok", flush=True)
@@ -111,6 +115,10 @@ class MockCluster:
     def set_leader(self, topic: str, partition: int, broker: int) -> None:
         """Make ``broker`` the leader of ``topic``'s ``partition`` (an election)."""
         self._command(f"leader {topic} {partition} {broker}")
+
+    def set_coordinator(self, group: str, broker: int) -> None:
+        """Make ``broker`` the coordinator of consumer group ``group``."""
+        self._command(f"coordinator {group} {broker}")
 
     def _command(self, line: str) -> None:
         assert self._process.stdin is not None and self._process.stdout is not None

@@ -7,7 +7,9 @@ no reachable leader meanwhile), then another leader is taken down and its
 partitions' leadership moved to a live broker (an election) before it comes
 back. Every effect must be in PostgreSQL once and every poison message
 dead-lettered once. The broker that answers as controller is never the one
-taken down (the mock cluster cannot move its controller by itself).
+taken down, and the group's coordinator is pinned to it: the mock cluster
+moves neither by itself, and a real cluster moves both with partition
+leadership.
 """
 
 from __future__ import annotations
@@ -63,12 +65,14 @@ def kafka_run(cluster: MockCluster, postgres_url: str, effects: str, topic: str,
     def back(broker: str) -> None:
         cluster.set_up(int(broker))
 
+    cluster.set_coordinator(topic, CONTROLLER)  # the worker's group is named after the topic
     kinds = [("partition leader down, back", down), ("leader down, new one elected", down_and_elect)]
     steps = [kinds[i % len(kinds)] for i in range(len(kinds) * rounds)]
     failures = [Failure(name, (i + 1) / (len(steps) + 1), inject, back) for i, (name, inject) in enumerate(steps)]
     env = {
         "RELIABLE_TRANSPORT__URL": f"{cluster.url}?request_timeout=5",
         "RELIABLE_TRANSPORT__REPLICAS": "3",
+        "RELIABLE_TRANSPORT__PUBLISH_TIMEOUT": "120",  # a partition may stay without its leader a while
         "RELIABLE_TRANSPORT__VISIBILITY_TIMEOUT": str(SESSION_TIMEOUT),
         "RELIABLE_STORE__URL": postgres_url,
         "RELIABLE_CACHE__URL": "memory://",
