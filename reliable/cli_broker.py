@@ -43,13 +43,14 @@ def serve(settings_path: str | None, data_dir: str | None, host: str | None, por
 
     configure_logging("info")
     table = settings_table(settings_path)
-    letters = None
-    if table.get("console_port", False) is not False:  # the console shows the framework's dead letters too
+    framework: dict[str, Any] = {}
+    if table.get("console_port", False) is not False:  # the console shows the framework's side too
         from reliable.app import App
-        from reliable.console import StoreLetters
+        from reliable.console import OutboxBacklog, StoreLetters
 
-        letters = StoreLetters(App(Settings.load(settings_path)))
-    run(table, data_dir=data_dir, host=host, port=port, letters=letters)
+        app = App(Settings.load(settings_path))
+        framework = {"letters": StoreLetters(app), "backlog": OutboxBacklog(app)}
+    run(table, data_dir=data_dir, host=host, port=port, **framework)
 
 
 @contextmanager

@@ -70,6 +70,18 @@ def _letter(letter: DeadLetter) -> Letter:
                   last_failure_at=f.last_failure_at, extra={"token": letter.token or ""})
 
 
+class OutboxBacklog:
+    """The app's outbox backlog (`reliable outbox status`) as the console's `Backlog`."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    def status(self) -> dict[str, float | int | str | None]:
+        status = self.app.store.outbox.status()
+        return {"outbox": status.outbox, "pending": status.backlog, "failed": status.failed, "sent": status.sent,
+                "oldest unsent, seconds": round(status.oldest_unsent_age(self.app.clock.time()), 3)}
+
+
 def app_view(app: App) -> BrokerView | None:
     """The broker behind ``app``'s transport, when it is the project's broker (embedded or a server)."""
     transport = app.transport
@@ -77,5 +89,6 @@ def app_view(app: App) -> BrokerView | None:
 
 
 def serve(app: App, config: ConsoleConfig, authenticator: Authenticator) -> ConsoleServer:
-    """Serve the console for ``app``'s settings: its store's dead letters, and its broker if it has one."""
-    return start_console(config, authenticator, app_view(app), StoreLetters(app))
+    """Serve the console for ``app``'s settings: its store's dead letters and outbox, and its broker if
+    it has one."""
+    return start_console(config, authenticator, app_view(app), StoreLetters(app), OutboxBacklog(app))

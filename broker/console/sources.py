@@ -76,6 +76,12 @@ def broker_view(api: Any) -> BrokerView:
     return api if hasattr(api, "lookup_key") else EngineView(api)
 
 
+class Backlog(Protocol):
+    """Messages written but not yet published (the framework's outbox), as figures by name."""
+
+    def status(self) -> dict[str, float | int | str | None]: ...
+
+
 class ConsoleActionError(BrokerError):
     """Raised when a `LetterBook` refuses an action: a replay loop, a letter that is not there."""
 

@@ -28,7 +28,7 @@ from broker.console import access, render
 from broker.console.config import ConsoleConfig
 from broker.console.history import History, plot
 from broker.console.session import Sessions
-from broker.console.sources import BrokerView, Letter, LetterBook
+from broker.console.sources import Backlog, BrokerView, Letter, LetterBook
 from broker.delivery.values import GroupInfo
 from broker.errors import BrokerError
 from broker.protocol.errors import PermissionDeniedError
@@ -63,8 +63,8 @@ class Console:
     """The pages over one `BrokerView` (optional: another transport has none) and `LetterBook`."""
 
     def __init__(self, config: ConsoleConfig, authenticator: Authenticator, view: BrokerView | None,
-                 letters: LetterBook | None, history: History | None) -> None:
-        self.config, self.view, self.letters, self.history = config, view, letters, history
+                 letters: LetterBook | None, history: History | None, backlog: Backlog | None = None) -> None:
+        self.config, self.view, self.letters, self.history, self.backlog = config, view, letters, history, backlog
         self.sessions = Sessions(authenticator)
         self.templates = Environment(loader=FileSystemLoader(HERE / "templates"),
                                      autoescape=select_autoescape(default=True))
@@ -75,7 +75,8 @@ class Console:
         principal = self.sessions.principal(request)
         html = self.templates.get_template(name).render(
             user=principal.name if principal else None, csrf=self.sessions.csrf_token(request),
-            has_broker=self.view is not None, **values)
+            has_broker=self.view is not None, has_backlog=bool(self.backlog and principal and principal.admin),
+            **values)
         return HTMLResponse(html, status_code=status)
 
     def denied(self, request: Request, why: str) -> HTMLResponse:
@@ -220,6 +221,15 @@ class Console:
             return self.letters.replay(group, ids, force=force)
         return self.letters.purge(group, ids)
 
+    def outbox(self, request: Request) -> Response:
+        """The outbox's backlog: deployment-wide figures, shown to admins as the server's counters are."""
+        principal = self.who(request)
+        if isinstance(principal, Response):
+            return principal
+        if self.backlog is None or not principal.admin:
+            return self.page(request, "error.html", status=404, message="no outbox backlog you may see")
+        return self.page(request, "outbox.html", status_figures=self.backlog.status())
+
     def lookup(self, request: Request) -> Response:
         principal = self.who(request)
         if isinstance(principal, Response):
@@ -243,9 +253,9 @@ class Console:
 
 def build_console(config: ConsoleConfig, authenticator: Authenticator, view: BrokerView | None = None,
                   letters: LetterBook | None = None, history: History | None = None,
-                  secret: str | None = None) -> Starlette:
+                  backlog: Backlog | None = None, secret: str | None = None) -> Starlette:
     """The ASGI application; ``secret`` signs session cookies (a random one: sessions end with the process)."""
-    console = Console(config, authenticator, view, letters, history)
+    console = Console(config, authenticator, view, letters, history, backlog)
     routes = [
         Route("/login", console.login_form, methods=["GET"]),
         Route("/login", console.login, methods=["POST"]),
@@ -255,6 +265,7 @@ def build_console(config: ConsoleConfig, authenticator: Authenticator, view: Bro
         Route("/groups/{group}/{action:str}", console.act, methods=["POST"]),
         Route("/groups/{group}", console.group_page),
         Route("/letters/{id:int}", console.letter_page), Route("/lookup", console.lookup),
+        Route("/outbox", console.outbox),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     middleware = [Middleware(SecurityHeaders),

@@ -20,7 +20,7 @@ from reliable import App
 from reliable.console import serve
 from reliable.testing import test_app
 
-PASSWORDS = {"alice": "alice-pw", "bob": "bob-pw", "carol": "carol-pw"}
+PASSWORDS = {"alice": "alice-pw", "bob": "bob-pw", "carol": "carol-pw", "ops": "ops-pw"}
 USERS = {
     # alice runs billing: its group, its topic and its dead letters
     "alice": {"password_hash": hash_password(PASSWORDS["alice"]), "produce": ["payments"],
@@ -29,6 +29,8 @@ USERS = {
     "bob": {"password_hash": hash_password(PASSWORDS["bob"]), "consume": ["payments"], "groups": ["billing"]},
     # carol has rights on another team's topic and group only
     "carol": {"password_hash": hash_password(PASSWORDS["carol"]), "consume": ["orders"], "groups": ["shipping"]},
+    # ops is an admin: every right, and the deployment-wide figures (the outbox's backlog)
+    "ops": {"password_hash": hash_password(PASSWORDS["ops"]), "admin": True},
 }
 
 

@@ -87,6 +87,16 @@ def test_a_body_is_escaped(deployment: Deployment) -> None:
     assert "&lt;b&gt;bold&lt;/b&gt;" in page and "<b>bold</b>" not in page
 
 
+def test_the_outbox_backlog_is_shown_to_admins(deployment: Deployment) -> None:
+    with deployment.app.store.transaction() as tx:  # written, not relayed: no worker runs now
+        tx.publish("invoices", {"payment": "p-1"})
+    status, page = visitor(deployment, "ops").get("/outbox")
+    assert status == 200 and "pending</th><td>1<" in page.replace(" ", "").replace("\n", "")
+    alice = visitor(deployment, "alice")
+    assert alice.get("/outbox")[0] == 404
+    assert 'href="/outbox"' not in alice.get("/groups")[1]
+
+
 def test_console_settings_are_validated() -> None:
     with pytest.raises(BrokerConfigError, match="console_prot"):
         ServerConfig.from_mapping({"console_prot": 8700})
