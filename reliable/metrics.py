@@ -29,6 +29,8 @@ from prometheus_client import (
 MESSAGES = Counter("reliable_messages", "Messages by handler and outcome", ["handler", "outcome"])
 HANDLER_SECONDS = Histogram("reliable_handler_seconds", "Pipeline seconds per message (batch)",
                             ["handler"])
+CONSUMER_LAG = Gauge("reliable_consumer_lag", "Messages left for a handler's group on its topic "
+                     "(where the transport can tell)", ["handler", "topic"])
 OUTBOX_BACKLOG = Gauge("reliable_outbox_backlog", "Outbox rows waiting for a relay", ["outbox"])
 OUTBOX_OLDEST = Gauge("reliable_outbox_oldest_unsent_seconds", "Age of the oldest unsent outbox row",
                       ["outbox"])
@@ -41,6 +43,10 @@ def count(handler: str, outcome: str, n: int = 1) -> None:
 
 def observe(handler: str, seconds: float) -> None:
     HANDLER_SECONDS.labels(handler).observe(seconds)
+
+
+def consumer_lag(handler: str, topic: str, pending: int) -> None:
+    CONSUMER_LAG.labels(handler, topic).set(pending)
 
 
 def serve_metrics(port: int, host: str = "127.0.0.1", registry: CollectorRegistry = REGISTRY) -> int:

@@ -30,6 +30,7 @@ from backends.clock import Clock
 from backends.errors import BackendUnavailableError
 from backends.transport.base import SubscribeOptions, Subscription
 from backends.types import Message, QueueRef
+from reliable import metrics
 from reliable.commit import CommitStrategy, OffsetWatermark
 from reliable.handler import Handler
 from reliable.outcome import Outcome, Result
@@ -40,6 +41,9 @@ from reliable.runtime import Runtime
 log = structlog.get_logger("reliable.worker")
 FAILED = object()
 """What a guarded transport call returns when the transport could not be reached."""
+
+LAG_INTERVAL = 5.0
+"""Seconds between consumer-lag readings while messages flow (an idle poll always reads it)."""
 
 
 class Reconnect:
@@ -89,6 +93,7 @@ class Worker:
         self._subscription: Subscription | None = None
         self._reconnect = Reconnect(runtime.clock)
         self.in_hand = 0  # messages fetched and not yet settled (what a forced exit hands back)
+        self._lag_read_at = float("-inf")  # when the consumer lag was last read (`LAG_INTERVAL`)
 
     @property
     def fetch_size(self) -> int:
@@ -121,7 +126,18 @@ class Worker:
             finally:
                 self.in_hand = 0
         self.strategy.tick(self._ack, self.runtime.clock.time())
+        self._report_lag(idle=not messages)
         return len(messages)
+
+    def _report_lag(self, idle: bool) -> None:
+        """Set the consumer-lag gauge from the transport's count of what is left for the group."""
+        now = self.runtime.clock.time()
+        if not self.runtime.transport.capabilities.drain or (not idle and now - self._lag_read_at < LAG_INTERVAL):
+            return
+        self._lag_read_at = now
+        pending = self._guarded(lambda: self.subscription.pending())
+        if pending is not FAILED:
+            metrics.consumer_lag(self.handler.name, self.handler.topic, pending)
 
     def pending(self) -> int:
         """Messages left for the group; a transport that cannot tell counts as 0 (never idle-waits)."""

@@ -140,11 +140,11 @@ class PostgreSQL(Dialect):
         )
 
     def async_engine(self, url: URL, connections: int) -> AsyncEngine:
-        return create_async_engine(  # psycopg's async driver: one connection per message in flight
-            url,
+        return create_async_engine(  # psycopg's async driver: one connection per message in flight,
+            url,                     # no overflow (a shared server's max_connections is the limit)
             pool_recycle=RECYCLE_SECONDS,
             pool_size=connections,
-            max_overflow=MAX_OVERFLOW,
+            max_overflow=0,
             pool_timeout=30,
             insertmanyvalues_page_size=INSERT_PAGE,
             connect_args={"connect_timeout": 10},

@@ -30,3 +30,22 @@ def test_outcomes_and_handler_latency_per_handler(tmp_path, unique) -> None:
     assert f'reliable_messages_total{{handler="{name}",outcome="dead_lettered"}} 1.0' in text
     assert f'reliable_handler_seconds_count{{handler="{name}"}} 3.0' in text  # the duplicate never ran
     app.close()
+
+
+def test_consumer_lag_is_a_gauge_per_handler_and_topic(app) -> None:  # type: ignore[no-untyped-def]
+    from prometheus_client import REGISTRY
+
+    seen: list[int] = []
+
+    @app.handler("lagging", token="body.n", prefetch=1)
+    def lagging(msg) -> None:  # type: ignore[no-untyped-def]
+        seen.append(msg.body["n"])
+        if len(seen) == 1:
+            app.stop()  # the first run ends after the first message: four are left
+
+    app.publish_many("lagging", [{"n": n} for n in range(5)])
+    app.run()
+    labels = {"handler": "lagging", "topic": "lagging"}
+    assert REGISTRY.get_sample_value("reliable_consumer_lag", labels) == 4
+    app.run(until_idle=True)
+    assert REGISTRY.get_sample_value("reliable_consumer_lag", labels) == 0

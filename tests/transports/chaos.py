@@ -26,8 +26,10 @@ from tests.transports.effects import dead_letter_counts, effect_counts, wait_unt
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def kill_9_chaos(env: Mapping[str, str], postgres_url: str, effects: str, topic: str, kills: int, count: int) -> None:
-    """Run the chaos described above on the transport ``env`` configures; assert its outcome."""
+def kill_9_chaos(env: Mapping[str, str], postgres_url: str, effects: str, topic: str, kills: int, count: int,
+                 handler: str = "batch") -> None:
+    """Run the chaos described above on the transport ``env`` configures, with the worker's
+    ``handler`` (`tests.transports.chaos_worker`: ``batch``, or ``async``); assert its outcome."""
     tokens = [f"t{n}" for n in range(count)]
     poison = set(random.Random(14).sample(tokens, count // 100))
     bodies = [{"token": t, "poison": t in poison} for t in tokens]
@@ -45,7 +47,7 @@ def kill_9_chaos(env: Mapping[str, str], postgres_url: str, effects: str, topic:
     sending.start()
 
     def start() -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "tests.transports.chaos_worker", effects, topic, topic],
+        return subprocess.Popen([sys.executable, "-m", "tests.transports.chaos_worker", effects, topic, topic, handler],
                                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def done() -> int:

@@ -25,6 +25,23 @@ def test_kill_9_at_random_points_each_token_once_each_poison_dead_lettered_once(
     transport: str, tmp_path: Path, postgres_url: str, redis_url: str, effects: str, unique: str,
     kills: int, count: int,
 ) -> None:
+    kill_9_chaos(_env(transport, tmp_path, postgres_url, redis_url, unique), postgres_url, effects, unique,
+                 kills, count)
+
+
+# an async def handler commits one message per transaction: 4,000 tokens keep the run within the
+# suite's time on a loaded machine; the 10,000 run under the soak marker
+@pytest.mark.parametrize(("kills", "count"), [(20, 4_000), pytest.param(20, 10_000, marks=pytest.mark.soak)])
+@pytest.mark.parametrize("transport", ["redis", "embedded"])
+def test_kill_9_of_an_async_handler_each_token_once_each_poison_dead_lettered_once(
+    transport: str, tmp_path: Path, postgres_url: str, redis_url: str, effects: str, unique: str,
+    kills: int, count: int,
+) -> None:
+    kill_9_chaos(_env(transport, tmp_path, postgres_url, redis_url, unique), postgres_url, effects, unique,
+                 kills, count, handler="async")
+
+
+def _env(transport: str, tmp_path: Path, postgres_url: str, redis_url: str, unique: str) -> dict[str, str]:
     url = f"{redis_url}?namespace={unique}" if transport == "redis" else f"embedded://{tmp_path / 'broker'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
     env.update({
@@ -36,7 +53,7 @@ def test_kill_9_at_random_points_each_token_once_each_poison_dead_lettered_once(
         "RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1",
         "RELIABLE_LOG__LEVEL": "warning",
     })
-    kill_9_chaos(env, postgres_url, effects, unique, kills, count)
+    return env
 
 
 @pytest.mark.parametrize(("kills", "count"), [(20, 10_000), pytest.param(100, 50_000, marks=pytest.mark.soak)])
