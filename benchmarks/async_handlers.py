@@ -12,7 +12,10 @@ same in-memory transport (fetch, ack), so the difference is the handler's.
 
 Targets (issue 27): (a) >= 0.8x (c) and >= 10x (b).
 
-    python -m benchmarks.async_handlers [--messages N]
+    python -m benchmarks.async_handlers [--messages N] [--in-flight N]
+
+Each row with N in flight holds N PostgreSQL connections (the transaction is
+open across the await): a shared server needs max_connections to spare.
 """
 
 from __future__ import annotations
@@ -108,14 +111,17 @@ def hand_loop(table: str, data: list[bytes]) -> Callable[[], None]:
 
 
 def main() -> None:
+    global IN_FLIGHT
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument("--in-flight", type=int, default=IN_FLIGHT, help="messages in flight for (a) and (c)")
     args = parser.parse_args()
+    IN_FLIGHT = args.in_flight
     open_store(DATABASE_URL).close()  # the token table exists before any row starts
     engine = create_engine(DATABASE_URL)
-    rows = [("(a) framework, async def, 100 in flight", framework_async, args.messages),
+    rows = [(f"(a) framework, async def, {IN_FLIGHT} in flight", framework_async, args.messages),
             ("(b) framework, sync, 4 threads", framework_sync, max(args.messages // 10, 200)),
-            ("(c) hand-written asyncio loop, 100 in flight", hand_loop, args.messages)]
+            (f"(c) hand-written asyncio loop, {IN_FLIGHT} in flight", hand_loop, args.messages)]
     rates: dict[str, float] = {}
     for name, build, count in rows:
         table = f"bench_async_{uuid.uuid4().hex[:8]}"
