@@ -18,7 +18,7 @@ function's next use of ``tx`` raises `LostBet`, the transaction rolls back
 (claim first, then the function without the recorded rows). After a lost bet
 the wrapper runs batches in order until the store again knows none of the
 tokens it is asked to claim, so a stream of replays does not pay for calls
-that roll back.
+that roll back (the `claim.Betting` strategy keeps that state).
 """
 
 from __future__ import annotations
@@ -27,27 +27,6 @@ from collections.abc import Callable
 from typing import Any
 
 from backends.store.ahead import ClaimAhead, rides_pipeline
-
-
-class Bet:
-    """Whether the next batch bets (sends its claim ahead of the function): the strategy's state.
-
-    Betting stops when a bet is lost and starts again once a batch run in order
-    finds the store knew none of the tokens it was asked to claim.
-    """
-
-    def __init__(self, *, enabled: bool) -> None:
-        self.enabled = enabled
-        self._on = enabled
-
-    def now(self) -> bool:
-        return self._on
-
-    def lost(self) -> None:
-        self._on = False
-
-    def ran_in_order(self, *, claimed: int, asked: int) -> None:
-        self._on = self.enabled and claimed == asked
 
 
 class LostBet(Exception):

@@ -17,6 +17,7 @@ from backends.errors import ConfigurationError
 from reliable.idempotency import Guard
 from reliable.retry import Classifier, DelayLevels, RedeliveryPolicy, build_classifier
 from reliable.spark import deadletters
+from reliable.spark.claim import ClaimStrategy, claim_strategy
 from reliable.spark.rows import Validate
 
 DEFAULT_TOKEN_TTL = 7 * 86_400.0
@@ -109,6 +110,7 @@ class Resolved:
     guard: Guard  # the cache lookups and the written-behind cache fills of the name's tokens
     clock: Clock
     retry: Redelivery | None
+    claim: ClaimStrategy  # how the tokens are claimed around the function (see `claim`)
 
 
 def resolve(app: Any, options: WriterOptions) -> Resolved:
@@ -122,7 +124,8 @@ def resolve(app: Any, options: WriterOptions) -> Resolved:
     cache_ttl = float(_get(settings, "cache", "ttl") or ttl)
     # a micro-batch's tokens are sent to the cache at once, behind the next batch
     guard = Guard(options.name, getattr(app, "cache", None), cache_ttl, float(ttl), fill_batch=1)
-    return Resolved(store=app.store, guard=guard, clock=app.clock, retry=retry)
+    return Resolved(store=app.store, guard=guard, clock=app.clock, retry=retry,
+                    claim=claim_strategy(options.sink, guard, app.clock))
 
 
 def _require(ok: bool, option: str, value: object, allowed: str) -> None:

@@ -16,9 +16,11 @@ For each micro-batch, in this order:
    transaction;
 5. call the user's function with the claimed rows, the batch id and the
    transaction; its store writes commit with the fence and the tokens.
-   With ``sink="store"`` on PostgreSQL steps 4 and 5 overlap: the claim is
-   sent ahead of the function, and a token found recorded rolls the call
-   back and runs the batch in order (see `ahead`);
+   How the claim and the call go together is the stream's claim strategy
+   (`claim`): in order by default; with ``sink="store"`` on PostgreSQL steps
+   4 and 5 overlap: the claim is sent ahead of the function, and a token
+   found recorded rolls the call back and runs the batch in order (see
+   `ahead`);
 6. commit, then queue the claimed tokens for the cache (written behind, on a
    background thread, while the next batch runs). A failure rolls everything
    back and is retried with the redelivery policy's backoff; when the retries
@@ -40,8 +42,9 @@ from backends.errors import ConfigurationError, FenceConflictError
 from reliable.errors import TokenMissingError
 from reliable.retry import RetriesSpent, call_with_redelivery
 from reliable.spark import deadletters
-from reliable.spark.ahead import Bet, LostBet, call_ahead_of_claim
+from reliable.spark.ahead import LostBet
 from reliable.spark.batch import BatchFunction, PreparedBatch, parse_schema, prepare
+from reliable.spark.claim import Claimed
 from reliable.spark.deadletters import PoisonRow
 from reliable.spark.fence import open_batch, run_identity
 from reliable.spark.options import Resolved, WriterOptions, resolve
@@ -58,7 +61,6 @@ class _Batch:
     batch_id: int
     run_id: str
     prepared: PreparedBatch | None = None
-    ahead: bool = False  # the claim was sent ahead of the function (see `ahead`)
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -72,7 +74,6 @@ class BatchWriter:
         self.name = options.name
         self._resolved: Resolved | None = None
         self._rng = random.Random()
-        self._bet = Bet(enabled=options.sink == "store")  # see `ahead`
         self.__name__ = getattr(func, "__name__", options.name)
         self.__doc__ = func.__doc__
 
@@ -107,61 +108,32 @@ class BatchWriter:
         poison = self._poison(prepared, env)
         unseen = self._not_in_cache(env, prepared.tokens)
         try:
-            claimed = self._transaction(batch, env, prepared, unseen, poison, bet=self._bet.now())
-        except LostBet as lost:  # rolled back: run it again in order
+            claimed = self._transaction(batch, env, prepared, unseen, poison)
+        except LostBet as lost:  # rolled back; the strategy claims in order now
             log.info("spark.batch.bet_lost", name=self.name, batch_id=batch.batch_id,
                      reason=str(lost))  # fmt: skip
-            self._bet.lost()
-            claimed = self._transaction(batch, env, prepared, unseen, poison, bet=False)
+            claimed = self._transaction(batch, env, prepared, unseen, poison)
         if claimed is None:
             return self._report(batch, BatchStatus.REPLAYED, attempt)
-        if not batch.ahead:
-            self._bet.ran_in_order(claimed=len(claimed), asked=len(unseen))
+        batch.seconds.update(claimed.seconds)
         return self._committed(batch, env, attempt, prepared, claimed, len(poison))
 
     def _transaction(self, batch: _Batch, env: Resolved, prepared: PreparedBatch,
-                     unseen: list[str], poison: list[PoisonRow], *, bet: bool,
-                     ) -> set[str] | None:  # fmt: skip
-        """Fence, poison, claim and the function in one store transaction: the tokens claimed,
-        or None for a replay of a committed batch. ``bet``: send the claim ahead of the
-        function, where the store can."""
+                     unseen: list[str], poison: list[PoisonRow]) -> Claimed | None:  # fmt: skip
+        """Fence, poison, claim and the function in one store transaction: what the claim
+        strategy did, or None for a replay of a committed batch."""
         with env.store.transaction() as tx:
             if not open_batch(tx, self.name, batch.batch_id, batch.run_id):
                 return None
             self._record_poison(tx, batch, poison, env)
-            started = env.clock.time()
-            batch.ahead = False
-            if bet:
-                ahead = self._call_ahead_of_claim(tx, batch, env, prepared, unseen)
-                if ahead is not None:
-                    batch.ahead = True
-                    batch.seconds["function"] = env.clock.time() - started  # with the claim
-                    return ahead
-            claimed = env.guard.claim(tx, unseen)
-            batch.seconds["claim"] = env.clock.time() - started
-            self.func(prepared.rows(claimed), batch.batch_id, tx)
-            batch.seconds["function"] = env.clock.time() - started - batch.seconds["claim"]
-        return claimed
-
-    def _call_ahead_of_claim(self, tx: Any, batch: _Batch, env: Resolved,
-                             prepared: PreparedBatch, unseen: list[str]) -> set[str] | None:  # fmt: skip
-        """Send the claim of the tokens the cache does not know, and call the function at once
-        with their rows (see `ahead`); None where the store cannot send a claim ahead."""
-        claim = tx.claim_ahead(self.name, unseen, env.guard.token_ttl)
-        if claim is None:
-            return None
-
-        def call(claim_first: Any) -> None:
-            self.func(prepared.rows(set(unseen)), batch.batch_id, claim_first)
-
-        return call_ahead_of_claim(call, tx, claim)
+            return env.claim(tx, unseen, lambda writes, tokens: self.func(prepared.rows(tokens), batch.batch_id, writes))
 
     def _committed(self, batch: _Batch, env: Resolved, attempt: int, prepared: PreparedBatch,
-                   claimed: set[str], poison: int) -> BatchReport:  # fmt: skip
-        env.guard.remember(claimed)
-        duplicates = len(prepared.tokens) - len(claimed)
-        report = self._report(batch, BatchStatus.COMMITTED, attempt, len(claimed), duplicates,
-                              poison)  # fmt: skip
+                   claimed: Claimed, poison: int) -> BatchReport:  # fmt: skip
+        env.guard.remember(claimed.tokens)
+        duplicates = len(prepared.tokens) - len(claimed.tokens)
+        report = self._report(batch, BatchStatus.COMMITTED, attempt, len(claimed.tokens), duplicates,
+                              poison, ahead=claimed.ahead)  # fmt: skip
         log.info("spark.batch.committed", **report.fields())
         return report
 
@@ -265,10 +237,10 @@ class BatchWriter:
         return self._resolved
 
     def _report(self, batch: _Batch, status: BatchStatus, attempts: int, written: int = 0,
-                duplicates: int = 0, poison: int = 0) -> BatchReport:  # fmt: skip
+                duplicates: int = 0, poison: int = 0, *, ahead: bool = False) -> BatchReport:  # fmt: skip
         cached = batch.prepared is not None and batch.prepared.cached
         return BatchReport(self.name, batch.batch_id, batch.run_id, status, attempts, written,
-                           duplicates, poison, cached, batch.ahead, dict(batch.seconds))  # fmt: skip
+                           duplicates, poison, cached, ahead, dict(batch.seconds))  # fmt: skip
 
 
 def foreach_batch(app: Any, **options: Any) -> Callable[[BatchFunction], BatchWriter]:
