@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.types import Message
+from backends.values import positive
 from reliable.commit import STRATEGIES, CommitStrategy
 from reliable.errors import HandlerOptionError, HandlerShapeError
 from reliable.idempotency import Token, TokenFunction
@@ -165,11 +166,7 @@ def _require_name(option: str, value: Any) -> str:
 
 
 def _positive(option: str, value: Any) -> Any:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise HandlerOptionError(f"{option}={value!r} is not allowed; expected a positive number")
-    return value
+    return None if value is None else positive(option, value, HandlerOptionError)
 
 
 def _check_type(option: str, value: Any, types: tuple[type, ...]) -> Any:

@@ -13,6 +13,7 @@ from backends.cache.memory import DEFAULT_MAX_ENTRIES, MemoryCache
 from backends.clock import SYSTEM_CLOCK, Clock
 from backends.errors import ConfigurationError, UnsupportedURLError
 from backends.urls import redact
+from backends.values import positive
 
 ALLOWED_SCHEMES = ("memory", "redis", "rediss")
 
@@ -48,8 +49,4 @@ def _max_entries(url: str) -> int:
         value = int(raw)
     except ValueError:
         value = 0
-    if value < 1:
-        raise ConfigurationError(
-            f"cache URL {redact(url)!r}: max_entries={raw!r} is not allowed; use a positive integer"
-        )
-    return value
+    return positive(f"cache URL {redact(url)!r}: max_entries", value, original=raw, integer=True)

@@ -23,12 +23,18 @@ the next bucket, so a delay of 7 s waits 5 s, then 2 s, never less.
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from backends.errors import ConfigurationError, TransportError
-from backends.transport.base import ORIGIN_TOPIC_HEADER, Capabilities
+from backends.transport.base import (
+    DUE_HEADER,
+    KEY_HEADER,
+    ORIGIN_TOPIC_HEADER,
+    PUBLISHED_HEADER,
+    Capabilities,
+    new_message_id,
+)
 from backends.types import Message
 
 CAPABILITIES = Capabilities(consumer_offsets=False, drain=True, native_delay=True, dead_letter_queue=True)
@@ -40,12 +46,8 @@ BUCKETS_MS = (
 EARLY_MS = 20
 """A message this close to its due time is delivered rather than sent round again."""
 
-KEY_HEADER = "x-reliable-key"
-DUE_HEADER = "x-reliable-due"
-"""When a delayed message falls due (epoch seconds)."""
 DELIVERED_HEADER = "x-reliable-delivered"
 """Deliveries of the message before this copy was published (a nack's copy counts on)."""
-PUBLISHED_HEADER = "x-reliable-published-at"
 DELIVERY_COUNT_HEADER = "x-delivery-count"
 """Quorum queues' count of returns of this copy (a member that died or closed holding it)."""
 INTERNAL_HEADERS = frozenset({KEY_HEADER, DUE_HEADER, DELIVERED_HEADER, PUBLISHED_HEADER, DELIVERY_COUNT_HEADER})
@@ -130,10 +132,6 @@ def bucket_for(delay: float) -> int | None:
         return None
     fitting = [bucket for bucket in BUCKETS_MS if bucket <= delay_ms]
     return fitting[-1] if fitting else BUCKETS_MS[0]
-
-
-def new_message_id() -> str:
-    return uuid.uuid4().hex
 
 
 def text_headers(raw: Mapping[str, Any] | None) -> dict[str, str]:

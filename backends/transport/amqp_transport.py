@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import pika
 
 from backends.clock import SYSTEM_CLOCK, Clock
-from backends.errors import ConfigurationError, TransportError
+from backends.errors import ConfigurationError
 from backends.transport.amqp_client import Connection, Publish, alternatives, parameters
 from backends.transport.amqp_layout import (
     CAPABILITIES,
@@ -39,20 +39,10 @@ from backends.transport.amqp_layout import (
     Layout,
     bucket_for,
     check_amqp_name,
-    new_message_id,
 )
 from backends.transport.amqp_subscription import AmqpSubscription
 from backends.transport.amqp_topology import Topology
-from backends.transport.base import (
-    ORIGIN_TOPIC_HEADER,
-    SubscribeOptions,
-    Transport,
-    check_name,
-    check_outgoing,
-    count,
-    seconds,
-    server_list,
-)
+from backends.transport.base import SubscribeOptions, Transport, count, seconds, server_list
 from backends.types import OutgoingMessage
 
 PERSISTENT = 2
@@ -98,11 +88,8 @@ class AmqpTransport(Transport):
         self._topology: Topology | None = None
         self._subscriptions: list[AmqpSubscription] = []
         self._groups: set[tuple[str, str]] = set()
-        self._closed = False
 
-    def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
-        self._check_topic(topic)
-        check_outgoing(messages)
+    def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         with self._lock:
             topology = self._open()
             exchange = topology.topic(topic)
@@ -118,28 +105,20 @@ class AmqpTransport(Transport):
                                          self._properties(message, now, due)))
             topology.connection.publish(batch, f"publish to {topic!r}")
 
-    def publish_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
-        """Straight into the group's work queue (a replay), marked with the topic it came from."""
-        self._check_topic(topic)
-        check_name("group", group)
-        check_amqp_name("group", group)
-        check_outgoing(messages)
+    def _send_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        """Straight into the group's work queue (a replay)."""
         with self._lock:
             topology = self._open()
             queue = self._layout.queue(topic, group)
             now = self._clock.time()
-            batch = [
-                Publish("", queue, m.payload, self._properties(m, now, {ORIGIN_TOPIC_HEADER: topic}))
-                for m in messages
-            ]
+            batch = [Publish("", queue, m.payload, self._properties(m, now, {})) for m in messages]
             topology.connection.publish(batch, f"publish to group {group!r}")
 
     def declare(self, group: str, topics: Sequence[str]) -> None:
         """Make RabbitMQ keep what is published to ``topics`` from now on for ``group``."""
-        check_name("group", group)
-        check_amqp_name("group", group)
+        self._check_names(group=group)
         for topic in topics:
-            self._check_topic(topic)
+            self._check_names(topic=topic)
         with self._lock:
             topology = self._open()
             for topic in topics:
@@ -149,8 +128,7 @@ class AmqpTransport(Transport):
     def subscribe(
         self, group: str, topics: Sequence[str], options: SubscribeOptions | None = None
     ) -> AmqpSubscription:
-        if self._closed:
-            raise TransportError("AmqpTransport is closed")
+        self._check_open()
         subscription = AmqpSubscription(
             group, topics, options or SubscribeOptions(), parameters=self._parameters, layout=self._layout,
             clock=self._clock, single_active_consumer=self._single_active,
@@ -182,15 +160,13 @@ class AmqpTransport(Transport):
 
     def _open(self) -> Topology:
         """The publishing connection (a new one after a failure)."""
-        if self._closed:
-            raise TransportError("AmqpTransport is closed")
+        self._check_open()
         if self._topology is None or not self._topology.connection.open:
             self._topology = Topology(Connection(self._parameters, "publisher"), self._layout, self._single_active)
         return self._topology
 
-    def _check_topic(self, topic: str) -> None:
-        check_name("topic", topic)
-        check_amqp_name("topic", topic)
+    def _check_name(self, kind: str, name: str) -> None:
+        check_amqp_name(kind, name)
 
     @staticmethod
     def _properties(message: OutgoingMessage, now: float, extra: dict[str, str]) -> pika.BasicProperties:
@@ -198,7 +174,7 @@ class AmqpTransport(Transport):
         if message.key is not None:
             headers[KEY_HEADER] = message.key
         return pika.BasicProperties(
-            delivery_mode=PERSISTENT, message_id=message.message_id or new_message_id(),
+            delivery_mode=PERSISTENT, message_id=message.message_id,
             timestamp=int(now), headers=headers,
         )
 

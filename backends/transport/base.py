@@ -32,18 +32,27 @@ Optional capabilities are declared in `Capabilities`, never faked:
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Self
+from typing import ClassVar, Self
 
 from backends.errors import ConfigurationError, TransportError
 from backends.types import Failure, Message, OutgoingMessage, QueueRef
+from backends.values import positive
 
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
 ORIGIN_TOPIC_HEADER = "x-reliable-origin-topic"
 """The topic a message sent to one group only (a replay) was first published to."""
+# where a wire has no field of its own for them, a message's fields travel in these headers
+ID_HEADER = "x-reliable-id"
+KEY_HEADER = "x-reliable-key"
+DUE_HEADER = "x-reliable-due"
+PUBLISHED_HEADER = "x-reliable-published-at"
+_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))  # version and variant bits
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)  # version 4, RFC 4122 variant
 
 Assign = Callable[[Sequence[QueueRef]], Mapping[QueueRef, int]]
 """Called with the queues a member was given; returns saved offsets to seek to (may be empty)."""
@@ -60,6 +69,16 @@ def retry_queue_name(group: str) -> str:
 def dead_letter_queue_name(group: str) -> str:
     """``%DLQ%<group>``: a transport's own dead-letter queue for ``group``."""
     return f"{DLQ_PREFIX}{group}"
+
+
+def new_message_id() -> str:
+    """A message id for a producer that gave none: a random uuid4, in hex.
+
+    Built from the random bits directly: ``uuid.uuid4().hex`` costs several
+    times more, and publishing pays it for every message.
+    """
+    value = int.from_bytes(os.urandom(16), "big") & _UUID4_CLEAR | _UUID4_SET
+    return f"{value:032x}"
 
 
 def origin_topic(message: Message) -> str:
@@ -96,8 +115,8 @@ class SubscribeOptions:
     def __post_init__(self) -> None:
         if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 1:
             raise TransportError(f"subscribe option prefetch={self.prefetch!r}: an integer >= 1 is required")
-        if self.lease is not None and not self.lease > 0:
-            raise TransportError(f"subscribe option lease={self.lease!r}: a positive number is required")
+        if self.lease is not None:
+            positive("subscribe option lease", self.lease, TransportError)
 
 
 class Subscription(ABC):
@@ -162,13 +181,36 @@ class Subscription(ABC):
 
 
 class Transport(ABC):
-    """Publishes messages and subscribes members of consumer groups."""
+    """Publishes messages and subscribes members of consumer groups.
+
+    ``publish`` and ``publish_to_group`` are written once here: the closed,
+    name and message checks, a message id for every message that has none,
+    and the origin topic of a message sent to one group. A transport
+    implements only its send primitives (`_send`, `_send_to_group`) and, where
+    its wire restricts names, `_check_name`.
+    """
 
     capabilities: Capabilities
+    names_messages: ClassVar[bool] = False
+    """The engine gives a message published without an id its own (the broker): none is stamped."""
+    _closed: bool = False
 
-    @abstractmethod
     def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         """Append ``messages`` to ``topic``; a message with ``delay`` is delivered later."""
+        self._check_open()
+        self._check_names(topic=topic)
+        check_outgoing(messages)
+        if messages:
+            self._send(topic, self._stamped(messages, None))
+
+    def publish_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        """Deliver ``messages`` of ``topic`` to ``group`` only (a dead-letter replay), each
+        carrying ``topic`` in `ORIGIN_TOPIC_HEADER`."""
+        self._check_open()
+        self._check_names(group=group, topic=topic)
+        check_outgoing(messages)
+        if messages:
+            self._send_to_group(group, topic, self._stamped(messages, topic))
 
     @abstractmethod
     def subscribe(
@@ -184,10 +226,6 @@ class Transport(ABC):
         """
 
     @abstractmethod
-    def publish_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
-        """Deliver ``messages`` of ``topic`` to ``group`` only (a dead-letter replay)."""
-
-    @abstractmethod
     def close(self) -> None:
         """Release connections and files."""
 
@@ -196,6 +234,43 @@ class Transport(ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    # -- primitives, per transport ----------------------------------------------------------
+
+    @abstractmethod
+    def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        """Send checked, stamped ``messages`` (at least one) to ``topic``."""
+
+    @abstractmethod
+    def _send_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        """Send checked, stamped ``messages`` (at least one) of ``topic`` to ``group`` only."""
+
+    def _check_name(self, kind: str, name: str) -> None:
+        """Refuse a ``kind`` name (topic, group) the transport's wire cannot carry."""
+
+    # -- written once -----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError(f"{type(self).__name__} is closed")
+
+    def _check_names(self, **names: str) -> None:
+        for kind, name in names.items():
+            check_name(kind, name)
+            self._check_name(kind, name)
+
+    def _stamped(self, messages: Sequence[OutgoingMessage], origin: str | None) -> Sequence[OutgoingMessage]:
+        """``messages`` each with an id (unless the engine names them) and, for a group, its origin."""
+        if origin is None and (self.names_messages or all(m.message_id for m in messages)):
+            return messages
+        return [
+            OutgoingMessage(
+                m.payload, m.key,
+                m.headers if origin is None else {**m.headers, ORIGIN_TOPIC_HEADER: origin},
+                m.delay, m.message_id or (None if self.names_messages else new_message_id()),
+            )
+            for m in messages
+        ]
 
 
 def check_name(kind: str, name: str) -> None:
@@ -219,9 +294,7 @@ def seconds(name: str, value: float | str) -> float:
         number = float(value) if isinstance(value, str) else value
     except ValueError:
         number = 0.0
-    if isinstance(number, bool) or not isinstance(number, int | float) or not number > 0:
-        raise ConfigurationError(f"transport option {name}={value!r}: a positive number of seconds is required")
-    return float(number)
+    return float(positive(f"transport option {name}", number, original=value))
 
 
 def count(name: str, value: int | str) -> int:

@@ -27,18 +27,17 @@ from backends.transport.base import (
     SubscribeOptions,
     Subscription,
     Transport,
-    check_name,
-    check_outgoing,
 )
 from backends.types import Failure, Message, OutgoingMessage
+from backends.values import positive
 from broker.delivery.api import BrokerApi
+from broker.delivery.consume import ORIGIN_TOPIC as BROKER_ORIGIN_HEADER
 from broker.delivery.values import Delivery
 from broker.delivery.values import OutgoingMessage as BrokerMessage
 from broker.errors import BrokerError, BrokerUnavailableError, DeliveryError, UnknownMemberError
 
 log = structlog.get_logger("backends.transport")
 T = TypeVar("T")
-BROKER_ORIGIN_HEADER = "x-origin-topic"  # where the broker names a retry copy's topic
 
 
 @contextmanager
@@ -59,26 +58,20 @@ class BrokerTransport(Transport):
 
     capabilities = Capabilities(consumer_offsets=False, drain=True, native_delay=True,
                                 dead_letter_queue=True)
+    names_messages = True  # an unnamed message gets the broker's id, cheaper than a uuid per message
 
     def __init__(self, api: BrokerApi, clock: Clock = SYSTEM_CLOCK, *,
                  visibility_timeout: float = 30.0, owns_api: bool = True) -> None:
-        if not visibility_timeout > 0:
-            raise TransportError(f"visibility_timeout={visibility_timeout!r}: a positive number is required")
         self.api = api
         self._clock = clock
-        self._lease = float(visibility_timeout)
+        self._lease = float(positive("transport option visibility_timeout", visibility_timeout))
         self._owns_api = owns_api
 
-    def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
-        check_name("topic", topic)
-        check_outgoing(messages)
+    def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         with translated(f"publish to {topic!r}"):
             self.api.publish(topic, [self._outgoing(m) for m in messages])
 
-    def publish_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
-        check_name("group", group)
-        check_name("topic", topic)
-        check_outgoing(messages)
+    def _send_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         with translated(f"publish to group {group!r}"):
             self.api.publish_to_group(group, topic, [self._outgoing(m) for m in messages])
 
@@ -87,8 +80,9 @@ class BrokerTransport(Transport):
         return BrokerSubscription(self, group, topics, options or SubscribeOptions())
 
     def close(self) -> None:
-        if self._owns_api:
+        if self._owns_api and not self._closed:
             self.api.close()
+        self._closed = True
 
     def _outgoing(self, message: OutgoingMessage) -> BrokerMessage:
         deliver_at = self._clock.time() + message.delay if message.delay > 0 else 0.0

@@ -27,18 +27,15 @@ was delivered before.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
 from backends.clock import SYSTEM_CLOCK, Clock
-from backends.errors import TransportError
 from backends.transport.base import (
     ORIGIN_TOPIC_HEADER,
     SubscribeOptions,
     Transport,
-    check_name,
-    check_outgoing,
     count,
     seconds,
     with_servers,
@@ -53,7 +50,6 @@ from backends.transport.kafka_layout import (
     check_kafka_name,
     delayed_topic,
     encode_headers,
-    new_message_id,
     retry_topic,
 )
 from backends.transport.kafka_subscription import KafkaSubscription
@@ -93,14 +89,9 @@ class KafkaTransport(Transport):
         wanted = None if replicas is None else count("replicas", replicas)
         self._publisher = Publisher(self._servers, {}, self._request_timeout, wanted)
         self._subscriptions: list[KafkaSubscription] = []
-        self._closed = False
 
-    def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
-        self._check_open()
-        check_name("topic", topic)
-        check_kafka_name("topic", topic)
-        check_outgoing(messages)
-        self._send(
+    def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        self._produce(
             [
                 (topic, message, {})
                 if message.delay <= 0
@@ -109,18 +100,8 @@ class KafkaTransport(Transport):
             ]
         )
 
-    def publish_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
-        self._check_open()
-        for kind, name in (("group", group), ("topic", topic)):
-            check_name(kind, name)
-            check_kafka_name(kind, name)
-        check_outgoing(messages)
-        self._send(
-            [
-                (retry_topic(topic, group, bucket_ms(message.delay)), message, {ORIGIN_TOPIC_HEADER: topic})
-                for message in messages
-            ]
-        )
+    def _send_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        self._produce([(retry_topic(topic, group, bucket_ms(message.delay)), message, {}) for message in messages])
 
     def subscribe(
         self, group: str, topics: Sequence[str], options: SubscribeOptions | None = None
@@ -146,14 +127,14 @@ class KafkaTransport(Transport):
             subscription.close()
         self._publisher.close()
 
-    def _send(self, routed: Sequence[tuple[str, OutgoingMessage, dict[str, str]]]) -> None:
+    def _produce(self, routed: Sequence[tuple[str, OutgoingMessage, dict[str, str]]]) -> None:
         """Produce each ``(target topic, message, extra headers)``, one wait per target topic."""
         now = self._clock.time()
         by_target: dict[str, list[Record]] = {}
         for target, message, extra in routed:
             headers = {
                 **message.headers,
-                ID_HEADER: message.message_id or new_message_id(),
+                ID_HEADER: cast(str, message.message_id),
                 PUBLISHED_HEADER: repr(now),
                 **extra,
             }
@@ -171,8 +152,7 @@ class KafkaTransport(Transport):
             "socket.timeout.ms": int(self._request_timeout * 1000),
         }
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise TransportError("KafkaTransport is closed")
+    def _check_name(self, kind: str, name: str) -> None:
+        check_kafka_name(kind, name)
 
 

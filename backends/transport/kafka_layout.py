@@ -20,12 +20,17 @@ at most by the bucket's width.
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from backends.errors import TransportError
-from backends.transport.base import ORIGIN_TOPIC_HEADER, Capabilities
+from backends.transport.base import (
+    DUE_HEADER,
+    ID_HEADER,
+    ORIGIN_TOPIC_HEADER,
+    PUBLISHED_HEADER,
+    Capabilities,
+)
 from backends.types import Failure, Message
 
 CAPABILITIES = Capabilities(
@@ -35,12 +40,9 @@ CAPABILITIES = Capabilities(
 BUCKETS_MS = (1_000, 5_000, 30_000, 120_000, 600_000, 3_600_000)
 """Delay buckets (1s 5s 30s 2m 10m 1h), each its own topic; 0 is the group's no-delay bucket."""
 
-ID_HEADER = "x-reliable-id"
 DELIVERY_COUNT_HEADER = "x-reliable-delivery-count"
 """Deliveries before this copy: a message's ``attempt`` is 1 + this."""
-DUE_HEADER = "x-reliable-due"
 FIRST_FAILURE_HEADER = "x-reliable-first-failure"
-PUBLISHED_HEADER = "x-reliable-published-at"
 ERROR_TYPE_HEADER = "x-reliable-error-type"
 ERROR_MESSAGE_HEADER = "x-reliable-error-message"
 TRACEBACK_HEADER = "x-reliable-traceback"
@@ -94,10 +96,6 @@ def topics_read(group: str, topic: str) -> list[str]:
         *(delayed_topic(topic, bucket) for bucket in BUCKETS_MS),
         *(retry_topic(topic, group, bucket) for bucket in (0, *BUCKETS_MS)),
     ]
-
-
-def new_message_id() -> str:
-    return uuid.uuid4().hex
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,34 +14,28 @@ redis) implements the private primitives.
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 import zlib
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from enum import StrEnum
 
 import structlog
 
 from backends.clock import Clock, SystemClock
-from backends.errors import ConfigurationError, TransportError
+from backends.errors import TransportError
 from backends.transport.base import (
-    ORIGIN_TOPIC_HEADER,
     Capabilities,
     SubscribeOptions,
     Subscription,
     Transport,
-    check_name,
-    check_outgoing,
     retry_queue_name,
 )
 from backends.types import DeadLetter, Failure, Message, OutgoingMessage, QueueRef
+from backends.values import positive
 
 DEFAULT_QUEUES = 4
 DEFAULT_VISIBILITY_TIMEOUT = 30.0
-_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))  # version and variant bits
-_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)  # version 4, RFC 4122 variant
 MIN_PAUSE = 0.001  # the shortest wait of a fetch, so a waiting fetch always makes progress
 
 
@@ -65,16 +59,6 @@ def log_dead_letter(group: str, message: Message, failure: Failure) -> None:
     )
 
 
-def new_message_id() -> str:
-    """A message id for a producer that gave none: a random uuid4, in hex.
-
-    Built from the random bits directly: ``uuid.uuid4().hex`` costs several
-    times more, and publishing pays it for every message.
-    """
-    value = int.from_bytes(os.urandom(16), "big") & _UUID4_CLEAR | _UUID4_SET
-    return f"{value:032x}"
-
-
 class QueueRouter:
     """Picks a message's queue: ``crc32(key) % queues`` (stable), round-robin without a key."""
 
@@ -88,15 +72,6 @@ class QueueRouter:
         return next(counter) % queues
 
 
-def positive(name: str, value: float) -> float:
-    """``value`` if it is a positive number, else a `ConfigurationError` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigurationError(
-            f"transport option {name}={value!r}: a positive number is required"
-        )
-    return value
-
-
 class LeasingTransport(Transport):
     """The `Transport` operations written once over a backend's claim/wait primitives."""
 
@@ -105,13 +80,9 @@ class LeasingTransport(Transport):
     def __init__(
         self, clock: Clock, queues: int, visibility_timeout: float, poll_interval: float | None
     ) -> None:
-        if isinstance(queues, bool) or not isinstance(queues, int) or queues < 1:
-            raise ConfigurationError(
-                f"transport option queues={queues!r}: an integer >= 1 is required"
-            )
         self._clock = clock
-        self._queues = queues
-        self._visibility_timeout = positive("visibility_timeout", visibility_timeout)
+        self._queues = positive("transport option queues", queues, integer=True)
+        self._visibility_timeout = positive("transport option visibility_timeout", visibility_timeout)
         self._poll_interval = poll_interval
         self._router = QueueRouter()
         self._closed = False
@@ -124,21 +95,12 @@ class LeasingTransport(Transport):
         """Seconds a fetched message stays leased to its member unless the member asks otherwise."""
         return self._visibility_timeout
 
-    def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
-        self._check_open()
-        check_name("topic", topic)
-        check_outgoing(messages)
-        if messages:
-            self._append(topic, messages, self._clock.time())
+    def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        self._append(topic, messages, self._clock.time())
 
-    def publish_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+    def _send_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         """Append to ``%RETRY%<group>``, which only members of ``group`` read."""
-        check_name("group", group)
-        check_name("topic", topic)
-        self.publish(
-            retry_queue_name(group),
-            [replace(m, headers={**m.headers, ORIGIN_TOPIC_HEADER: topic}) for m in messages],
-        )
+        self._append(retry_queue_name(group), messages, self._clock.time())
 
     def subscribe(
         self, group: str, topics: Sequence[str], options: SubscribeOptions | None = None
@@ -173,10 +135,6 @@ class LeasingTransport(Transport):
             pause = min(pause, self._poll_interval)
         self._wait_for_change(version, pause)
         return max(self._clock.time() - now, MIN_PAUSE)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise TransportError(f"{type(self).__name__} is closed")
 
     # -- primitives, per backend ------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import heapq
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 import structlog
 
@@ -24,7 +25,6 @@ from backends.transport.leasing import (
     DEFAULT_VISIBILITY_TIMEOUT,
     DeliveryState,
     LeasingTransport,
-    new_message_id,
 )
 from backends.types import DeadLetter, Failure, Message, OutgoingMessage, QueueRef
 
@@ -184,7 +184,7 @@ class MemoryTransport(LeasingTransport):
             for message in messages:
                 queue = self._router.queue_for(topic, message.key, len(stored.logs))
                 record = _Record(
-                    message.message_id or new_message_id(),
+                    cast(str, message.message_id),  # stamped by Transport.publish
                     message.key,
                     dict(message.headers),
                     message.payload,

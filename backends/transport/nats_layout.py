@@ -19,19 +19,20 @@ stream ``reliable_DLQ_billing``    subject ``reliable.dlq.billing``: POISON
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Mapping
 
 from backends.errors import ConfigurationError, TransportError
-from backends.transport.base import ORIGIN_TOPIC_HEADER, Capabilities
+from backends.transport.base import (
+    DUE_HEADER,
+    ID_HEADER,
+    KEY_HEADER,
+    ORIGIN_TOPIC_HEADER,
+    Capabilities,
+)
 from backends.types import Message
 
 CAPABILITIES = Capabilities(consumer_offsets=False, drain=True, native_delay=True, dead_letter_queue=True)
 
-ID_HEADER = "x-reliable-id"
-KEY_HEADER = "x-reliable-key"
-DUE_HEADER = "x-reliable-due"
-"""When a delayed publish falls due: a member handed it earlier naks it until then."""
 MSG_ID_HEADER = "Nats-Msg-Id"
 """JetStream's de-duplication id: a second publish within the stream's duplicate window is dropped."""
 INTERNAL_HEADERS = frozenset({ID_HEADER, KEY_HEADER, DUE_HEADER, MSG_ID_HEADER})
@@ -85,10 +86,6 @@ class Layout:
     def consumers(group: str) -> tuple[str, str]:
         """The group's durable consumers of a topic stream: published messages, its own subject."""
         return f"m_{group}", f"r_{group}"
-
-
-def new_message_id() -> str:
-    return uuid.uuid4().hex
 
 
 def due_at(headers: Mapping[str, str]) -> float:

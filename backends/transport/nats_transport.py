@@ -23,20 +23,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import cast
 
 import structlog
 
 from backends.clock import SYSTEM_CLOCK, Clock
-from backends.errors import ConfigurationError, TransportError
-from backends.transport.base import (
-    ORIGIN_TOPIC_HEADER,
-    SubscribeOptions,
-    Transport,
-    check_name,
-    check_outgoing,
-    seconds,
-    with_servers,
-)
+from backends.errors import ConfigurationError
+from backends.transport.base import SubscribeOptions, Transport, seconds, with_servers
 from backends.transport.nats_client import Connection, Servers
 from backends.transport.nats_layout import (
     CAPABILITIES,
@@ -46,7 +39,6 @@ from backends.transport.nats_layout import (
     MSG_ID_HEADER,
     Layout,
     check_nats_name,
-    new_message_id,
 )
 from backends.transport.nats_streams import Streams
 from backends.transport.nats_subscription import NatsSubscription
@@ -89,32 +81,21 @@ class NatsTransport(Transport):
         self._connection = Connection(addresses, seconds("request_timeout", request_timeout))
         self._streams = Streams(self._connection, replicas=_replicas(replicas), duplicate_window=self._duplicate_window)
         self._subscriptions: list[NatsSubscription] = []
-        self._closed = False
 
-    def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
-        self._check_open()
-        check_name("topic", topic)
-        check_nats_name("topic", topic)
-        check_outgoing(messages)
+    def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         self.ensure_stream(topic)
-        self._send(self._layout.subject(topic), messages, {}, dedupe=True)
+        self._publish(self._layout.subject(topic), messages, dedupe=True)
 
-    def publish_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+    def _send_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         """To the group's own subject; never de-duplicated (a replay repeats a published id)."""
-        self._check_open()
-        for kind, name in (("group", group), ("topic", topic)):
-            check_name(kind, name)
-            check_nats_name(kind, name)
-        check_outgoing(messages)
         self.ensure_stream(topic)
-        self._send(self._layout.group_subject(topic, group), messages, {ORIGIN_TOPIC_HEADER: topic}, dedupe=False)
+        self._publish(self._layout.group_subject(topic, group), messages, dedupe=False)
 
     def subscribe(
         self, group: str, topics: Sequence[str], options: SubscribeOptions | None = None
     ) -> NatsSubscription:
         self._check_open()
-        check_name("group", group)
-        check_nats_name("group", group)
+        self._check_names(group=group)
         self.ensure_dead_letter_stream(group)
         subscription = NatsSubscription(
             group, topics, options or SubscribeOptions(), connection=self._connection, layout=self._layout,
@@ -160,20 +141,18 @@ class NatsTransport(Transport):
     def ensure_dead_letter_stream(self, group: str) -> None:
         self._streams.ensure(self._layout.dead_letter_stream(group), [self._layout.dead_letter_subject(group)])
 
-    def _send(
-        self, subject: str, messages: Sequence[OutgoingMessage], extra: dict[str, str], *, dedupe: bool
-    ) -> None:
+    def _publish(self, subject: str, messages: Sequence[OutgoingMessage], *, dedupe: bool) -> None:
         now = self._clock.time()
         js = self._connection.js
         prepared = []
         for message in messages:
-            headers = {**message.headers, **extra, ID_HEADER: message.message_id or new_message_id()}
+            headers = {**message.headers, ID_HEADER: cast(str, message.message_id)}
             if message.key is not None:
                 headers[KEY_HEADER] = message.key
             if message.delay > 0:
                 headers[DUE_HEADER] = repr(now + message.delay)
-            if dedupe and message.message_id:
-                headers[MSG_ID_HEADER] = message.message_id
+            if dedupe:
+                headers[MSG_ID_HEADER] = headers[ID_HEADER]
             prepared.append((message.payload, headers))
 
         timeout = self._connection.request_timeout
@@ -185,9 +164,8 @@ class NatsTransport(Transport):
 
         self._connection.guarded(send, f"publish to {subject!r}")
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise TransportError("NatsTransport is closed")
+    def _check_name(self, kind: str, name: str) -> None:
+        check_nats_name(kind, name)
 
 
 

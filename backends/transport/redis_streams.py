@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
 import redis
 import structlog
@@ -27,10 +27,9 @@ from backends.transport.leasing import (
     DEFAULT_QUEUES,
     DEFAULT_VISIBILITY_TIMEOUT,
     LeasingTransport,
-    new_message_id,
-    positive,
 )
 from backends.types import DeadLetter, Failure, Message, OutgoingMessage, QueueRef
+from backends.values import positive
 
 log = structlog.get_logger(__name__)
 OUTSTANDING = ("inflight", "scheduled")
@@ -51,7 +50,7 @@ class RedisStreamsTransport(LeasingTransport):
         poll_interval: float = 0.05,
     ) -> None:
         super().__init__(
-            clock, queues, visibility_timeout, positive("poll_interval", poll_interval)
+            clock, queues, visibility_timeout, positive("transport option poll_interval", poll_interval)
         )
         self._url, self._keys = url, layout.Keys(namespace)
         # Any: redis-py's stubs type replies as bytes | str; without decode_responses they are bytes
@@ -204,7 +203,7 @@ class RedisStreamsTransport(LeasingTransport):
             pipe = client.pipeline()
             for message in messages:
                 queue = self._router.queue_for(topic, message.key, queues)
-                id_ = message.message_id or new_message_id()
+                id_ = cast(str, message.message_id)  # stamped by Transport.publish
                 fields = layout.entry(id_, message.key, message.headers, message.payload, now)
                 if message.delay > 0:
                     seq = client.incr(f"{self._keys.ns}:delayed-seq")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from broker.delivery.consume import ORIGIN_TOPIC
 from broker.delivery.group import dlq_topic, retry_topic
 from broker.delivery.values import Delivery, GroupInfo, OutgoingMessage, QueueLag, TopicInfo
 
@@ -72,7 +73,7 @@ def dlq_replay(broker: Broker, group: str) -> int:
     while letters := dlq_list(broker, group, 500):
         by_topic: dict[str, list[OutgoingMessage]] = {}
         for letter in letters:
-            topic = letter.headers.get("x-origin-topic", letter.topic)
+            topic = letter.headers.get(ORIGIN_TOPIC, letter.topic)
             headers = {k: v for k, v in letter.headers.items() if not k.startswith("x-dlq-")}
             by_topic.setdefault(topic, []).append(
                 OutgoingMessage(letter.body, letter.key, letter.tag, headers))

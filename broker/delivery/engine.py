@@ -46,7 +46,6 @@ from broker.store import Clock, MessageStore, StoreConfig
 from broker.store.clock import SYSTEM_CLOCK
 
 log = structlog.get_logger("broker.delivery")
-ORIGIN_TOPIC_HEADER = "x-origin-topic"
 
 
 class Broker:
@@ -102,7 +101,7 @@ class Broker:
         """Deliver ``messages`` of ``topic`` to ``group`` only, through ``%RETRY%<group>``."""
         check_name("group", group)
         check_name("topic", topic)
-        tagged = [replace(m, queue=0, headers={**m.headers, ORIGIN_TOPIC_HEADER: topic}) for m in messages]
+        tagged = [replace(m, queue=0, headers={**m.headers, consume.ORIGIN_TOPIC: topic}) for m in messages]
         return self.append(retry_topic(group), tagged, dedup=False)  # a replay is meant twice
 
     def append(self, topic: str, messages: Sequence[OutgoingMessage], *,
