@@ -1,20 +1,25 @@
-"""Redelivery policies and the in-process retry bridge to tenacity.
+"""Retry, built once on tenacity: in process, with a redelivery policy's backoff, and reconnects.
 
-A failing message is first retried in process (`call_with_retry`: a few quick
-attempts through tenacity), then handed back to the transport with the delay a
-`Redelivery` strategy computes: ActiveMQ's `RedeliveryPolicy` (exponential,
-capped, jittered) or RocketMQ's `DelayLevels`. Which exceptions are worth
-retrying at all is decided in `reliable.classify` (re-exported here, as are
-the durations of `reliable.durations`).
+A failing message is first retried in process (`call_with_retry`: a few
+quick attempts), then handed back to the transport with the delay its
+redelivery policy computes (`reliable.redelivery`). Work retried where it
+runs uses the policy itself as tenacity's wait (`call_with_redelivery`: a
+Spark micro-batch), and a worker that lost its transport waits a `Backoff`.
+
+Every one of them is a `RetryPlan`: tenacity's stop, wait and retry
+strategies, run by `Retrying` on the injected clock's sleep, or by
+`AsyncRetrying` on an awaited sleep (`backends.clock.pause` on that clock)
+for coroutines, from the same objects. Which exceptions are worth retrying at
+all is decided in `reliable.classify` (re-exported here, as are the
+durations of `reliable.durations` and the policies of `reliable.redelivery`).
 """
 
 from __future__ import annotations
 
-import math
-import random
+import itertools
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from tenacity import (
     AsyncRetrying,
@@ -24,9 +29,11 @@ from tenacity import (
     stop_after_attempt,
     wait_exponential,
 )
+from tenacity.retry import retry_base
+from tenacity.stop import stop_base
+from tenacity.wait import wait_base, wait_none
 
 from backends.clock import Clock
-from backends.errors import ConfigurationError
 from reliable.classify import (
     POISON,
     Classifier,
@@ -39,6 +46,19 @@ from reliable.classify import (
     when,
 )
 from reliable.durations import DURATION_HELP, parse_duration
+from reliable.redelivery import (
+    NO_LIMIT,
+    ROCKETMQ_DELAY_LEVELS,
+    UNLIMITED,
+    Check,
+    DelayLevels,
+    Redelivery,
+    RedeliveryPolicy,
+    RedeliveryWait,
+    count,
+    number,
+    validate,
+)
 
 __all__ = [
     "DURATION_HELP",
@@ -46,6 +66,7 @@ __all__ = [
     "POISON",
     "ROCKETMQ_DELAY_LEVELS",
     "UNLIMITED",
+    "Backoff",
     "Check",
     "Classifier",
     "DelayLevels",
@@ -53,6 +74,7 @@ __all__ = [
     "Redelivery",
     "RedeliveryPolicy",
     "RetriesSpent",
+    "RetryPlan",
     "Rule",
     "Verdict",
     "build_classifier",
@@ -68,198 +90,104 @@ __all__ = [
 
 T = TypeVar("T")
 
-UNLIMITED = -1
-"""``max_redeliveries`` / ``max_delay`` value meaning "no limit" (ActiveMQ's -1)."""
-
-
-Check = tuple[Callable[[Any], bool], str]
-"""A field's test and, in words, what it allows."""
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
-
-
-def _is_count(value: Any, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-
-def _number(test: Callable[[float], bool], allowed: str) -> Check:
-    return (lambda v: _is_number(v) and test(v), allowed)
-
-
-def _count(minimum: int, allowed: str) -> Check:
-    return (lambda v: _is_count(v, minimum), allowed)
-
-
-def _validate(obj: object, checks: dict[str, Check]) -> None:
-    """Raise `ConfigurationError` naming the first field of ``obj`` that fails its check."""
-    for name, (test, allowed) in checks.items():
-        value = getattr(obj, name)
-        if not test(value):
-            raise ConfigurationError(f"{type(obj).__name__}.{name} = {value!r} is not allowed; expected {allowed}")
-
-
-NO_LIMIT = _count(UNLIMITED, "an integer >= 0, or -1 for no limit")
-
-
-# -- redelivery ---------------------------------------------------------------
-
-
-class Redelivery(Protocol):
-    """When a failed message is delivered again, and when its redeliveries are spent.
-
-    ``attempt`` is always the 1-based delivery count of the message that just
-    failed (`Message.attempt`): delivery ``attempt`` failing asks for
-    redelivery number ``attempt``.
-    """
-
-    def next_delay(self, previous_delay: float | None, rng: random.Random, attempt: int = 1) -> float:
-        """Seconds to wait before redelivering; ``previous_delay`` is what it waited last time."""
-        ...
-
-    def gives_up(self, attempt: int) -> bool:
-        """Whether delivery ``attempt`` failing makes the message poison."""
-        ...
-
 
 @dataclass(frozen=True)
-class RedeliveryPolicy:
-    """ActiveMQ's redelivery policy: each delay grows from the previous one, capped and jittered.
+class RetryPlan:
+    """tenacity's stop, wait and retry strategies, run the same way for functions and coroutines.
 
-    ``jitter`` is ActiveMQ's collision avoidance: the delay moves by up to
-    ± that fraction. ``max_delay`` and ``max_redeliveries`` accept -1 (no limit).
-    Delays are float seconds (ActiveMQ truncates to whole milliseconds).
+    The last exception propagates unchanged (``reraise``); a `BaseException`
+    that is not an `Exception` is never retried (tenacity's retry predicates
+    see it, ours refuse it).
     """
 
-    initial_delay: float = 1.0
-    multiplier: float = 5.0
-    max_delay: float = 600.0
-    jitter: float = 0.0
-    max_redeliveries: int = 6
-    use_exponential_backoff: bool = True
+    stop: stop_base
+    wait: wait_base | Callable[[RetryCallState], float]
+    retry: retry_base
+    before_sleep: Callable[[RetryCallState], None] | None = None
 
-    def __post_init__(self) -> None:
-        _validate(self, {
-            "initial_delay": _number(lambda v: v >= 0, "seconds >= 0"),
-            "multiplier": _number(lambda v: v >= 1, "a number >= 1"),
-            "max_delay": _number(lambda v: v >= 0 or v == UNLIMITED, "seconds >= 0, or -1 for no cap"),
-            "jitter": _number(lambda v: 0 <= v < 1, "a fraction in [0, 1)"),
-            "max_redeliveries": NO_LIMIT,
-        })
+    def call(self, fn: Callable[[], T], clock: Clock) -> T:
+        """``fn()`` until it succeeds or the plan stops, sleeping on ``clock``."""
+        retrying = Retrying(stop=self.stop, wait=self.wait, retry=self.retry,
+                            before_sleep=self.before_sleep, sleep=clock.sleep, reraise=True)
+        return retrying(fn)
 
-    def next_delay(self, previous_delay: float | None, rng: random.Random, attempt: int = 1) -> float:
-        """ActiveMQ's ``getNextRedeliveryDelay``, then collision avoidance (two draws: sign, size).
+    async def call_async(self, fn: Callable[[], Awaitable[T]], sleep: Callable[[float], Awaitable[None]]) -> T:
+        """``await fn()`` until it succeeds or the plan stops, awaiting ``sleep`` between calls
+        (`backends.clock.pause` on the runtime's clock: the event loop never blocks).
 
-        When ``previous_delay`` is unknown (None) for a redelivery after the
-        first, the un-jittered delay of the previous redelivery stands in for it.
+        ``fn`` may be any callable returning an awaitable (a lambda): each call is
+        awaited here, as tenacity awaits only what a coroutine function returns.
         """
-        if previous_delay is None and attempt > 1:
-            previous_delay = self._nominal_delay(attempt - 1)
-        delay = self._grow(previous_delay)
-        if self.jitter > 0:
-            variance = (self.jitter if rng.random() < 0.5 else -self.jitter) * rng.random()
-            delay += delay * variance
-        return delay
 
-    def gives_up(self, attempt: int) -> bool:
-        """True once ``attempt - 1`` redeliveries have reached ``max_redeliveries``."""
-        return self.max_redeliveries != UNLIMITED and attempt - 1 >= self.max_redeliveries
+        async def attempt() -> T:
+            return await fn()
 
-    def _grow(self, previous_delay: float | None) -> float:
-        if not previous_delay or previous_delay <= 0:
-            return self.initial_delay
-        if not (self.use_exponential_backoff and self.multiplier > 1):
-            return self.initial_delay
-        delay = previous_delay * self.multiplier
-        if self.max_delay != UNLIMITED and delay > self.max_delay:
-            delay = max(self.max_delay, self.initial_delay)  # max_delay below initial_delay: keep initial
-        return delay
-
-    def _nominal_delay(self, redelivery: int) -> float:
-        """The un-jittered delay of redelivery number ``redelivery`` (>= 1), in closed form."""
-        growing = self.use_exponential_backoff and self.multiplier > 1 and self.initial_delay > 0
-        if not growing:
-            return self.initial_delay
-        try:
-            delay = self.initial_delay * self.multiplier ** (redelivery - 1)
-        except OverflowError:
-            delay = math.inf
-        if self.max_delay != UNLIMITED and delay > self.max_delay:
-            delay = max(self.max_delay, self.initial_delay)
-        return delay
+        retrying = AsyncRetrying(stop=self.stop, wait=self.wait, retry=self.retry,
+                                 before_sleep=self.before_sleep, sleep=sleep, reraise=True)
+        result: T = await retrying(attempt)
+        return result
 
 
-ROCKETMQ_DELAY_LEVELS: tuple[str, ...] = (
-    "1s", "5s", "10s", "30s", "1m", "2m", "3m", "4m", "5m",
-    "6m", "7m", "8m", "9m", "10m", "20m", "30m", "1h", "2h",
-)  # fmt: skip
-"""RocketMQ's default ``messageDelayLevel`` (levels are numbered from 1)."""
+def retry_when(classifier: Classifier | None, *, unless: tuple[type[BaseException], ...] = ()) -> retry_base:
+    """tenacity's retry strategy for ``classifier``: an `Exception` it gives `Verdict.RETRY`."""
+
+    def retryable(exc: BaseException) -> bool:
+        return (isinstance(exc, Exception) and not isinstance(exc, unless)
+                and classify(exc, classifier) is Verdict.RETRY)
+
+    return retry_if_exception(retryable)
 
 
-@dataclass(frozen=True)
-class DelayLevels:
-    """RocketMQ's fixed delay levels: redelivery n waits level ``start_level + n - 1``.
-
-    Levels are numbered from 1; past the last level the last one repeats (as
-    RocketMQ clamps to its maximum level). RocketMQ retries a consumer's
-    message at level 3 + reconsumeTimes and gives up after 16 reconsumes.
-    ``levels`` accepts durations (``"30s"``) or seconds and holds seconds.
-    """
-
-    levels: tuple[float | str, ...] = ROCKETMQ_DELAY_LEVELS
-    start_level: int = 3
-    max_redeliveries: int = 16
-
-    def __post_init__(self) -> None:
-        _validate(self, {"levels": (lambda v: isinstance(v, tuple | list) and len(v) > 0, "a non-empty list")})
-        seconds = []
-        for index, level in enumerate(self.levels):
-            try:
-                seconds.append(parse_duration(level))
-            except ConfigurationError:
-                raise ConfigurationError(
-                    f"DelayLevels.levels[{index}] = {level!r} is not allowed; expected {DURATION_HELP}"
-                ) from None
-        object.__setattr__(self, "levels", tuple(seconds))
-        _validate(self, {
-            "start_level": (lambda v: _is_count(v, 1) and v <= len(seconds), f"a level from 1 to {len(seconds)}"),
-            "max_redeliveries": NO_LIMIT,
-        })
-
-    def next_delay(self, previous_delay: float | None, rng: random.Random, attempt: int = 1) -> float:
-        """The delay of level ``start_level + attempt - 1``; ``previous_delay`` plays no part."""
-        level = min(self.start_level + max(attempt, 1) - 1, len(self.levels))
-        return float(self.levels[level - 1])
-
-    def gives_up(self, attempt: int) -> bool:
-        """True once ``attempt - 1`` redeliveries (RocketMQ's reconsumeTimes) reach the maximum."""
-        return self.max_redeliveries != UNLIMITED and attempt - 1 >= self.max_redeliveries
+def _exception(state: RetryCallState) -> BaseException:
+    """The exception of the attempt that just failed (tenacity calls before_sleep only then)."""
+    exc = state.outcome.exception() if state.outcome is not None else None
+    assert exc is not None
+    return exc
 
 
 # -- in-process retry ---------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class InProcessRetry:
+class InProcessRetry(wait_base):
     """A few quick retries inside the worker before the message goes back to the broker.
 
     ``attempts`` counts calls (1: no retry); the wait after call n is
-    ``initial_wait * multiplier ** (n - 1)``, at most ``max_wait``.
+    ``initial_wait * multiplier ** (n - 1)``, at most ``max_wait``. It is
+    tenacity's wait (so it combines with ``+``); ``stop`` is its stop.
     """
 
     attempts: int = 3
     initial_wait: float = 0.05
     max_wait: float = 1.0
     multiplier: float = 2.0
+    _exponential: wait_exponential = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _validate(self, {
-            "attempts": _count(1, "an integer >= 1"),
-            "initial_wait": _number(lambda v: v >= 0, "seconds >= 0"),
-            "max_wait": _number(lambda v: v >= 0, "seconds >= 0"),
-            "multiplier": _number(lambda v: v >= 1, "a number >= 1"),
+        validate(self, {
+            "attempts": count(1, "an integer >= 1"),
+            "initial_wait": number(lambda v: v >= 0, "seconds >= 0"),
+            "max_wait": number(lambda v: v >= 0, "seconds >= 0"),
+            "multiplier": number(lambda v: v >= 1, "a number >= 1"),
         })
+        object.__setattr__(self, "_exponential", wait_exponential(
+            multiplier=self.initial_wait, exp_base=self.multiplier, max=self.max_wait))
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        return float(self._exponential(retry_state))
+
+    @property
+    def stop(self) -> stop_base:
+        return stop_after_attempt(self.attempts)
+
+
+def _in_process_plan(policy: InProcessRetry, classifier: Classifier | None,
+                     on_retry: Callable[[BaseException, int], Any] | None) -> RetryPlan:
+    def before_sleep(state: RetryCallState) -> None:
+        if on_retry is not None:
+            on_retry(_exception(state), state.attempt_number)
+
+    return RetryPlan(stop=policy.stop, wait=policy, retry=retry_when(classifier), before_sleep=before_sleep)
 
 
 def call_with_retry(
@@ -275,15 +203,8 @@ def call_with_retry(
     Waits go through ``clock.sleep``. The last exception propagates unchanged;
     a FATAL one, or a `BaseException` that is not an `Exception`, at once.
     ``on_retry(exc, attempt)`` runs before each wait, with the failed call's number.
-    The first call runs without tenacity (the common case costs nothing); only
-    after a retryable failure do the remaining calls go through `Retrying`.
     """
-    try:
-        return fn()
-    except Exception as exc:
-        _first_failed(exc, policy, classifier, on_retry)
-    clock.sleep(min(policy.initial_wait, policy.max_wait))
-    return Retrying(sleep=clock.sleep, **_retrying(policy, classifier, on_retry))(fn)
+    return _in_process_plan(policy, classifier, on_retry).call(fn, clock)
 
 
 async def call_with_retry_async(
@@ -294,53 +215,11 @@ async def call_with_retry_async(
     sleep: Callable[[float], Awaitable[None]],
     on_retry: Callable[[BaseException, int], Any] | None = None,
 ) -> T:
-    """`call_with_retry` for a coroutine function, awaiting ``sleep`` between calls
-    (tenacity's `AsyncRetrying`): the same policy, classification and numbering."""
-    try:
-        return await fn()
-    except Exception as exc:
-        _first_failed(exc, policy, classifier, on_retry)
-    await sleep(min(policy.initial_wait, policy.max_wait))
-
-    async def attempt() -> T:  # a coroutine function, so tenacity awaits what ``fn`` returns
-        return await fn()
-
-    result: T = await AsyncRetrying(sleep=sleep, **_retrying(policy, classifier, on_retry))(attempt)
-    return result
+    """`call_with_retry` for a coroutine function: the same plan, awaiting ``sleep`` between calls."""
+    return await _in_process_plan(policy, classifier, on_retry).call_async(fn, sleep)
 
 
-def _retryable(classifier: Classifier | None) -> Callable[[BaseException], bool]:
-    return lambda exc: isinstance(exc, Exception) and classify(exc, classifier) is Verdict.RETRY
-
-
-def _first_failed(exc: Exception, policy: InProcessRetry, classifier: Classifier | None,
-                  on_retry: Callable[[BaseException, int], Any] | None) -> None:
-    """Re-raise the first call's ``exc`` unless it is worth another call; report the retry."""
-    if policy.attempts == 1 or not _retryable(classifier)(exc):
-        raise exc
-    if on_retry is not None:
-        on_retry(exc, 1)
-
-
-def _retrying(policy: InProcessRetry, classifier: Classifier | None,
-              on_retry: Callable[[BaseException, int], Any] | None) -> dict[str, Any]:
-    """The tenacity options of the calls after the first (stop, wait, retry, reporting)."""
-
-    def before_sleep(state: RetryCallState) -> None:
-        if on_retry is not None and state.outcome is not None:
-            exc = state.outcome.exception()
-            assert exc is not None
-            on_retry(exc, state.attempt_number + 1)  # numbered from the first call
-
-    return {
-        "stop": stop_after_attempt(policy.attempts - 1),
-        "wait": wait_exponential(
-            multiplier=policy.initial_wait * policy.multiplier, exp_base=policy.multiplier, max=policy.max_wait
-        ),
-        "retry": retry_if_exception(_retryable(classifier)),
-        "before_sleep": before_sleep,
-        "reraise": True,
-    }
+# -- retried where it runs, with a redelivery policy ----------------------------
 
 
 class RetriesSpent(Exception):
@@ -355,10 +234,10 @@ class RetriesSpent(Exception):
 def call_with_redelivery(
     fn: Callable[[int], T],
     *,
-    policy: Redelivery | None,
+    policy: RedeliveryWait | None,
     classifier: Classifier | None,
     clock: Clock,
-    rng: random.Random,
+    rng: Any = None,
     propagate: tuple[type[Exception], ...] = (),
     on_retry: Callable[[Exception, int, float], Any] | None = None,
 ) -> T:
@@ -368,21 +247,71 @@ def call_with_redelivery(
     (a Spark micro-batch: there is no transport to redeliver it). A FATAL
     failure, or one after which ``policy`` gives up (no policy: at once), raises
     `RetriesSpent` from it; ``propagate`` errors pass through unchanged.
-    ``on_retry(exc, attempt, delay)`` runs before each wait.
+    ``on_retry(exc, attempt, delay)`` runs before each wait; ``rng`` (a
+    `random.Random`) draws the policy's jitter.
     """
-    delay: float | None = None
-    attempt = 1
-    while True:
-        try:
-            return fn(attempt)
-        except propagate:
-            raise
-        except Exception as exc:
-            fatal = classify(exc, classifier) is Verdict.FATAL
-            if fatal or policy is None or policy.gives_up(attempt):
-                raise RetriesSpent(exc, attempt) from exc
-            delay = policy.next_delay(delay, rng, attempt)
-            if on_retry is not None:
-                on_retry(exc, attempt, delay)
-            clock.sleep(delay)
-            attempt += 1
+    if policy is not None and rng is not None:
+        policy = policy.with_rng(rng)
+
+    def before_sleep(state: RetryCallState) -> None:
+        exc = _exception(state)
+        if on_retry is not None and isinstance(exc, Exception):
+            on_retry(exc, state.attempt_number, state.upcoming_sleep)
+
+    plan = RetryPlan(
+        stop=stop_after_attempt(1) if policy is None else policy.spent,
+        wait=wait_none() if policy is None else policy,
+        retry=retry_when(classifier, unless=propagate),
+        before_sleep=before_sleep,
+    )
+    attempts = itertools.count(1)
+    made = 0
+
+    def attempt() -> T:
+        nonlocal made
+        made = next(attempts)
+        return fn(made)
+
+    try:
+        return plan.call(attempt, clock)
+    except propagate:
+        raise
+    except Exception as exc:
+        raise RetriesSpent(exc, made) from exc
+
+
+# -- reconnecting ---------------------------------------------------------------
+
+
+class Backoff:
+    """The growing waits of a caller whose loop retries on its own (a worker reconnecting).
+
+    The worker's poll loop is the retry loop: each failed call asks `failed`
+    for the next wait, which is tenacity's ``wait`` for the number of failures
+    in a row, slept on the clock; a success starts the count again.
+    """
+
+    def __init__(self, clock: Clock, wait: wait_base | None = None) -> None:
+        self._clock = clock
+        self._wait = wait or wait_exponential(multiplier=0.1, max=5.0)
+        self._state = RetryCallState(Retrying(), None, (), {})
+        self._state.attempt_number = 0
+
+    @property
+    def failures(self) -> int:
+        """Failures in a row."""
+        return self._state.attempt_number
+
+    def failed(self, before_sleep: Callable[[int, float], Any] | None = None) -> float:
+        """Count a failure and sleep the wait it earns (``before_sleep(failures, wait)`` first)."""
+        self._state.attempt_number += 1
+        delay = float(self._wait(self._state))
+        if before_sleep is not None:
+            before_sleep(self._state.attempt_number, delay)
+        self._clock.sleep(delay)
+        return delay
+
+    def succeeded(self) -> int:
+        """Start counting again; returns the failures there had been in a row."""
+        failures, self._state.attempt_number = self._state.attempt_number, 0
+        return failures

@@ -10,7 +10,7 @@ commits only that, and — with the transactional strategy — saves it in the
 handler's transaction and seeks back to it when queues are assigned.
 
 A transport that cannot be reached does not end the worker: the subscription
-is dropped, the worker waits with a growing backoff (`Reconnect`) and
+is dropped, the worker waits with a growing backoff (`reliable.retry.Backoff`) and
 subscribes again. Messages it held are redelivered by the transport and
 de-duplicated by their tokens.
 """
@@ -26,7 +26,6 @@ from typing import Any
 
 import structlog
 
-from backends.clock import Clock
 from backends.errors import BackendUnavailableError
 from backends.transport.base import SubscribeOptions, Subscription
 from backends.types import Message, QueueRef
@@ -36,6 +35,7 @@ from reliable.handler import Handler
 from reliable.outcome import Outcome, Result
 from reliable.pipeline import Pipeline
 from reliable.pipeline.runner import OnLoop
+from reliable.retry import Backoff
 from reliable.runtime import Runtime
 
 log = structlog.get_logger("reliable.worker")
@@ -44,27 +44,6 @@ FAILED = object()
 
 LAG_INTERVAL = 5.0
 """Seconds between consumer-lag readings while messages flow (an idle poll always reads it)."""
-
-
-class Reconnect:
-    """Backoff between attempts to reach a transport: 0.1 s doubling to ``max_delay``."""
-
-    def __init__(self, clock: Clock, initial: float = 0.1, max_delay: float = 5.0) -> None:
-        self.clock, self.initial, self.max_delay = clock, initial, max_delay
-        self.failures = 0
-
-    def failed(self, handler: str, exc: BaseException) -> None:
-        """Log the outage and wait before the next attempt."""
-        delay = min(self.initial * 2**self.failures, self.max_delay)
-        self.failures += 1
-        log.warning("transport_unavailable", handler=handler, failures=self.failures,
-                    retry_in=round(delay, 3), error=str(exc))
-        self.clock.sleep(delay)
-
-    def succeeded(self, handler: str) -> None:
-        if self.failures:
-            log.info("transport_reconnected", handler=handler, after_failures=self.failures)
-        self.failures = 0
 
 
 class Worker:
@@ -91,7 +70,7 @@ class Worker:
         threads = self.lanes > 1 and self._loop is None
         self._pool = ThreadPoolExecutor(self.lanes, thread_name_prefix=f"reliable-{handler.name}") if threads else None
         self._subscription: Subscription | None = None
-        self._reconnect = Reconnect(runtime.clock)
+        self._reconnect = Backoff(runtime.clock)  # 0.1 s doubling to 5 s
         self.in_hand = 0  # messages fetched and not yet settled (what a forced exit hands back)
         self._lag_read_at = float("-inf")  # when the consumer lag was last read (`LAG_INTERVAL`)
 
@@ -290,9 +269,13 @@ class Worker:
             result = call()
         except BackendUnavailableError as exc:
             self._leave()
-            self._reconnect.failed(self.handler.name, exc)
+            error = str(exc)
+            self._reconnect.failed(lambda failures, delay: log.warning(
+                "transport_unavailable", handler=self.handler.name, failures=failures,
+                retry_in=round(delay, 3), error=error))
             return FAILED
-        self._reconnect.succeeded(self.handler.name)
+        if failures := self._reconnect.succeeded():
+            log.info("transport_reconnected", handler=self.handler.name, after_failures=failures)
         return result
 
     def _leave(self) -> None:

@@ -276,6 +276,63 @@ def test_call_with_redelivery_waits_the_policy_s_delays_then_reports_the_spent_a
                              rng=random.Random(1), propagate=(KeyError,))
 
 
+def test_policies_are_tenacity_waits_and_stops_that_compose():
+    from tenacity import Retrying, wait_fixed
+
+    clock, calls = FakeClock(), []
+
+    def failing():
+        calls.append(1)
+        raise Transient("down")
+
+    policy = RedeliveryPolicy(initial_delay=1.0, multiplier=2.0, max_delay=60, max_redeliveries=3)
+    with pytest.raises(Transient):
+        Retrying(wait=policy + wait_fixed(0.5), stop=policy.spent, sleep=clock.sleep, reraise=True)(failing)
+    assert len(calls) == 4 and clock.sleeps == [1.5, 2.5, 4.5]
+
+    levels = DelayLevels(levels=("1s", "5s"), start_level=1, max_redeliveries=-1)
+    from tenacity import stop_after_attempt
+
+    clock, calls[:] = FakeClock(), []
+    with pytest.raises(Transient):
+        Retrying(wait=levels, stop=levels.spent | stop_after_attempt(4), sleep=clock.sleep, reraise=True)(failing)
+    assert clock.sleeps == [1.0, 5.0, 5.0]
+
+
+def test_the_same_plan_retries_a_coroutine_without_blocking_the_loop():
+    import asyncio
+
+    from backends.clock import pause
+    from reliable.retry import call_with_retry_async
+
+    clock, calls, retried = FakeClock(), [], []
+
+    async def flaky_coroutine():
+        calls.append(1)
+        if len(calls) < 3:
+            raise Transient(f"failure {len(calls)}")
+        return "ok"
+
+    policy = InProcessRetry(attempts=3, initial_wait=0.05, max_wait=1.0, multiplier=2.0)
+    result = asyncio.run(call_with_retry_async(flaky_coroutine, policy=policy, sleep=lambda s: pause(clock, s),
+                                               on_retry=lambda exc, attempt: retried.append(attempt)))
+    assert result == "ok" and clock.sleeps == pytest.approx([0.05, 0.1]) and retried == [1, 2]
+
+
+def test_backoff_grows_from_the_failures_in_a_row_and_starts_again_after_a_success():
+    from reliable.retry import Backoff
+
+    clock = FakeClock()
+    backoff = Backoff(clock)
+    announced = []
+    for _ in range(8):
+        backoff.failed(lambda failures, delay: announced.append((failures, delay)))
+    assert clock.sleeps == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0])
+    assert announced[0] == (1, pytest.approx(0.1)) and backoff.succeeded() == 8
+    backoff.failed()
+    assert clock.sleeps[-1] == pytest.approx(0.1)
+
+
 def test_call_with_retry_async_awaits_every_attempt_of_a_plain_callable() -> None:
     """``fn`` may be any callable returning an awaitable (a lambda): each retry is awaited,
     not handed back unawaited (tenacity only awaits coroutine functions itself)."""
