@@ -17,6 +17,7 @@ from reliable.app import App
 from reliable.cli_broker import broker
 from reliable.cli_console import console
 from reliable.cli_outbox import outbox, relay
+from reliable.cli_output import progress_bar
 from reliable.errors import ReliableError
 from reliable.settings import Settings
 
@@ -90,7 +91,11 @@ def publish(topic: str, body: str, key: str | None, message_id: str | None, sett
 
 @cli.group()
 def dlq() -> None:
-    """Inspect, replay and purge dead letters."""
+    """Inspect, replay and purge the dead letters of your handlers (kept in the store).
+
+    The one place for a framework user, whatever the transport. `reliable
+    broker dlq` is for programs that use the broker directly.
+    """
 
 
 def _settings_option(func: Any) -> Any:
@@ -147,8 +152,11 @@ def dlq_show(letter_id: int, settings_path: str | None) -> None:
 @click.option("--force", is_flag=True, help="replay even letters past --max-replays")
 @_settings_option
 def dlq_replay(group: str, ids: tuple[int, ...], max_replays: int, force: bool, settings_path: str | None) -> None:
-    """Publish dead letters of GROUP back to their topic."""
-    count = _app(settings_path).replay_dead_letters(group, list(ids) or None, max_replays=max_replays, force=force)
+    """Publish dead letters of GROUP back to GROUP only (a progress bar in a terminal)."""
+    letters = _app(settings_path).dead_letter_queue
+    with progress_bar(len(ids) or letters.count(group), f"replaying dead letters of {group}") as bar:
+        count = letters.replay(group, list(ids) or None, max_replays=max_replays, force=force,
+                               progress=lambda done: bar.advance(bar.task_ids[0], done))
     click.echo(f"replayed {count} dead letter(s) of {group}")
 
 
@@ -161,7 +169,9 @@ def dlq_purge(group: str, ids: tuple[int, ...], yes: bool, settings_path: str | 
     """Delete dead letters of GROUP without replaying them."""
     if not yes:
         click.confirm(f"delete {'the chosen' if ids else 'all'} dead letters of {group}?", abort=True)
-    count = _app(settings_path).purge_dead_letters(group, list(ids) or None)
+    letters = _app(settings_path).dead_letter_queue
+    with progress_bar(len(ids) or letters.count(group), f"purging dead letters of {group}") as bar:
+        count = letters.purge(group, list(ids) or None, progress=lambda done: bar.advance(bar.task_ids[0], done))
     click.echo(f"purged {count} dead letter(s) of {group}")
 
 

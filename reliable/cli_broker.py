@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import sys
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from typing import Any
 
 import click
 
+from reliable.cli_output import progress_bar, show_table
 from reliable.log import configure_logging
 from reliable.settings import Settings
 
@@ -80,14 +80,7 @@ def _show(rows: Sequence[Any], as_json: bool) -> None:
         for record in records:
             click.echo(json.dumps(record, default=list))
         return
-    if not records:
-        click.echo("(none)")
-        return
-    columns = list(records[0])
-    widths = [max(len(c), *(len(str(r[c])) for r in records)) for c in columns]
-    click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
-    for record in records:
-        click.echo("  ".join(str(record[c]).ljust(w) for c, w in zip(columns, widths)))
+    show_table(records)
 
 
 def _inspect(func: Any) -> Any:
@@ -167,14 +160,17 @@ def stats(url: str | None, settings_path: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(values, sort_keys=True))
         return
-    width = max(map(len, values))
-    for name, value in sorted(values.items()):
-        click.echo(f"{name.ljust(width)}  {value:g}")
+    show_table([{"name": name, "value": f"{value:g}"} for name, value in sorted(values.items())])
 
 
 @broker.group()
 def dlq() -> None:
-    """A group's dead-letter queue %DLQ%<group> in the broker: list, replay, purge."""
+    """A group's dead-letter queue %DLQ%<group> in the broker: list, replay, purge.
+
+    For programs that use the broker directly (its clients, STOMP). A handler
+    of the framework keeps its dead letters in its store instead: list and
+    replay those with `reliable dlq` (the broker holds no copy of them).
+    """
 
 
 @dlq.command("list")
@@ -206,10 +202,9 @@ def dlq_replay(group: str, url: str | None, settings_path: str | None, as_json: 
                 done.set()
 
         threading.Thread(target=replay, name="dlq-replay", daemon=True).start()
-        with click.progressbar(length=total, label=f"replaying %DLQ%{group}", file=sys.stderr) as bar:
+        with progress_bar(total, f"replaying %DLQ%{group}") as bar:
             while not done.wait(0.2):
-                bar.update(max(0, total - api.dlq_waiting(group) - bar.pos))
-            bar.update(max(0, total - bar.pos))
+                bar.update(bar.task_ids[0], completed=max(0, total - api.dlq_waiting(group)))
     if "error" in outcome:
         raise click.ClickException(str(outcome["error"]))
     click.echo(json.dumps({"group": group, "replayed": outcome["replayed"]}) if as_json

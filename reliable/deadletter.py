@@ -3,8 +3,12 @@
 The record itself (`backends.types.DeadLetter`: the original message with its
 bytes unchanged, the token and the `Failure`) is written by the pipeline in
 the store: that table is the one place a framework user looks for dead
-letters (``reliable dlq``, `App.dead_letters`), whatever the transport; a
-transport's own ``%DLQ%<group>`` mirrors it for the engine's operators.
+letters (``reliable dlq``, `App.dead_letters`), whatever the transport. A
+transport's own ``%DLQ%<group>`` mirrors it for the engine's operators where
+the transport keeps one, except the project's broker (``embedded://``,
+``reliable://``): its ``%DLQ%`` and ``reliable broker dlq`` are for programs
+that use the broker directly, and the framework writes no copy there, so
+nothing it dead-letters can be replayed twice by accident.
 Replaying sends the original message back to its group only (the
 transport's ``publish_to_group``: ``%RETRY%<group>``, the group's own queue,
 or a retry topic; never every group of the topic) with the replay count in a
@@ -15,7 +19,7 @@ refused (`ReplayLoopError`) unless forced, so a poison message cannot loop.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import structlog
 
@@ -26,6 +30,10 @@ from reliable.errors import DeadLetterNotFoundError, ReplayLoopError
 from reliable.message import REPLAYS_HEADER
 
 log = structlog.get_logger("reliable.deadletter")
+CHUNK = 100
+"""Letters published (or deleted) per step: a crash replays at most this many twice."""
+Progress = Callable[[int], object]
+"""Told how many more letters are done, after each chunk (a progress bar's ``advance``)."""
 
 
 class DeadLetters:
@@ -45,8 +53,13 @@ class DeadLetters:
     def count(self, group: str) -> int:
         return self.store.count_dead_letters(group)
 
-    def replay(self, group: str, ids: Sequence[int] | None = None, *, max_replays: int = 3, force: bool = False) -> int:
-        """Publish the chosen dead letters (all of ``group`` by default) back; return how many."""
+    def replay(self, group: str, ids: Sequence[int] | None = None, *, max_replays: int = 3, force: bool = False,
+               progress: Progress | None = None) -> int:
+        """Publish the chosen dead letters (all of ``group`` by default) back; return how many.
+
+        Letters go in chunks of `CHUNK`: each chunk is published to the group,
+        then deleted, then counted to ``progress``; one summary line is logged.
+        """
         letters = self._select(group, ids)
         looping = [letter for letter in letters if letter.replays >= max_replays]
         if looping and not force:
@@ -54,16 +67,25 @@ class DeadLetters:
                 f"dead letters {', '.join(str(letter.id) for letter in looping)} of group {group!r} were replayed "
                 f"{max_replays} times already; fix the cause, or replay with force"
             )
-        for letter in letters:
-            self._republish(letter)
-            self.store.delete_dead_letters([letter.id] if letter.id is not None else [])
-            log.info("dead_letter_replayed", group=group, id=letter.id, topic=letter.message.topic,
-                     token=letter.token, replays=letter.replays + 1)
+        for start in range(0, len(letters), CHUNK):
+            chunk = letters[start:start + CHUNK]
+            for topic, messages in _by_origin_topic(chunk).items():
+                self.transport.publish_to_group(group, topic, messages)
+            self.store.delete_dead_letters([letter.id for letter in chunk if letter.id is not None])
+            if progress is not None:
+                progress(len(chunk))
+        log.info("dead_letters_replayed", group=group, count=len(letters))
         return len(letters)
 
-    def purge(self, group: str, ids: Sequence[int] | None = None) -> int:
+    def purge(self, group: str, ids: Sequence[int] | None = None, *, progress: Progress | None = None) -> int:
+        """Delete the chosen dead letters (all of ``group`` by default) in chunks; return how many."""
         letters = self._select(group, ids)
-        deleted = self.store.delete_dead_letters([letter.id for letter in letters if letter.id is not None])
+        deleted = 0
+        for start in range(0, len(letters), CHUNK):
+            chunk = letters[start:start + CHUNK]
+            deleted += self.store.delete_dead_letters([letter.id for letter in chunk if letter.id is not None])
+            if progress is not None:
+                progress(len(chunk))
         log.info("dead_letters_purged", group=group, count=deleted)
         return deleted
 
@@ -78,9 +100,15 @@ class DeadLetters:
             letters.append(letter)
         return letters
 
-    def _republish(self, letter: DeadLetter) -> None:
+
+
+def _by_origin_topic(letters: Sequence[DeadLetter]) -> dict[str, list[OutgoingMessage]]:
+    """The letters' original messages, each with its replay count, by the topic they came from."""
+    by_topic: dict[str, list[OutgoingMessage]] = {}
+    for letter in letters:
         m = letter.message
         headers = {k: v for k, v in m.headers.items() if k != ORIGIN_TOPIC_HEADER}
         headers[REPLAYS_HEADER] = str(letter.replays + 1)
         outgoing = OutgoingMessage(m.payload, key=m.key, headers=headers, message_id=m.id)
-        self.transport.publish_to_group(letter.group, origin_topic(m), [outgoing])
+        by_topic.setdefault(origin_topic(m), []).append(outgoing)
+    return by_topic

@@ -38,10 +38,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Self
 
+import structlog
+
 from backends.errors import ConfigurationError, TransportError
 from backends.types import Failure, Message, OutgoingMessage, QueueRef
 from backends.values import positive
 
+_log = structlog.get_logger("backends.transport")
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
 ORIGIN_TOPIC_HEADER = "x-reliable-origin-topic"
@@ -69,6 +72,19 @@ def retry_queue_name(group: str) -> str:
 def dead_letter_queue_name(group: str) -> str:
     """``%DLQ%<group>``: a transport's own dead-letter queue for ``group``."""
     return f"{DLQ_PREFIX}{group}"
+
+
+def log_dead_letter(group: str, message: Message, failure: Failure) -> None:
+    """The POISON ack, logged the same way by every transport."""
+    _log.info(
+        "transport.dead_letter",
+        group=group,
+        topic=message.topic,
+        queue=message.queue,
+        offset=message.offset,
+        attempt=message.attempt,
+        error_type=failure.error_type,
+    )
 
 
 def new_message_id() -> str:

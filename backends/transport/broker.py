@@ -6,8 +6,10 @@ owns ``DIR``, a client of that process's local socket: `broker.embedded`);
 one group member, joined on its first fetch (so `pending` can look without
 taking queues from working members) and joined again if the broker forgot it
 (its session timed out, the owning process changed). The broker keeps the
-offsets, counts deliveries, delays redeliveries through ``%RETRY%<group>`` and
-keeps POISON messages in ``%DLQ%<group>``.
+offsets, counts deliveries and delays redeliveries through ``%RETRY%<group>``.
+A POISON message is acknowledged without a copy in the broker's
+``%DLQ%<group>``: the framework's dead letter lives in the store alone
+(`BrokerSubscription.dead_letter` says why).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from backends.transport.base import (
     SubscribeOptions,
     Subscription,
     Transport,
+    log_dead_letter,
 )
 from backends.types import Failure, Message, OutgoingMessage
 from backends.values import positive
@@ -56,8 +59,7 @@ def translated(what: str) -> Iterator[None]:
 class BrokerTransport(Transport):
     """A `Transport` over a `BrokerApi` (the engine in process, or a client of one)."""
 
-    capabilities = Capabilities(consumer_offsets=False, drain=True, native_delay=True,
-                                dead_letter_queue=True)
+    capabilities = Capabilities(consumer_offsets=False, drain=True, native_delay=True)
     names_messages = True  # an unnamed message gets the broker's id, cheaper than a uuid per message
 
     def __init__(self, api: BrokerApi, clock: Clock = SYSTEM_CLOCK, *,
@@ -118,9 +120,15 @@ class BrokerSubscription(Subscription):
         self._as_member("nack", lambda m: self._api.nack(m, _receipts([message]), delay), rejoin=False)
 
     def dead_letter(self, message: Message, failure: Failure) -> None:
-        reason = f"{failure.error_type}: {failure.error_message}"
-        self._as_member("dead_letter", lambda m: self._api.dead_letter(m, _receipts([message]), reason),
-                        rejoin=False)
+        """POISON, as the framework's: done for the group, with no copy in ``%DLQ%<group>``.
+
+        The store's dead-letter record is the one a framework user lists and
+        replays (``reliable dlq``); a broker copy could only be replayed a
+        second time by ``reliable broker dlq replay``, which is for programs
+        that use the broker directly.
+        """
+        self._as_member("dead_letter", lambda m: self._api.ack(m, _receipts([message])), rejoin=False)
+        log_dead_letter(self.group, message, failure)
 
     def in_progress(self, messages: Sequence[Message]) -> None:
         if messages:

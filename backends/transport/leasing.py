@@ -20,8 +20,6 @@ from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 
-import structlog
-
 from backends.clock import Clock, SystemClock
 from backends.errors import TransportError
 from backends.transport.base import (
@@ -29,6 +27,7 @@ from backends.transport.base import (
     SubscribeOptions,
     Subscription,
     Transport,
+    log_dead_letter,
     retry_queue_name,
 )
 from backends.types import DeadLetter, Failure, Message, OutgoingMessage, QueueRef
@@ -44,19 +43,6 @@ class DeliveryState(StrEnum):
 
     IN_FLIGHT = "in_flight"  # leased to a fetcher until its due time
     SCHEDULED = "scheduled"  # nacked or delayed: fetchable again from its due time
-
-
-def log_dead_letter(group: str, message: Message, failure: Failure) -> None:
-    """The POISON ack, logged the same way by every transport."""
-    structlog.get_logger("backends.transport").info(
-        "transport.dead_letter",
-        group=group,
-        topic=message.topic,
-        queue=message.queue,
-        offset=message.offset,
-        attempt=message.attempt,
-        error_type=failure.error_type,
-    )
 
 
 class QueueRouter:

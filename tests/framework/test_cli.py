@@ -78,6 +78,33 @@ def test_run_then_inspect_replay_and_purge_dead_letters(project: Path) -> None:
     assert reliable_cmd(project, "dlq", "list", "billing", "--settings", "reliable.toml").stdout == ""
 
 
+def test_a_dead_letter_on_embedded_is_replayed_once_and_never_again_from_the_broker_dlq(project: Path) -> None:
+    """One user-facing place: `reliable dlq replay` replays the letter; the broker's %DLQ%billing
+    holds no copy of it, so `reliable broker dlq replay billing` delivers nothing again."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
+    subprocess.run([sys.executable, "billing_app.py"], cwd=project, env=env, check=True, timeout=60)
+    first = reliable_cmd(project, "run", "billing_app:app", "--settings", "reliable.toml", "--until-idle")
+    assert json.loads(first.stdout.strip().splitlines()[-1])["dead_lettered"] == 1, first.stderr
+
+    replayed = reliable_cmd(project, "dlq", "replay", "billing", "--settings", "reliable.toml")
+    assert "replayed 1 dead letter(s) of billing" in replayed.stdout, replayed.stderr
+    rerun = reliable_cmd(project, "run", "billing_app:app", "--settings", "reliable.toml", "--until-idle")
+    assert json.loads(rerun.stdout.strip().splitlines()[-1])["dead_lettered"] == 1  # the replay ran the handler
+
+    broker_listed = reliable_cmd(project, "broker", "dlq", "list", "billing", "--settings", "reliable.toml", "--json")
+    assert broker_listed.returncode == 0 and broker_listed.stdout == "", broker_listed.stderr
+    broker_replay = reliable_cmd(project, "broker", "dlq", "replay", "billing", "--settings", "reliable.toml",
+                                 "--json")
+    assert broker_replay.returncode == 0, broker_replay.stderr
+    assert json.loads(broker_replay.stdout.strip().splitlines()[-1]) == {"group": "billing", "replayed": 0}
+    last = reliable_cmd(project, "run", "billing_app:app", "--settings", "reliable.toml", "--until-idle")
+    stats = json.loads(last.stdout.strip().splitlines()[-1])
+    assert (stats["processed"], stats["duplicate"], stats["dead_lettered"]) == (0, 0, 0)  # nothing delivered again
+    letters = [json.loads(x) for x in reliable_cmd(project, "dlq", "list", "billing", "--settings",
+                                                   "reliable.toml").stdout.splitlines()]
+    assert [(letter["token"], letter["replays"]) for letter in letters] == [("p-2", 1)]
+
+
 def test_publish_from_the_shell_then_run(project: Path) -> None:
     published = reliable_cmd(project, "publish", "payments", '{"payment_id": "p-7", "amount": 3}',
                              "--settings", "reliable.toml")
