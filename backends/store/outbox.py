@@ -17,7 +17,6 @@ import enum
 import json
 import math
 import threading
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from backends.errors import OutboxMessageError
 from backends.store.dialect import Dialect
 from backends.store.engine import chunks
 from backends.store.schema import outbox
-from backends.types import CONTENT_TYPE, JSON, OutgoingMessage, encode_body
+from backends.types import CONTENT_TYPE, JSON, OutgoingMessage, encode_body, new_message_id
 
 Unit = Callable[[], AbstractContextManager[Connection]]
 """Opens a transaction of the store's own, committed on a normal exit."""
@@ -90,11 +89,6 @@ class OutboxStatus:
 
 
 MESSAGE_ID_MAX = 64  # the column's width
-
-
-def new_message_id() -> str:
-    """A message id for a new row: random, so outboxes sharing a topic never collide."""
-    return uuid.uuid4().hex
 
 
 class OutboxWriter:

@@ -32,7 +32,6 @@ Optional capabilities are declared in `Capabilities`, never faked:
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ from typing import ClassVar, Self
 import structlog
 
 from backends.errors import ConfigurationError, TransportError
-from backends.types import Failure, Message, OutgoingMessage, QueueRef
+from backends.types import Failure, Message, OutgoingMessage, QueueRef, new_message_id
 from backends.values import positive
 
 _log = structlog.get_logger("backends.transport")
@@ -54,8 +53,6 @@ ID_HEADER = "x-reliable-id"
 KEY_HEADER = "x-reliable-key"
 DUE_HEADER = "x-reliable-due"
 PUBLISHED_HEADER = "x-reliable-published-at"
-_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))  # version and variant bits
-_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)  # version 4, RFC 4122 variant
 
 Assign = Callable[[Sequence[QueueRef]], Mapping[QueueRef, int]]
 """Called with the queues a member was given; returns saved offsets to seek to (may be empty)."""
@@ -85,16 +82,6 @@ def log_dead_letter(group: str, message: Message, failure: Failure) -> None:
         attempt=message.attempt,
         error_type=failure.error_type,
     )
-
-
-def new_message_id() -> str:
-    """A message id for a producer that gave none: a random uuid4, in hex.
-
-    Built from the random bits directly: ``uuid.uuid4().hex`` costs several
-    times more, and publishing pays it for every message.
-    """
-    value = int.from_bytes(os.urandom(16), "big") & _UUID4_CLEAR | _UUID4_SET
-    return f"{value:032x}"
 
 
 def origin_topic(message: Message) -> str:
