@@ -155,7 +155,7 @@ class Recording(Transport):
         self.in_flight, self.overlaps, self.meet = in_flight, overlaps, meet
         self.capabilities = inner.capabilities
 
-    def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+    def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         with self.lock:
             self.in_flight[0] += 1
             self.overlaps[0] = max(self.overlaps[0], self.in_flight[0])
@@ -175,7 +175,7 @@ class Recording(Transport):
     def subscribe(self, group, topics, options=None):  # type: ignore[no-untyped-def]
         return self.inner.subscribe(group, topics, options)
 
-    def publish_to_group(self, group, topic, messages):  # type: ignore[no-untyped-def]
+    def _send_to_group(self, group, topic, messages):  # type: ignore[no-untyped-def]
         self.inner.publish_to_group(group, topic, messages)
 
     def close(self) -> None:
