@@ -13,19 +13,15 @@ from backends.cache import Cache, MemoryCache, open_cache
 from backends.cache.redis import RedisCache
 from backends.clock import FakeClock
 from backends.errors import CacheUnavailableError, ConfigurationError, UnsupportedURLError
+from tests.waiting import wait_until
 
 TTL = 3600.0
 
 
-def wait_until_forgotten(cache: Cache, namespace: str, token: str, fake_clock: FakeClock) -> bool:
+def wait_until_forgotten(cache: Cache, namespace: str, token: str, fake_clock: FakeClock) -> None:
     """Let a short TTL pass: the fake clock for memory, real (polled) time for Redis."""
     fake_clock.advance(1.0)
-    deadline = time.monotonic() + 5
-    while cache.seen(namespace, [token]):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
+    wait_until(lambda: not cache.seen(namespace, [token]), f"token {token!r} forgotten", 5)
 
 
 class TestCache:
@@ -49,7 +45,7 @@ class TestCache:
     ) -> None:
         cache.remember(unique, ["short"], 0.05)
         cache.remember(unique, ["long"], TTL)
-        assert wait_until_forgotten(cache, unique, "short", fake_clock)
+        wait_until_forgotten(cache, unique, "short", fake_clock)
         assert cache.seen(unique, ["short", "long"]) == {"long"}
 
     def test_remember_again_extends_the_ttl(
