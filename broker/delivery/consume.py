@@ -147,12 +147,16 @@ def _take_now(broker: Broker, member: str, max_messages: int) -> list[DeliveryCo
 
 
 def _ack(broker: Broker, member: str, receipts: Sequence[str]) -> None:
-    broker.member(member)
+    found = broker.member(member)
+    journal = None if broker.acks is None or broker.group_table[found.group].broadcast else broker.acks
     leases = list(map(broker.receipts.pop, receipts, repeat(None)))  # a repeat or a stale one: None
     start = 0
     for lease, run in groupby(leases):  # the receipts of one fetch of one queue lie together
         stop = start + len(list(run))
         if lease is not None:
+            if journal is not None:
+                journal.record((found.group, lease.cursor.topic, lease.cursor.queue),
+                               map(lease.offsets.__getitem__, receipts[start:stop]))
             done = lease.cursor.finish_leased(lease, receipts[start:stop])
             if not lease.delivered and lease.member in broker.held_count:
                 broker.held_count[lease.member] -= done
@@ -277,7 +281,7 @@ def _read(broker: Broker, group: Group, member: Member, cursor: QueueCursor, cou
             log.warning("delivery.gap_skipped", group=group.name, topic=cursor.topic,
                         queue=cursor.queue, skipped=skipped, reason="retention deleted them")
     cursor.next = offsets[-1] + 1
-    if member.tags is not None or batch.headers.count(NO_HEADERS) != len(offsets):
+    if member.tags is not None or cursor.acked_ahead or batch.headers.count(NO_HEADERS) != len(offsets):
         batch = _sort_out(member, cursor, batch, now)
     taken.add(_hand_new(broker, member, cursor, batch, now))
     return True
@@ -285,10 +289,16 @@ def _read(broker: Broker, group: Group, member: Member, cursor: QueueCursor, cou
 
 def _sort_out(member: Member, cursor: QueueCursor, batch: StoredBatch, now: float) -> StoredBatch:
     """What of ``batch`` is delivered now: a tag the member does not want is consumed unseen
-    (``UNMATCHED``), a message scheduled later is parked until due."""
+    (``UNMATCHED``), a message scheduled later is parked until due, one acked before a restart
+    is finished unseen."""
     keep: list[bool] = []
     headers = list(batch.headers)
     for index, message in enumerate(batch.messages()):
+        if message.queue_offset in cursor.acked_ahead:  # acked before a restart: done already
+            cursor.acked_ahead.discard(message.queue_offset)
+            cursor.finish(message.queue_offset)
+            keep.append(False)
+            continue
         if not member.wants(message.tag):
             cursor.finish(message.queue_offset)
             keep.append(False)

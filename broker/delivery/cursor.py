@@ -99,6 +99,7 @@ class QueueCursor:
         self.held: dict[int, Held] = {}  # offset -> its delivery, out under a lease
         self.leases: dict[Lease, None] = {}  # the leases something of this queue is out under
         self.done: set[int] = set()
+        self.acked_ahead: set[int] = set()  # acked before a restart (the ack journal), not read again yet
         self.ready: dict[int, Delivery] = {}  # offset -> its last delivery (count: deliveries so far)
         self.parked: list[tuple[float, int, Delivery]] = []  # heap of (due, offset, message)
         self.receipts = receipts
@@ -207,6 +208,7 @@ class QueueCursor:
         self.held.clear()
         self.leases.clear()
         self.done.clear()
+        self.acked_ahead.clear()
         self.ready.clear()
         self.parked.clear()
 

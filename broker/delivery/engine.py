@@ -22,6 +22,7 @@ from pathlib import Path
 import structlog
 
 from broker.delivery import admin, consume, publishing, reading
+from broker.delivery.ackjournal import COMPACT_BYTES, AckJournal, replay
 from broker.delivery.allocation import STRATEGIES, Strategy
 from broker.delivery.config import DeliveryConfig
 from broker.delivery.cursor import QueueCursor, ReceiptNames, Receipts
@@ -44,6 +45,7 @@ from broker.delivery.values import (
 from broker.errors import DeliveryError, UnknownMemberError
 from broker.store import Clock, MessageStore, StoreConfig
 from broker.store.clock import SYSTEM_CLOCK
+from broker.store.config import FlushPolicy
 
 log = structlog.get_logger("broker.delivery")
 
@@ -64,6 +66,9 @@ class Broker:
         state.mkdir(exist_ok=True)
         self.topic_table = Topics(state / "topics.json", self.config.queues, selector(self.config, clock))
         self.offsets = OffsetBook(state / "offsets.json")
+        self.acked_before = self.offsets.absorb(replay(state / "acks.journal"))  # taken by `_cursor`
+        self.acks = AckJournal(state / "acks.journal") if self.store.config.flush is FlushPolicy.SYNC else None
+        """Under ``sync``, where an ack is made durable before it is confirmed (`ackjournal`)."""
         self.dedup = DedupWindow(clock, self.config.dedup_window, self.config.dedup_entries)
         self.started_at = clock.time()
         self.stored_before_start = {topic for topic, _ in self.store.queues()}  # what the id index may know
@@ -117,6 +122,8 @@ class Broker:
 
     def ack(self, member: str, receipts: Sequence[str]) -> None:
         consume.ack(self, member, receipts)
+        if self.acks is not None:
+            self.acks.synced()
 
     def nack(self, member: str, receipts: Sequence[str], delay: float) -> None:
         consume.nack(self, member, receipts, delay)
@@ -220,6 +227,8 @@ class Broker:
         if saved is None:
             saved = self.store.max_offset(topic, queue) if from_end else self.store.min_offset(topic, queue)
         cursor = QueueCursor(next(self.cursor_ids), topic, queue, saved, self.receipts)
+        if not group.broadcast:
+            cursor.acked_ahead = self.acked_before.pop((group.name, topic, queue), set())
         self.cursor_by_id[cursor.ident] = cursor
         return cursor
 
@@ -239,6 +248,8 @@ class Broker:
                 cursor.seek(int(offset))
                 if not group.broadcast:
                     self.offsets.put((group.name, *key), int(offset))
+                    if self.acks is not None:  # what was acked before no longer counts at a restart
+                        self.acks.record((group.name, *key), int(offset))
 
     # -- inspection -------------------------------------------------------------
 
@@ -320,6 +331,11 @@ class Broker:
                     for (topic, queue), cursor in group.cursors.items():
                         self.offsets.put((group.name, topic, queue), cursor.committed)
             needed = self.offsets.lowest_needed()
+            if self.acks is not None and self.acks.size > COMPACT_BYTES:
+                self.offsets.flush()  # the committed offsets first: the new journal holds only what is above
+                self.acks.compact({**self.acked_before, **{
+                    (group.name, *key): cursor.done | cursor.acked_ahead for group in self.group_table.values()
+                    if not group.broadcast for key, cursor in group.cursors.items()}})
         self._needed = needed
         self.offsets.flush()
 
@@ -329,6 +345,8 @@ class Broker:
         self._closing.set()
         self._flusher.join()
         self.save_offsets()
+        if self.acks is not None:
+            self.acks.close()
         self.store.close()
         log.info("delivery.closed", path=str(self.path))
 
@@ -336,6 +354,8 @@ class Broker:
         """Stop as a killed process would: no offsets saved, no checkpoint (crash tests)."""
         self._closing.set()
         self._flusher.join()
+        if self.acks is not None:
+            self.acks.close()
         self.store._shutdown(clean=False)
 
     def __enter__(self) -> Broker:

@@ -42,6 +42,21 @@ class OffsetBook:
     def groups(self) -> set[str]:
         return {group for group, _, _ in self._offsets}
 
+    def absorb(self, replayed: tuple[dict[OffsetKey, set[int]], dict[OffsetKey, int]]
+               ) -> dict[OffsetKey, set[int]]:
+        """Take the ack journal's seeks, then move each committed offset past the offsets it
+        says are done in a row; what is done above it, per key."""
+        acked, sought = replayed
+        ahead: dict[OffsetKey, set[int]] = {}
+        for key, offsets in acked.items():
+            committed = sought.get(key, self._offsets.get(key))
+            if committed is not None:
+                while committed in offsets:
+                    committed += 1
+                self.put(key, committed)
+            ahead[key] = {o for o in offsets if committed is None or o > committed}
+        return ahead
+
     def lowest_needed(self) -> dict[tuple[str, int], int]:
         """Per queue, the lowest offset some group still needs (the retention guard)."""
         needed: dict[tuple[str, int], int] = {}

@@ -128,6 +128,8 @@ class Engine:
     async def ack(self, member: str, receipts: Sequence[str]) -> None:
         if self._broker is None or not consume.ack_now(self._broker, member, receipts):
             await self._run(self.api.ack, member, receipts)
+        if self._broker is not None and self._broker.acks is not None:  # `sync`: confirmed once durable
+            await self._broker.acks.synced_async()
 
     async def nack(self, member: str, receipts: Sequence[str], delay: float) -> None:
         await self._run(self.api.nack, member, receipts, delay)
