@@ -11,7 +11,7 @@ appends, on its own file: an ack appends no record to the log).
 
 At start the journal is replayed over ``offsets.json`` (`replay`): a fact is
 idempotent, so an old one over newer offsets changes nothing, and a torn last
-line (its ack was never confirmed) is ignored. The journal is compacted
+line (its ack was never confirmed) is ignored and cut. The journal is compacted
 (`compact`) once it passes ``COMPACT_BYTES``: the offsets file is written
 first, then a new journal holding only the done offsets above each committed
 offset replaces the old one atomically.
@@ -25,6 +25,7 @@ import os
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 import structlog
 
@@ -38,27 +39,38 @@ Acked = dict[OffsetKey, set[int]]
 """Offsets done per (group, topic, queue), as the journal recorded them."""
 
 
-def replay(path: Path) -> tuple[Acked, dict[OffsetKey, int]]:
-    """The facts of the journal at ``path``, up to its first torn or unreadable line: the
-    offsets done per key, and where a key was last sought (what was done before is forgotten)."""
-    acked: Acked = {}
-    sought: dict[OffsetKey, int] = {}
+class Replayed(NamedTuple):
+    """What a journal held: the offsets done per key, where a key was last sought (what was done
+    before is forgotten), and the length of its good lines (what follows was torn)."""
+
+    acked: Acked
+    sought: dict[OffsetKey, int]
+    length: int
+
+
+def replay(path: Path) -> Replayed:
+    """The facts of the journal at ``path``, up to its first torn or unreadable line."""
+    replayed = Replayed({}, {}, 0)
     if not path.exists():
-        return acked, sought
+        return replayed
     data = path.read_bytes()
+    length = 0
     for number, line in enumerate(data.split(b"\n")[:-1], 1):  # the last piece has no newline: torn
         try:
             group, topic, queue, offsets = json.loads(line)
             key = (str(group), str(topic), int(queue))
             if isinstance(offsets, int):
-                sought[key] = offsets
-                acked[key] = set()
+                replayed.sought[key] = offsets
+                replayed.acked[key] = set()
             else:
-                acked.setdefault(key, set()).update(map(int, offsets))
+                replayed.acked.setdefault(key, set()).update(map(int, offsets))
         except (ValueError, TypeError) as exc:
             log.warning("delivery.ack_journal_torn", path=str(path), line=number, error=str(exc))
             break
-    return acked, sought
+        length += len(line) + 1
+    if length < len(data):
+        log.warning("delivery.ack_journal_cut", path=str(path), kept=length, dropped=len(data) - length)
+    return replayed._replace(length=length)
 
 
 def _line(key: OffsetKey, offsets: Iterable[int] | int) -> bytes:
@@ -69,10 +81,13 @@ def _line(key: OffsetKey, offsets: Iterable[int] | int) -> bytes:
 class AckJournal:
     """Appends ack facts to one file; `synced` / `synced_async` wait for their fsync."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, length: int) -> None:
+        """Append to ``path`` after its first ``length`` bytes (its good lines: a torn tail is
+        cut, or the next line would join it and be lost at the next replay)."""
         self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self.size = os.fstat(self._fd).st_size
+        os.ftruncate(self._fd, length)
+        self.size = length
         self._state = threading.Condition(threading.Lock())  # the queue and the sequence numbers
         self._file = threading.Lock()  # the descriptor: one write+fsync, or a compaction, at a time
         self._queued: list[bytes] = []

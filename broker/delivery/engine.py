@@ -66,8 +66,10 @@ class Broker:
         state.mkdir(exist_ok=True)
         self.topic_table = Topics(state / "topics.json", self.config.queues, selector(self.config, clock))
         self.offsets = OffsetBook(state / "offsets.json")
-        self.acked_before = self.offsets.absorb(replay(state / "acks.journal"))  # taken by `_cursor`
-        self.acks = AckJournal(state / "acks.journal") if self.store.config.flush is FlushPolicy.SYNC else None
+        replayed = replay(state / "acks.journal")
+        self.acked_before = self.offsets.absorb(replayed.acked, replayed.sought)  # taken by `_cursor`
+        self.acks = (AckJournal(state / "acks.journal", replayed.length)
+                     if self.store.config.flush is FlushPolicy.SYNC else None)
         """Under ``sync``, where an ack is made durable before it is confirmed (`ackjournal`)."""
         self.dedup = DedupWindow(clock, self.config.dedup_window, self.config.dedup_entries)
         self.started_at = clock.time()

@@ -42,11 +42,10 @@ class OffsetBook:
     def groups(self) -> set[str]:
         return {group for group, _, _ in self._offsets}
 
-    def absorb(self, replayed: tuple[dict[OffsetKey, set[int]], dict[OffsetKey, int]]
+    def absorb(self, acked: dict[OffsetKey, set[int]], sought: dict[OffsetKey, int]
                ) -> dict[OffsetKey, set[int]]:
-        """Take the ack journal's seeks, then move each committed offset past the offsets it
-        says are done in a row; what is done above it, per key."""
-        acked, sought = replayed
+        """Take the ack journal's seeks (``sought``), then move each committed offset past the
+        offsets ``acked`` says are done in a row; what is done above it, per key."""
         ahead: dict[OffsetKey, set[int]] = {}
         for key, offsets in acked.items():
             committed = sought.get(key, self._offsets.get(key))
