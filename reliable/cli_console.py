@@ -23,7 +23,9 @@ SETTINGS_HELP = "settings file (default: $RELIABLE_SETTINGS, else ./reliable.tom
 @click.option("--settings", "settings_path", type=click.Path(dir_okay=False), help=SETTINGS_HELP)
 @click.option("--host", help="address to bind (default: [broker] console_host, else 127.0.0.1)")
 @click.option("--port", type=int, help="port (default: [broker] console_port, else 8700; 0: any free port)")
-def console(settings_path: str | None, host: str | None, port: int | None) -> None:
+@click.option("--metrics", "metrics", multiple=True, metavar="URL",
+              help="a worker's /metrics URL (`reliable run --metrics-port`), for the handlers' counters (repeatable)")
+def console(settings_path: str | None, host: str | None, port: int | None, metrics: tuple[str, ...]) -> None:
     """Serve the web console: topics, groups, lag and dead letters, with replay and purge.
 
     Users log in with the [broker.users] of the settings file, with the rights
@@ -44,7 +46,7 @@ def console(settings_path: str | None, host: str | None, port: int | None) -> No
         raise click.ClickException(str(exc)) from exc
     assert config is not None
     app = App(Settings.load(settings_path))
-    server = serve(app, config, users)
+    server = serve(app, config, users, metrics)
     click.echo(f"console on {server.url} (Ctrl-C to stop)")
     _wait_for_signal()
     server.stop()

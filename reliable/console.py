@@ -10,7 +10,11 @@ dead letters.
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Sequence
+
+import structlog
+from prometheus_client.parser import text_string_to_metric_families
 
 from backends.transport.broker import BrokerTransport
 from backends.types import DeadLetter
@@ -21,6 +25,8 @@ from broker.server.auth import Authenticator
 from reliable.app import App
 from reliable.deadletter import DeadLetters
 from reliable.errors import ReliableError
+
+log = structlog.get_logger("reliable.console")
 
 
 class StoreLetters:
@@ -82,13 +88,46 @@ class OutboxBacklog:
                 "oldest unsent, seconds": round(status.oldest_unsent_age(self.app.clock.time()), 3)}
 
 
+class WorkerCounters:
+    """The handlers' message counters (``reliable_messages_total``), read from workers' ``/metrics``.
+
+    The counters live in the worker processes (``reliable run --metrics-port``);
+    the console reads them at each page view, with a short timeout per worker,
+    and lists a worker that does not answer with no counts.
+    """
+
+    def __init__(self, urls: Sequence[str], timeout: float = 2.0) -> None:
+        self.urls, self.timeout = list(urls), timeout
+
+    def table(self) -> list[tuple[str, str, dict[str, float]]]:
+        rows: list[tuple[str, str, dict[str, float]]] = []
+        for url in self.urls:
+            try:
+                with urllib.request.urlopen(url, timeout=self.timeout) as response:  # noqa: S310 (operator's URL)
+                    text = response.read().decode()
+            except (OSError, ValueError) as exc:
+                log.warning("console.metrics_unreachable", url=url, error=str(exc))
+                rows.append((url, "(no answer)", {}))
+                continue
+            counts: dict[str, dict[str, float]] = {}
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name == "reliable_messages_total":
+                        handler, outcome = sample.labels.get("handler", ""), sample.labels.get("outcome", "")
+                        counts.setdefault(handler, {})[outcome] = sample.value
+            rows.extend((url, handler, outcomes) for handler, outcomes in sorted(counts.items()))
+        return rows
+
+
 def app_view(app: App) -> BrokerView | None:
     """The broker behind ``app``'s transport, when it is the project's broker (embedded or a server)."""
     transport = app.transport
     return broker_view(transport.api) if isinstance(transport, BrokerTransport) else None
 
 
-def serve(app: App, config: ConsoleConfig, authenticator: Authenticator) -> ConsoleServer:
-    """Serve the console for ``app``'s settings: its store's dead letters and outbox, and its broker if
-    it has one."""
-    return start_console(config, authenticator, app_view(app), StoreLetters(app), OutboxBacklog(app))
+def serve(app: App, config: ConsoleConfig, authenticator: Authenticator,
+          metrics: Sequence[str] = ()) -> ConsoleServer:
+    """Serve the console for ``app``'s settings: its store's dead letters and outbox, its broker if
+    it has one, and the counters of the workers whose ``/metrics`` URLs are given."""
+    return start_console(config, authenticator, app_view(app), StoreLetters(app), OutboxBacklog(app),
+                         WorkerCounters(metrics) if metrics else None)

@@ -18,7 +18,7 @@ from starlette.applications import Starlette
 
 from broker.console.config import ConsoleConfig
 from broker.console.history import History
-from broker.console.sources import Backlog, BrokerView, LetterBook
+from broker.console.sources import Backlog, BrokerView, Counters, LetterBook
 from broker.console.web import build_console
 from broker.errors import BrokerConfigError
 from broker.server.auth import Authenticator
@@ -75,12 +75,13 @@ class ConsoleServer:
 
 
 def start_console(config: ConsoleConfig, authenticator: Authenticator, view: BrokerView | None,
-                  letters: LetterBook | None = None, backlog: Backlog | None = None) -> ConsoleServer:
+                  letters: LetterBook | None = None, backlog: Backlog | None = None,
+                  counters: Counters | None = None) -> ConsoleServer:
     """Build the console over ``view`` (the broker, if any), ``letters`` and ``backlog`` (the
     framework's dead letters and outbox), and serve it."""
     if not authenticator.required and not config.loopback:
         raise BrokerConfigError(f"broker.console_host = {config.host!r}: a console without users may only "
                                 "bind a loopback address; add [broker.users]")
     history = History(view, config.sample_interval, config.history) if view is not None else None
-    app = build_console(config, authenticator, view, letters, history, backlog)
+    app = build_console(config, authenticator, view, letters, history, backlog, counters)
     return ConsoleServer(app, config, history).start()

@@ -82,6 +82,12 @@ class Backlog(Protocol):
     def status(self) -> dict[str, float | int | str | None]: ...
 
 
+class Counters(Protocol):
+    """Counters of the consumers (the framework's handlers), by source and name, outcome by outcome."""
+
+    def table(self) -> list[tuple[str, str, dict[str, float]]]: ...
+
+
 class ConsoleActionError(BrokerError):
     """Raised when a `LetterBook` refuses an action: a replay loop, a letter that is not there."""
 

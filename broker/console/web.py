@@ -28,7 +28,7 @@ from broker.console import access, render
 from broker.console.config import ConsoleConfig
 from broker.console.history import History, plot
 from broker.console.session import Sessions
-from broker.console.sources import Backlog, BrokerView, Letter, LetterBook
+from broker.console.sources import Backlog, BrokerView, Counters, Letter, LetterBook
 from broker.delivery.values import GroupInfo
 from broker.errors import BrokerError
 from broker.protocol.errors import PermissionDeniedError
@@ -63,8 +63,10 @@ class Console:
     """The pages over one `BrokerView` (optional: another transport has none) and `LetterBook`."""
 
     def __init__(self, config: ConsoleConfig, authenticator: Authenticator, view: BrokerView | None,
-                 letters: LetterBook | None, history: History | None, backlog: Backlog | None = None) -> None:
-        self.config, self.view, self.letters, self.history, self.backlog = config, view, letters, history, backlog
+                 letters: LetterBook | None, history: History | None, backlog: Backlog | None = None,
+                 counters: Counters | None = None) -> None:
+        self.config, self.view, self.letters, self.history = config, view, letters, history
+        self.backlog, self.counters = backlog, counters
         self.sessions = Sessions(authenticator)
         self.templates = Environment(loader=FileSystemLoader(HERE / "templates"),
                                      autoescape=select_autoescape(default=True))
@@ -76,6 +78,7 @@ class Console:
         html = self.templates.get_template(name).render(
             user=principal.name if principal else None, csrf=self.sessions.csrf_token(request),
             has_broker=self.view is not None, has_backlog=bool(self.backlog and principal and principal.admin),
+            has_counters=bool(self.counters and principal and principal.admin),
             **values)
         return HTMLResponse(html, status_code=status)
 
@@ -230,6 +233,17 @@ class Console:
             return self.page(request, "error.html", status=404, message="no outbox backlog you may see")
         return self.page(request, "outbox.html", status_figures=self.backlog.status())
 
+    def handlers(self, request: Request) -> Response:
+        """The handlers' counters, scraped from the workers: deployment-wide, so for admins."""
+        principal = self.who(request)
+        if isinstance(principal, Response):
+            return principal
+        if self.counters is None or not principal.admin:
+            return self.page(request, "error.html", status=404, message="no handler counters you may see")
+        rows = self.counters.table()
+        outcomes = sorted({outcome for _, _, counts in rows for outcome in counts})
+        return self.page(request, "handlers.html", rows=rows, outcomes=outcomes)
+
     def lookup(self, request: Request) -> Response:
         principal = self.who(request)
         if isinstance(principal, Response):
@@ -253,9 +267,10 @@ class Console:
 
 def build_console(config: ConsoleConfig, authenticator: Authenticator, view: BrokerView | None = None,
                   letters: LetterBook | None = None, history: History | None = None,
-                  backlog: Backlog | None = None, secret: str | None = None) -> Starlette:
+                  backlog: Backlog | None = None, counters: Counters | None = None,
+                  secret: str | None = None) -> Starlette:
     """The ASGI application; ``secret`` signs session cookies (a random one: sessions end with the process)."""
-    console = Console(config, authenticator, view, letters, history, backlog)
+    console = Console(config, authenticator, view, letters, history, backlog, counters)
     routes = [
         Route("/login", console.login_form, methods=["GET"]),
         Route("/login", console.login, methods=["POST"]),
@@ -265,7 +280,7 @@ def build_console(config: ConsoleConfig, authenticator: Authenticator, view: Bro
         Route("/groups/{group}/{action:str}", console.act, methods=["POST"]),
         Route("/groups/{group}", console.group_page),
         Route("/letters/{id:int}", console.letter_page), Route("/lookup", console.lookup),
-        Route("/outbox", console.outbox),
+        Route("/outbox", console.outbox), Route("/handlers", console.handlers),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     middleware = [Middleware(SecurityHeaders),

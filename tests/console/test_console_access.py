@@ -9,8 +9,9 @@ import pytest
 
 from broker.console.config import ConsoleConfig
 from broker.errors import BrokerConfigError
+from broker.server.auth import Authenticator, load_users
 from broker.server.config import ServerConfig
-from tests.console.deployment import PASSWORDS, Deployment, start
+from tests.console.deployment import PASSWORDS, USERS, Deployment, start
 from tests.console.http import Visitor
 
 
@@ -95,6 +96,40 @@ def test_the_outbox_backlog_is_shown_to_admins(deployment: Deployment) -> None:
     alice = visitor(deployment, "alice")
     assert alice.get("/outbox")[0] == 404
     assert 'href="/outbox"' not in alice.get("/groups")[1]
+
+
+def test_the_handlers_counters_are_read_from_the_workers_metrics(tmp_path: Path) -> None:
+    """A worker's /metrics (here this process's, where the handlers ran) feeds the Handlers page."""
+    from prometheus_client import start_http_server
+
+    from broker.console.serving import start_console
+    from reliable.console import WorkerCounters
+
+    deployment = start(tmp_path)
+    deployment.blocked.add("p-9")
+    deployment.app.publish("payments", {"payment": "p-9"})
+    deployment.app.run(until_idle=True)
+    server, thread = start_http_server(0, addr="127.0.0.1")
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        counters = WorkerCounters([url, "http://127.0.0.1:9/metrics"], timeout=1.0)
+        console = start_console(ConsoleConfig(port=0), Authenticator(load_users(USERS)), None,
+                                counters=counters)
+        try:
+            ops, alice = Visitor(console.url), Visitor(console.url)
+            ops.log_in("ops", PASSWORDS["ops"])
+            alice.log_in("alice", PASSWORDS["alice"])
+            status, page = ops.get("/handlers")
+            assert status == 200
+            assert "<td>charge</td>" in page and "dead_lettered" in page and "(no answer)" in page
+            assert alice.get("/handlers")[0] == 404
+        finally:
+            console.stop()
+    finally:
+        server.shutdown()
+        thread.join()
+        deployment.console.stop()
+        deployment.app.close()
 
 
 def test_console_settings_are_validated() -> None:
