@@ -8,7 +8,10 @@ the offset, a nack copies the message to ``%RETRY%<group>`` to be delivered
 after its delay (the delivery count travels with the copy), a dead letter
 copies it to ``%DLQ%<group>`` with its cause. Members that stop calling lose
 their queues; leases that end put messages back. One lock guards the
-delivery state; appends of publishes run outside it.
+delivery state; appends of publishes run outside it. Two parts are
+components of their own, handed what they read and importing no engine:
+`admin.DeadLetters` (the dead-letter queues and their purge marks) and
+`reading.Positions` (reads by position and a stream processor's offsets).
 """
 
 from __future__ import annotations
@@ -83,6 +86,9 @@ class Broker:
         self.receipt_names = ReceiptNames()
         self.lock = threading.Condition(threading.RLock())
         self.last_sweep = float("-inf")
+        self.dead_letter_queues = admin.DeadLetters(self.store, self.offsets, self.lock, self.publish_to_group)
+        self.positions = reading.Positions(self.store, self.topic_table, self.offsets, self.lock,
+                                           lambda group: group in self.group_table, self.save_offsets)
         self._needed: dict[tuple[str, int], int] = self.offsets.lowest_needed()
         self.store.set_retention_guard(lambda: dict(self._needed))
         self._closing = threading.Event()
@@ -225,7 +231,7 @@ class Broker:
                 from_time: float | None) -> QueueCursor:
         saved = None if group.broadcast else self.offsets.get((group.name, topic, queue))
         if saved is None and from_time is not None:
-            saved = reading.first_at(self, topic, queue, from_time)
+            saved = self.positions.first_at(topic, queue, from_time)
         if saved is None:
             saved = self.store.max_offset(topic, queue) if from_end else self.store.min_offset(topic, queue)
         cursor = QueueCursor(next(self.cursor_ids), topic, queue, saved, self.receipts)
@@ -280,44 +286,42 @@ class Broker:
 
     def topics(self) -> list[TopicInfo]:
         with self.lock:
-            return admin.topics(self)
+            return admin.topics(self.store, self.topic_table)
 
     def groups(self) -> list[GroupInfo]:
         with self.lock:
-            return admin.groups(self)
+            return admin.groups(self.offsets, self.group_table)
 
     def lag(self, group: str) -> list[QueueLag]:
         with self.lock:
-            return admin.lag(self, group)
+            return admin.lag(self.store, self.offsets, group, self.group_table.get(group))
 
     def dlq_list(self, group: str, limit: int = 100) -> list[Delivery]:
-        with self.lock:
-            return admin.dlq_list(self, group, limit)
+        return self.dead_letter_queues.list(group, limit)
 
     def dlq_replay(self, group: str) -> int:
         """Every dead letter of ``group`` back to the group only; the dead-letter queue is emptied."""
-        return admin.dlq_replay(self, group)
+        return self.dead_letter_queues.replay(group)
 
     def dlq_purge(self, group: str) -> int:
-        with self.lock:
-            return admin.dlq_purge(self, group)
+        return self.dead_letter_queues.purge(group)
 
     # -- reading by position (see `reading`) -------------------------------------
 
     def read(self, topic: str, queue: int, offset: int, max_messages: int) -> list[Delivery]:
-        return reading.read(self, topic, queue, offset, max_messages)
+        return self.positions.read(topic, queue, offset, max_messages)
 
     def read_columns(self, topic: str, queue: int, offset: int, max_messages: int) -> DeliveryColumns:
-        return reading.read_columns(self, topic, queue, offset, max_messages)
+        return self.positions.read_columns(topic, queue, offset, max_messages)
 
     def queue_offsets(self, topic: str) -> list[list[int]]:
-        return reading.queue_offsets(self, topic)
+        return self.positions.queue_offsets(topic)
 
     def group_offsets(self, group: str, topic: str) -> list[int | None]:
-        return reading.group_offsets(self, group, topic)
+        return self.positions.group_offsets(group, topic)
 
     def commit_group(self, group: str, topic: str, offsets: Sequence[int]) -> None:
-        reading.commit_group(self, group, topic, offsets)
+        self.positions.commit_group(group, topic, offsets)
 
     # -- lifecycle ------------------------------------------------------------
 

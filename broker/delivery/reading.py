@@ -3,90 +3,100 @@
 A stream processor keeps its own positions (its checkpoint) and asks for
 exact ranges: the same (topic, queue, offset range) always gives the same
 messages. It tells the broker how far it has committed, so the group's
-offsets (lag, retention) follow it: `commit_group` moves them, never back.
+offsets (lag, retention) follow it: `Positions.commit_group` moves them,
+never back and never past a queue's end. `Positions` reads the store, the
+topic table and the offset book it is given; it reaches into no engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import threading
+from collections.abc import Callable, Sequence
 
-from broker.delivery.topics import check_name
+from broker.delivery.offsets import OffsetBook
+from broker.delivery.topics import Topics, check_name
 from broker.delivery.values import Delivery, DeliveryColumns
 from broker.errors import DeliveryError
-
-if TYPE_CHECKING:
-    from broker.delivery.engine import Broker
+from broker.store import MessageStore
 
 
-def read(broker: Broker, topic: str, queue: int, offset: int, max_messages: int) -> list[Delivery]:
-    """Up to ``max_messages`` messages of (topic, queue) from ``offset`` on; no lease, no receipt."""
-    return read_columns(broker, topic, queue, offset, max_messages).deliveries()
+class Positions:
+    """Reads by position and a stream processor's offsets; ``has_members(group)``: whether the
+    group has live members (whose offsets are the broker's); ``saved()``: write the offsets."""
 
+    def __init__(self, store: MessageStore, topic_table: Topics, offsets: OffsetBook,
+                 lock: threading.Condition, has_members: Callable[[str], bool],
+                 save: Callable[[], None]) -> None:
+        self._store = store
+        self._topics = topic_table
+        self._offsets = offsets
+        self._lock = lock
+        self._has_members = has_members
+        self._save = save
 
-def read_columns(broker: Broker, topic: str, queue: int, offset: int, max_messages: int) -> DeliveryColumns:
-    """`read` column by column, as the store reads them: no `Delivery` per message (what the
-    server sends, and what a columnar reader such as Spark's Arrow source takes)."""
-    check_name("topic", topic, internal=True)
-    if offset < 0 or max_messages < 1:
-        raise DeliveryError(f"read of {topic}/{queue}: offset {offset} must be >= 0 and "
-                            f"max_messages {max_messages} >= 1")
-    batch = broker.store.read_batch(topic, queue, offset, max_messages)
-    count = len(batch.queue_offsets)
-    return DeliveryColumns(count, {"receipt": "", "topic": topic, "queue": queue}, {
-        "offset": list(batch.queue_offsets), "message_id": batch.message_ids, "body": batch.bodies,
-        "key": batch.keys, "tag": batch.tags, "headers": batch.headers,
-        "delivery_count": [attempt + 1 for attempt in batch.attempts],
-        "published_at": batch.store_times}) if count else DeliveryColumns(0, {}, {})
+    def read(self, topic: str, queue: int, offset: int, max_messages: int) -> list[Delivery]:
+        """Up to ``max_messages`` messages of (topic, queue) from ``offset`` on; no lease, no receipt."""
+        return self.read_columns(topic, queue, offset, max_messages).deliveries()
 
+    def read_columns(self, topic: str, queue: int, offset: int, max_messages: int) -> DeliveryColumns:
+        """`read` column by column, as the store reads them: no `Delivery` per message (what the
+        server sends, and what a columnar reader such as Spark's Arrow source takes)."""
+        check_name("topic", topic, internal=True)
+        if offset < 0 or max_messages < 1:
+            raise DeliveryError(f"read of {topic}/{queue}: offset {offset} must be >= 0 and "
+                                f"max_messages {max_messages} >= 1")
+        batch = self._store.read_batch(topic, queue, offset, max_messages)
+        count = len(batch.queue_offsets)
+        return DeliveryColumns(count, {"receipt": "", "topic": topic, "queue": queue}, {
+            "offset": list(batch.queue_offsets), "message_id": batch.message_ids, "body": batch.bodies,
+            "key": batch.keys, "tag": batch.tags, "headers": batch.headers,
+            "delivery_count": [attempt + 1 for attempt in batch.attempts],
+            "published_at": batch.store_times}) if count else DeliveryColumns(0, {}, {})
 
-def queue_offsets(broker: Broker, topic: str) -> list[list[int]]:
-    """``[first kept, end]`` per queue of ``topic`` (created if new)."""
-    check_name("topic", topic, internal=True)
-    with broker.lock:
-        count = broker.topic_table.queues(topic)
-    return [[broker.store.min_offset(topic, q), broker.store.max_offset(topic, q)] for q in range(count)]
+    def queue_offsets(self, topic: str) -> list[list[int]]:
+        """``[first kept, end]`` per queue of ``topic`` (created if new)."""
+        check_name("topic", topic, internal=True)
+        with self._lock:
+            count = self._topics.queues(topic)
+        return [[self._store.min_offset(topic, q), self._store.max_offset(topic, q)] for q in range(count)]
 
+    def group_offsets(self, group: str, topic: str) -> list[int | None]:
+        """``group``'s committed offset per queue of ``topic`` (None: never committed)."""
+        with self._lock:
+            count = self._topics.queues(topic)
+            return [self._offsets.get((group, topic, q)) for q in range(count)]
 
-def group_offsets(broker: Broker, group: str, topic: str) -> list[int | None]:
-    """``group``'s committed offset per queue of ``topic`` (None: never committed)."""
-    with broker.lock:
-        count = broker.topic_table.queues(topic)
-        return [broker.offsets.get((group, topic, q)) for q in range(count)]
+    def commit_group(self, group: str, topic: str, offsets: Sequence[int]) -> None:
+        """Record ``offsets`` (the next offset per queue) as ``group``'s; never moves one back, and
+        never past a queue's end."""
+        check_name("group", group)
+        with self._lock:
+            if len(offsets) != self._topics.queues(topic):
+                raise DeliveryError(f"commit_group {group!r}: {len(offsets)} offsets for "
+                                    f"{self._topics.queues(topic)} queues of {topic!r}")
+            if self._has_members(group):
+                raise DeliveryError(f"group {group!r} has live members; its offsets are the broker's")
+            ends = [self._store.max_offset(topic, queue) for queue in range(len(offsets))]
+            beyond = [(q, o, end) for q, (o, end) in enumerate(zip(offsets, ends)) if not 0 <= o <= end]
+            if beyond:  # past the end, the group would skip every message written up to there
+                raise DeliveryError(f"commit_group {group!r}: offsets (queue, offset, end) {beyond} of "
+                                    f"{topic!r} are not between 0 and the queue's end")
+            for queue, offset in enumerate(offsets):
+                saved = self._offsets.get((group, topic, queue))
+                self._offsets.put((group, topic, queue), max(int(offset), saved or 0))
+        self._save()
 
-
-def commit_group(broker: Broker, group: str, topic: str, offsets: Sequence[int]) -> None:
-    """Record ``offsets`` (the next offset per queue) as ``group``'s; never moves one back, and
-    never past a queue's end."""
-    check_name("group", group)
-    with broker.lock:
-        if len(offsets) != broker.topic_table.queues(topic):
-            raise DeliveryError(f"commit_group {group!r}: {len(offsets)} offsets for "
-                                f"{broker.topic_table.queues(topic)} queues of {topic!r}")
-        if group in broker.group_table:
-            raise DeliveryError(f"group {group!r} has live members; its offsets are the broker's")
-        ends = [broker.store.max_offset(topic, queue) for queue in range(len(offsets))]
-        beyond = [(q, o, end) for q, (o, end) in enumerate(zip(offsets, ends)) if not 0 <= o <= end]
-        if beyond:  # past the end, the group would skip every message written up to there
-            raise DeliveryError(f"commit_group {group!r}: offsets (queue, offset, end) {beyond} of "
-                                f"{topic!r} are not between 0 and the queue's end")
-        for queue, offset in enumerate(offsets):
-            saved = broker.offsets.get((group, topic, queue))
-            broker.offsets.put((group, topic, queue), max(int(offset), saved or 0))
-    broker.save_offsets()
-
-
-def first_at(broker: Broker, topic: str, queue: int, when: float) -> int:
-    """The first offset of (topic, queue) stored at or after ``when`` (the end if none):
-    a binary search over store times, which grow with the offset."""
-    low, high = broker.store.min_offset(topic, queue), broker.store.max_offset(topic, queue)
-    while low < high:
-        middle = (low + high) // 2
-        found = broker.store.read(topic, queue, middle, max_count=1)
-        if not found:
-            return high
-        if found[0].store_time < when:
-            low = found[0].queue_offset + 1
-        else:
-            high = middle
-    return low
+    def first_at(self, topic: str, queue: int, when: float) -> int:
+        """The first offset of (topic, queue) stored at or after ``when`` (the end if none):
+        a binary search over store times, which grow with the offset."""
+        low, high = self._store.min_offset(topic, queue), self._store.max_offset(topic, queue)
+        while low < high:
+            middle = (low + high) // 2
+            found = self._store.read(topic, queue, middle, max_count=1)
+            if not found:
+                return high
+            if found[0].store_time < when:
+                low = found[0].queue_offset + 1
+            else:
+                high = middle
+        return low
