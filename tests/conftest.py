@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import structlog
+from hypothesis import settings
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -25,6 +26,11 @@ NATS_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 pytest_plugins = ["tests.scheduling"]  # how pytest-xdist spreads the suite over its workers
+
+# Hypothesis fails an example that takes over 200 ms: a timing assert, which a loaded machine
+# breaks (a STOMP codec example took 272 ms under a load of 30). Timing belongs in benchmarks/.
+settings.register_profile("no-deadline", deadline=None)
+settings.load_profile("no-deadline")
 
 
 SOAK_TIMEOUT = 3600  # seconds: a soak runs many times longer than pytest-timeout's default for a test
