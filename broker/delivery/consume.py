@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from itertools import chain, compress, groupby, repeat
+from itertools import compress, groupby, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -23,7 +23,7 @@ import structlog
 
 from broker.delivery.cursor import DELIVER_AT_HEADER, Lease, QueueCursor
 from broker.delivery.group import Group, Member, dlq_topic, retry_topic
-from broker.delivery.values import NO_DELIVERIES, Delivery, DeliveryColumns, joined
+from broker.delivery.values import NO_DELIVERIES, Delivery, DeliveryColumns
 from broker.store import Record, StoredBatch
 from broker.store.record import NO_HEADERS
 
@@ -40,46 +40,30 @@ _lease_of, _receipt_of = itemgetter(0), itemgetter(1)  # of what `_valid` gives
 
 
 
-def fetch(broker: Broker, member: str, max_messages: int, timeout: float) -> list[Delivery]:
-    parts = _fetch(broker, member, max_messages, timeout)
-    return parts[0].deliveries() if len(parts) == 1 else list(chain.from_iterable(p.deliveries() for p in parts))
-
-
-def fetch_columns(broker: Broker, member: str, max_messages: int, timeout: float) -> DeliveryColumns:
-    """`fetch`, column by column: no `Delivery` made per message (what the server sends)."""
-    return joined(_fetch(broker, member, max_messages, timeout))
-
-
-def fetch_columns_now(broker: Broker, member: str, max_messages: int) -> DeliveryColumns | None:
-    """`fetch_columns` without waiting, for a caller that must not block (the server's event
-    loop): what is there now, or None if another thread holds the engine's lock."""
-    if not broker.lock.acquire(blocking=False):
+def fetch(broker: Broker, member: str, max_messages: int, timeout: float, *,
+          blocking: bool = True) -> list[DeliveryColumns] | None:
+    """Up to ``max_messages`` for ``member``, waiting up to ``timeout`` seconds for the first, as
+    column parts (no `Delivery` made per message): the engine's one fetch. `Broker.fetch` makes
+    deliveries of them, the server sends them joined. Not ``blocking`` (the server's event loop
+    may not wait): what is there now, or None if another thread holds the engine's lock."""
+    if not broker.lock.acquire(blocking=blocking):
         return None
     try:
-        return joined(_take_now(broker, member, max_messages))
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            taken = _take_now(broker, member, max_messages)
+            left = deadline - time.monotonic()
+            if taken or left <= 0 or not blocking:
+                return taken
+            broker.lock.wait(min(left, IDLE_WAIT))
     finally:
         broker.lock.release()
 
 
-def _fetch(broker: Broker, member: str, max_messages: int, timeout: float) -> list[DeliveryColumns]:
-    deadline = time.monotonic() + max(0.0, timeout)
-    with broker.lock:
-        while True:
-            taken = _take_now(broker, member, max_messages)
-            left = deadline - time.monotonic()
-            if taken or left <= 0:
-                return taken
-            broker.lock.wait(min(left, IDLE_WAIT))
-
-
-def ack(broker: Broker, member: str, receipts: Sequence[str]) -> None:
-    with broker.lock:
-        _ack(broker, member, receipts)
-
-
-def ack_now(broker: Broker, member: str, receipts: Sequence[str]) -> bool:
-    """`ack` unless another thread holds the engine's lock (then False, and nothing is done)."""
-    if not broker.lock.acquire(blocking=False):
+def ack(broker: Broker, member: str, receipts: Sequence[str], *, blocking: bool = True) -> bool:
+    """STANDARD for ``receipts``; not ``blocking``: nothing is done (False) if another thread
+    holds the engine's lock."""
+    if not broker.lock.acquire(blocking=blocking):
         return False
     try:
         _ack(broker, member, receipts)

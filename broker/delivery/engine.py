@@ -20,6 +20,7 @@ import itertools
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from itertools import chain
 from pathlib import Path
 
 import structlog
@@ -126,7 +127,8 @@ class Broker:
     # -- consuming (see `consume`) ----------------------------------------------
 
     def fetch(self, member: str, max_messages: int, timeout: float) -> list[Delivery]:
-        return consume.fetch(self, member, max_messages, timeout)
+        parts = consume.fetch(self, member, max_messages, timeout) or []
+        return parts[0].deliveries() if len(parts) == 1 else list(chain.from_iterable(p.deliveries() for p in parts))
 
     def ack(self, member: str, receipts: Sequence[str]) -> None:
         consume.ack(self, member, receipts)

@@ -41,7 +41,8 @@ def _number(value: Any) -> bool:
 
 
 def _all(kinds: tuple[type, ...]) -> Callable[[Any], bool]:
-    return lambda value: type(value) is list and set(map(type, value)) <= set(kinds)  # checked in C
+    allowed = set(kinds)
+    return lambda value: type(value) is list and set(map(type, value)) <= allowed  # checked in C
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,7 @@ class Operation:
                             "the right it needs (broker.protocol.access.Access)")
         if not self.method:
             object.__setattr__(self, "method", self.name)
+        object.__setattr__(self, "_kinds", {f.name: f.kind for f in self.fields})
 
     def parse(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """The request's fields as Python values, every one checked, defaults filled in."""
@@ -109,11 +110,10 @@ class Operation:
 
     def request(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """A client's call as the request's wire fields (None left out: the server's default)."""
-        names = [f.name for f in self.fields]
-        if len(args) > len(names) or set(kwargs) - set(names):
-            raise TypeError(f"{self.method}() takes {', '.join(names) or 'no arguments'}")
-        given = {**dict(zip(names, args, strict=False)), **kwargs}
-        kinds = {f.name: f.kind for f in self.fields}
+        kinds: dict[str, Kind] = self._kinds  # type: ignore[attr-defined]
+        if len(args) > len(kinds) or not kinds.keys() >= kwargs.keys():
+            raise TypeError(f"{self.method}() takes {', '.join(kinds) or 'no arguments'}")
+        given = {**dict(zip(kinds, args)), **kwargs} if args else kwargs
         return {name: kinds[name].dump(value) for name, value in given.items() if value is not None}
 
     def call(self, api: Any, args: Mapping[str, Any]) -> Any:

@@ -36,6 +36,7 @@ from broker.delivery.values import (
     OutgoingMessage,
     Placement,
     PlacementColumns,
+    joined,
 )
 from broker.errors import DeliveryError
 from broker.protocol.operations import Operation
@@ -120,13 +121,13 @@ class Engine:
         """`fetch` column by column, as the native protocol sends it (no `Delivery` per message)."""
         if self._broker is None:
             return DeliveryColumns.of(await self._wait(self.api.fetch, member, max_messages, timeout))
-        taken = consume.fetch_columns_now(self._broker, member, max_messages)
-        if taken is not None and (taken.count or timeout <= 0):
-            return taken
-        return await self._wait(consume.fetch_columns, self._broker, member, max_messages, timeout)
+        taken = consume.fetch(self._broker, member, max_messages, 0.0, blocking=False)
+        if taken is None or (not taken and timeout > 0):  # the lock is busy, or it is to wait
+            taken = await self._wait(consume.fetch, self._broker, member, max_messages, timeout)
+        return joined(taken or [])
 
     async def ack(self, member: str, receipts: Sequence[str]) -> None:
-        if self._broker is None or not consume.ack_now(self._broker, member, receipts):
+        if self._broker is None or not consume.ack(self._broker, member, receipts, blocking=False):
             await self._run(self.api.ack, member, receipts)
         if self._broker is not None and self._broker.acks is not None:  # `sync`: confirmed once durable
             await self._broker.acks.synced_async()

@@ -47,7 +47,7 @@ def test_a_fetch_column_by_column_holds_what_a_fetch_of_deliveries_would(open_br
     broker = open_broker(queues=2, prefetch=100, read_batch=7)
     broker.publish("orders", messages(20))
     columns_member, deliveries_member = broker.join("a", ["orders"]), broker.join("b", ["orders"])
-    taken = consume.fetch_columns(broker, columns_member, 30, 0)
+    taken = joined(consume.fetch(broker, columns_member, 30, 0) or [])
     fetched = broker.fetch(deliveries_member, 30, 0)
     assert taken.count == len(fetched) == 20
     strip = {"receipt": ""}
