@@ -34,6 +34,7 @@ ONE_WORKER: dict[str, str] = {
 
 START_FIRST: tuple[str, ...] = (
     "tests/transports/*::test_kill_9_at_random_points_*",  # 20 kills over 10,000 tokens
+    "tests/transports/test_chaos.py::test_kill_9_of_an_async_handler_*",  # 377 s: the longest test
     "tests/cluster/*::*",  # 3-node clusters started by the test
     "tests/test_readme_benchmarks.py::*",  # Spark and broker benchmarks in child processes
     "tests/framework/test_transport_faults.py::*kill_9*",
