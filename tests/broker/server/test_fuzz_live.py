@@ -12,6 +12,7 @@ runs examples for about a minute (``FUZZ_SECONDS``), the ``soak`` run for half a
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import socket
@@ -118,11 +119,20 @@ def play(server: ServerProcess, stream: bytes, cuts: list[int], half_open: bool)
             for a, b in itertools.pairwise(points):
                 sock.sendall(stream[a:b])
             if not half_open:
-                sock.shutdown(socket.SHUT_WR)
+                half_close(sock)
             while sock.recv(65536):  # half open: the server's deadlines end it
                 pass
         except ConnectionError:
             pass
+
+
+def half_close(sock: socket.socket) -> None:
+    """End our side of ``sock``; the server may have ended the connection already (ENOTCONN)."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError as exc:
+        if exc.errno != errno.ENOTCONN:
+            raise
 
 
 def check_serving(server: ServerProcess, before: list[tuple[str, bytes]]) -> None:
