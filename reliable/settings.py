@@ -9,8 +9,9 @@ sections for one handler (``for_handler``). Every problem is reported at load
 time as a `SettingsError` naming the file (or variable), key, value and what
 is allowed.
 
-This module holds the models; reading the file and the environment lives in
-`reliable.settings_loader`, turning validation errors into those messages in
+This module holds the models; pydantic-settings reads and merges the sources, which
+`reliable.settings_loader` chooses (file lookup, environment mapping); turning
+validation errors into those messages lives in
 `reliable.settings_errors` (their public names are re-exported here).
 """
 
@@ -33,6 +34,12 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from backends.cache import ALLOWED_SCHEMES as CACHE_SCHEMES
 from backends.errors import ConfigurationError
@@ -44,11 +51,15 @@ from reliable.settings_errors import Origin, SettingsError, describe
 from reliable.settings_loader import (
     DEFAULT_FILE,
     ENV_PREFIX,
+    NESTED,
     SETTINGS_ENV,
-    apply_env,
-    deep_merge,
+    EnvironmentSource,
+    check_variables,
+    file_source,
     find_file,
-    read_toml,
+    layers,
+    reading,
+    variable_keys,
 )
 
 __all__ = [
@@ -299,8 +310,17 @@ class BrokerSettings(Section):
     """How a published message without a key finds its queue (docs/broker-delivery.md)."""
 
 
-class Settings(Section):
-    """Everything `reliable` is configured with; see docs/settings.md."""
+class Settings(BaseSettings):
+    """Everything `reliable` is configured with; see docs/settings.md.
+
+    Keyword arguments win over ``RELIABLE_SECTION__KEY`` variables, which win
+    over the settings file, which wins over the defaults; pydantic-settings
+    reads and merges them. `load` is the checked entry point: it names the
+    file or variable of every bad value.
+    """
+
+    model_config = SettingsConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, case_sensitive=False,
+                                      env_prefix=ENV_PREFIX, env_nested_delimiter=NESTED)
 
     transport: TransportSettings = Field(default_factory=TransportSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
@@ -315,17 +335,32 @@ class Settings(Section):
 
     _origin: Origin = PrivateAttr(default_factory=lambda: Origin(None))
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The keyword arguments over the layers being read: by default the process's
+        ``RELIABLE_`` variables over its settings file (no ``.env`` file, no secrets directory)."""
+        return (init_settings, *layers()(settings_cls))
 
     @classmethod
-    def load(cls, path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    def load(cls, path: str | Path | None = None, env: Mapping[str, str] | None = None,
+             **values: Any) -> Settings:
         """The settings from ``path`` (else $RELIABLE_SETTINGS, else ./reliable.toml, else defaults)
-        with the environment's overrides; every handler's overrides are checked too."""
+        under the environment's overrides and ``values`` (``store={"url": ...}``); every handler's
+        overrides are checked too."""
         environ = os.environ if env is None else env
         file = find_file(path, environ)
-        data = read_toml(file) if file is not None else {}
-        origin = Origin(str(file) if file is not None else None)
-        apply_env(data, environ, origin, set(Settings.model_fields))
-        settings = _validate(data, origin, ())
+        check_variables(environ, cls.model_fields)
+        origin = Origin(str(file) if file is not None else None, variable_keys(environ), values)
+        with reading(lambda settings_cls: (EnvironmentSource(settings_cls, environ),
+                                            file_source(settings_cls, file))):
+            settings = _validate(values, origin, ())
         problems: list[str] = []
         for name in settings.handlers:
             try:
@@ -342,14 +377,17 @@ class Settings(Section):
         if "handlers" in overrides:
             where = self._origin.source(("handlers", name, "handlers"))
             raise SettingsError([f"{where}: handlers.{name}.handlers is not allowed; handler tables do not nest"])
-        data = deep_merge(self.model_dump(exclude={"handlers"}), overrides)
-        return _validate(data, self._origin, ("handlers", name))
+        base = self.model_dump(exclude={"handlers"})
+        with reading(lambda settings_cls: (InitSettingsSource(settings_cls, init_kwargs=dict(overrides)),
+                                            InitSettingsSource(settings_cls, init_kwargs=base))):
+            return _validate({}, self._origin, ("handlers", name))
 
 
-def _validate(data: Mapping[str, Any], origin: Origin, prefix: tuple[str, ...]) -> Settings:
-    """``data`` as `Settings` remembering ``origin``; errors are located under key ``prefix``."""
+def _validate(values: Mapping[str, Any], origin: Origin, prefix: tuple[str, ...]) -> Settings:
+    """`Settings` from ``values`` over the layers being read, remembering ``origin``; errors are
+    located under key ``prefix``."""
     try:
-        settings = Settings.model_validate(data)
+        settings = Settings(**values)
     except ValidationError as exc:
         raise SettingsError([describe(error, origin, prefix, Settings) for error in exc.errors()]) from exc
     settings._origin = origin

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -27,14 +27,18 @@ class SettingsError(ConfigurationError):
 
 
 class Origin:
-    """Where values came from: the file, or the environment variable that set a key."""
+    """Where values came from: a keyword argument, the environment variable that set a key, or the file."""
 
-    def __init__(self, file: str | None) -> None:
+    def __init__(self, file: str | None, variables: Mapping[tuple[str, ...], str] | None = None,
+                 arguments: Collection[str] = ()) -> None:
         self.file = file
-        self.variables: dict[tuple[str, ...], str] = {}
+        self.variables = dict(variables or {})
+        self.arguments = frozenset(arguments)
 
     def source(self, loc: tuple[str, ...]) -> str:
-        """The variable that set ``loc`` or a table holding it, else the file."""
+        """The argument (they win) or variable that set ``loc`` or a table holding it, else the file."""
+        if loc and loc[0] in self.arguments:
+            return f"argument {loc[0]}"
         for end in range(len(loc), 0, -1):
             if loc[:end] in self.variables:
                 return f"environment variable {self.variables[loc[:end]]}"

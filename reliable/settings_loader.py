@@ -1,25 +1,41 @@
-"""Reading the settings: finding and parsing the TOML file, applying environment overrides.
+"""Where the settings come from: the file lookup and pydantic-settings' sources over it.
 
-The environment is read here rather than by pydantic-settings because its env
-source only reads ``os.environ`` and cannot tell which variable a bad value
-came from; `Origin` records it so errors can name the variable.
+pydantic-settings reads the TOML file (`TomlConfigSettingsSource`), the
+``RELIABLE_SECTION__KEY`` variables (`EnvSettingsSource`, nested by ``__``)
+and merges them under the keyword arguments. What stays here is what it does
+not do: the lookup rules of the file (``$RELIABLE_SETTINGS``, a missing file
+named on purpose is an error), an environment given as a mapping rather than
+``os.environ`` (tests and embedded apps pass one), a ``RELIABLE_`` variable
+naming no setting (pydantic-settings ignores it; a typo must not be), and
+which variable set which key so errors can name it.
 """
 
 from __future__ import annotations
 
 import difflib
-import json
+import os
 import re
 import tomllib
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from reliable.settings_errors import Origin, SettingsError
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    TomlConfigSettingsSource,
+)
+
+from reliable.settings_errors import SettingsError
 
 ENV_PREFIX = "RELIABLE_"
 SETTINGS_ENV = "RELIABLE_SETTINGS"
 DEFAULT_FILE = "reliable.toml"
+NESTED = "__"
 
 
 def find_file(path: str | Path | None, environ: Mapping[str, str]) -> Path | None:
@@ -35,11 +51,10 @@ def find_file(path: str | Path | None, environ: Mapping[str, str]) -> Path | Non
     return Path(path)
 
 
-def read_toml(file: Path) -> dict[str, Any]:
-    """The tables of ``file``; a syntax error is reported with its line and column."""
+def file_source(settings_cls: type[BaseSettings], file: Path | None) -> TomlConfigSettingsSource:
+    """The tables of ``file`` (none: no tables); a syntax error is reported with its line and column."""
     try:
-        with file.open("rb") as stream:
-            return tomllib.load(stream)
+        return TomlConfigSettingsSource(settings_cls, toml_file=file)
     except tomllib.TOMLDecodeError as exc:
         text = str(exc)
         where = re.search(r"\(at line (\d+), column (\d+)\)", text)
@@ -50,32 +65,69 @@ def read_toml(file: Path) -> dict[str, Any]:
         raise SettingsError([f"{file}: cannot read the settings file: {exc}"]) from exc
 
 
-def apply_env(
-    data: dict[str, Any], environ: Mapping[str, str], origin: Origin, sections: Collection[str]
-) -> None:
-    """Set each ``RELIABLE_SECTION__KEY`` on ``data``; a ``RELIABLE_`` variable that names no
-    section is a `SettingsError` with the closest names (a typo must not be silently ignored)."""
-    unknown: list[str] = []
-    for variable, value in sorted(environ.items()):
-        upper = variable.upper()
-        if not upper.startswith(ENV_PREFIX) or upper == SETTINGS_ENV:
-            continue
-        parts = variable[len(ENV_PREFIX):].lower().split("__")
-        if parts[0] not in sections or len(parts) < 2:
-            unknown.append(_unknown_variable(variable, parts, sections))
-            continue
-        node: dict[str, Any] = data
-        loc: tuple[str, ...] = ()
-        for part in parts[:-1]:
-            key = _same_key(node, part)
-            if not isinstance(node.get(key), dict):
-                node[key] = {}
-            node, loc = node[key], (*loc, key)
-        key = _same_key(node, parts[-1])
-        node[key] = _env_value(value)
-        origin.variables[(*loc, key)] = variable
+class EnvironmentSource(EnvSettingsSource):
+    """pydantic-settings' environment source over ``environ`` instead of ``os.environ``.
+
+    A value that does not decode as JSON where a list or table is expected is
+    passed on as the string it is, so validation names the variable, key and
+    value ("expected a list") instead of failing on the decoding.
+    """
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        self.env_vars = {name.lower(): value for name, value in environ.items() if _is_ours(name)}
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
+        try:
+            return super().decode_complex_value(field_name, field, value)
+        except ValueError:
+            return value
+
+
+Layers = Callable[[type[BaseSettings]], tuple[PydanticBaseSettingsSource, ...]]
+"""The sources under the keyword arguments, highest first: what one `Settings` construction reads."""
+
+
+def _from_process(settings_cls: type[BaseSettings]) -> tuple[PydanticBaseSettingsSource, ...]:
+    return (EnvironmentSource(settings_cls, os.environ),
+            file_source(settings_cls, find_file(None, os.environ)))
+
+
+_LAYERS: ContextVar[Layers] = ContextVar("reliable_settings_layers", default=_from_process)
+
+
+def layers() -> Layers:
+    """The layers being read: the process's variables over its settings file unless `reading`."""
+    return _LAYERS.get()
+
+
+@contextmanager
+def reading(chosen: Layers) -> Iterator[None]:
+    """Read ``chosen`` instead while inside (``Settings.load``'s file and mapping, a handler's tables)."""
+    token = _LAYERS.set(chosen)
+    try:
+        yield
+    finally:
+        _LAYERS.reset(token)
+
+
+def variable_keys(environ: Mapping[str, str]) -> dict[tuple[str, ...], str]:
+    """The key each ``RELIABLE_`` variable sets (``('store', 'url')``), to name it in errors."""
+    return {tuple(name[len(ENV_PREFIX):].lower().split(NESTED)): name for name in environ if _is_ours(name)}
+
+
+def check_variables(environ: Mapping[str, str], sections: Collection[str]) -> None:
+    """A ``RELIABLE_`` variable that names no section is a `SettingsError` with the closest names
+    (pydantic-settings would ignore it, and a typo must not be silently ignored)."""
+    unknown = [_unknown_variable(name, list(key), sections)
+               for key, name in sorted(variable_keys(environ).items(), key=lambda item: item[1])
+               if key[0] not in sections or len(key) < 2]
     if unknown:
         raise SettingsError(unknown)
+
+
+def _is_ours(name: str) -> bool:
+    return name.upper().startswith(ENV_PREFIX) and name.upper() != SETTINGS_ENV
 
 
 def _unknown_variable(variable: str, parts: list[str], sections: Collection[str]) -> str:
@@ -88,28 +140,3 @@ def _unknown_variable(variable: str, parts: list[str], sections: Collection[str]
         hint = f"; did you mean {ENV_PREFIX}{guess[0].upper()}__{'__'.join(rest).upper()}?"
     return (f"environment variable {variable} names no setting: expected "
             f"{ENV_PREFIX}SECTION__KEY with SECTION one of {', '.join(sorted(sections))}{hint}")
-
-
-def _same_key(node: Mapping[str, Any], part: str) -> str:
-    """The existing key ``part`` names, ignoring case (handler names may have capitals)."""
-    return next((key for key in node if key.lower() == part), part)
-
-
-def _env_value(value: str) -> Any:
-    if value.lstrip().startswith(("[", "{")):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
-
-
-def deep_merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """``base`` with ``overrides`` laid over it, tables merged key by key."""
-    merged = dict(base)
-    for key, value in overrides.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged

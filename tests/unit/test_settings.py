@@ -217,3 +217,29 @@ def test_cache_prefix_is_checked():
     assert Settings.load(None, env={"RELIABLE_CACHE__PREFIX": "billing-eu"}).cache.prefix == "billing-eu"
     with pytest.raises(SettingsError, match="cache.prefix = 'a:b' is not allowed"):
         Settings.load(None, env={"RELIABLE_CACHE__PREFIX": "a:b"})
+
+
+def test_keyword_arguments_beat_environment_and_file_and_are_named(tmp_path):
+    path = write(tmp_path, '[store]\nurl = "sqlite:///a.db"\n[worker]\nprefetch = 5\n')
+    env = {"RELIABLE_STORE__URL": "sqlite:///b.db", "RELIABLE_WORKER__CONCURRENCY": "3"}
+    settings = Settings.load(path, env=env, store={"url": "sqlite:///c.db"})
+    assert settings.store.url == "sqlite:///c.db"
+    assert (settings.worker.concurrency, settings.worker.prefetch) == (3, 5)  # tables merge key by key
+    with pytest.raises(SettingsError, match=r"^argument worker: worker.concurrency = 'x' is not allowed"):
+        Settings.load(path, env=env, worker={"concurrency": "x"})
+
+
+def test_settings_constructed_directly_read_the_process_environment(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "[worker]\nprefetch = 9\n")
+    monkeypatch.setenv("RELIABLE_WORKER__CONCURRENCY", "4")
+    settings = Settings()
+    assert (settings.worker.concurrency, settings.worker.prefetch) == (4, 9)
+    assert Settings(worker={"concurrency": 2}).worker.concurrency == 2
+
+
+def test_a_list_variable_that_is_not_json_is_reported_as_its_value():
+    message = load_error(None, {"RELIABLE_TRANSPORT__URL": "nats://127.0.0.1:4222",
+                                "RELIABLE_TRANSPORT__SERVERS": "127.0.0.1:4223"})
+    assert message == ("environment variable RELIABLE_TRANSPORT__SERVERS: transport.servers = '127.0.0.1:4223' "
+                       "is not allowed; expected a list")
