@@ -23,6 +23,7 @@ from reliable.errors import (
 from reliable.handler import Handler
 from reliable.idempotency import Token
 from reliable.message import DeadLetter, Failure, Message, OutgoingMessage, QueueRef
+from reliable.middleware import Middleware, Publish
 from reliable.outcome import Outcome, Result
 from reliable.retry import (
     DelayLevels,
@@ -49,10 +50,12 @@ __all__ = [
     "HandlerOptionError",
     "InProcessRetry",
     "Message",
+    "Middleware",
     "OffsetWatermark",
     "Outcome",
     "OutgoingMessage",
     "PerMessage",
+    "Publish",
     "QueueRef",
     "RedeliveryPolicy",
     "ReliableError",

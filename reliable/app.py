@@ -34,10 +34,12 @@ from reliable.deadletter import DeadLetters
 from reliable.errors import HandlerOptionError, StoreUnavailableError, UnknownHandlerError
 from reliable.handler import Handler, HandlerConfig
 from reliable.health import RunState
-from reliable.log import configure_logging
+from reliable.log import Counters, configure_logging
 from reliable.message import CONTENT_TYPE
+from reliable.middleware import Middleware, Middlewares
 from reliable.outage import through_outages
 from reliable.outbox import Relay
+from reliable.reporting import built_in
 from reliable.runtime import Runtime
 from reliable.settings import Settings
 from reliable.worker import Worker
@@ -55,11 +57,18 @@ PURGE_INTERVAL = 3600.0
 class App:
     """Handlers and the backends they run on."""
 
-    def __init__(self, settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK, runtime: Runtime | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK, runtime: Runtime | None = None,
+                 middleware: Sequence[Middleware] = ()) -> None:
         self.settings = settings if settings is not None else Settings.load(None)
         self.clock = clock
         self.handlers: dict[str, Handler] = {}
+        self.counters = runtime.counters if runtime is not None else Counters()
+        self.middleware = Middlewares([*built_in(self.counters), *middleware])
+        """Hooks around every message and publish (`reliable.middleware`): the built-in logs,
+        counters and Prometheus metrics first, then the app's own, in the order given."""
         self._runtime = runtime
+        if runtime is not None:
+            self._opened(runtime)
         self._stop = threading.Event()
         self._purged_at = float("-inf")
         self._declared: set[str] = set()  # topics whose groups are declared to the transport
@@ -91,6 +100,13 @@ class App:
 
         return register
 
+    def add_middleware(self, middleware: Middleware) -> None:
+        """Register ``middleware`` after the others (`reliable.Middleware`); workers and
+        publishers already running see it too."""
+        self.middleware.add(middleware)
+        if self._runtime is not None:
+            middleware.on_open(self)
+
     # -- backends -------------------------------------------------------------
 
     @property
@@ -104,10 +120,17 @@ class App:
                 store = open_store(s.store.url, self.clock, outbox=s.outbox.name)
                 cache = None if s.cache.url == "none" else open_cache(s.cache.url, self.clock, s.cache.prefix)
                 transport = open_transport(s.transport.url, self.clock, **s.transport.options())
-                self._runtime = Runtime(transport=transport, store=store, cache=cache, clock=self.clock)
+                self._runtime = Runtime(transport=transport, store=store, cache=cache, clock=self.clock,
+                                        counters=self.counters)
                 log.info("backends_opened", transport=redact(s.transport.url), store=redact(s.store.url),
                          cache=redact(s.cache.url))
+                self._opened(self._runtime)
             return self._runtime
+
+    def _opened(self, runtime: Runtime) -> None:
+        """Route the store's ``tx.publish`` calls through the middleware, and tell it the app is open."""
+        runtime.store.hook_publish(self.middleware.outbox_hook)
+        self.middleware.emit("on_open", self)
 
     @property
     def store(self) -> Store:
@@ -157,20 +180,20 @@ class App:
         An outage (`BackendUnavailableError`: unreachable, or a cluster electing a
         leader) is retried for up to ``[transport] publish_timeout`` seconds, then raised.
         """
-        all_headers = {CONTENT_TYPE: content_type, **(headers or {})}
         bodies = list(bodies)
         ids = list(message_ids or [None] * len(bodies))
-        outgoing = [
-            OutgoingMessage(encode_body(b, content_type), key=key, headers=all_headers, delay=delay, message_id=i)
-            for b, i in zip(bodies, ids, strict=True)
-        ]
-        bound = self.settings.transport.publish_timeout
+        with self.middleware.publishing(topic, headers, len(bodies)) as sent_headers:
+            all_headers = {CONTENT_TYPE: content_type, **sent_headers}
+            outgoing = [
+                OutgoingMessage(encode_body(b, content_type), key=key, headers=all_headers, delay=delay, message_id=i)
+                for b, i in zip(bodies, ids, strict=True)
+            ]
 
-        def send() -> None:
-            self._declare_groups(topic)
-            self.runtime.transport.publish(topic, outgoing)
+            def send() -> None:
+                self._declare_groups(topic)
+                self.runtime.transport.publish(topic, outgoing)
 
-        through_outages(send, self.clock, bound, f"publish to {topic!r}")
+            through_outages(send, self.clock, self.settings.transport.publish_timeout, f"publish to {topic!r}")
 
     def relay(self) -> Relay:
         """A relay of this app's outbox to its transport (`reliable.outbox`)."""
@@ -273,7 +296,7 @@ class App:
 
     def _worker(self, handler: Handler) -> Worker:
         handler.config = self.config_for(handler)
-        return Worker(handler, self.runtime, self._strategy(handler.config), self._stop)
+        return Worker(handler, self.runtime, self._strategy(handler.config), self._stop, self.middleware)
 
     def config_for(self, handler: Handler) -> HandlerConfig:
         """The handler's effective settings: its decorator options over the settings file."""

@@ -26,10 +26,12 @@ __all__ = [
     "CacheUnavailableError",
     "ConfigurationError",
     "DeadLetterNotFoundError",
+    "ExtraNotInstalledError",
     "FenceConflictError",
     "HandlerOptionError",
     "HandlerShapeError",
     "LeaseHeldError",
+    "MiddlewareError",
     "OutboxMessageError",
     "ReliableError",
     "ReplayLoopError",
@@ -73,3 +75,11 @@ class LeaseHeldError(ReliableError):
 
 class DeadLetterNotFoundError(ReliableError, LookupError):
     """Raised when a dead letter asked for by id is not in the group named."""
+
+
+class MiddlewareError(ConfigurationError):
+    """Raised when something that is not a `reliable.Middleware` is registered as one."""
+
+
+class ExtraNotInstalledError(ConfigurationError, ImportError):
+    """Raised when a feature is used without its optional dependencies; names the pip extra."""

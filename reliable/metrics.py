@@ -17,6 +17,9 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
@@ -38,7 +41,13 @@ OUTBOX_ROWS = Counter("reliable_outbox_rows", "Outbox rows a relay marked sent o
 
 
 def count(handler: str, outcome: str, n: int = 1) -> None:
-    MESSAGES.labels(handler, outcome).inc(n)
+    messages(handler, outcome).inc(n)
+
+
+@functools.cache
+def messages(handler: str, outcome: str) -> Any:
+    """The ``reliable_messages_total`` child of ``handler`` and ``outcome`` (looked up once)."""
+    return MESSAGES.labels(handler, outcome)
 
 
 def observe(handler: str, seconds: float) -> None:

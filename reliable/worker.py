@@ -32,6 +32,7 @@ from backends.types import Message, QueueRef
 from reliable import metrics
 from reliable.commit import CommitStrategy, OffsetWatermark
 from reliable.handler import Handler
+from reliable.middleware import Middlewares
 from reliable.outcome import Outcome, Result
 from reliable.pipeline import Pipeline
 from reliable.pipeline.runner import OnLoop
@@ -50,7 +51,7 @@ class Worker:
     """Consumes one handler's topic as a member of its group."""
 
     def __init__(self, handler: Handler, runtime: Runtime, strategy: CommitStrategy,
-                 stopping: threading.Event | None = None) -> None:
+                 stopping: threading.Event | None = None, middleware: Middlewares | None = None) -> None:
         self.handler = handler
         self.stopping = stopping or threading.Event()  # set: finish what is in flight, start nothing
         self.runtime = runtime
@@ -64,7 +65,7 @@ class Worker:
         self.lanes = handler.config.concurrency
         self._loop = OnLoop(runtime.store, runtime.clock, self.lanes, handler.name) if handler.is_async else None
         self.pipeline = Pipeline(handler, runtime, self.watermark if saves_offsets else None, self._in_progress,
-                                 self._loop)
+                                 self._loop, middleware)
         self._renewing = threading.Lock()
         self._saves_offsets = saves_offsets
         threads = self.lanes > 1 and self._loop is None

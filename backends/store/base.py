@@ -18,7 +18,7 @@ from backends.errors import ConfigurationError
 from backends.types import JSON, DeadLetter, QueueRef
 
 if TYPE_CHECKING:  # the outbox's module imports the store's primitives, which import this one
-    from backends.store.outbox import Deferred, SqlOutbox
+    from backends.store.outbox import Deferred, PublishHook, SqlOutbox
 
 
 class TokenState(enum.Enum):
@@ -120,6 +120,10 @@ class Store(ABC):
     @abstractmethod
     def transaction(self) -> AbstractContextManager[Transaction]:
         """Begin; commit on normal exit, roll back on an exception (and re-raise it)."""
+
+    @abstractmethod
+    def hook_publish(self, hook: PublishHook) -> None:
+        """Run ``hook`` around every ``tx.publish`` of this store's transactions (sync and async)."""
 
     @abstractmethod
     def known(self, namespace: str, tokens: Sequence[str]) -> set[str]:

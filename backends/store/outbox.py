@@ -19,6 +19,7 @@ import math
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
@@ -91,6 +92,21 @@ class OutboxStatus:
 MESSAGE_ID_MAX = 64  # the column's width
 
 
+PublishHook = Callable[[str, Mapping[str, str] | None], AbstractContextManager[Mapping[str, str]]]
+"""Runs around every ``tx.publish(topic, ..., headers=...)``: entered before its row is made, it
+gives the headers the row carries (the app's middleware adds to them, `reliable.middleware`)."""
+
+
+@contextmanager
+def unhooked(topic: str, headers: Mapping[str, str] | None) -> Iterator[Mapping[str, str]]:
+    """The `PublishHook` of a store no app hooked: the headers as given."""
+    yield headers or {}
+
+
+_HOOKED: ContextVar[bool] = ContextVar("reliable_outbox_hooked", default=False)
+"""Set while `Deferred.write` writes calls its hook has run for already."""
+
+
 class OutboxWriter:
     """Turns ``tx.publish(...)`` calls into the rows a transaction writes (one place for every
     transaction class): each call is checked and its row made at once (`row`); the rows go in
@@ -100,6 +116,7 @@ class OutboxWriter:
 
     def __init__(self, name: str, clock: Clock, message_ids: Callable[[], str] = new_message_id) -> None:
         self.name, self.clock, self.message_ids = name, clock, message_ids
+        self.on_publish: PublishHook = unhooked
 
     def row(
         self,
@@ -112,19 +129,21 @@ class OutboxWriter:
         content_type: str = JSON,
         message_id: str | None = None,
     ) -> dict[str, Any]:
-        """The row of one publish; `OutboxMessageError` names what is wrong with the call."""
+        """The row of one publish (through `on_publish`); `OutboxMessageError` names what is wrong
+        with the call."""
         _check(topic, key, headers, delay, message_id)
-        try:
-            payload = encode_body(body, content_type)
-        except (TypeError, ValueError) as exc:
-            raise OutboxMessageError(f"tx.publish to {topic!r}: body cannot be encoded as {content_type}: {exc}") from exc
-        now = self.clock.time()
-        row = {
-            "outbox": self.name, "message_id": message_id or self.message_ids(), "topic": topic, "key": key,
-            "headers": json.dumps({CONTENT_TYPE: content_type, **(headers or {})}), "payload": payload,
-            "deliver_at": now + delay, "state": RowState.PENDING.value, "created_at": now,
-        }
-        return row
+        with (unhooked if _HOOKED.get() else self.on_publish)(topic, headers) as sent_headers:
+            try:
+                payload = encode_body(body, content_type)
+            except (TypeError, ValueError) as exc:
+                raise OutboxMessageError(
+                    f"tx.publish to {topic!r}: body cannot be encoded as {content_type}: {exc}") from exc
+            now = self.clock.time()
+            return {
+                "outbox": self.name, "message_id": message_id or self.message_ids(), "topic": topic, "key": key,
+                "headers": json.dumps({CONTENT_TYPE: content_type, **sent_headers}), "payload": payload,
+                "deliver_at": now + delay, "state": RowState.PENDING.value, "created_at": now,
+            }
 
 
 def _check(topic: Any, key: Any, headers: Any, delay: Any, message_id: Any = None) -> None:
@@ -168,22 +187,28 @@ class Deferred:
     checked at once, and written in the transaction that stores the handler's result (so the
     messages are published once the result is stored, never by a call whose result is not)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_publish: PublishHook = unhooked) -> None:
         self.calls: list[dict[str, Any]] = []
+        self.on_publish = on_publish  # run when the handler calls, not again when the rows are written
 
     def publish(self, topic: str, body: Any, *, key: str | None = None, headers: Mapping[str, str] | None = None,
                 delay: float = 0.0, content_type: str = JSON, message_id: str | None = None) -> str:
         _check(topic, key, headers, delay, message_id)
-        call = {"topic": topic, "body": body, "key": key, "headers": headers, "delay": delay,
-                "content_type": content_type, "message_id": message_id or new_message_id()}
+        with self.on_publish(topic, headers) as sent_headers:
+            call = {"topic": topic, "body": body, "key": key, "headers": dict(sent_headers), "delay": delay,
+                    "content_type": content_type, "message_id": message_id or new_message_id()}
         self.calls.append(call)
         return str(call["message_id"])
 
     def write(self, tx: Any) -> None:
         """Write the calls' rows in ``tx`` (a `Transaction`)."""
-        for call in self.calls:
-            tx.publish(call["topic"], call["body"], key=call["key"], headers=call["headers"], delay=call["delay"],
-                       content_type=call["content_type"], message_id=call["message_id"])
+        hooked = _HOOKED.set(True)
+        try:
+            for call in self.calls:
+                tx.publish(call["topic"], call["body"], key=call["key"], headers=call["headers"],
+                           delay=call["delay"], content_type=call["content_type"], message_id=call["message_id"])
+        finally:
+            _HOOKED.reset(hooked)
 
 
 class Wakeup:

@@ -33,7 +33,7 @@ from backends.store.base import LeaseOutcome, Store, Transaction
 from backends.store.claims import Claim
 from backends.store.dialect import Dialect
 from backends.store.engine import is_unavailable, parse_store_url
-from backends.store.outbox import Deferred, OutboxWriter, Outgoing, SqlOutbox
+from backends.store.outbox import Deferred, OutboxWriter, Outgoing, PublishHook, SqlOutbox
 from backends.store.postgresql import AsyncPostgreSQL, PostgreSQL
 from backends.store.schema import metadata
 from backends.store.sqlite import SQLite
@@ -157,6 +157,9 @@ class SqlStore(Store):
         return f"SqlStore({redact(self.url.render_as_string(hide_password=False))!r})"
 
     # -- transactions -------------------------------------------------------------------
+
+    def hook_publish(self, hook: PublishHook) -> None:
+        self._outbox_writer.on_publish = hook
 
     @contextmanager
     def transaction(self) -> Iterator[SqlTransaction]:

@@ -4,7 +4,7 @@ The pipeline is one chain of shared steps (`reliable.pipeline.steps`), in
 the manner of structlog's processor chain; the steps around ``run`` see the
 whole fetch, ``run`` one chunk at a time:
 
-    tokens → repeats → cache → run → dead letters → cache fill → observers
+    tokens → repeats → cache → run → dead letters → cache fill → after_message
 
 Only the ``run`` step differs between the modes, and how many messages it
 sees at a time:
@@ -18,8 +18,9 @@ sees at a time:
 The failure branch is shared: a failing message is classified (redeliver
 with the policy's next delay, or dead-letter), and every dead letter is
 recorded in the store before the worker hands it to the transport. The
-worker turns each `Result` into an ack; observers (`observe.Observer`) see
-every outcome.
+worker turns each `Result` into an ack. The app's middleware
+(`reliable.middleware`) sees every message go in, every handler call, retry
+and dead letter, and every outcome.
 """
 
 from __future__ import annotations
@@ -32,17 +33,18 @@ import structlog
 from backends.types import Message
 from reliable.commit import OffsetWatermark
 from reliable.handler import Handler
-from reliable.outcome import Result
+from reliable.middleware import Middlewares
+from reliable.outcome import Outcome, Result
 from reliable.pipeline.lease import InProgress, Leased
-from reliable.pipeline.observe import Metrics, Observer, Observers, Report
 from reliable.pipeline.runner import Inline, Runner, drive
 from reliable.pipeline.steps import Step, Steps, Work
 from reliable.pipeline.transaction import each_in_transaction, together_in_transaction
+from reliable.reporting import built_in
 from reliable.runtime import Runtime
 
 log = structlog.get_logger("reliable.pipeline")
 
-__all__ = ["Observer", "Pipeline"]
+__all__ = ["Pipeline"]
 
 
 class Pipeline:
@@ -52,15 +54,17 @@ class Pipeline:
     consumer keeps offsets), every transaction also saves where its queues
     stand once its messages are done: the contiguous prefix of the watermark,
     never past a message still in flight. ``in_progress`` tells the
-    transport a leased message is still being worked on.
+    transport a leased message is still being worked on. ``middleware``: the
+    app's (`App.middleware`); by default the built-in ones alone.
     """
 
     def __init__(self, handler: Handler, runtime: Runtime, offsets: OffsetWatermark | None = None,
-                 in_progress: InProgress | None = None, runner: Runner | None = None) -> None:
+                 in_progress: InProgress | None = None, runner: Runner | None = None,
+                 middleware: Middlewares | None = None) -> None:
         self.handler = handler
-        self.observers = Observers([Report(runtime.counters), Metrics()])
+        self.middleware = middleware if middleware is not None else Middlewares(built_in(runtime.counters))
         self.runner = runner or Inline(runtime.store, runtime.clock)
-        self.steps = Steps(handler, runtime, offsets, self.observers, self.runner)
+        self.steps = Steps(handler, runtime, offsets, self.middleware, self.runner)
         self.guard = self.steps.guard
         run: Step
         if handler.lease is not None:
@@ -88,21 +92,38 @@ class Pipeline:
         no result (unacknowledged, they go back to the group).
         """
         work = [Work(m) for m in messages]
-        for step in self.before:
-            await step(work)
+        self.middleware.each("before_message", self.handler, messages)
         done: list[Work] = []
-        for start in range(0, len(work), self.chunk):
-            if stopping():
-                log.info("worker_stopping", handler=self.handler.name, handed_back=len(work) - start)
-                break
-            chunk = work[start : start + self.chunk]
-            await self.run_chunk(chunk)
-            done += chunk
-        for step in self.after:
-            await step(done)
+        try:
+            for step in self.before:
+                await step(work)
+            for start in range(0, len(work), self.chunk):
+                if stopping():
+                    log.info("worker_stopping", handler=self.handler.name, handed_back=len(work) - start)
+                    break
+                chunk = work[start : start + self.chunk]
+                await self.run_chunk(chunk)
+                done += chunk
+            for step in self.after:
+                await step(done)
+        except BaseException:
+            self._report(work, [])  # nothing is acked: every message comes back
+            raise
+        self._report(work, done)
         results = []
         for w in done:
             assert w.result is not None, f"no step decided message {w.message.id}"
             results.append(w.result)
-        self.observers.outcomes(self.handler, results)
         return results
+
+    def _report(self, work: list[Work], done: list[Work]) -> None:
+        """``on_dead_letter`` and ``after_message`` of every message (None: handed back undecided)."""
+        middleware, handler = self.middleware, self.handler
+        if middleware.overridden("on_dead_letter"):
+            for w in done:
+                if w.result is not None and w.result.outcome is Outcome.DEAD_LETTERED:
+                    middleware.emit("on_dead_letter", handler, w.result)
+        if middleware.overridden("after_message"):
+            finished = {id(w) for w in done}
+            for w in work:
+                middleware.emit("after_message", handler, w.message, w.result if id(w) in finished else None)

@@ -95,11 +95,11 @@ class Leased:
             log.info("lease_held", handler=steps.handler.name, token=token, retry_in=wait)
             w.decide(Outcome.DEFERRED, delay=wait)
             return
-        publish = Deferred()  # the handler's tx.publish: written with its stored result
+        publish = Deferred(steps.middleware.outbox_hook)  # tx.publish: written with its stored result
         try:
             with Heartbeat(lambda: self._renew(w.message, token), self.seconds / RENEWALS_PER_LEASE,
                            steps.handler.name):
-                value = await steps.retrying(lambda: steps.call([w.message], publish))
+                value = await steps.retrying([w.message], lambda: steps.call([w.message], publish))
         except Exception as exc:
             await steps.runner.offload(lambda: self._release(token))
             w.result = steps.failed(w.message, token, exc)
@@ -117,7 +117,7 @@ class Leased:
         not acked and its lease expires."""
         steps, store = self.steps, self.steps.runtime.store
         try:
-            await steps.retrying(lambda: steps.runner.offload(lambda: store.complete_lease(
+            await steps.retrying([w.message], lambda: steps.runner.offload(lambda: store.complete_lease(
                 steps.handler.group, token, value, steps.config.token_ttl, publish)))
         except StoreUnavailableError as exc:
             log.error("lease_result_not_stored", handler=steps.handler.name, token=token, error=str(exc))

@@ -24,8 +24,8 @@ from reliable.commit import OffsetWatermark
 from reliable.handler import Handler
 from reliable.idempotency import Guard
 from reliable.message import REPLAYS_HEADER
+from reliable.middleware import Middlewares
 from reliable.outcome import Outcome, Result
-from reliable.pipeline.observe import Observers
 from reliable.pipeline.runner import Runner, awaited
 from reliable.retry import Verdict, call_with_retry_async, classify
 from reliable.runtime import Runtime
@@ -63,8 +63,8 @@ class Steps:
     """The shared steps of one handler's pipeline, bound to its runtime."""
 
     def __init__(self, handler: Handler, runtime: Runtime, offsets: OffsetWatermark | None,
-                 observers: Observers, runner: Runner) -> None:
-        self.handler, self.runtime, self.offsets, self.observers = handler, runtime, offsets, observers
+                 middleware: Middlewares, runner: Runner) -> None:
+        self.handler, self.runtime, self.offsets, self.middleware = handler, runtime, offsets, middleware
         self.runner = runner
         self.config = handler.config
         self.guard = Guard(
@@ -110,23 +110,28 @@ class Steps:
     # -- around the handler ---------------------------------------------------------------
 
     async def call(self, messages: list[Message], tx: Any, *, batch: bool = False) -> Any:
-        """The handler itself (awaited when it is ``async def``), timed for the observers."""
+        """The handler itself (awaited when it is ``async def``), between the middleware's
+        ``before_handler`` and ``after_handler`` (timed on the runtime's clock)."""
+        self.middleware.emit("before_handler", self.handler, messages)
         started = self.runtime.clock.time()
+        error: BaseException | None = None
         try:
             if batch:
                 assert tx is not None, "batch mode runs in a transaction"
                 return await self.handler.run_batch(messages, tx)
             return await self.handler.run(messages[0], tx)
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
-            self.observers.handler_ran(self.handler, len(messages), self.runtime.clock.time() - started)
+            seconds = self.runtime.clock.time() - started
+            self.middleware.emit("after_handler", self.handler, messages, seconds, error)
 
-    async def retrying(self, fn: Callable[[], Awaitable[Any]]) -> Any:
-        """``await fn()`` under the in-process retry policy (transient errors retried in place)."""
+    async def retrying(self, messages: Sequence[Message], fn: Callable[[], Awaitable[Any]]) -> Any:
+        """``await fn()`` for ``messages`` under the in-process retry policy (transient errors
+        retried in place; the middleware's ``on_retry`` sees each retry)."""
         def retried(exc: BaseException, attempt: int) -> None:
-            self.runtime.counters.incr("retried")
-            self.observers.retried(self.handler, exc, attempt)
-            log.info("retrying_in_process", handler=self.handler.name, attempt=attempt, error=repr(exc),
-                     exc_info=exc)
+            self.middleware.emit("on_retry", self.handler, messages, exc, attempt)
 
         return await call_with_retry_async(fn, policy=self.config.in_process, classifier=self.handler.classifier,
                                            sleep=self.runner.sleep, on_retry=retried)

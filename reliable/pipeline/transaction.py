@@ -28,7 +28,7 @@ async def each_in_transaction(steps: Steps, work: list[Work]) -> None:
     """Single mode: claim, call and commit each message in a transaction of its own."""
     for w in undecided(work):
         try:
-            claimed, value = await steps.retrying(partial(_one, steps, w.message, w.token))
+            claimed, value = await steps.retrying([w.message], partial(_one, steps, w.message, w.token))
         except Exception as exc:
             down = store_down(exc)
             w.result = steps.deferred(w.message, w.token, exc) if down else steps.failed(w.message, w.token, exc)
@@ -111,7 +111,7 @@ async def _isolated(steps: Steps, tx: Any, w: Work) -> Result:
             return True
 
     try:
-        processed = await steps.retrying(attempt)
+        processed = await steps.retrying([w.message], attempt)
     except Exception as exc:
         if store_down(exc):
             raise StoreUnavailableError(f"store unavailable in isolated savepoint: {exc}") from exc

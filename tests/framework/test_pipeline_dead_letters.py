@@ -6,21 +6,22 @@ from __future__ import annotations
 
 import pytest
 
+from reliable.middleware import Middleware
 from reliable.outcome import Outcome
-from reliable.pipeline import Observer, Pipeline
+from reliable.pipeline import Pipeline
 from reliable.testing import test_app
 
 
-class Seen(Observer):
+class Seen(Middleware):
     def __init__(self) -> None:
         self.outcomes_seen: list[Outcome] = []
         self.latencies: list[int] = []
 
-    def outcomes(self, handler, results) -> None:
-        self.outcomes_seen.extend(r.outcome for r in results)
+    def after_message(self, handler, message, result) -> None:
+        self.outcomes_seen.append(result.outcome)
 
-    def handler_ran(self, handler, messages: int, seconds: float) -> None:
-        self.latencies.append(messages)
+    def after_handler(self, handler, messages, seconds, error) -> None:
+        self.latencies.append(len(messages))
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
@@ -39,7 +40,7 @@ def test_a_redelivered_poison_message_is_recorded_once(tmp_path, request, unique
     charge.config = app.config_for(charge)
     pipeline = Pipeline(charge, app.runtime)
     seen = Seen()
-    pipeline.observers.append(seen)
+    pipeline.middleware.add(seen)
 
     pipeline.process([message])  # recorded; the member dies before the POISON ack...
     pipeline.process([message])  # ...and the transport hands the same message back

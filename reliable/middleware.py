@@ -1,0 +1,159 @@
+"""Middleware: hook objects around every message and every publish (dramatiq's middleware).
+
+A middleware subclasses `Middleware` and overrides the hooks it needs; an
+app calls every registered one (``App(middleware=[...])``,
+``app.add_middleware(...)``). The built-in logs, counters and Prometheus
+metrics are middleware too (`reliable.reporting`), registered first.
+
+Order: ``before_*`` hooks run in registration order; ``after_*`` and
+``on_*`` hooks (events coming back out) in reverse, so the first middleware
+registered is the outermost layer.
+
+A hook that raises is logged (``middleware_failed``, with its traceback) and
+the others still run: a middleware can neither lose a message nor mask the
+handler's own error, since the pipeline's decision and the worker's ack do
+not depend on it. A ``before_publish`` that raises leaves the headers as the
+hooks before it made them, and the message is still published.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from backends.types import Message
+from reliable.errors import MiddlewareError
+from reliable.outcome import Result
+
+if TYPE_CHECKING:
+    from reliable.app import App
+    from reliable.handler import Handler
+
+log = structlog.get_logger("reliable.middleware")
+
+
+@dataclass
+class Publish:
+    """One publish call on its way out: what ``before_publish`` may add headers to.
+
+    ``outbox``: written by ``tx.publish`` as an outbox row, sent by a relay once
+    its transaction commits; else sent to the transport now (`App.publish`).
+    """
+
+    topic: str
+    headers: dict[str, str] = field(default_factory=dict)
+    count: int = 1  # messages in the call, all carrying ``headers``
+    outbox: bool = False
+
+
+class Middleware:
+    """A no-op base: override the hooks you need (each is called from the worker's threads)."""
+
+    def on_open(self, app: App) -> None:
+        """The app opened its backends (first use): read what you need of it (settings, transport)."""
+
+    def before_message(self, handler: Handler, message: Message) -> None:
+        """``message`` entered ``handler``'s pipeline (before its token and the cache)."""
+
+    def before_handler(self, handler: Handler, messages: Sequence[Message]) -> None:
+        """The handler function is about to run on ``messages`` (one, or a batch); once per attempt."""
+
+    def after_handler(self, handler: Handler, messages: Sequence[Message], seconds: float,
+                      error: BaseException | None) -> None:
+        """The handler function returned (``error`` None) or raised, after ``seconds`` on the app's clock."""
+
+    def on_retry(self, handler: Handler, messages: Sequence[Message], error: BaseException, attempt: int) -> None:
+        """A transient ``error`` of attempt ``attempt`` is retried in process."""
+
+    def on_dead_letter(self, handler: Handler, result: Result) -> None:
+        """``result.message`` was dead-lettered: its record is in the store, the transport gets POISON."""
+
+    def after_message(self, handler: Handler, message: Message, result: Result | None) -> None:
+        """``message``'s outcome was decided (``result``: processed, duplicate, redelivered,
+        dead-lettered, deferred), or None: it was not decided (a stopping worker handed it back,
+        or the pipeline failed) and comes back unacknowledged."""
+
+    def before_publish(self, publish: Publish) -> None:
+        """A publish is about to happen: add to ``publish.headers`` to send more headers."""
+
+    def after_publish(self, publish: Publish, error: BaseException | None) -> None:
+        """The transport confirmed the publish (outbox: its row was made), or it raised ``error``."""
+
+
+HOOKS = tuple(name for name in vars(Middleware) if name.startswith(("on_", "before_", "after_")))
+
+
+class Middlewares:
+    """The middleware of an app, and the one place hooks are called (order, failures)."""
+
+    def __init__(self, middleware: Sequence[Middleware] = ()) -> None:
+        self._all: list[Middleware] = []
+        self._calls: dict[str, tuple[tuple[Middleware, Any], ...]] = {}
+        for m in middleware:
+            self.add(m)
+        self._index()
+
+    def __iter__(self) -> Iterator[Middleware]:
+        return iter(list(self._all))
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def add(self, middleware: Middleware) -> None:
+        """Register ``middleware`` after the others (innermost)."""
+        if not isinstance(middleware, Middleware):
+            raise MiddlewareError(f"{middleware!r} is not a reliable.Middleware (subclass it, override hooks)")
+        self._all.append(middleware)
+        self._index()
+
+    def _index(self) -> None:
+        """Per hook, the middleware that override it, in the order the hook runs."""
+        calls = {}
+        for hook in HOOKS:
+            own = [m for m in self._all if getattr(type(m), hook) is not getattr(Middleware, hook)]
+            ordered = own if hook.startswith("before_") else own[::-1]
+            calls[hook] = tuple((m, getattr(m, hook)) for m in ordered)
+        self._calls = calls  # swapped whole: a hook being called meanwhile sees the old or new
+
+    def overridden(self, hook: str) -> bool:
+        """Whether any middleware implements ``hook`` (callers skip work for unused hooks)."""
+        return bool(self._calls[hook])
+
+    def emit(self, hook: str, *args: Any) -> None:
+        """Call ``hook`` on every middleware that has it; one that raises is logged, the rest run."""
+        for middleware, call in self._calls[hook]:
+            try:
+                call(*args)
+            except Exception as exc:
+                log.error("middleware_failed", middleware=type(middleware).__name__, hook=hook,
+                          error=repr(exc), exc_info=exc)
+
+    def each(self, hook: str, handler: Handler, messages: Sequence[Message]) -> None:
+        """``hook(handler, message)`` for each of ``messages``."""
+        if self._calls[hook]:
+            for message in messages:
+                self.emit(hook, handler, message)
+
+    @contextmanager
+    def publishing(self, topic: str, headers: Mapping[str, str] | None, count: int = 1, *,
+                   outbox: bool = False) -> Iterator[dict[str, str]]:
+        """Around one publish call: ``before_publish``, the headers to send, ``after_publish``."""
+        publish = Publish(topic, dict(headers or {}), count, outbox)
+        if not self._calls["before_publish"] and not self._calls["after_publish"]:
+            yield publish.headers
+            return
+        self.emit("before_publish", publish)
+        try:
+            yield publish.headers
+        except BaseException as exc:
+            self.emit("after_publish", publish, exc)
+            raise
+        self.emit("after_publish", publish, None)
+
+    def outbox_hook(self, topic: str, headers: Mapping[str, str] | None) -> Any:
+        """`publishing` for ``tx.publish`` (`backends.store.outbox.PublishHook`)."""
+        return self.publishing(topic, headers, outbox=True)

@@ -1,0 +1,253 @@
+"""Middleware: every hook, in order (after-hooks reversed), for sync and async handlers and batch
+mode; retries and dead letters; publishes (`app.publish` and `tx.publish`); and a middleware that
+raises loses no message and masks no error."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+from structlog.testing import capture_logs
+
+import reliable
+from reliable import App, Middleware
+from reliable.errors import MiddlewareError
+from reliable.testing import test_app
+
+
+class Transient(Exception):
+    pass
+
+
+class Recorder(Middleware):
+    """Appends ``(name, hook, detail)`` to a shared journal for every hook it sees."""
+
+    def __init__(self, name: str, journal: list[tuple[str, str, object]]) -> None:
+        self.name, self.journal = name, journal
+
+    def note(self, hook: str, detail: object = None) -> None:
+        self.journal.append((self.name, hook, detail))
+
+    def on_open(self, app):
+        self.note("on_open")
+
+    def before_message(self, handler, message):
+        self.note("before_message", message.body["id"])
+
+    def before_handler(self, handler, messages):
+        self.note("before_handler", len(messages))
+
+    def after_handler(self, handler, messages, seconds, error):
+        self.note("after_handler", type(error).__name__ if error else None)
+
+    def on_retry(self, handler, messages, error, attempt):
+        self.note("on_retry", attempt)
+
+    def on_dead_letter(self, handler, result):
+        self.note("on_dead_letter", result.message.body["id"])
+
+    def after_message(self, handler, message, result):
+        self.note("after_message", (message.body["id"], result.outcome.value))
+
+    def before_publish(self, publish):
+        self.note("before_publish", (publish.topic, publish.outbox))
+        publish.headers[f"x-{self.name}"] = "seen"
+
+    def after_publish(self, publish, error):
+        self.note("after_publish", publish.topic)
+
+
+def hooks(journal, name: str = "outer") -> list[tuple[str, object]]:
+    return [(hook, detail) for who, hook, detail in journal if who == name]
+
+
+@pytest.fixture
+def journal() -> list[tuple[str, str, object]]:
+    return []
+
+
+@pytest.fixture
+def app(tmp_path, journal) -> App:
+    app = test_app(tmp_path, settings={"RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "2"})
+    app.add_middleware(Recorder("outer", journal))
+    app.add_middleware(Recorder("inner", journal))
+    with app.store.transaction() as tx:
+        tx.execute(text("create table effects (id text)"))
+    yield app
+    app.close()
+
+
+def test_before_hooks_run_in_order_and_after_hooks_in_reverse(app, journal) -> None:
+    @app.handler("orders", token="body.id")
+    def handle(msg, tx):
+        tx.execute(text("insert into effects values (:i)"), {"i": msg.body["id"]})
+
+    app.publish("orders", {"id": "o-1"})
+    journal.clear()
+    app.run(until_idle=True)
+
+    assert [(who, hook) for who, hook, _ in journal] == [
+        ("outer", "before_message"), ("inner", "before_message"),
+        ("outer", "before_handler"), ("inner", "before_handler"),
+        ("inner", "after_handler"), ("outer", "after_handler"),
+        ("inner", "after_message"), ("outer", "after_message"),
+    ]
+    assert hooks(journal)[-1] == ("after_message", ("o-1", "processed"))
+
+
+@pytest.mark.parametrize("shape", ["sync", "async", "batch"])
+def test_every_hook_is_called(app, journal, shape) -> None:
+    """Retry, dead letter, outcome and publish hooks, for each handler shape; a duplicate is
+    seen by before/after_message without a handler call."""
+    # fails once in process, then succeeds (batch mode: the batch fails, then its isolated retry)
+    failures = {"o-retry": 2 if shape == "batch" else 1}
+
+    def work(msg, tx):
+        order = msg.body["id"]
+        if order == "o-poison":
+            raise ValueError("never valid")
+        if failures.get(order, 0) > 0:
+            failures[order] -= 1
+            raise Transient("database hiccup")
+        tx.publish("invoices", {"order": order})
+
+    if shape == "sync":
+        @app.handler("orders", token="body.id", fatal=(ValueError,), retry_on=(Transient,))
+        def handle(msg, tx):
+            work(msg, tx)
+    elif shape == "async":
+        @app.handler("orders", token="body.id", fatal=(ValueError,), retry_on=(Transient,))
+        async def handle(msg, tx):
+            work(msg, tx)
+    else:
+        @app.handler("orders", token="body.id", fatal=(ValueError,), retry_on=(Transient,), batch=10)
+        def handle(messages, tx):
+            for m in messages:
+                work(m, tx)
+
+    for order in ("o-ok", "o-retry", "o-poison", "o-ok"):
+        app.publish("orders", {"id": order})
+    journal.clear()
+    app.run(until_idle=True, handlers=["handle"])
+
+    seen = hooks(journal)
+    outcomes = sorted(d for h, d in seen if h == "after_message")
+    assert outcomes == [("o-ok", "duplicate"), ("o-ok", "processed"), ("o-poison", "dead_lettered"),
+                        ("o-retry", "processed")]
+    assert sorted(d for h, d in seen if h == "before_message") == ["o-ok", "o-ok", "o-poison", "o-retry"]
+    assert ("on_retry", 1) in seen
+    assert ("on_dead_letter", "o-poison") in seen
+    assert ("after_handler", "ValueError") in seen  # the poison message's call, its error passed on
+    assert ("after_handler", None) in seen
+    # tx.publish goes through the publish hooks as an outbox row, with the header they added
+    assert ("before_publish", ("invoices", True)) in seen
+    assert app.stats()["processed"] == 2 and app.stats()["dead_lettered"] == 1
+    assert app.stats()["retried"] >= 1  # the built-in Counts middleware
+
+
+def test_publish_hooks_add_headers_the_consumer_receives(app, journal) -> None:
+    received = []
+
+    @app.handler("orders")
+    def handle(msg):
+        received.append(dict(msg.headers))
+
+    journal.clear()
+    app.publish_many("orders", [{"id": "a"}, {"id": "b"}], headers={"x-mine": "1"})
+    app.run(until_idle=True)
+
+    assert [(who, h) for who, h, _ in journal if "publish" in h] == [
+        ("outer", "before_publish"), ("inner", "before_publish"),
+        ("inner", "after_publish"), ("outer", "after_publish"),
+    ]
+    assert hooks(journal)[0] == ("before_publish", ("orders", False))
+    assert all(h["x-outer"] == "seen" and h["x-inner"] == "seen" and h["x-mine"] == "1" for h in received)
+    assert len(received) == 2
+
+
+class Raising(Middleware):
+    """Raises from every hook it has."""
+
+    def before_message(self, handler, message):
+        raise RuntimeError("before_message broke")
+
+    def before_handler(self, handler, messages):
+        raise RuntimeError("before_handler broke")
+
+    def after_handler(self, handler, messages, seconds, error):
+        raise RuntimeError("after_handler broke")
+
+    def after_message(self, handler, message, result):
+        raise RuntimeError("after_message broke")
+
+    def before_publish(self, publish):
+        publish.headers["x-half"] = "done"
+        raise RuntimeError("before_publish broke")
+
+
+def test_a_raising_middleware_loses_no_message_and_masks_no_error(tmp_path, journal) -> None:
+    """Every hook of one middleware raises: messages are still processed once and acked, the
+    handler's own error is what the dead letter records, the middleware after it still runs,
+    and the failure is logged."""
+    app = test_app(tmp_path, settings={"RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1"})
+    app.add_middleware(Raising())
+    app.add_middleware(Recorder("after-it", journal))
+    ran = []
+
+    @app.handler("orders", group="g", token="body.id", fatal=(ValueError,))
+    def handle(msg):
+        ran.append(msg.body["id"])
+        if msg.body["id"] == "bad":
+            raise ValueError("the user's own error")
+
+    with capture_logs() as logs:
+        for order in ("good", "bad"):
+            app.publish("orders", {"id": order})
+        app.run(until_idle=True)
+
+    assert sorted(ran) == ["bad", "good"]
+    assert app.stats()["processed"] == 1 and app.stats()["dead_lettered"] == 1
+    (letter,) = app.dead_letters("g")
+    assert letter.failure.error_type.endswith("ValueError")
+    assert letter.failure.error_message == "the user's own error"
+    assert letter.message.headers["x-half"] == "done"  # published, with what the hook did
+    assert sorted(d for h, d in hooks(journal, "after-it") if h == "after_message") == [
+        ("bad", "dead_lettered"), ("good", "processed")]
+    failed = {e["hook"] for e in logs if e["event"] == "middleware_failed"}
+    assert failed == {"before_message", "before_handler", "after_handler", "after_message", "before_publish"}
+    app.close()
+
+
+def test_only_middleware_is_accepted(tmp_path) -> None:
+    with pytest.raises(MiddlewareError, match="not a reliable.Middleware"):
+        App(middleware=[object()])  # type: ignore[list-item]
+    app = test_app(tmp_path)
+    with pytest.raises(MiddlewareError):
+        app.add_middleware(print)  # type: ignore[arg-type]
+
+
+def test_the_built_ins_are_middleware_registered_first(tmp_path, journal) -> None:
+    mine = Recorder("mine", journal)
+    app = App(middleware=[mine])
+    names = [type(m).__name__ for m in app.middleware]
+    assert names == ["Logs", "Counts", "Prometheus", "Recorder"]
+    assert all(isinstance(m, reliable.Middleware) for m in app.middleware)
+
+
+def test_a_redelivery_is_an_outcome_and_lease_mode_calls_the_hooks(app, journal) -> None:
+    attempts = []
+
+    @app.handler("orders", token="body.id", lease=30.0, retry_on=(Transient,))
+    def handle(msg, tx):
+        attempts.append(msg.attempt)
+        if msg.attempt == 1:
+            raise Transient("gateway down")
+        tx.publish("invoices", {"order": msg.body["id"]})
+
+    app.publish("orders", {"id": "o-1"})
+    journal.clear()
+    app.run(until_idle=True, handlers=["handle"])
+
+    outcomes = [d for h, d in hooks(journal) if h == "after_message"]
+    assert outcomes == [("o-1", "redelivered"), ("o-1", "processed")]
+    assert [d for h, d in hooks(journal) if h == "on_retry"] == [1]  # in process, before the redelivery
+    assert [d for h, d in hooks(journal) if h == "before_publish"] == [("invoices", True)]  # once
