@@ -19,7 +19,6 @@ offset replaces the old one atomically.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import threading
@@ -30,6 +29,7 @@ from typing import NamedTuple
 import structlog
 
 from broker.delivery.offsets import OffsetKey
+from broker.store import MessageStore
 from broker.store.files import fsync_directory
 
 log = structlog.get_logger("broker.delivery")
@@ -79,25 +79,25 @@ def _line(key: OffsetKey, offsets: Iterable[int] | int) -> bytes:
 
 
 class AckJournal:
-    """Appends ack facts to one file; `synced` / `synced_async` wait for their fsync."""
+    """Appends ack facts to one file, written and fsynced by the store's group commit;
+    `synced` / `synced_async` wait for the committer's pass that covers them."""
 
-    def __init__(self, path: Path, length: int) -> None:
+    def __init__(self, path: Path, length: int, store: MessageStore) -> None:
         """Append to ``path`` after its first ``length`` bytes (its good lines: a torn tail is
-        cut, or the next line would join it and be lost at the next replay)."""
+        cut, or the next line would join it and be lost at the next replay); ride the group
+        commit of ``store`` (which must be ``sync``)."""
         self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.ftruncate(self._fd, length)
         self.size = length
-        self._state = threading.Condition(threading.Lock())  # the queue and the sequence numbers
+        self._store = store
+        self._queued: list[bytes] = []  # lines recorded, not yet written
+        self._recorded = 0  # lines recorded so far
+        self._durable = 0  # lines an fsync (or a compaction) covers
+        self._error: OSError | None = None  # a failed write: what was queued then may be lost
+        self._state = threading.Lock()  # the queue
         self._file = threading.Lock()  # the descriptor: one write+fsync, or a compaction, at a time
-        self._queued: list[bytes] = []
-        self._recorded = 0  # acks recorded so far
-        self._durable = 0  # acks an fsync covers
-        self._error: BaseException | None = None
-        self._waiting: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="broker-ack-journal", daemon=True)
-        self._thread.start()
+        store.attach_journal(self)
 
     def record(self, key: OffsetKey, offsets: Iterable[int] | int) -> None:
         """Queue the fact that ``offsets`` of ``key`` are done, or (an int) that ``key`` was
@@ -106,28 +106,37 @@ class AckJournal:
         with self._state:
             self._queued.append(line)
             self._recorded += 1
-            self._state.notify_all()
 
     def synced(self) -> None:
         """Return once every ack recorded so far is fsynced (or raise why it cannot be)."""
-        with self._state:
-            target = self._recorded
-            self._state.wait_for(lambda: self._durable >= target or self._error is not None)
-            if self._durable < target:
-                raise self._error or OSError("the ack journal stopped")
+        if self._durable < self._recorded:  # else nothing to wait for: no pass of the committer
+            self._store.journal_synced()
 
     async def synced_async(self) -> None:
         """`synced` for a task on an event loop: awaits the committer's fsync."""
-        loop = asyncio.get_running_loop()
+        if self._durable < self._recorded:
+            await self._store.journal_synced_async()
+
+    def commit(self) -> None:
+        """Write and fsync the lines queued so far (the store's committer thread)."""
         with self._state:
-            target = self._recorded
-            if self._durable >= target:
-                return
-            if self._error is not None:
-                raise self._error
-            future: asyncio.Future[None] = loop.create_future()
-            self._waiting.append((target, loop, future))
-        await future
+            lines, self._queued = self._queued, []
+            upto = self._recorded
+        if self._error is not None:
+            raise self._error
+        if not lines:
+            return
+        with self._file:
+            data = b"".join(lines)
+            try:
+                os.write(self._fd, data)
+                os.fdatasync(self._fd)
+            except OSError as exc:  # every acker from now on hears of it; the acks stay done in memory
+                log.error("delivery.ack_journal_failed", path=str(self.path), error=str(exc))
+                self._error = exc
+                raise
+            self.size += len(data)
+            self._durable = max(self._durable, upto)
 
     def compact(self, acked: Acked) -> None:
         """Replace the journal by ``acked`` (every done offset above the committed ones, taken
@@ -135,7 +144,7 @@ class AckJournal:
         partial = self.path.with_suffix(".tmp")
         with self._file:
             with self._state:
-                self._queued.clear()  # ``acked`` covers them
+                self._queued.clear()  # ``acked`` covers them, fsynced before their ackers are woken
                 upto = self._recorded
             with open(partial, "wb") as out:
                 out.write(b"".join(_line(key, offsets) for key, offsets in sorted(acked.items()) if offsets))
@@ -146,58 +155,11 @@ class AckJournal:
             os.close(self._fd)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
             self.size = os.fstat(self._fd).st_size
-        self._settle(upto, None)
+            self._durable = max(self._durable, upto)
 
     def close(self) -> None:
-        """Write and fsync what is queued, then end the thread."""
-        with self._state:
-            self._stopping = True
-            self._state.notify_all()
-        self._thread.join()
-        os.close(self._fd)
-
-    def _run(self) -> None:
-        while True:
-            with self._state:
-                self._state.wait_for(lambda: bool(self._queued) or self._stopping)
-                lines, self._queued = self._queued, []
-                upto, stopping = self._recorded, self._stopping
-            if lines:
-                error: BaseException | None = None
-                try:
-                    with self._file:
-                        data = b"".join(lines)
-                        os.write(self._fd, data)
-                        os.fdatasync(self._fd)
-                        self.size += len(data)
-                except OSError as exc:  # every acker waiting hears of it; the acks stay done in memory
-                    log.error("delivery.ack_journal_failed", path=str(self.path), error=str(exc))
-                    error = exc
-                self._settle(upto, error)
-            if stopping:
-                return
-
-    def _settle(self, upto: int, error: BaseException | None) -> None:
-        """Acks up to ``upto`` are durable (or failed with ``error``): wake their ackers."""
-        with self._state:
-            if error is None:
-                self._durable = max(self._durable, upto)
-            else:
-                self._error = error
-            ready = [w for w in self._waiting if w[0] <= self._durable or error is not None]
-            self._waiting = [w for w in self._waiting if not (w[0] <= self._durable or error is not None)]
-            self._state.notify_all()
-        for _, loop, future in ready:
-            try:
-                loop.call_soon_threadsafe(_resolve, future, error)
-            except RuntimeError:  # the loop closed: nobody waits there any more
-                pass
+        """Close the file (after the store: its last committer pass writes what is queued)."""
+        with self._file:
+            os.close(self._fd)
 
 
-def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(None)

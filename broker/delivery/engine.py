@@ -72,7 +72,7 @@ class Broker:
         self.offsets = OffsetBook(state / "offsets.json")
         replayed = replay(state / "acks.journal")
         self.acked_before = self.offsets.absorb(replayed.acked, replayed.sought)  # taken by `_cursor`
-        self.acks = (AckJournal(state / "acks.journal", replayed.length)
+        self.acks = (AckJournal(state / "acks.journal", replayed.length, self.store)
                      if self.store.config.flush is FlushPolicy.SYNC else None)
         """Under ``sync``, where an ack is made durable before it is confirmed (`ackjournal`)."""
         self.dedup = DedupWindow(clock, self.config.dedup_window, self.config.dedup_entries)
@@ -260,6 +260,8 @@ class Broker:
                     self.offsets.put((group.name, *key), int(offset))
                     if self.acks is not None:  # what was acked before no longer counts at a restart
                         self.acks.record((group.name, *key), int(offset))
+        if self.acks is not None and not group.broadcast:  # `sync`: confirmed once durable
+            self.acks.synced()
 
     # -- inspection -------------------------------------------------------------
 
@@ -353,18 +355,18 @@ class Broker:
         self._closing.set()
         self._flusher.join()
         self.save_offsets()
+        self.store.close()  # its committer's last pass writes what the ack journal still queues
         if self.acks is not None:
             self.acks.close()
-        self.store.close()
         log.info("delivery.closed", path=str(self.path))
 
     def abandon(self) -> None:
         """Stop as a killed process would: no offsets saved, no checkpoint (crash tests)."""
         self._closing.set()
         self._flusher.join()
+        self.store._shutdown(clean=False)
         if self.acks is not None:
             self.acks.close()
-        self.store._shutdown(clean=False)
 
     def __enter__(self) -> Broker:
         return self

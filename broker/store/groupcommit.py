@@ -15,13 +15,21 @@ write), and only the fsync is left to the committer: the loop goes on with
 the next writes while the disk works (RocketMQ's GroupCommitService). A generation wakes its tasks with one call into each
 event loop, so many concurrent producers on one loop cost a task switch each
 rather than a thread switch.
+
+A `Journal` attached to the group commit (the broker's ack journal) rides the
+same generations: whoever queued lines in it joins the next generation with
+no records (`synced`, `synced_async`), and the committer writes and fsyncs
+the journal in the same pass as the log, after it, so one committer and one
+wake-up serve appends and acks alike. A journal that fails fails only its
+own waiters: the appends of the generation are durable all the same.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from broker.errors import StoreClosedError
 from broker.store.prepare import Prepared, prepare
@@ -34,6 +42,13 @@ Commit = Callable[[Prepared], tuple[Appended, int]]
 and the log end after it."""
 
 
+class Journal(Protocol):
+    """A file written beside the log and fsynced in the same committer pass (`GroupCommit.attach`)."""
+
+    def commit(self) -> None:
+        """Write and fsync what was queued in it so far; raise `OSError` if it cannot."""
+
+
 class Generation:
     """The producers whose records one committer pass wrote; woken together after the fsync."""
 
@@ -43,6 +58,9 @@ class Generation:
         self.error: BaseException | None = None
         self.written: dict[asyncio.AbstractEventLoop, list[Written]] = {}
         """Appends their tasks wrote themselves, waiting for the fsync (by event loop)."""
+        self.synced: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+        """Tasks waiting for the attached journals' fsync only (by event loop)."""
+        self.journal_error: BaseException | None = None  # why a journal could not be fsynced
         self.reach = 0  # the log end those appends reached
         self.producers = 0  # batches, and loop writes waiting for the fsync
         self._done = threading.Lock()
@@ -53,11 +71,17 @@ class Generation:
         if error is not None and self.error is None:
             self.error = error
         self._done.release()
-        for loop, written in self.written.items():
+        for loop in {*self.written, *self.synced}:
             try:
-                loop.call_soon_threadsafe(self._resolve, written)
+                loop.call_soon_threadsafe(self._resolve, self.written.get(loop, ()),
+                                          self.synced.get(loop, ()))
             except RuntimeError:  # the loop closed: nobody is waiting there any more
                 pass
+
+    def journaled(self) -> None:
+        """Return if the generation's journals were fsynced, else raise why not."""
+        if self.journal_error is not None:
+            raise self.journal_error
 
     def outcome(self, position: int) -> Appended:
         """Where the records of batch ``position`` landed, or raise why they did not."""
@@ -68,7 +92,7 @@ class Generation:
             raise self.error or StoreClosedError("the store closed before the append")
         return result
 
-    def _resolve(self, written: list[Written]) -> None:
+    def _resolve(self, written: Sequence[Written], synced: Sequence[asyncio.Future[None]]) -> None:
         """Complete the futures of one event loop's tasks (runs on that loop)."""
         for results, future in written:
             if future.done():  # cancelled: the records are written all the same
@@ -77,6 +101,13 @@ class Generation:
                 future.set_exception(self.error)
             else:
                 future.set_result(results)
+        for waiting in synced:
+            if waiting.done():
+                continue
+            if self.journal_error is not None:
+                waiting.set_exception(self.journal_error)
+            else:
+                waiting.set_result(None)
 
     def wait(self) -> None:
         """Sleep until `finish`; then wake the next producer of the generation.
@@ -104,6 +135,7 @@ class GroupCommit:
         self._stopping = False
         self._on_loop: dict[asyncio.AbstractEventLoop, tuple[list[RecordColumns], list[asyncio.Future[Appended]]]] = {}
         """What each event loop's tasks queued for its next write (touched on that loop only)."""
+        self._journals: list[Journal] = []
         self._thread = threading.Thread(target=self._run, name="store-committer", daemon=True)
         self._thread.start()
 
@@ -125,6 +157,34 @@ class GroupCommit:
         waiting[0].append(records)
         waiting[1].append(future)
         return await future
+
+    def attach(self, journal: Journal) -> None:
+        """Commit ``journal`` in every committer pass, after the log."""
+        with self._lock:
+            self._journals.append(journal)
+
+    def synced(self) -> None:
+        """Return once the attached journals are fsynced past what was queued in them before the
+        call (or raise why they cannot be)."""
+        with self._lock:
+            if self._stopping:
+                raise StoreClosedError("the store is closing")
+            generation = self._queued
+            self._joined(generation)
+        generation.wait()
+        generation.journaled()
+
+    async def synced_async(self) -> None:
+        """`synced` for a task on a running event loop: awaits the committer's pass."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._stopping:
+                raise StoreClosedError("the store is closing")
+            generation = self._queued
+            generation.synced.setdefault(loop, []).append(future)
+            self._joined(generation)
+        await future
 
     def _write_on_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """Write what the loop's tasks queued in this pass; hand their fsync to the committer."""
@@ -187,7 +247,7 @@ class GroupCommit:
                 generation, self._queued = self._queued, Generation()
                 self._expected = generation.producers
                 stopping = self._stopping
-            if generation.producers:
+            if generation.producers or stopping:  # the last pass writes what journals still queue
                 self._commit_generation(generation)
             if stopping:
                 return
@@ -202,15 +262,20 @@ class GroupCommit:
         return self._queued.producers >= self._expected or self._stopping
 
     def _commit_generation(self, generation: Generation) -> None:
+        error: BaseException | None = None
         try:
             end = 0
             if generation.batches:
                 generation.results, end = self._write_batches(generation.batches)
             self._flush(max(end, generation.reach))
-        except BaseException as exc:  # the store is now failed: every producer hears of it
-            generation.finish(exc)
-            return
-        generation.finish()
+        except BaseException as exc:  # noqa: BLE001 - the store is now failed: every producer hears of it
+            error = exc
+        for journal in self._journals:  # a failed log leaves the journals' own fsync to be tried
+            try:
+                journal.commit()
+            except BaseException as exc:  # noqa: BLE001 - its waiters hear of it; the appends are durable
+                generation.journal_error = exc
+        generation.finish(error)
 
     def _write_batches(self, batches: list[RecordColumns]) -> tuple[list[Appended | BaseException], int]:
         """Write ``batches`` as one, but for bad ones (their error in their place); return each

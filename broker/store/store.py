@@ -30,7 +30,7 @@ from broker.store.commitlog import CommitLog
 from broker.store.config import FlushPolicy, StoreConfig
 from broker.store.files import flush_mapped
 from broker.store.flush import Flusher
-from broker.store.groupcommit import GroupCommit
+from broker.store.groupcommit import GroupCommit, Journal
 from broker.store.keyindex import KeyIndex, id_hash, key_hash, offset_in_id
 from broker.store.prepare import Prepared, prepare
 from broker.store.queues import QueueTable
@@ -143,6 +143,26 @@ class MessageStore:
         if self._group is not None:
             return await self._group.append_async(records)
         return self._append_now(records)
+
+    def attach_journal(self, journal: Journal) -> None:
+        """Write and fsync ``journal`` in the same group commit as the appends (`sync` only)."""
+        self._committer().attach(journal)
+
+    def journal_synced(self) -> None:
+        """Return once the attached journals are fsynced past what they held at the call."""
+        self._check_open()
+        self._committer().synced()
+
+    async def journal_synced_async(self) -> None:
+        """`journal_synced` for asyncio code: the committer's pass is awaited."""
+        self._check_open()
+        await self._committer().synced_async()
+
+    def _committer(self) -> GroupCommit:
+        if self._group is None:
+            raise StoreError(f"store {self.path}: a journal rides the group commit, which only "
+                             f"flush='sync' has (flush={self.config.flush.value!r})")
+        return self._group
 
     def _append_now(self, records: RecordColumns) -> Appended:
         """Write ``records`` on the caller's thread (no fsync to wait for: `async`, `none`)."""

@@ -6,6 +6,8 @@ checkpoint, so only what the journal fsynced speaks for the acks.
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -86,3 +88,24 @@ def test_async_keeps_no_journal(tmp_path, flush):
     assert broker.acks is None
     broker.close()
     assert not (tmp_path / "delivery" / "acks.journal").exists()
+
+
+def test_acks_ride_the_appends_group_commit_and_fail_alone(tmp_path):
+    """One committer thread serves appends and acks; a journal that cannot be written fails
+    the ack, not the publishes of the same passes."""
+    broker = _open(tmp_path)
+    try:
+        broker.publish("t", [OutgoingMessage(b"m", message_id="m")])
+        member = broker.join("g", ["t"])
+        [delivery] = broker.fetch(member, 1, 1.0)
+        threads = {thread.name for thread in threading.enumerate()}
+        assert "store-committer" in threads and "broker-ack-journal" not in threads
+        read_only = os.open(tmp_path / "delivery" / "acks.journal", os.O_RDONLY)
+        os.dup2(read_only, broker.acks._fd)  # a real OSError (EBADF) at the journal's next write
+        os.close(read_only)
+        with pytest.raises(OSError):
+            broker.ack(member, [delivery.receipt])
+        [placed] = broker.publish("t", [OutgoingMessage(b"after", message_id="after")])
+        assert placed.offset == 1  # the appends of the next passes are durable and confirmed
+    finally:
+        broker.abandon()
