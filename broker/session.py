@@ -30,8 +30,10 @@ fetched ahead and never received) is delivered again to the group.
 
 A session fetches up to ``prefetch`` messages at a time (one round trip for
 many `receive` calls). Messages fetched ahead and handed back unreceived, at
-`close`, count as a delivery, as the broker cannot tell they were never seen:
-keep ``prefetch`` small where ``max_deliveries`` is small and sessions are short.
+`close`, count as a delivery, as the broker cannot tell they were never seen
+(and past ``max_deliveries`` go to ``%DLQ%<group>``, as every delivery that ends
+without an ack does): keep ``prefetch`` small where ``max_deliveries`` is small
+and sessions are short.
 In CLIENT, INDIVIDUAL and TRANSACTED mode the unacknowledged messages fill the
 member's prefetch window: no more arrive until some are acknowledged.
 

@@ -29,7 +29,8 @@ class DeliveryConfig:
     """Message ids always remembered: an id is forgotten once this many came after it (or its
     window passed); memory holds at most twice this many."""
     max_deliveries: int = -1
-    """Deliveries after which a nacked message goes to ``%DLQ%<group>`` (-1: the consumer decides)."""
+    """Deliveries after which a message goes to ``%DLQ%<group>`` when its last one ends without an
+    ack (a nack, its lease expiring, its member leaving); -1: the consumer decides."""
     read_batch: int = 256
     """Messages read from the store per queue at a time (paging: nothing more is held)."""
     offset_flush_interval: float = 1.0

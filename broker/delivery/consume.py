@@ -14,7 +14,7 @@ later is parked until due.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import compress, groupby, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -198,7 +198,24 @@ def _sweep(broker: Broker, now: float) -> None:
                 for offset in sorted(lease.offsets.values()):
                     log.debug("delivery.lease_expired", group=group.name, topic=cursor.topic,
                               queue=cursor.queue, offset=offset, member=lease.member)
-                    release(broker, cursor, offset)
+                lapse(broker, group, cursor, lease.offsets.values(), "its lease expired")
+
+
+def lapse(broker: Broker, group: Group, cursor: QueueCursor, offsets: Iterable[int], why: str) -> None:
+    """Held deliveries at ``offsets`` ended without an ack (``why``: a lease expired, a member
+    left): each is delivered again, or, once ``max_deliveries`` is spent, moved to the
+    dead-letter queue, as a nack would be (a message that kills its consumer ends there too)."""
+    limit = broker.config.max_deliveries
+    spent: list[tuple[QueueCursor, int, Record]] = []
+    for offset in sorted(offsets):
+        message = cursor.delivery(offset) if limit >= 0 else None
+        if message is not None and message.delivery_count >= limit:
+            cause = (f"delivered {message.delivery_count} times, the last ending without an ack "
+                     f"({why}; max_deliveries={limit})")
+            spent.append((cursor, offset, _dead_letter(group, message, cause)))
+        else:
+            release(broker, cursor, offset)
+    _move(broker, spent)
 
 def _take(broker: Broker, member: Member, max_messages: int, now: float) -> list[DeliveryColumns]:
     """What ``member`` is handed now, one part per queue read (and per queue's messages ready again)."""

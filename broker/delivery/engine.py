@@ -209,8 +209,7 @@ class Broker:
         owned = member.own.values() if group.broadcast else group.cursors.values()
         for cursor in list(owned):
             for lease in [lease for lease in cursor.leases if lease.member == member.ident]:
-                for offset in sorted(lease.offsets.values()):
-                    self.release(cursor, offset)
+                consume.lapse(self, group, cursor, lease.offsets.values(), "its member left")
         del group.members[member.ident]
         del self.members[member.ident]
         self.held_count.pop(member.ident, None)
