@@ -13,6 +13,7 @@ later is parked until due.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from itertools import compress, groupby, repeat
@@ -41,16 +42,19 @@ _lease_of, _receipt_of = itemgetter(0), itemgetter(1)  # of what `_valid` gives
 
 
 def fetch(broker: Broker, member: str, max_messages: int, timeout: float, *,
-          blocking: bool = True) -> list[DeliveryColumns] | None:
+          blocking: bool = True, cancelled: threading.Event | None = None) -> list[DeliveryColumns] | None:
     """Up to ``max_messages`` for ``member``, waiting up to ``timeout`` seconds for the first, as
     column parts (no `Delivery` made per message): the engine's one fetch. `Broker.fetch` makes
     deliveries of them, the server sends them joined. Not ``blocking`` (the server's event loop
-    may not wait): what is there now, or None if another thread holds the engine's lock."""
+    may not wait): what is there now, or None if another thread holds the engine's lock. Once
+    ``cancelled`` is set (the caller is gone) a waiting fetch returns, taking nothing more."""
     if not broker.lock.acquire(blocking=blocking):
         return None
     try:
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
+            if cancelled is not None and cancelled.is_set():
+                return []
             taken = _take_now(broker, member, max_messages)
             left = deadline - time.monotonic()
             if taken or left <= 0 or not blocking:
@@ -70,6 +74,19 @@ def ack(broker: Broker, member: str, receipts: Sequence[str], *, blocking: bool 
         return True
     finally:
         broker.lock.release()
+
+
+def give_back(broker: Broker, receipts: Sequence[str]) -> None:
+    """The held deliveries ``receipts`` name never reached their client (its fetch was cancelled,
+    its connection ended before they were sent): they are delivered again as if they had never
+    been handed out, their delivery count unmoved (so not marked redelivered)."""
+    with broker.lock:
+        for lease, receipt in _valid(broker, receipts):
+            cursor, offset = lease.cursor, lease.offsets[receipt]
+            release(broker, cursor, offset)
+            unseen = cursor.ready[offset]
+            cursor.ready[offset] = unseen._replace(delivery_count=unseen.delivery_count - 1)
+        broker.lock.notify_all()
 
 
 def delivered(broker: Broker, member: str, receipts: Sequence[str]) -> None:

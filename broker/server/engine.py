@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -123,8 +124,33 @@ class Engine:
             return DeliveryColumns.of(await self._wait(self.api.fetch, member, max_messages, timeout))
         taken = consume.fetch(self._broker, member, max_messages, 0.0, blocking=False)
         if taken is None or (not taken and timeout > 0):  # the lock is busy, or it is to wait
-            taken = await self._wait(consume.fetch, self._broker, member, max_messages, timeout)
+            taken = await self._fetch_waiting(self._broker, member, max_messages, timeout)
         return joined(taken or [])
+
+    async def _fetch_waiting(self, broker: Broker, member: str, max_messages: int,
+                             timeout: float) -> list[DeliveryColumns] | None:
+        """A fetch that may wait, on the pool of long waits. If its caller is cancelled (its
+        client left), the fetch stops, and what it took is given back unsent (`give_back`)."""
+        loop = asyncio.get_running_loop()
+        cancelled = threading.Event()
+        waiting = loop.run_in_executor(self._waits, functools.partial(
+            consume.fetch, broker, member, max_messages, timeout, cancelled=cancelled))
+        try:
+            return await asyncio.shield(waiting)
+        except asyncio.CancelledError:
+            cancelled.set()  # the fetch returns within one idle wait
+            try:
+                taken = await waiting
+            except Exception:  # noqa: BLE001 - the member left meanwhile: nothing was taken
+                taken = None
+            if taken:
+                await self.give_back(joined(taken).column("receipt"))
+            raise
+
+    async def give_back(self, receipts: Sequence[str]) -> None:
+        """Deliveries that never reached the client go back unmarked (`consume.give_back`)."""
+        if self._broker is not None and receipts:
+            await self._run(consume.give_back, self._broker, receipts)
 
     async def ack(self, member: str, receipts: Sequence[str]) -> None:
         if self._broker is None or not consume.ack(self._broker, member, receipts, blocking=False):

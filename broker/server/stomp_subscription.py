@@ -77,12 +77,16 @@ class StompSubscription:
             await self._window_open.wait()
             room = self.prefetch - len(self.pending)
             deliveries = await self.engine.fetch(self.member, room, self._wait)
-            for delivery in deliveries:
+            for sent, delivery in enumerate(deliveries):
                 ack_id = self._next_ack_id()
                 if self.ack_mode != "auto":
                     self.pending[ack_id] = delivery
                     self._by_message_id[delivery.message_id] = ack_id
-                await self._send(self, delivery, ack_id)
+                try:
+                    await self._send(self, delivery, ack_id)
+                except BaseException:  # stopped, or the client gone: what follows was never sent
+                    await asyncio.shield(self.engine.give_back([d.receipt for d in deliveries[sent + 1:]]))
+                    raise
             if self.ack_mode == "auto" and deliveries:
                 await self.engine.ack(self.member, [d.receipt for d in deliveries])
             if len(self.pending) >= self.prefetch:

@@ -16,6 +16,7 @@ from broker.delivery.values import MessageColumns, OutgoingMessage
 from broker.server.engine import Engine
 from broker.store import FlushPolicy, StoreConfig
 from broker.store.segment import Segment
+from tests.waiting import wait_until
 
 LONG_POLL = 60.0
 """Longer than any test here takes on a loaded machine: a publish to ``quiet`` ends the polls."""
@@ -146,5 +147,28 @@ def test_a_publish_goes_to_a_thread_while_another_holds_the_engine_lock(tmp_path
             placed = await asyncio.wait_for(publish, 10)
             assert placed.column("message_id") == ["p"]
             holder.join()
+
+    asyncio.run(scenario())
+
+
+def test_a_waiting_fetch_cancelled_after_it_took_a_message_gives_it_back_unmarked(tmp_path) -> None:
+    """The connection of a long poll ends (its task is cancelled) just after the fetch's thread
+    leased a message: the message was never sent, so it comes back with its delivery count
+    unmoved (not marked redelivered)."""
+    async def scenario() -> None:
+        broker = Broker(tmp_path / "broker")
+        engine = Engine(broker, threads=2, waiting_threads=2)
+        member = await engine.join("g", ["quiet"])
+        long_poll = asyncio.create_task(engine.fetch(member, 10, LONG_POLL))
+        await asyncio.sleep(0)  # the fetch finds nothing and waits on its thread
+        broker.publish("quiet", [OutgoingMessage(b"leased")])
+        wait_until(lambda: broker.held_count[member] == 1, "the waiting fetch to lease the message")
+        long_poll.cancel()  # before the loop hands the fetch its result: the message was never sent
+        with pytest.raises(asyncio.CancelledError):
+            await long_poll
+        [again] = await asyncio.wait_for(engine.fetch(member, 10, 1.0), 10)
+        assert (again.body, again.delivery_count) == (b"leased", 1)
+        engine.close()
+        broker.close()
 
     asyncio.run(scenario())

@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from stomp.exception import ConnectFailedException
 
 from broker.client import Client
+from broker.delivery.values import OutgoingMessage
 from broker.server.auth import hash_password
 from tests.broker.server.serving import ServerProcess
 from tests.waiting import wait_until
@@ -251,3 +252,63 @@ def test_bad_credentials_are_refused_and_permissions_hold(server, unique) -> Non
     reader.send(f"/queue/{unique}", "not allowed", receipt="x")
     errors = inbox.wait_for(1, "errors")
     assert "permission" in errors[0].headers.get("message", "").lower()
+
+
+class Stalled(Inbox):
+    """Takes the first MESSAGE, then stops reading (its listener blocks stomp.py's receiver
+    thread): the server's writes to it stall with the rest of its fetch still unsent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go_on = threading.Event()
+
+    def on_message(self, frame) -> None:  # type: ignore[no-untyped-def]
+        super().on_message(frame)
+        self.go_on.wait(WAIT)
+
+
+UNSENT_MESSAGES, UNSENT_BODY = 400, b"x" * 65536  # 26 MB: far more than the socket buffers hold
+
+
+@pytest.mark.parametrize("ending", ["DISCONNECT", "connection cut"])
+def test_a_message_never_sent_comes_back_not_redelivered(server, unique, ending) -> None:
+    """A subscription fetches (leases) all its prefetch at once, then sends it frame by frame.
+    When its connection ends while most of them are still unsent, those come back with their
+    delivery count unmoved: ``redelivered: false``; only the frames the server wrote count."""
+    destination = f"/queue/{unique}"
+    producer = Client(server.url, user="app", password="s3cret")
+    for start in range(0, UNSENT_MESSAGES, 50):
+        producer.publish(unique, [OutgoingMessage(UNSENT_BODY, message_id=f"{unique}-{n}")
+                                  for n in range(start, start + 50)])
+    first = stomp.Connection12([("127.0.0.1", server.stomp_port)], auto_decode=False)
+    stalled = Stalled()
+    first.set_listener("stalled", stalled)
+    first.connect("app", "s3cret", wait=True)
+    first.subscribe(destination, id="1", ack="client-individual",
+                    headers={"activemq.prefetchSize": str(UNSENT_MESSAGES)})
+    stalled.wait_for(1)
+    wait_until(lambda: delivered(server, unique) >= 2, "the server's writes to the stalled client")
+    if ending == "DISCONNECT":
+        first.send_frame("DISCONNECT", {})  # the server stops the subscription, then the session
+        wait_until(lambda: _members(producer, unique) == 0, "the stalled subscription to leave")
+    else:
+        first.transport.socket.close()  # unread data in its buffer: the kernel resets the connection
+        wait_until(lambda: _members(producer, unique) == 0, "the cut connection's member to leave")
+    written = delivered(server, unique)  # MESSAGE frames the server wrote (it counts each once written)
+    stalled.go_on.set()
+    assert written < UNSENT_MESSAGES / 2, "the socket buffers took most of the fetch: nothing was left unsent"
+    again = stomp.Connection12([("127.0.0.1", server.stomp_port)], auto_decode=False)
+    inbox = Inbox()
+    again.set_listener("inbox", inbox)
+    again.connect("app", "s3cret", wait=True)
+    again.subscribe(destination, id="1", ack="auto", headers={"activemq.prefetchSize": "50"})
+    received = wait_until(lambda: len(inbox.messages) >= UNSENT_MESSAGES and inbox.messages,
+                          "every message back")
+    redelivered = sum(m.headers["redelivered"] == "true" for m in received)
+    assert written <= redelivered <= written + 1  # the frame being written when it ended may count
+    again.disconnect()
+    producer.close()
+
+
+def _members(client: Client, group: str) -> int:
+    return sum(info.members for info in client.groups() if info.name == group)
