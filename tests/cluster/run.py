@@ -92,6 +92,8 @@ class ClusterRun:
                "PYTHONPATH": str(ROOT)}
         producer = App(Settings.load(None, env=env))
         producer.transport.declare(self.topic, [self.topic])
+        with producer.store.transaction():
+            pass  # creates the store's tables, which `done()` counts in from the start
         sending = threading.Thread(target=self._send, args=(producer,), daemon=True)
         worker_log = (self.log_dir / "worker.log").open("wb")
         worker = subprocess.Popen(
