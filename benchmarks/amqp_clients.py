@@ -6,7 +6,9 @@ consume them with manual acks and a prefetch of 500.
 
 * pika's `BlockingChannel` waits for each confirm before the next publish;
 * pika in AMQP transactions: 500 publishes, one ``tx.commit`` (what
-  ``amqp://`` does: commit-ok is RabbitMQ's transfer of responsibility);
+  ``amqp://`` did until a quorum queue's leader loss showed that commit-ok
+  can come back for dropped messages; it now confirms each publish, the
+  first row);
 * aio-pika keeps a window of publishes in flight and awaits their confirms
   together.
 

@@ -1,14 +1,23 @@
-"""The pika side of `amqp://`: one connection, its calls serialised, publishes in transactions.
+"""The pika side of `amqp://`: one connection, its calls serialised, publishes confirmed.
 
 Why pika's `BlockingConnection` (``benchmarks/amqp_clients.py`` measures it
 against aio-pika on the same quorum queue): the framework calls its
 transport from threads, and pika's blocking API consumes with manual acks
 about 3.5x faster than aio-pika (whose every delivery and ack crosses an
-event loop). pika waits for each publisher confirm before the next publish,
-so publishes go in AMQP transactions instead: a batch is published and
-committed with one round trip, and ``tx.commit-ok`` is RabbitMQ's transfer
-of responsibility (the messages are durable in their queues, and an
-unroutable one has been returned), faster than either client with confirms.
+event loop).
+
+Every publish waits for its publisher confirm: a message counts as sent only
+once RabbitMQ has acked it (the quorum queue's majority has it). A negative
+confirm (RabbitMQ could not enqueue it, for example while a quorum queue
+elects a leader) raises `BackendUnavailableError`, so the caller publishes
+again. AMQP transactions were used before and are faster (one ``tx.commit``
+per batch), but they are not safe on quorum queues: with the queue's leader
+killed, ``tx.commit-ok`` came back for messages RabbitMQ had dropped (on
+3.10, about 3 s of publishes lost per leader loss, in
+``tests/cluster/test_rabbit_cluster.py``); under confirms the same messages
+are nacked and published again. pika's blocking channel waits for each
+confirm before the next publish, which costs throughput
+(``benchmarks/amqp_clients.py`` prints both).
 
 A pika connection is not thread-safe: every call holds the connection's
 lock, and a keep-alive thread lets pika answer heartbeats while no other
@@ -16,7 +25,6 @@ call is made (a long handler). There is no reconnection inside a
 connection: any failure closes it, raises `BackendUnavailableError` (server
 unreachable) or `TransportError` (refused), and the owner opens a new one.
 """
-
 from __future__ import annotations
 
 import copy
@@ -24,7 +32,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import pika
@@ -107,13 +115,12 @@ _FAILURES = (pika.exceptions.AMQPError, OSError, AssertionError)
 
 
 class Connection:
-    """One pika connection: a channel for publishing in transactions, more on demand."""
+    """One pika connection: a channel for confirmed publishing, more on demand."""
 
     def __init__(self, params: Sequence[pika.URLParameters], name: str) -> None:
         self.name = name
         self._lock = threading.RLock()
         self._closed = threading.Event()
-        self._returned: list[str] = []
         try:
             self._connection = pika.BlockingConnection(params)
         except _FAILURES as exc:
@@ -150,23 +157,22 @@ class Connection:
         return self.call(self._connection.channel, doing)
 
     def publish(self, messages: Sequence[Publish], doing: str) -> None:
-        """Publish ``messages`` in one transaction; a `TransportError` if any had nowhere to go."""
-        if not messages:
-            return
+        """Publish ``messages``, each confirmed by RabbitMQ; a `TransportError` if any had nowhere to
+        go, `BackendUnavailableError` if one was not confirmed (the caller publishes them again)."""
+        returned: list[str] = []
         with self.using(doing):
-            self._returned.clear()
             publisher = self._publishing_channel()
             for message in messages:
-                publisher.basic_publish(
-                    message.exchange, message.routing_key, message.body, message.properties, mandatory=True
-                )
-            publisher.tx_commit()
-            self._connection.process_data_events(0)  # hands over the returns that came before commit-ok
-            returned = sorted(set(self._returned))
+                try:
+                    publisher.basic_publish(
+                        message.exchange, message.routing_key, message.body, message.properties, mandatory=True
+                    )
+                except pika.exceptions.UnroutableError:
+                    returned.append(message.exchange or message.routing_key)
         if returned:
             raise TransportError(
-                f"amqp: {doing}: {', '.join(returned)} had no queue to take the message: amqp:// keeps a "
-                "message only for the groups that exist when it is published (subscribe them first, or "
+                f"amqp: {doing}: {', '.join(sorted(set(returned)))} had no queue to take the message: amqp:// "
+                "keeps a message only for the groups that exist when it is published (subscribe them first, or "
                 "declare them with Transport.declare)"
             )
 
@@ -187,15 +193,11 @@ class Connection:
                 log.info("transport.close_failed", connection=self.name, error=str(exc))
 
     def _publishing_channel(self) -> BlockingChannel:
-        """The transactional channel publishes go through (again after RabbitMQ closed it)."""
+        """The channel in confirm mode publishes go through (again after RabbitMQ closed it)."""
         if self._publisher is None or not self._publisher.is_open:
             self._publisher = self._connection.channel()
-            self._publisher.tx_select()
-            self._publisher.add_on_return_callback(self._on_return)
+            self._publisher.confirm_delivery()
         return self._publisher
-
-    def _on_return(self, _channel: Any, method: Any, _properties: Any, _body: bytes) -> None:
-        self._returned.append(method.exchange or method.routing_key)
 
     def _keep_alive(self) -> None:
         while not self._closed.wait(KEEP_ALIVE):

@@ -6,8 +6,8 @@ A message's ``receipt`` is its delivery tag on the member's channel. Closing
 the member (or its death) returns every unacked message to the queue, where
 RabbitMQ counts the return in ``x-delivery-count``.
 
-``nack`` and ``dead_letter`` publish a copy (to a delay queue, to the DLQ) in
-a transaction, and ack the original only once the copy is committed: a crash
+``nack`` and ``dead_letter`` publish a copy (to a delay queue, to the DLQ),
+and ack the original only once RabbitMQ confirmed the copy: a crash
 between the two leaves both, and the framework's token check drops the
 duplicate. A delayed message that comes back before it is due (a delay is
 served by a sum of bucket TTLs) is sent on the same way, never handed out.
