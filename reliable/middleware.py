@@ -77,6 +77,12 @@ class Middleware:
         dead-lettered, deferred), or None: it was not decided (a stopping worker handed it back,
         or the pipeline failed) and comes back unacknowledged."""
 
+    def after_messages(self, handler: Handler, outcomes: Sequence[tuple[Message, Result | None]]) -> None:
+        """Every message of one pipeline run with its outcome (as `after_message`), at once.
+
+        Override this instead of `after_message` to handle a fetch together (the built-in
+        counters tally it); a middleware that overrides it gets no `after_message` calls."""
+
     def before_publish(self, publish: Publish) -> None:
         """A publish is about to happen: add to ``publish.headers`` to send more headers."""
 
@@ -93,6 +99,7 @@ class Middlewares:
     def __init__(self, middleware: Sequence[Middleware] = ()) -> None:
         self._all: list[Middleware] = []
         self._calls: dict[str, tuple[tuple[Middleware, Any], ...]] = {}
+        self._outcome_calls: tuple[tuple[Middleware, Any, bool], ...] = ()
         for m in middleware:
             self.add(m)
         self._index()
@@ -117,6 +124,10 @@ class Middlewares:
             own = [m for m in self._all if getattr(type(m), hook) is not getattr(Middleware, hook)]
             ordered = own if hook.startswith("before_") else own[::-1]
             calls[hook] = tuple((m, getattr(m, hook)) for m in ordered)
+        together = {m for m, _ in calls["after_messages"]}
+        self._outcome_calls = tuple(
+            (m, m.after_messages, True) if m in together else (m, m.after_message, False)
+            for m in self._all[::-1] if m in together or any(m is o for o, _ in calls["after_message"]))
         self._calls = calls  # swapped whole: a hook being called meanwhile sees the old or new
 
     def overridden(self, hook: str) -> bool:
@@ -126,17 +137,31 @@ class Middlewares:
     def emit(self, hook: str, *args: Any) -> None:
         """Call ``hook`` on every middleware that has it; one that raises is logged, the rest run."""
         for middleware, call in self._calls[hook]:
-            try:
-                call(*args)
-            except Exception as exc:
-                log.error("middleware_failed", middleware=type(middleware).__name__, hook=hook,
-                          error=repr(exc), exc_info=exc)
+            self._guarded(middleware, hook, call, *args)
+
+    @staticmethod
+    def _guarded(middleware: Middleware, hook: str, call: Any, *args: Any) -> None:
+        try:
+            call(*args)
+        except Exception as exc:
+            log.error("middleware_failed", middleware=type(middleware).__name__, hook=hook,
+                      error=repr(exc), exc_info=exc)
 
     def each(self, hook: str, handler: Handler, messages: Sequence[Message]) -> None:
         """``hook(handler, message)`` for each of ``messages``."""
         if self._calls[hook]:
             for message in messages:
                 self.emit(hook, handler, message)
+
+    def outcomes(self, handler: Handler, outcomes: Sequence[tuple[Message, Result | None]]) -> None:
+        """Each middleware in turn (reversed) gets the outcomes: in one ``after_messages`` call
+        where it overrides that hook, else one ``after_message`` call per message."""
+        for middleware, call, together in self._outcome_calls:
+            if together:
+                self._guarded(middleware, "after_messages", call, handler, outcomes)
+            else:
+                for message, result in outcomes:
+                    self._guarded(middleware, "after_message", call, handler, message, result)
 
     @contextmanager
     def publishing(self, topic: str, headers: Mapping[str, str] | None, count: int = 1, *,

@@ -7,6 +7,7 @@ examples to start from.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 import structlog
@@ -28,16 +29,20 @@ class Logs(Middleware):
     def on_retry(self, handler: Handler, messages: Sequence[Message], error: BaseException, attempt: int) -> None:
         log.info("retrying_in_process", handler=handler.name, attempt=attempt, error=repr(error), exc_info=error)
 
-    def after_message(self, handler: Handler, message: Message, result: Result | None) -> None:
-        if result is None or result.outcome not in _FAILURE_EVENTS:
-            return
-        level, event = _FAILURE_EVENTS[result.outcome]
-        getattr(log, level)(
-            event,
-            handler=handler.name, group=handler.group, topic=message.topic, queue=message.queue,
-            offset=message.offset, token=result.token, attempt=message.attempt, delay=round(result.delay, 3),
-            error=repr(result.error), exc_info=result.error,  # the traceback: file and line
-        )
+    def after_messages(self, handler: Handler, outcomes: Sequence[tuple[Message, Result | None]]) -> None:
+        for message, result in outcomes:
+            if result is not None and result.outcome in _FAILURE_EVENTS:
+                _log_failure(handler, message, result)
+
+
+def _log_failure(handler: Handler, message: Message, result: Result) -> None:
+    level, event = _FAILURE_EVENTS[result.outcome]
+    getattr(log, level)(
+        event,
+        handler=handler.name, group=handler.group, topic=message.topic, queue=message.queue,
+        offset=message.offset, token=result.token, attempt=message.attempt, delay=round(result.delay, 3),
+        error=repr(result.error), exc_info=result.error,  # the traceback: file and line
+    )
 
 
 _FAILURE_EVENTS = {
@@ -56,9 +61,9 @@ class Counts(Middleware):
     def on_retry(self, handler: Handler, messages: Sequence[Message], error: BaseException, attempt: int) -> None:
         self.counters.incr("retried")
 
-    def after_message(self, handler: Handler, message: Message, result: Result | None) -> None:
-        if result is not None:
-            self.counters.incr(result.outcome.value)
+    def after_messages(self, handler: Handler, outcomes: Sequence[tuple[Message, Result | None]]) -> None:
+        for outcome, n in _tally(outcomes).items():
+            self.counters.incr(outcome, n)
 
 
 class Prometheus(Middleware):
@@ -72,9 +77,14 @@ class Prometheus(Middleware):
                       error: BaseException | None) -> None:
         metrics.observe(handler.name, seconds)
 
-    def after_message(self, handler: Handler, message: Message, result: Result | None) -> None:
-        if result is not None:
-            metrics.messages(handler.name, result.outcome.value).inc()
+    def after_messages(self, handler: Handler, outcomes: Sequence[tuple[Message, Result | None]]) -> None:
+        for outcome, n in _tally(outcomes).items():
+            metrics.messages(handler.name, outcome).inc(n)
+
+
+def _tally(outcomes: Sequence[tuple[Message, Result | None]]) -> Counter[str]:
+    """How many messages had each outcome (undecided ones are not counted)."""
+    return Counter(result.outcome.value for _, result in outcomes if result is not None)
 
 
 def built_in(counters: Counters) -> list[Middleware]:

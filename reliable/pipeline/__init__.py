@@ -117,13 +117,14 @@ class Pipeline:
         return results
 
     def _report(self, work: list[Work], done: list[Work]) -> None:
-        """``on_dead_letter`` and ``after_message`` of every message (None: handed back undecided)."""
+        """``on_dead_letter``, then every message's outcome (None: handed back undecided)."""
         middleware, handler = self.middleware, self.handler
         if middleware.overridden("on_dead_letter"):
             for w in done:
                 if w.result is not None and w.result.outcome is Outcome.DEAD_LETTERED:
                     middleware.emit("on_dead_letter", handler, w.result)
-        if middleware.overridden("after_message"):
+        if len(done) == len(work):
+            middleware.outcomes(handler, [(w.message, w.result) for w in work])
+        else:
             finished = {id(w) for w in done}
-            for w in work:
-                middleware.emit("after_message", handler, w.message, w.result if id(w) in finished else None)
+            middleware.outcomes(handler, [(w.message, w.result if id(w) in finished else None) for w in work])

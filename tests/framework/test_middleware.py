@@ -251,3 +251,38 @@ def test_a_redelivery_is_an_outcome_and_lease_mode_calls_the_hooks(app, journal)
     assert outcomes == [("o-1", "redelivered"), ("o-1", "processed")]
     assert [d for h, d in hooks(journal) if h == "on_retry"] == [1]  # in process, before the redelivery
     assert [d for h, d in hooks(journal) if h == "before_publish"] == [("invoices", True)]  # once
+
+
+class Tally(Middleware):
+    """Takes a fetch's outcomes at once; raises on the first call to show the others still run."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[tuple[str, str | None]]] = []
+
+    def after_message(self, handler, message, result):  # pragma: no cover - never called
+        raise AssertionError("after_messages overrides it")
+
+    def after_messages(self, handler, outcomes):
+        self.calls.append([(m.body["id"], r.outcome.value if r else None) for m, r in outcomes])
+        if len(self.calls) == 1:
+            raise RuntimeError("first tally broke")
+
+
+def test_after_messages_takes_a_fetch_at_once(app, journal) -> None:
+    tally = Tally()
+    app.add_middleware(tally)
+
+    @app.handler("orders", token="body.id")
+    def handle(msg):
+        pass
+
+    for order in ("o-1", "o-2", "o-1"):
+        app.publish("orders", {"id": order})
+    app.run(until_idle=True)
+
+    assert sorted(o for call in tally.calls for o in call) == [
+        ("o-1", "duplicate"), ("o-1", "processed"), ("o-2", "processed")]
+    assert any(len(call) > 1 for call in tally.calls)  # one call for several messages
+    assert sorted(d for h, d in hooks(journal) if h == "after_message") == [  # the others: one by one
+        ("o-1", "duplicate"), ("o-1", "processed"), ("o-2", "processed")]
+    assert app.stats()["processed"] == 2 and app.stats()["duplicate"] == 1
