@@ -1,5 +1,8 @@
 """Commit strategies: when the worker acknowledges done messages, and the offset watermark.
 
+`OffsetWatermark` is defined in `backends.watermark`, so a transport that keeps
+its own done prefix (Kafka) uses the same one; it is re-exported here.
+
 A strategy is told which messages are done and decides when to call ``ack``
 (a function acking a list of messages with the transport). ``tick`` lets a
 time-based strategy flush on its interval; ``flush`` acks everything pending
@@ -11,15 +14,20 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import structlog
 
-from backends.types import Message, QueueRef
+from backends.types import Message
+from backends.watermark import OffsetWatermark
 from reliable.errors import ConfigurationError
 
+__all__ = ["STRATEGIES", "Ack", "Async", "Batch", "CommitStrategy", "OffsetWatermark", "PerMessage",
+           "Transactional", "commit_strategy"]
+
 Ack = Callable[[Sequence[Message]], None]
+
 log = structlog.get_logger("reliable.commit")
 
 
@@ -148,89 +156,3 @@ def commit_strategy(name: str, batch_size: int = 100, interval: float = 1.0) -> 
     if name == "transactional":
         return Transactional()
     raise ConfigurationError(f"commit strategy {name!r} is not allowed; expected one of {', '.join(STRATEGIES)}")
-
-
-class OffsetWatermark:
-    """The contiguous prefix of done offsets per queue, for concurrent workers.
-
-    Offsets are registered as fetched and marked done in any order; only the
-    offset below which everything is done may be committed or saved, so a
-    saved position never passes a message still in flight.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._next: dict[QueueRef, int] = {}
-        self._done: dict[QueueRef, set[int]] = {}
-        self._reported: dict[QueueRef, int] = {}
-
-    def fetched(self, messages: Iterable[Message]) -> None:
-        with self._lock:
-            for m in messages:
-                current = self._next.get(m.ref)
-                if current is None or m.offset < current:
-                    self._next[m.ref] = m.offset
-                self._done.setdefault(m.ref, set())
-                self._reported.setdefault(m.ref, m.offset)
-
-    def mark_done(self, messages: Iterable[Message]) -> dict[QueueRef, int]:
-        """Mark ``messages`` done; return the queues whose position moved since last reported.
-
-        A message may be marked twice (saved with its transaction, then acked);
-        the second time changes nothing.
-        """
-        advanced: dict[QueueRef, int] = {}
-        with self._lock:
-            for ref, offsets in _offsets_by_queue(messages).items():
-                position = self._next.get(ref)
-                if position is not None:  # else revoked: not ours
-                    self._done[ref].update(filter(position.__le__, offsets))
-            for ref, done in self._done.items():
-                position = self._next[ref]
-                while position in done:
-                    done.discard(position)
-                    position += 1
-                self._next[ref] = position
-                if position > self._reported.get(ref, position):
-                    self._reported[ref] = advanced[ref] = position
-        return advanced
-
-    def positions_if_done(self, messages: Iterable[Message]) -> dict[QueueRef, int]:
-        """Where the queues of ``messages`` would stand once they are done too (nothing changes)."""
-        extra = _offsets_by_queue(messages)
-        positions: dict[QueueRef, int] = {}
-        with self._lock:
-            for ref, offsets in extra.items():
-                if ref not in self._next:
-                    continue
-                done, position = self._done[ref], self._next[ref]
-                while position in done or position in offsets:
-                    position += 1
-                positions[ref] = position
-        return positions
-
-    def start(self, positions: Mapping[QueueRef, int]) -> None:
-        """Start queues at known positions (resumed from saved offsets): everything below is done."""
-        with self._lock:
-            for ref, offset in positions.items():
-                self._next[ref] = self._reported[ref] = offset
-                self._done[ref] = set()
-
-    def forget(self, queues: Iterable[QueueRef]) -> None:
-        """Drop ``queues`` (revoked, or assigned afresh): their next fetch starts them again."""
-        with self._lock:
-            for ref in queues:
-                self._next.pop(ref, None)
-                self._done.pop(ref, None)
-                self._reported.pop(ref, None)
-
-    def committable(self) -> dict[QueueRef, int]:
-        with self._lock:
-            return dict(self._next)
-
-
-def _offsets_by_queue(messages: Iterable[Message]) -> dict[QueueRef, set[int]]:
-    found: dict[QueueRef, set[int]] = {}
-    for m in messages:
-        found.setdefault(QueueRef(m.topic, m.queue), set()).add(m.offset)
-    return found

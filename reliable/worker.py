@@ -57,7 +57,8 @@ class Worker:
         self.runtime = runtime
         self.strategy = strategy
         capabilities = runtime.transport.capabilities
-        self.watermark = OffsetWatermark() if capabilities.consumer_offsets else None
+        self.watermark = (OffsetWatermark(reads_in_order=capabilities.reads_in_order)
+                          if capabilities.consumer_offsets else None)
         saves_offsets = strategy.in_transaction and self.watermark is not None
         if strategy.in_transaction and self.watermark is None:
             log.info("offsets_not_saved", handler=handler.name,

@@ -26,6 +26,7 @@ Optional capabilities are declared in `Capabilities`, never faked:
   are assigned, `SubscribeOptions.on_assign` returns the saved offsets and
   the subscription seeks there; ``commit`` records the contiguous prefix of
   done offsets (the worker's `OffsetWatermark`). Without it, ``commit`` raises.
+  With ``reads_in_order`` too, offsets a fetch skipped count as done.
 * ``drain``: ``pending`` and ``next_due`` can tell that nothing is left for
   the group, which ``App.run(until_idle=True)`` needs.
 """
@@ -101,6 +102,9 @@ class Capabilities:
     """``nack(delay)`` waits inside the engine (else the transport routes via ``%RETRY%``)."""
     dead_letter_queue: bool = False
     """POISON messages are kept in the transport's own ``%DLQ%<group>`` as well."""
+    reads_in_order: bool = False
+    """Each queue is read in order by one member: offsets skipped between fetched messages hold
+    nothing to deliver (transaction markers, compacted records) and count as done."""
 
 
 @dataclass(frozen=True)

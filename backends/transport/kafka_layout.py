@@ -34,7 +34,7 @@ from backends.transport.base import (
 from backends.types import Failure, Message
 
 CAPABILITIES = Capabilities(
-    consumer_offsets=True, drain=False, native_delay=False, dead_letter_queue=True
+    consumer_offsets=True, drain=False, native_delay=False, dead_letter_queue=True, reads_in_order=True
 )
 
 BUCKETS_MS = (1_000, 5_000, 30_000, 120_000, 600_000, 3_600_000)

@@ -38,8 +38,8 @@ from backends.transport.kafka_layout import (
     to_message,
     topics_read,
 )
-from backends.transport.kafka_progress import Progress
 from backends.types import Failure, Message, QueueRef
+from backends.watermark import OffsetWatermark
 
 log = structlog.get_logger(__name__)
 
@@ -71,7 +71,8 @@ class KafkaSubscription(Subscription):
         self._lock = threading.Lock()
         self._assigned: set[QueueRef] = set()
         self._held: dict[QueueRef, tuple[float, Message]] = {}
-        self._progress = Progress()
+        self._done = OffsetWatermark(reads_in_order=True)  # a partition is read in order, by one member
+        self._committed: dict[QueueRef, int] = {}
         self._down: KafkaError | None = None
         self._closed = False
         read = [name for topic in self.topics for name in topics_read(group, topic)]
@@ -109,7 +110,7 @@ class KafkaSubscription(Subscription):
         this member's own commit of its done prefix when it loses the partition or leaves."""
         for message in messages:
             Receipt.of(message)
-        self._progress.done(messages)
+        self._done.mark_done(messages)
 
     def nack(self, message: Message, delay: float) -> None:
         """REDELIVERED: a copy to the group's retry topic, due in ``delay`` seconds; then done."""
@@ -122,7 +123,7 @@ class KafkaSubscription(Subscription):
             extra[DUE_HEADER] = repr(self._clock.time() + delay)
         target = retry_topic(origin, self.group, bucket_ms(delay))
         self._copy(target, message, copy_headers(message, origin, extra))
-        self._progress.done([message])
+        self._done.mark_done([message])
         log.info("transport.nack", group=self.group, topic=origin, retry_topic=target,
                  offset=message.offset, attempt=receipt.attempt, delay=delay)
 
@@ -132,7 +133,7 @@ class KafkaSubscription(Subscription):
         origin = origin_topic(message)
         extra = {**failure_headers(failure, message), DELIVERY_COUNT_HEADER: str(receipt.attempt - 1)}
         self._copy(dead_letter_topic(origin, self.group), message, copy_headers(message, origin, extra))
-        self._progress.done([message])
+        self._done.mark_done([message])
         log.info("transport.dead_letter", group=self.group, topic=origin, queue=message.queue,
                  offset=message.offset, attempt=receipt.attempt, error_type=failure.error_type)
 
@@ -156,7 +157,15 @@ class KafkaSubscription(Subscription):
             )
         except KafkaException as exc:
             raise raised(exc, f"commit of group {self.group!r}") from exc
-        self._progress.committed(offsets)
+        with self._lock:
+            for ref, offset in offsets.items():
+                self._committed[ref] = max(self._committed.get(ref, -1), offset)
+
+    def _uncommitted(self, refs: Sequence[QueueRef]) -> dict[QueueRef, int]:
+        """The done prefix of ``refs`` where it moved past the last commit."""
+        positions = self._done.committable(refs)
+        with self._lock:
+            return {ref: offset for ref, offset in positions.items() if offset > self._committed.get(ref, -1)}
 
     def close(self) -> None:
         """Leave the group: uncommitted messages go to the members that get the partitions."""
@@ -184,7 +193,7 @@ class KafkaSubscription(Subscription):
                 delivered.append(message)
         if delivered:
             self._down = None
-            self._progress.handed_out(delivered)
+            self._done.fetched(delivered)
         elif self._down is not None:
             raise translate(self._down, f"fetch for group {self.group!r}")
         return delivered
@@ -221,7 +230,7 @@ class KafkaSubscription(Subscription):
             partition = TopicPartition(message.topic, message.queue, message.offset + 1)
             self._consumer.resume([partition])
             self._consumer.seek(partition)
-        self._progress.handed_out(released)
+        self._done.fetched(released)
         return released
 
     # group membership, called by librdkafka inside consume()
@@ -231,7 +240,7 @@ class KafkaSubscription(Subscription):
         saved = dict(self.options.on_assign(refs)) if self.options.on_assign else {}
         for partition, ref in zip(partitions, refs):
             partition.offset = saved.get(ref, OFFSET_INVALID)
-        self._progress.forget(refs)
+        self._forget_progress(refs)
         with self._lock:
             self._assigned.update(refs)
         consumer.assign(partitions)
@@ -243,9 +252,9 @@ class KafkaSubscription(Subscription):
         if self.options.on_revoke:
             self.options.on_revoke(refs)
         try:
-            for message in self._progress.still_open(refs):
+            for message in self._done.in_flight(refs):
                 self.nack(message, 0.0)
-            self._commit(self._progress.committable(refs))
+            self._commit(self._uncommitted(refs))
         except (BackendUnavailableError, TransportError) as exc:  # re-read, uncounted, by the next owner
             log.warning("transport.hand_back_failed", group=self.group, error=str(exc))
         self._forget(consumer, refs)
@@ -259,13 +268,20 @@ class KafkaSubscription(Subscription):
         self._forget(consumer, refs)
 
     def _forget(self, consumer: Consumer, refs: list[QueueRef]) -> None:
-        self._progress.forget(refs)
+        self._forget_progress(refs)
         with self._lock:
             self._assigned.difference_update(refs)
             for ref in refs:
                 self._held.pop(ref, None)
         consumer.unassign()
         log.info("transport.revoked", group=self.group, queues=len(refs))
+
+    def _forget_progress(self, refs: Sequence[QueueRef]) -> None:
+        """Another member may read ``refs`` now, from the group's committed offset."""
+        self._done.forget(refs)
+        with self._lock:
+            for ref in refs:
+                self._committed.pop(ref, None)
 
     def _on_error(self, error: KafkaError) -> None:
         if error.code() == KafkaError._ALL_BROKERS_DOWN:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Producer
 
 from backends.clock import FakeClock
 from backends.errors import BackendUnavailableError, ConfigurationError, TransportError
@@ -224,6 +224,33 @@ def test_on_assign_offsets_are_where_reading_starts(transport: KafkaTransport, u
     with member.subscription:
         assert [m.offset for m in fetch_until(member.subscription, 3)] == [7, 8, 9]
         fetch_nothing(member.subscription, rounds=2)
+
+
+def produce_in_transactions(cluster: MockCluster, topic: str, transactions: int, each: int) -> None:
+    """``transactions`` committed transactions of ``each`` records to partition 0 of ``topic``: each
+    ends with a commit marker, an offset no consumer is ever given (0..each-1, marker, ...)."""
+    producer = Producer({"bootstrap.servers": cluster.url.removeprefix("kafka://"),
+                         "transactional.id": f"tx-{topic}"})
+    producer.init_transactions(30)
+    for t in range(transactions):
+        producer.begin_transaction()
+        for n in range(each):
+            token = f"t{t}-{n}"
+            producer.produce(topic, value=json.dumps({"token": token}).encode(), key=b"k", partition=0)
+        producer.commit_transaction(30)
+
+
+def test_commit_markers_between_records_do_not_hold_the_committed_offset_back(
+    transport: KafkaTransport, cluster: MockCluster, unique: str
+) -> None:
+    produce_in_transactions(cluster, unique, transactions=2, each=3)  # records 0-2, 4-6; markers 3, 7
+    with transport.subscribe("g", [unique]) as leaving:
+        got = fetch_until(leaving, 6)
+        assert [m.offset for m in got] == [0, 1, 2, 4, 5, 6]
+        leaving.ack(got[3:])
+        leaving.ack(got[:3])
+    with transport.subscribe("g", [unique]) as taking_over:
+        fetch_nothing(taking_over, rounds=2)  # committed on leaving past marker 3, to 7
 
 
 def test_a_leaving_member_hands_back_what_is_not_done_counted(transport: KafkaTransport, unique: str) -> None:

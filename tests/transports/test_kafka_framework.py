@@ -6,16 +6,19 @@ own (`MockCluster`), so consumer processes can be SIGKILLed while it lives.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from backends.transport.kafka_mock import MockCluster
-from reliable import App
+from reliable import App, Message, Settings
 from tests.transports.framework import DeadLetters, FrameworkSuite
 from tests.transports.kafka_place import SESSION_TIMEOUT
-from tests.transports.test_kafka import read_topic
+from tests.transports.test_kafka import produce_in_transactions, read_topic
+from tests.waiting import wait_until
 
 
 def committed_offsets(url: str, group: str, topic: str) -> dict[int, int]:
@@ -59,3 +62,29 @@ class TestKafkaFramework(FrameworkSuite):
 
     def dead_letters(self, server: MockCluster, group: str) -> DeadLetters:
         return read_topic(server, f"{group}-dlt-{group}", 1)
+
+
+def test_the_worker_commits_past_transaction_markers(cluster: MockCluster, tmp_path: Path, unique: str) -> None:
+    """A contiguous watermark that waits for offsets never delivered (the markers Kafka's
+    transactions leave) would commit 3 and stop there: everything after it read again on restart."""
+    produce_in_transactions(cluster, unique, transactions=3, each=3)  # records 0-2 4-6 8-10, markers 3 7 11
+    app = App(Settings.load(None, env={
+        "RELIABLE_TRANSPORT__URL": cluster.url, "RELIABLE_TRANSPORT__VISIBILITY_TIMEOUT": str(SESSION_TIMEOUT),
+        "RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}", "RELIABLE_CACHE__URL": "memory://",
+        "RELIABLE_LOG__LEVEL": "warning"}))
+    handled: list[int] = []
+
+    @app.handler(unique, group=unique, token="body.token")
+    def handle(message: Message, tx) -> None:
+        handled.append(message.offset)
+
+    runner = threading.Thread(target=app.run)
+    runner.start()
+    try:
+        wait_until(lambda: committed_offsets(cluster.url, unique, unique) == {0: 11} or not runner.is_alive(),
+                   "the group's committed offset to pass the markers")
+    finally:
+        app.stop()
+        runner.join()
+        app.close()
+    assert handled == [0, 1, 2, 4, 5, 6, 8, 9, 10]

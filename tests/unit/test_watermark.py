@@ -1,0 +1,77 @@
+"""The done-offset watermark shared by the worker and the Kafka member: gaps, restarts, hand-backs."""
+
+from __future__ import annotations
+
+from backends.types import Message, QueueRef
+from backends.watermark import OffsetWatermark
+from reliable.commit import OffsetWatermark as ReExported
+
+REF = QueueRef("t", 0)
+
+
+def message(offset: int, queue: int = 0) -> Message:
+    return Message(id=f"m{offset}", topic="t", queue=queue, offset=offset, payload=b"{}")
+
+
+def messages(*offsets: int) -> list[Message]:
+    return [message(o) for o in offsets]
+
+
+def test_the_framework_and_kafka_share_one_definition() -> None:
+    import backends.transport.kafka_subscription as kafka
+
+    assert ReExported is OffsetWatermark and kafka.OffsetWatermark is OffsetWatermark
+
+
+def test_offsets_never_fetched_hold_the_position_back_unless_the_queue_is_read_in_order() -> None:
+    shared = OffsetWatermark()  # a leasing transport: another member may hold offset 6
+    in_order = OffsetWatermark(reads_in_order=True)  # Kafka: 6 is a transaction marker
+    for mark in (shared, in_order):
+        mark.fetched(messages(4, 5, 7))
+        mark.mark_done(messages(4, 5, 7))
+    assert shared.committable() == {REF: 6}
+    assert in_order.committable() == {REF: 8}
+
+
+def test_a_large_gap_after_a_message_still_in_flight_waits_for_it_only() -> None:
+    mark = OffsetWatermark(reads_in_order=True)
+    mark.fetched(messages(10))
+    mark.fetched(messages(5_000_000))  # compacted away in between
+    assert mark.mark_done(messages(5_000_000)) == {}
+    assert mark.mark_done(messages(10)) == {REF: 5_000_001}
+
+
+def test_a_queue_started_at_a_saved_offset_skips_what_retention_deleted_only_in_order() -> None:
+    shared, in_order = OffsetWatermark(), OffsetWatermark(reads_in_order=True)
+    for mark in (shared, in_order):
+        mark.start({REF: 0})
+        mark.fetched(messages(100))
+    assert shared.mark_done(messages(100)) == {}
+    assert in_order.mark_done(messages(100)) == {REF: 101}
+
+
+def test_in_flight_messages_are_handed_back_and_positions_can_be_previewed() -> None:
+    mark = OffsetWatermark(reads_in_order=True)
+    mark.fetched(messages(0, 1, 2, 4))
+    mark.mark_done(messages(1))
+    assert [m.offset for m in mark.in_flight([REF])] == [0, 2, 4]
+    assert mark.positions_if_done(messages(0)) == {REF: 2}
+    assert mark.positions_if_done(messages(0, 2)) == {REF: 4}  # past skipped 3, up to 4 in flight
+    assert mark.committable() == {REF: 0}  # previewing changed nothing
+
+
+def test_a_message_fetched_again_below_the_position_holds_it_until_done_again() -> None:
+    mark = OffsetWatermark()
+    mark.fetched(messages(0, 1, 2))
+    assert mark.mark_done(messages(0, 1, 2)) == {REF: 3}
+    mark.fetched(messages(1))  # its lease ended and it came back
+    assert mark.committable() == {REF: 1}
+    assert mark.mark_done(messages(1)) == {}  # back where it was reported: nothing new to commit
+    assert mark.committable() == {REF: 3}
+
+
+def test_forgotten_queues_are_not_ours() -> None:
+    mark = OffsetWatermark()
+    mark.fetched(messages(0))
+    mark.forget([REF])
+    assert mark.mark_done(messages(0)) == {} and mark.committable() == {} and mark.in_flight([REF]) == []
