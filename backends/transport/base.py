@@ -305,11 +305,9 @@ def seconds(name: str, value: float | str) -> float:
 
 
 def count(name: str, value: int | str) -> int:
-    """``value`` (a number, or its text from the URL) if an integer >= 1, else a `ConfigurationError`."""
-    number = int(value) if isinstance(value, int | str) and str(value).isdigit() else 0
-    if isinstance(value, bool) or number < 1:
-        raise ConfigurationError(f"transport option {name}={value!r}: an integer >= 1 is required")
-    return number
+    """``value`` (an integer, or its text from the URL) if positive, else a `ConfigurationError`."""
+    number = value if not isinstance(value, str) else int(value) if value.isdigit() else 0
+    return positive(f"transport option {name}", number, original=value, integer=True)
 
 
 def server_list(servers: Sequence[str] | str) -> list[str]:

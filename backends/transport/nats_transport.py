@@ -29,7 +29,7 @@ import structlog
 
 from backends.clock import SYSTEM_CLOCK, Clock
 from backends.errors import ConfigurationError
-from backends.transport.base import SubscribeOptions, Transport, seconds, with_servers
+from backends.transport.base import SubscribeOptions, Transport, count, seconds, with_servers
 from backends.transport.nats_client import Connection, Servers
 from backends.transport.nats_layout import (
     CAPABILITIES,
@@ -170,10 +170,8 @@ class NatsTransport(Transport):
 
 
 def _replicas(value: int | str) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = 0
-    if isinstance(value, bool) or not 1 <= number <= 5:
-        raise ConfigurationError(f"transport option replicas={value!r}: an integer from 1 to 5 is required")
+    """A JetStream stream has 1 to 5 replicas."""
+    number = count("replicas", value)
+    if number > 5:
+        raise ConfigurationError(f"transport option replicas={value!r} is not allowed; expected an integer from 1 to 5")
     return number
