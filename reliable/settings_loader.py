@@ -68,9 +68,11 @@ def file_source(settings_cls: type[BaseSettings], file: Path | None) -> TomlConf
 class EnvironmentSource(EnvSettingsSource):
     """pydantic-settings' environment source over ``environ`` instead of ``os.environ``.
 
-    A value that does not decode as JSON where a list or table is expected is
-    passed on as the string it is, so validation names the variable, key and
-    value ("expected a list") instead of failing on the decoding.
+    Only a value written as a JSON list or table (``[...]``, ``{...}``) is
+    decoded; anything else, and JSON that does not decode, is passed on as the
+    string it is, so a handler's ``...__CACHE__PREFIX=123`` stays the string it
+    names and validation reports a bad value with its variable, key and value
+    ("expected a list") instead of failing on the decoding.
     """
 
     def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
@@ -78,6 +80,8 @@ class EnvironmentSource(EnvSettingsSource):
         self.env_vars = {name.lower(): value for name, value in environ.items() if _is_ours(name)}
 
     def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
+        if isinstance(value, str) and not value.lstrip().startswith(("[", "{")):
+            return value
         try:
             return super().decode_complex_value(field_name, field, value)
         except ValueError:

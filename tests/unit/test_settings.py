@@ -243,3 +243,11 @@ def test_a_list_variable_that_is_not_json_is_reported_as_its_value():
                                 "RELIABLE_TRANSPORT__SERVERS": "127.0.0.1:4223"})
     assert message == ("environment variable RELIABLE_TRANSPORT__SERVERS: transport.servers = '127.0.0.1:4223' "
                        "is not allowed; expected a list")
+
+
+def test_a_handler_variable_keeps_its_value_as_written_unless_it_is_a_json_list_or_table():
+    env = {"RELIABLE_HANDLERS__CHARGE__CACHE__PREFIX": "123", "RELIABLE_HANDLERS__CHARGE__OUTBOX__RELAY": "false",
+           "RELIABLE_HANDLERS__CHARGE__RETRY__DELAY_LEVELS": '["1s", "1m"]'}
+    charge = Settings.load(None, env=env).for_handler("charge")
+    assert charge.cache.prefix == "123" and charge.outbox.relay is False
+    assert charge.retry.delay_levels == [1.0, 60.0]
