@@ -9,24 +9,24 @@ their purge marks, kept in the offset book under the pseudo-group
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from broker.delivery.consume import ORIGIN_TOPIC
 from broker.delivery.group import Group, dlq_topic, retry_topic
 from broker.delivery.offsets import OffsetBook
-from broker.delivery.topics import Topics
 from broker.delivery.values import Delivery, GroupInfo, OutgoingMessage, QueueLag, TopicInfo
 from broker.store import MessageStore
 
 ADMIN = "%ADMIN%"
 
 
-def topics(store: MessageStore, topic_table: Topics) -> list[TopicInfo]:
+def topics(store: MessageStore, known: Mapping[str, int]) -> list[TopicInfo]:
+    """Every topic of ``known`` (its queue count by name) with how many messages it keeps."""
     return [TopicInfo(name, count, sum(store.max_offset(name, q) - store.min_offset(name, q)
                                        for q in range(count)))
-            for name, count in sorted(topic_table.known().items())]
+            for name, count in sorted(known.items())]
 
 
 def groups(offsets: OffsetBook, live_groups: Mapping[str, Group]) -> list[GroupInfo]:
@@ -56,7 +56,7 @@ class DeadLetters:
     offset book the marks live in (the engine's, which other parts write too).
     """
 
-    def __init__(self, store: MessageStore, offsets: OffsetBook, lock: threading.Condition,
+    def __init__(self, store: MessageStore, offsets: OffsetBook, lock: AbstractContextManager[Any],
                  publish_to_group: Callable[[str, str, Sequence[OutgoingMessage]], Any]) -> None:
         self._store = store
         self._offsets = offsets

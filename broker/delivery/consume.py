@@ -40,6 +40,29 @@ T = TypeVar("T")
 _lease_of, _receipt_of = itemgetter(0), itemgetter(1)  # of what `_valid` gives
 
 
+class Wakes:
+    """What a waiting fetch waits for: something changed (a publish, an ack, a member left).
+
+    Its own small lock, held only to count and notify, never across I/O: a publish on the
+    server's event loop tells it without waiting for the consuming lock. A fetch notes `seen`
+    before it looks (under the consuming lock) and `wait` returns at once if anything
+    happened since, so no wake-up is lost between the look and the wait.
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition(threading.Lock())
+        self.seen = 0
+
+    def notify(self) -> None:
+        with self._changed:
+            self.seen += 1
+            self._changed.notify_all()
+
+    def wait(self, seen: int, timeout: float) -> None:
+        with self._changed:
+            if self.seen == seen:
+                self._changed.wait(timeout)
+
 
 def fetch(broker: Broker, member: str, max_messages: int, timeout: float, *,
           blocking: bool = True, cancelled: threading.Event | None = None) -> list[DeliveryColumns] | None:
@@ -55,11 +78,16 @@ def fetch(broker: Broker, member: str, max_messages: int, timeout: float, *,
         while True:
             if cancelled is not None and cancelled.is_set():
                 return []
+            seen = broker.wakes.seen
             taken = _take_now(broker, member, max_messages)
             left = deadline - time.monotonic()
             if taken or left <= 0 or not blocking:
                 return taken
-            broker.lock.wait(min(left, IDLE_WAIT))
+            broker.lock.release()
+            try:
+                broker.wakes.wait(seen, min(left, IDLE_WAIT))
+            finally:
+                broker.lock.acquire()
     finally:
         broker.lock.release()
 
@@ -86,7 +114,7 @@ def give_back(broker: Broker, receipts: Sequence[str]) -> None:
             release(broker, cursor, offset)
             unseen = cursor.ready[offset]
             cursor.ready[offset] = unseen._replace(delivery_count=unseen.delivery_count - 1)
-        broker.lock.notify_all()
+        broker.wakes.notify()
 
 
 def delivered(broker: Broker, member: str, receipts: Sequence[str]) -> None:
@@ -98,7 +126,7 @@ def delivered(broker: Broker, member: str, receipts: Sequence[str]) -> None:
                 lease.cursor.relet(moved, Lease(lease.cursor, lease.member, lease.deadline, delivered=True))
                 if lease.member in broker.held_count:
                     broker.held_count[lease.member] -= len(moved)
-        broker.lock.notify_all()
+        broker.wakes.notify()
 
 
 def extend(broker: Broker, member: str, receipts: Sequence[str]) -> None:
@@ -162,21 +190,21 @@ def _ack(broker: Broker, member: str, receipts: Sequence[str]) -> None:
             if not lease.delivered and lease.member in broker.held_count:
                 broker.held_count[lease.member] -= done
         start = stop
-    broker.lock.notify_all()
+    broker.wakes.notify()
 
 
 def _move(broker: Broker, copies: list[tuple[QueueCursor, int, Record]]) -> None:
     """Append the copies, then finish their originals (a crash between: delivered again)."""
     if copies:
         for topic in {record.topic for _, _, record in copies}:
-            broker.topic_table.queues(topic)  # %RETRY% and %DLQ% topics are listed like any other
+            broker.publishing.queues(topic)  # %RETRY% and %DLQ% topics are listed like any other
         broker.store.append([record for _, _, record in copies])
         for cursor, offset, record in copies:
             if record.topic.startswith("%DLQ%"):
                 log.info("delivery.dead_lettered", topic=cursor.topic, queue=cursor.queue,
                          offset=offset, dead_letter_queue=record.topic, cause=record.headers[DLQ_CAUSE])
             finish(broker, cursor, offset)
-        broker.lock.notify_all()
+        broker.wakes.notify()
 
 def _valid(broker: Broker, receipts: Sequence[str]) -> list[tuple[Lease, str]]:
     """The leases of the held deliveries ``receipts`` name, each once, in order; stale ones (a

@@ -68,16 +68,17 @@ class Broker:
         self.store = MessageStore(self.path, store_config or StoreConfig(clock=clock))
         state = self.path / "delivery"
         state.mkdir(exist_ok=True)
-        self.topic_table = Topics(state / "topics.json", self.config.queues, selector(self.config, clock))
         self.offsets = OffsetBook(state / "offsets.json")
         replayed = replay(state / "acks.journal")
         self.acked_before = self.offsets.absorb(replayed.acked, replayed.sought)  # taken by `_cursor`
         self.acks = (AckJournal(state / "acks.journal", replayed.length, self.store)
                      if self.store.config.flush is FlushPolicy.SYNC else None)
         """Under ``sync``, where an ack is made durable before it is confirmed (`ackjournal`)."""
-        self.dedup = DedupWindow(clock, self.config.dedup_window, self.config.dedup_entries)
-        self.started_at = clock.time()
-        self.stored_before_start = {topic for topic, _ in self.store.queues()}  # what the id index may know
+        self.wakes = consume.Wakes()
+        self.publishing = publishing.Publishing(
+            self.store, Topics(state / "topics.json", self.config.queues, selector(self.config, clock)),
+            DedupWindow(clock, self.config.dedup_window, self.config.dedup_entries), clock, self.config,
+            self.wakes.notify)
         self.group_table: dict[str, Group] = {}
         self.members: dict[str, Member] = {}
         self.cursor_ids = itertools.count(1)
@@ -85,17 +86,17 @@ class Broker:
         self.held_count: dict[str, int] = {}
         self.receipts: Receipts = {}  # the lease of every held delivery, by receipt
         self.receipt_names = ReceiptNames()
-        self.lock = threading.Condition(threading.RLock())
+        self.lock = threading.RLock()
         self.last_sweep = float("-inf")
         self.dead_letter_queues = admin.DeadLetters(self.store, self.offsets, self.lock, self.publish_to_group)
-        self.positions = reading.Positions(self.store, self.topic_table, self.offsets, self.lock,
+        self.positions = reading.Positions(self.store, self.publishing.queues, self.offsets, self.lock,
                                            lambda group: group in self.group_table, self.save_offsets)
         self._needed: dict[tuple[str, int], int] = self.offsets.lowest_needed()
         self.store.set_retention_guard(lambda: dict(self._needed))
         self._closing = threading.Event()
         self._flusher = threading.Thread(target=self._flush_offsets, name="broker-offsets", daemon=True)
         self._flusher.start()
-        log.info("delivery.opened", path=str(self.path), topics=len(self.topic_table.known()))
+        log.info("delivery.opened", path=str(self.path), topics=len(self.publishing.known()))
 
     # -- publishing -----------------------------------------------------------
 
@@ -108,7 +109,7 @@ class Broker:
         """`publish` column by column, as the server takes a publish's table (no object per
         message); ``batches``: the batch ids that name the messages (`publishing`)."""
         check_name("topic", topic)
-        return publishing.append_columns(self, topic, messages, batches=batches)
+        return self.publishing.append_columns(topic, messages, batches=batches)
 
     def publish_to_group(self, group: str, topic: str,
                          messages: Sequence[OutgoingMessage]) -> list[Placement]:
@@ -122,7 +123,7 @@ class Broker:
                dedup: bool = True) -> list[Placement]:
         """Append to any topic (internal ones included); with ``dedup``, ids seen within the
         window are dropped (the first copy's placement comes back, marked duplicate)."""
-        return publishing.append(self, topic, messages, dedup=dedup)
+        return self.publishing.append(topic, messages, dedup=dedup)
 
     # -- consuming (see `consume`) ----------------------------------------------
 
@@ -215,10 +216,10 @@ class Broker:
         self.held_count.pop(member.ident, None)
         self._rebalance(group, from_end=False)
         log.info(event, group=member.group, member=member.ident)
-        self.lock.notify_all()
+        self.wakes.notify()
 
     def _rebalance(self, group: Group, from_end: bool, from_time: float | None = None) -> None:
-        moved = group.rebalance(self.topic_table.queues)
+        moved = group.rebalance(self.publishing.queues)
         for member in group.members.values():
             table = member.own if group.broadcast else group.cursors
             for topic, queue in member.queues:
@@ -270,7 +271,7 @@ class Broker:
             found = self.group_table.get(group)
             total = 0
             for topic in (*topics, retry_topic(group)):
-                for queue in range(self.topic_table.queues(topic)):
+                for queue in range(self.publishing.queues(topic)):
                     end = self.store.max_offset(topic, queue)
                     cursor = found.cursors.get((topic, queue)) if found and not found.broadcast else None
                     if cursor is not None:
@@ -288,8 +289,7 @@ class Broker:
             return min(dues) if dues else None
 
     def topics(self) -> list[TopicInfo]:
-        with self.lock:
-            return admin.topics(self.store, self.topic_table)
+        return admin.topics(self.store, self.publishing.known())
 
     def groups(self) -> list[GroupInfo]:
         with self.lock:

@@ -10,11 +10,12 @@ topic table and the offset book it is given; it reaches into no engine.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
 
 from broker.delivery.offsets import OffsetBook
-from broker.delivery.topics import Topics, check_name
+from broker.delivery.topics import check_name
 from broker.delivery.values import Delivery, DeliveryColumns
 from broker.errors import DeliveryError
 from broker.store import MessageStore
@@ -22,13 +23,14 @@ from broker.store import MessageStore
 
 class Positions:
     """Reads by position and a stream processor's offsets; ``has_members(group)``: whether the
-    group has live members (whose offsets are the broker's); ``saved()``: write the offsets."""
+    group has live members (whose offsets are the broker's); ``saved()``: write the offsets;
+    ``queues(topic)``: a topic's queue count (the publishing component's topic table)."""
 
-    def __init__(self, store: MessageStore, topic_table: Topics, offsets: OffsetBook,
-                 lock: threading.Condition, has_members: Callable[[str], bool],
+    def __init__(self, store: MessageStore, queues: Callable[[str], int], offsets: OffsetBook,
+                 lock: AbstractContextManager[Any], has_members: Callable[[str], bool],
                  save: Callable[[], None]) -> None:
         self._store = store
-        self._topics = topic_table
+        self._queues = queues
         self._offsets = offsets
         self._lock = lock
         self._has_members = has_members
@@ -57,13 +59,13 @@ class Positions:
         """``[first kept, end]`` per queue of ``topic`` (created if new)."""
         check_name("topic", topic, internal=True)
         with self._lock:
-            count = self._topics.queues(topic)
+            count = self._queues(topic)
         return [[self._store.min_offset(topic, q), self._store.max_offset(topic, q)] for q in range(count)]
 
     def group_offsets(self, group: str, topic: str) -> list[int | None]:
         """``group``'s committed offset per queue of ``topic`` (None: never committed)."""
         with self._lock:
-            count = self._topics.queues(topic)
+            count = self._queues(topic)
             return [self._offsets.get((group, topic, q)) for q in range(count)]
 
     def commit_group(self, group: str, topic: str, offsets: Sequence[int]) -> None:
@@ -71,9 +73,9 @@ class Positions:
         never past a queue's end."""
         check_name("group", group)
         with self._lock:
-            if len(offsets) != self._topics.queues(topic):
+            if len(offsets) != self._queues(topic):
                 raise DeliveryError(f"commit_group {group!r}: {len(offsets)} offsets for "
-                                    f"{self._topics.queues(topic)} queues of {topic!r}")
+                                    f"{self._queues(topic)} queues of {topic!r}")
             if self._has_members(group):
                 raise DeliveryError(f"group {group!r} has live members; its offsets are the broker's")
             ends = [self._store.max_offset(topic, queue) for queue in range(len(offsets))]

@@ -6,7 +6,7 @@ so a call that may block (a publish waits for its fsync) runs on a thread of
 the engine's own pool; a long-poll fetch waits on a thread of a second pool,
 never on the loop, so however many fetches wait, acks and publishes are not
 starved. A fetch that finds messages at once, an ack, and the checks of a publish
-run on the loop itself when the engine's lock is free (they only compute,
+run on the loop itself when the lock of the component they need is free (they only compute,
 and under the GIL a thread would not run beside the loop anyway): two thread
 hand-offs fewer per batch. A publish's records are then written on the loop
 as well (with those of every connection that published in the same pass of
@@ -26,9 +26,10 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from broker.delivery import consume, publishing
+from broker.delivery import consume
 from broker.delivery.api import BrokerApi
 from broker.delivery.engine import Broker
+from broker.delivery.publishing import Batch, Publish, Publishing
 from broker.delivery.topics import check_name
 from broker.delivery.values import (
     Delivery,
@@ -75,7 +76,7 @@ class Engine:
         return await self._run(self.api.publish, topic, messages)
 
     async def publish_columns(self, topic: str, messages: MessageColumns,
-                              batches: Sequence[publishing.Batch] = ()) -> PlacementColumns:
+                              batches: Sequence[Batch] = ()) -> PlacementColumns:
         """`publish` column by column, as the native protocol carries it (no object per message);
         ``batches``: the batch ids that name the messages (`broker.delivery.publishing`)."""
         broker = self._broker
@@ -83,31 +84,18 @@ class Engine:
             if batches:
                 raise DeliveryError("batch ids need the broker's own engine")
             return PlacementColumns.of(await self._run(self.api.publish, topic, messages.messages()))
-        if not self._publishes_here(broker, topic) or not broker.lock.acquire(blocking=False):
+        check_name("topic", topic)
+        publish = broker.publishing.try_begin(topic, messages, batches)
+        if publish is None:  # its lock is busy, or this publish has to run on a thread
             return await self._run(broker.publish_columns, topic, messages, batches)
-        try:
-            check_name("topic", topic)
-            publish = publishing.begin(broker, topic, messages, batches=batches)
-        finally:
-            broker.lock.release()
         # a cancelled caller (its client gone) must not stop the append half way: a resend of
         # its ids would not find them in the window
-        return await asyncio.shield(self._append_here(broker, publish))
+        return await asyncio.shield(self._append_here(broker.publishing, publish))
 
-    @staticmethod
-    def _publishes_here(broker: Broker, topic: str) -> bool:
-        """Whether a publish to ``topic`` can run on the loop: no queue selector waits to time
-        its append on a thread, and no id has to be looked for on disk."""
-        return not broker.topic_table.selector.measures and publishing.window_covers(broker, topic)
-
-    async def _append_here(self, broker: Broker, publish: publishing.Publish) -> PlacementColumns:
-        appended = await broker.store.append_columns_async(publish.records) if publish.records else None
-        if not broker.lock.acquire(blocking=False):
-            return await self._run(publishing.finish, broker, publish, appended)
-        try:
-            return publishing.finish(broker, publish, appended)
-        finally:
-            broker.lock.release()
+    async def _append_here(self, publishing: Publishing, publish: Publish) -> PlacementColumns:
+        appended = await publishing.append_async(publish)
+        placed = publishing.try_finish(publish, appended)
+        return placed if placed is not None else await self._run(publishing.finish, publish, appended)
 
     async def join(self, group: str, topics: Sequence[str], **options: Any) -> str:
         return await self._run(self.api.join, group, topics, **options)

@@ -30,7 +30,7 @@ def test_a_refused_topic_name_changes_nothing_on_disk(open_broker: Open, tmp_pat
     with pytest.raises(BrokerError, match="topic"):
         broker.publish(name, [OutgoingMessage(b"y")])
     assert _state(tmp_path / "broker") == before
-    assert set(broker.topic_table.known()) == {"kept"}
+    assert set(broker.publishing.known()) == {"kept"}
 
 
 @pytest.mark.parametrize("name", ["two words", "star*", "a\0b"])
@@ -43,4 +43,4 @@ def test_a_refused_group_name_changes_nothing_on_disk(open_broker: Open, tmp_pat
     with pytest.raises(BrokerError, match="group"):
         broker.join(name, ["kept"])
     assert _state(tmp_path / "broker") == before
-    assert set(broker.topic_table.known()) == {"kept"}
+    assert set(broker.publishing.known()) == {"kept"}

@@ -159,7 +159,7 @@ def test_the_embedded_transport_takes_selection_from_its_url(tmp_path: Path) -> 
     transport = open_transport(f"embedded://{tmp_path}/broker?selection=latency_aware")
     try:
         assert isinstance(transport, EmbeddedTransport) and isinstance(transport.api, EmbeddedBroker)
-        assert isinstance(transport.api.engine.topic_table.selector, LatencyAware)
+        assert isinstance(transport.api.engine.publishing.selector, LatencyAware)
     finally:
         transport.close()
 

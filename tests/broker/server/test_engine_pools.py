@@ -117,7 +117,7 @@ def test_a_publish_cancelled_while_its_append_waits_still_leaves_its_ids_in_the_
             publish.cancel()
             disk_done.set()
             deadline = time.monotonic() + 10
-            while broker.dedup.get("t", "y") is None and time.monotonic() < deadline:
+            while broker.publishing._dedup.get("t", "y") is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             resent = await engine.publish_columns("t", _named("x", "y"))
             assert resent.column("duplicate") == [True, True]
@@ -127,13 +127,13 @@ def test_a_publish_cancelled_while_its_append_waits_still_leaves_its_ids_in_the_
     asyncio.run(scenario())
 
 
-def test_a_publish_goes_to_a_thread_while_another_holds_the_engine_lock(tmp_path) -> None:
+def test_a_publish_goes_to_a_thread_while_another_holds_the_publishing_lock(tmp_path) -> None:
     async def scenario() -> None:
         with _sync_engine(tmp_path / "broker") as (broker, engine):
             taken, release = threading.Event(), threading.Event()
 
             def hold() -> None:
-                with broker.lock:
+                with broker.publishing._lock:
                     taken.set()
                     release.wait()
 
