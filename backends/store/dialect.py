@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Select, Table
+from sqlalchemy import ColumnElement, Connection, Engine, Select, Table
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -27,6 +27,9 @@ class Dialect(ABC):
 
     chunk: int
     """How many values one ``IN (...)`` list may carry (under the bound-parameter limit)."""
+    locks_rows: bool = False
+    """Whether transactions lock rows (``skip_locked`` skips those others hold); where they do
+    not, a write transaction holds the whole database."""
 
     def __init__(self) -> None:
         self.claim: ClaimPath = self.claim_paths()
@@ -60,6 +63,11 @@ class Dialect(ABC):
         """Send ``claim`` without waiting for it (a `backends.store.ahead.ClaimAhead`), or None
         where the database cannot."""
         return None
+
+    @abstractmethod
+    def among(self, column: ColumnElement[Any], values: Sequence[Any]) -> ColumnElement[bool]:
+        """``column`` is one of ``values``, bound as one parameter: the statement's text stays the
+        same whatever their number, and no bound-parameter limit applies."""
 
     def skip_locked(self, statement: Select[Any]) -> Select[Any]:
         """``statement`` locking the rows it selects, skipping those another transaction holds

@@ -25,13 +25,23 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any
 
-from sqlalchemy import Connection, Executable, exists, func, insert, select, text, update
+from sqlalchemy import (
+    Connection,
+    Executable,
+    Select,
+    bindparam,
+    exists,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.engine import URL
 
 from backends.clock import Clock
 from backends.errors import OutboxMessageError
 from backends.store.dialect import Dialect
-from backends.store.engine import chunks
 from backends.store.schema import outbox
 from backends.types import CONTENT_TYPE, JSON, OutgoingMessage, encode_body, new_message_id
 
@@ -49,7 +59,7 @@ class RowState(enum.Enum):
 
 _PENDING = text("reliable_outbox.state = 'pending'")  # literal, so SQLite uses the partial index
 _UNSENT = text("reliable_outbox.state <> 'sent'")
-_FAILED = text("failed.state = 'failed'")  # of the alias below
+_FAILED = text("failed.state = 'failed'")  # of the alias in `_pending`
 
 
 @dataclass(frozen=True)
@@ -236,15 +246,14 @@ class Wakeup:
 class Claimed:
     """The rows a relay may send now, in the transaction that holds them; its marks commit with it."""
 
-    def __init__(self, connection: Connection, rows: list[OutboxRow], clock: Clock) -> None:
-        self._connection, self.rows, self._clock = connection, rows, clock
+    def __init__(self, connection: Connection, rows: list[OutboxRow], clock: Clock, dialect: Dialect) -> None:
+        self._connection, self.rows, self._clock, self._dialect = connection, rows, clock, dialect
 
     def sent(self, rows: Sequence[OutboxRow]) -> None:
         """The transport confirmed ``rows``."""
-        now = self._clock.time()
-        for part in chunks([r.id for r in rows], 500):
-            self._connection.execute(update(outbox).where(outbox.c.id.in_(part))
-                                     .values(state=RowState.SENT.value, sent_at=now))
+        if rows:
+            self._connection.execute(update(outbox).where(self._dialect.among(outbox.c.id, [r.id for r in rows]))
+                                     .values(state=RowState.SENT.value, sent_at=self._clock.time()))
 
     def failed(self, row: OutboxRow, error: str) -> None:
         """The transport refused ``row`` for good: it waits, with the rows of its key, for a retry."""
@@ -259,6 +268,7 @@ class SqlOutbox:
         self.name, self._url, self._dialect, self._clock = name, url, dialect, clock
         self._write, self._read = write, read
         self.wakeup = Wakeup()
+        self._pending = _pending(dialect)
 
     def listen(self, stopping: threading.Event) -> None:
         """Wake this outbox's relays when another process commits rows, until ``stopping`` is set
@@ -273,26 +283,21 @@ class SqlOutbox:
         here too (another relay's, or FAILED): the rows of a key go out in
         order, one relay at a time.
         """
-        failed = outbox.alias("failed")
-        behind_failed = exists().where(failed.c.outbox == outbox.c.outbox, failed.c.key == outbox.c.key,
-                                       _FAILED, failed.c.id < outbox.c.id)
-        pending = select(outbox).where(outbox.c.outbox == self.name, _PENDING, ~behind_failed)
         with self._write() as connection:
-            candidates = [_row(r) for r in connection.execute(
-                self._dialect.skip_locked(pending.order_by(outbox.c.id).limit(limit)))]
-            yield Claimed(connection, self._in_key_order(connection, candidates), self._clock)
+            candidates = [_row(r) for r in connection.execute(self._pending, {"outbox": self.name, "limit": limit})]
+            if self._dialect.locks_rows:
+                candidates = self._in_key_order(connection, candidates)
+            yield Claimed(connection, candidates, self._clock, self._dialect)
 
     def _in_key_order(self, connection: Connection, candidates: list[OutboxRow]) -> list[OutboxRow]:
-        keys = sorted({r.key for r in candidates if r.key is not None})
+        """``candidates`` less the rows of a key from its first unsent row another relay holds."""
+        keys = list({r.key for r in candidates if r.key is not None})
         if not keys:
             return candidates
         mine, top = {r.id for r in candidates}, candidates[-1].id
-        earlier: list[tuple[int, str]] = []
-        for part in chunks(keys, self._dialect.chunk):
-            earlier += [(row_id, key) for row_id, key in connection.execute(select(outbox.c.id, outbox.c.key).where(
-                outbox.c.outbox == self.name, outbox.c.key.in_(part), outbox.c.id <= top, _UNSENT))]
         held_elsewhere: dict[str, float] = {}  # per key: its first unsent row this claim does not hold
-        for row_id, key in earlier:
+        for row_id, key in connection.execute(select(outbox.c.id, outbox.c.key).where(
+                outbox.c.outbox == self.name, self._dialect.among(outbox.c.key, keys), outbox.c.id <= top, _UNSENT)):
             if row_id not in mine:
                 held_elsewhere[key] = min(held_elsewhere.get(key, math.inf), row_id)
         return [r for r in candidates if r.key is None or r.id < held_elsewhere.get(r.key, math.inf)]
@@ -331,6 +336,16 @@ class SqlOutbox:
             return int(connection.execute(outbox.delete().where(
                 outbox.c.outbox == self.name, outbox.c.state == RowState.SENT.value,
                 outbox.c.sent_at < before)).rowcount)
+
+
+def _pending(dialect: Dialect) -> Select[Any]:
+    """The first ``:limit`` pending rows of outbox ``:outbox`` not behind a FAILED row of their key,
+    locked (skipping rows another relay holds)."""
+    failed = outbox.alias("failed")
+    behind_failed = exists().where(failed.c.outbox == outbox.c.outbox, failed.c.key == outbox.c.key, _FAILED,
+                                   failed.c.id < outbox.c.id)
+    return dialect.skip_locked(select(outbox).where(outbox.c.outbox == bindparam("outbox"), _PENDING, ~behind_failed)
+                               .order_by(outbox.c.id).limit(bindparam("limit")))
 
 
 @lru_cache(maxsize=256)

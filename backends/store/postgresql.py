@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 from sqlalchemy import (
+    ColumnElement,
     Connection,
     Engine,
     Select,
@@ -124,6 +125,7 @@ class _CopyFirst(ClaimPath):
 
 class PostgreSQL(Dialect):
     chunk = CHUNK
+    locks_rows = True
 
     def engine(self, url: URL) -> Engine:
         # No pre-ping: it would cost a round trip per transaction. A connection that died
@@ -166,6 +168,9 @@ class PostgreSQL(Dialect):
 
     def claim_ahead(self, connection: Connection, claim: Claim) -> ClaimAhead:
         return ClaimAhead(connection, claim)
+
+    def among(self, column: ColumnElement[Any], values: Sequence[Any]) -> ColumnElement[bool]:
+        return column == any_(bindparam(None, list(values), type_=postgresql.ARRAY(column.type)))
 
     def skip_locked(self, statement: Select[Any]) -> Select[Any]:
         return statement.with_for_update(skip_locked=True)

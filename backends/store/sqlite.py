@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     Connection,
     Engine,
     String,
@@ -102,6 +103,10 @@ class SQLite(Dialect):
 
     def claim_paths(self) -> ClaimPath:
         return OneRow(sqlite.insert) | _JsonBatch()
+
+    def among(self, column: ColumnElement[Any], values: Sequence[Any]) -> ColumnElement[bool]:
+        listed = func.json_each(bindparam(None, json.dumps(list(values)), type_=String)).table_valued("value")
+        return column.in_(select(listed.c.value))
 
     def known(self, connection: Connection, namespace: str, batch: Sequence[str], now: float) -> set[str]:
         parameters = {"namespace": namespace, "tokens": json.dumps(list(batch)), "now": now}
