@@ -61,6 +61,11 @@ _PENDING = text("reliable_outbox.state = 'pending'")  # literal, so SQLite uses 
 _UNSENT = text("reliable_outbox.state <> 'sent'")
 _FAILED = text("failed.state = 'failed'")  # of the alias in `_pending`
 
+_STATES = {state.value: state for state in RowState}
+_COLUMNS = (outbox.c.id, outbox.c.message_id, outbox.c.topic, outbox.c.key, outbox.c.headers, outbox.c.payload,
+            outbox.c.deliver_at, outbox.c.state, outbox.c.created_at, outbox.c.sent_at, outbox.c.error)
+"""What `_row` reads, in its order."""
+
 
 @dataclass(frozen=True)
 class OutboxRow:
@@ -314,7 +319,7 @@ class SqlOutbox:
 
     def rows(self, state: RowState | None = None, limit: int = 100, after_id: int = 0) -> list[OutboxRow]:
         """Rows with id > ``after_id`` (of ``state``, or any), oldest first."""
-        statement = select(outbox).where(outbox.c.outbox == self.name, outbox.c.id > after_id)
+        statement = select(*_COLUMNS).where(outbox.c.outbox == self.name, outbox.c.id > after_id)
         if state is not None:
             statement = statement.where(outbox.c.state == state.value)
         with self._read() as connection:
@@ -344,7 +349,7 @@ def _pending(dialect: Dialect) -> Select[Any]:
     failed = outbox.alias("failed")
     behind_failed = exists().where(failed.c.outbox == outbox.c.outbox, failed.c.key == outbox.c.key, _FAILED,
                                    failed.c.id < outbox.c.id)
-    return dialect.skip_locked(select(outbox).where(outbox.c.outbox == bindparam("outbox"), _PENDING, ~behind_failed)
+    return dialect.skip_locked(select(*_COLUMNS).where(outbox.c.outbox == bindparam("outbox"), _PENDING, ~behind_failed)
                                .order_by(outbox.c.id).limit(bindparam("limit")))
 
 
@@ -355,8 +360,7 @@ def _headers(stored: str) -> Mapping[str, str]:
 
 
 def _row(record: Any) -> OutboxRow:
-    return OutboxRow(
-        id=record.id, message_id=record.message_id, topic=record.topic, key=record.key,
-        headers=_headers(record.headers), payload=bytes(record.payload), deliver_at=record.deliver_at,
-        state=RowState(record.state), created_at=record.created_at, sent_at=record.sent_at, error=record.error,
-    )
+    """The `OutboxRow` of a record of `_COLUMNS` (read by position: a relay reads thousands a second)."""
+    row_id, message_id, topic, key, headers, payload, deliver_at, state, created_at, sent_at, error = record
+    return OutboxRow(row_id, message_id, topic, key, _headers(headers), bytes(payload), deliver_at, _STATES[state],
+                     created_at, sent_at, error)
