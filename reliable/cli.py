@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -18,30 +16,11 @@ from reliable.cli_broker import broker
 from reliable.cli_console import console
 from reliable.cli_outbox import outbox, relay
 from reliable.cli_output import progress_bar
+from reliable.cli_target import load_app
 from reliable.errors import ReliableError
 from reliable.settings import Settings
 
 SETTINGS_HELP = "settings file (default: $RELIABLE_SETTINGS, else ./reliable.toml if present)"
-
-
-def load_app(target: str) -> App:
-    """Import ``module:attribute`` and return the `App` it names."""
-    module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
-        raise click.BadParameter(f"{target!r} is not MODULE:APP (e.g. examples.payments:app)")
-    sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise click.BadParameter(f"cannot import module {module_name!r}: {exc}") from exc
-    if not hasattr(module, attribute):
-        apps = sorted(name for name, value in vars(module).items() if isinstance(value, App))
-        hint = f"; it has {', '.join(apps)}" if apps else ""
-        raise click.BadParameter(f"module {module_name!r} has no attribute {attribute!r}{hint}")
-    app = getattr(module, attribute)
-    if not isinstance(app, App):
-        raise click.BadParameter(f"{target!r} is not a reliable.App (found {type(app).__name__})")
-    return app
 
 
 @click.group()

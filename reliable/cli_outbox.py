@@ -3,7 +3,9 @@
 ``reliable relay --settings reliable.toml`` sends the outbox named by
 ``[outbox] name`` to the transport of ``[transport]`` until SIGINT/SIGTERM,
 next to (or instead of, with ``outbox.relay = false``) the relays inside the
-workers. ``reliable outbox status | list | retry`` show the backlog and the
+workers. ``reliable relay MODULE:APP`` relays that app's outbox and, like its
+workers, declares the app's groups on a topic before its first publish there
+(a queue broker, ``amqp://``, keeps a message only for the groups it knows). ``reliable outbox status | list | retry`` show the backlog and the
 oldest unsent row, list rows, and make rows the transport refused pending again.
 """
 
@@ -19,6 +21,7 @@ import click
 
 from backends.store.outbox import OutboxRow, RowState
 from reliable.app import App
+from reliable.cli_target import load_app
 from reliable.settings import Settings
 
 SETTINGS_HELP = "settings file (default: $RELIABLE_SETTINGS, else ./reliable.toml if present)"
@@ -32,16 +35,28 @@ def _app(settings_path: str | None) -> App:
     return App(Settings.load(settings_path))
 
 
+def _target(target: str, settings_path: str | None) -> App:
+    app = load_app(target)
+    if settings_path:
+        app.use_settings(Settings.load(settings_path))
+    return app
+
+
 def _when(ts: float | None) -> str | None:
     return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
 
 
 @click.command()
+@click.argument("target", required=False)
 @_settings_option
 @click.option("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")
-def relay(settings_path: str | None, metrics_port: int | None) -> None:
-    """Send the outbox's committed rows to the transport until stopped (Ctrl-C / SIGTERM)."""
-    app = _app(settings_path)
+def relay(target: str | None, settings_path: str | None, metrics_port: int | None) -> None:
+    """Send the outbox's committed rows to the transport until stopped (Ctrl-C / SIGTERM).
+
+    With MODULE:APP, the groups of that app's handlers are declared on a topic
+    before its first publish there (amqp:// keeps messages only for known groups).
+    """
+    app = _app(settings_path) if target is None else _target(target, settings_path)
     if metrics_port is not None:
         from reliable.metrics import serve_metrics
 

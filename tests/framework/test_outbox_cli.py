@@ -12,8 +12,10 @@ import threading
 from pathlib import Path
 
 from backends.store import SqlStore
+from backends.store.outbox import OutboxStatus, RowState
 from backends.transport import open_transport
 from reliable.testing import test_app
+from tests.waiting import wait_until
 
 
 def reliable_exe() -> str:
@@ -69,6 +71,53 @@ def test_a_standalone_relay_is_woken_by_a_commit_in_another_process(
     finally:
         relay.send_signal(signal.SIGTERM)
         assert relay.wait(60) == 0, "".join(lines)[-3000:]
+
+
+def test_a_standalone_relay_of_an_app_declares_its_groups_on_a_queue_broker(
+    amqp_url: str, tmp_path: Path, unique: str
+) -> None:
+    """amqp:// refuses a publish no queue would take (the row goes FAILED, its key waits for a
+    retry): the relay of ``MODULE:APP`` declares the app's groups first, so the messages wait in
+    the group's queue for a worker that joins later."""
+    url = f"{amqp_url}?namespace={unique}"
+    (tmp_path / f"{unique}_app.py").write_text(
+        "from reliable import App\n"
+        "app = App()\n"
+        f"@app.handler('{unique}-events', group='{unique}-billing')\n"
+        "def bill(message, tx):\n"
+        "    pass\n"
+    )
+    settings = tmp_path / "reliable.toml"
+    settings.write_text(f'[transport]\nurl = "{url}"\n[store]\nurl = "sqlite:///{tmp_path / "store.db"}"\n'
+                        f'[outbox]\nname = "{unique}"\n[log]\nlevel = "warning"\n')
+    store = SqlStore(f"sqlite:///{tmp_path / 'store.db'}", outbox=unique)
+    with store.transaction() as tx:
+        ids = [tx.publish(f"{unique}-events", {"n": n}, key="k") for n in range(5)]
+    relay = subprocess.Popen([reliable_exe(), "relay", f"{unique}_app:app", "--settings", str(settings)],
+                             env=clean_env(), cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    transport = open_transport(url)
+    try:
+        def settled() -> OutboxStatus | None:
+            status = store.outbox.status()
+            return status if status.sent == 5 or status.failed or relay.poll() is not None else None
+
+        status = wait_until(settled, "the relay sent or refused the rows")
+        assert relay.poll() is None, relay.communicate()[1][-3000:]
+        assert status.failed == 0, store.outbox.rows(RowState.FAILED)[0].error
+        got = []
+        with transport.subscribe(f"{unique}-billing", [f"{unique}-events"]) as subscription:  # joins only now
+            while len(got) < 5:
+                batch = subscription.fetch(5, timeout=10.0)
+                assert batch, f"the group's queue kept {len(got)} of the 5 messages sent"
+                subscription.ack(batch)
+                got += batch
+        assert [m.id for m in got] == ids
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        assert relay.wait(60) == 0, relay.communicate()[1][-3000:]
+        store.close()
+        transport.purge()
+        transport.close()
 
 
 def test_status_list_and_retry_show_and_release_a_row_the_transport_refused(tmp_path: Path, unique: str) -> None:
