@@ -22,7 +22,9 @@ For each micro-batch, in this order:
    found recorded rolls the call back and runs the batch in order (see
    `ahead`);
 6. commit, then queue the claimed tokens for the cache (written behind, on a
-   background thread, while the next batch runs). A failure rolls everything
+   background thread, while the next batch runs). The first batch that
+   published (``tx.publish``) starts the app's relay on a thread of the
+   writer's (`_DriverRelay`): a Spark driver runs no worker to send them. A failure rolls everything
    back and is retried with the redelivery policy's backoff; when the retries
    are spent the query fails (default) or the whole batch is dead-lettered.
 """
@@ -32,6 +34,7 @@ from __future__ import annotations
 import random
 import traceback
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +54,30 @@ from reliable.spark.options import Resolved, WriterOptions, resolve
 from reliable.spark.report import BatchReport, BatchStatus
 
 log = structlog.get_logger("reliable.spark")
+
+
+class _DriverRelay:
+    """The app's relay on a thread of its own, started by the first batch that publishes: a
+    Spark driver runs no worker whose relay would send what its batches publish. Off with
+    ``[outbox] relay = false`` (a ``reliable relay`` sends them instead)."""
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+        self._running = ExitStack()
+        self._started = False
+
+    def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        outbox = getattr(getattr(self._app, "settings", None), "outbox", None)
+        if getattr(outbox, "relay", False):
+            self._running.enter_context(self._app.relay().running())
+
+    def stop(self) -> None:
+        """Stop the relay's thread; rows it has not sent wait for the next relay."""
+        self._running.close()
+        self._started = False
 
 
 @dataclass
@@ -74,6 +101,7 @@ class BatchWriter:
         self.name = options.name
         self._resolved: Resolved | None = None
         self._rng = random.Random()
+        self._relay = _DriverRelay(app)
         self.__name__ = getattr(func, "__name__", options.name)
         self.__doc__ = func.__doc__
 
@@ -126,7 +154,10 @@ class BatchWriter:
             if not open_batch(tx, self.name, batch.batch_id, batch.run_id):
                 return None
             self._record_poison(tx, batch, poison, env)
-            return env.claim(tx, unseen, lambda writes, tokens: self.func(prepared.rows(tokens), batch.batch_id, writes))
+            claimed = env.claim(tx, unseen, lambda writes, tokens: self.func(prepared.rows(tokens), batch.batch_id, writes))
+        if tx.published:  # committed: the relay sends them
+            self._relay.start()
+        return claimed
 
     def _committed(self, batch: _Batch, env: Resolved, attempt: int, prepared: PreparedBatch,
                    claimed: Claimed, poison: int) -> BatchReport:  # fmt: skip
@@ -185,6 +216,11 @@ class BatchWriter:
         behind, while the next batch runs)."""
         if self._resolved is not None:
             self._resolved.guard.flush()
+
+    def close(self) -> None:
+        """Flush, and stop the relay the batches started (once the query has stopped)."""
+        self.flush()
+        self._relay.stop()
 
     # -- retries spent --------------------------------------------------------
 
