@@ -34,7 +34,7 @@ from backends.transport.base import (
 from backends.types import Failure, Message, OutgoingMessage
 from backends.values import positive
 from broker.delivery.api import BrokerApi
-from broker.delivery.consume import ORIGIN_TOPIC as BROKER_ORIGIN_HEADER
+from broker.delivery.group import ORIGIN_TOPIC as BROKER_ORIGIN_HEADER
 from broker.delivery.values import Delivery
 from broker.delivery.values import OutgoingMessage as BrokerMessage
 from broker.errors import BrokerError, BrokerUnavailableError, DeliveryError, UnknownMemberError

@@ -13,8 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from broker.delivery.consume import ORIGIN_TOPIC
-from broker.delivery.group import Group, dlq_topic, retry_topic
+from broker.delivery.group import ORIGIN_TOPIC, Group, dlq_topic, retry_topic
 from broker.delivery.offsets import OffsetBook
 from broker.delivery.values import Delivery, GroupInfo, OutgoingMessage, QueueLag, TopicInfo
 from broker.store import MessageStore

@@ -88,17 +88,18 @@ class Positions:
                 self._offsets.put((group, topic, queue), max(int(offset), saved or 0))
         self._save()
 
-    def first_at(self, topic: str, queue: int, when: float) -> int:
-        """The first offset of (topic, queue) stored at or after ``when`` (the end if none):
-        a binary search over store times, which grow with the offset."""
-        low, high = self._store.min_offset(topic, queue), self._store.max_offset(topic, queue)
-        while low < high:
-            middle = (low + high) // 2
-            found = self._store.read(topic, queue, middle, max_count=1)
-            if not found:
-                return high
-            if found[0].store_time < when:
-                low = found[0].queue_offset + 1
-            else:
-                high = middle
-        return low
+
+def first_at(store: MessageStore, topic: str, queue: int, when: float) -> int:
+    """The first offset of (topic, queue) stored at or after ``when`` (the end if none):
+    a binary search over store times, which grow with the offset."""
+    low, high = store.min_offset(topic, queue), store.max_offset(topic, queue)
+    while low < high:
+        middle = (low + high) // 2
+        found = store.read(topic, queue, middle, max_count=1)
+        if not found:
+            return high
+        if found[0].store_time < when:
+            low = found[0].queue_offset + 1
+        else:
+            high = middle
+    return low

@@ -26,8 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from broker.delivery import consume
 from broker.delivery.api import BrokerApi
+from broker.delivery.consume import Consuming
 from broker.delivery.engine import Broker
 from broker.delivery.publishing import Batch, Publish, Publishing
 from broker.delivery.topics import check_name
@@ -110,19 +110,20 @@ class Engine:
         """`fetch` column by column, as the native protocol sends it (no `Delivery` per message)."""
         if self._broker is None:
             return DeliveryColumns.of(await self._wait(self.api.fetch, member, max_messages, timeout))
-        taken = consume.fetch(self._broker, member, max_messages, 0.0, blocking=False)
+        consuming = self._broker.consuming
+        taken = consuming.fetch(member, max_messages, 0.0, blocking=False)
         if taken is None or (not taken and timeout > 0):  # the lock is busy, or it is to wait
-            taken = await self._fetch_waiting(self._broker, member, max_messages, timeout)
+            taken = await self._fetch_waiting(consuming, member, max_messages, timeout)
         return joined(taken or [])
 
-    async def _fetch_waiting(self, broker: Broker, member: str, max_messages: int,
+    async def _fetch_waiting(self, consuming: Consuming, member: str, max_messages: int,
                              timeout: float) -> list[DeliveryColumns] | None:
         """A fetch that may wait, on the pool of long waits. If its caller is cancelled (its
         client left), the fetch stops, and what it took is given back unsent (`give_back`)."""
         loop = asyncio.get_running_loop()
         cancelled = threading.Event()
         waiting = loop.run_in_executor(self._waits, functools.partial(
-            consume.fetch, broker, member, max_messages, timeout, cancelled=cancelled))
+            consuming.fetch, member, max_messages, timeout, cancelled=cancelled))
         try:
             return await asyncio.shield(waiting)
         except asyncio.CancelledError:
@@ -136,15 +137,18 @@ class Engine:
             raise
 
     async def give_back(self, receipts: Sequence[str]) -> None:
-        """Deliveries that never reached the client go back unmarked (`consume.give_back`)."""
+        """Deliveries that never reached the client go back unmarked (`Consuming.give_back`)."""
         if self._broker is not None and receipts:
-            await self._run(consume.give_back, self._broker, receipts)
+            await self._run(self._broker.consuming.give_back, receipts)
 
     async def ack(self, member: str, receipts: Sequence[str]) -> None:
-        if self._broker is None or not consume.ack(self._broker, member, receipts, blocking=False):
+        if self._broker is None:
             await self._run(self.api.ack, member, receipts)
-        if self._broker is not None and self._broker.acks is not None:  # `sync`: confirmed once durable
-            await self._broker.acks.synced_async()
+            return
+        consuming = self._broker.consuming
+        if not consuming.ack(member, receipts, blocking=False):
+            await self._run(consuming.ack, member, receipts)
+        await consuming.synced_async()  # `sync`: confirmed once durable
 
     async def nack(self, member: str, receipts: Sequence[str], delay: float) -> None:
         await self._run(self.api.nack, member, receipts, delay)
