@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from broker.delivery.selection import LATENCY_MAX, NOT_AVAILABLE_DURATION
+from broker.delivery.allocation import STRATEGIES
+from broker.delivery.selection import (
+    LATENCY_MAX,
+    NOT_AVAILABLE_DURATION,
+    LatencyAware,
+    LatencyTable,
+    QueueSelector,
+    RoundRobin,
+)
 from broker.errors import BrokerConfigError
+from broker.store import Clock
 
 SELECTIONS = ("round_robin", "latency_aware")
 """The values of ``selection`` (see `broker.delivery.selection`)."""
@@ -46,8 +55,6 @@ class DeliveryConfig:
     """With ``latency_aware``: how long (seconds) each ``latency_max`` threshold pauses a queue."""
 
     def __post_init__(self) -> None:
-        from broker.delivery.allocation import STRATEGIES
-
         _choice("allocation", self.allocation, tuple(STRATEGIES))
         _choice("selection", self.selection, SELECTIONS)
         _latency_table(self.latency_max, self.not_available_duration)
@@ -62,6 +69,12 @@ class DeliveryConfig:
                 raise BrokerConfigError(
                     f"delivery setting {spec.name}={value!r}: expected a number >= {low}"
                     + (" and > 0" if spec.type == "float" else ""))
+
+    def queue_selector(self, clock: Clock) -> QueueSelector:
+        """The selector ``selection`` names, on ``clock``."""
+        if self.selection == "latency_aware":
+            return LatencyAware(clock, LatencyTable(self.latency_max, self.not_available_duration))
+        return RoundRobin()
 
 
 def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:

@@ -38,7 +38,6 @@ from broker.delivery.config import DeliveryConfig
 from broker.delivery.dedup import DedupWindow
 from broker.delivery.group import ORIGIN_TOPIC, retry_topic
 from broker.delivery.offsets import OffsetBook
-from broker.delivery.selection import selector
 from broker.delivery.topics import Topics, check_name
 from broker.delivery.values import (
     Delivery,
@@ -78,7 +77,7 @@ class Broker:
                 if self.store.config.flush is FlushPolicy.SYNC else None)  # an ack durable before confirmed
         wakes = consume.Wakes()
         self.publishing = publishing.Publishing(
-            self.store, Topics(state / "topics.json", self.config.queues, selector(self.config, clock)),
+            self.store, Topics(state / "topics.json", self.config.queues, self.config.queue_selector(clock)),
             DedupWindow(clock, self.config.dedup_window, self.config.dedup_entries), clock, self.config,
             wakes.notify)
         self.consuming = consume.Consuming(

@@ -21,12 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from broker.store import Clock
-
-if TYPE_CHECKING:
-    from broker.delivery.config import DeliveryConfig
 
 #: RocketMQ's MQFaultStrategy tables, in seconds: a latency >= ``latency_max[i]`` pauses the
 #: queue for ``not_available_duration[i]``
@@ -153,9 +150,3 @@ class LatencyAware:
             del faults[queue]
         return faults
 
-
-def selector(config: DeliveryConfig, clock: Clock) -> QueueSelector:
-    """The selector ``config.selection`` names, on ``clock``."""
-    if config.selection == "latency_aware":
-        return LatencyAware(clock, LatencyTable(config.latency_max, config.not_available_duration))
-    return RoundRobin()
