@@ -9,6 +9,10 @@ consume them with manual acks and a prefetch of 500.
   ``amqp://`` did until a quorum queue's leader loss showed that commit-ok
   can come back for dropped messages; it now confirms each publish, the
   first row);
+* ``amqp://``'s own publisher (`backends.transport.amqp_publisher`: pika's
+  `SelectConnection` on a thread of its own) publishes 500 at once and waits
+  for their confirms together, as ``Transport.publish`` does with a batch;
+  consuming is pika's blocking channel again;
 * aio-pika keeps a window of publishes in flight and awaits their confirms
   together.
 
@@ -27,21 +31,29 @@ import uuid
 import aio_pika
 import pika
 
+from backends.transport.amqp_client import Publish
+from backends.transport.amqp_publisher import Publisher
+
 URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 QUORUM = {"x-queue-type": "quorum"}
 PREFETCH = 500
 WINDOW = 500
-"""Publishes aio-pika keeps in flight before awaiting their confirms; pika's per transaction."""
+"""Publishes aio-pika and amqp:// keep in flight before awaiting their confirms; pika's per transaction."""
 
 
-def pika_run(count: int, body: bytes, transactions: bool) -> tuple[float, float]:
+def pika_run(count: int, body: bytes, transactions: bool, framework: bool = False) -> tuple[float, float]:
     connection = pika.BlockingConnection(pika.URLParameters(URL))
     channel = connection.channel()
     queue = f"bench-pika-{uuid.uuid4().hex}"
     channel.queue_declare(queue, durable=True, arguments=QUORUM)
     properties = pika.BasicProperties(delivery_mode=2)
     started = time.perf_counter()
-    if transactions:
+    if framework:
+        publisher = Publisher([pika.URLParameters(URL)], "benchmark")
+        for start in range(0, count, WINDOW):
+            publisher.publish([Publish("", queue, body, properties)] * min(WINDOW, count - start), "benchmark")
+        publisher.close()
+    elif transactions:
         channel.tx_select()
         for start in range(0, count, WINDOW):
             for _ in range(min(WINDOW, count - start)):
@@ -106,6 +118,7 @@ def main() -> None:
     body = b'{"token": "t-000000", "amount": 100}'
     rows = [("pika, confirm each", *pika_run(count, body, transactions=False)),
             ("pika, tx per 500", *pika_run(count, body, transactions=True)),
+            ("amqp://, 500 confirms", *pika_run(count, body, transactions=False, framework=True)),
             ("aio-pika, 500 confirms", *asyncio.run(aio_pika_run(count, body)))]
     print(f"{count} persistent messages, quorum queue, prefetch {PREFETCH}, manual acks")
     print(f"{'client':<28}{'publish msg/s':>16}{'consume+ack msg/s':>20}")

@@ -110,7 +110,16 @@ def translate(exc: BaseException, doing: str) -> ReliableError:
     return BackendUnavailableError(f"amqp: {doing}: {type(exc).__name__}: {exc}")
 
 
-_FAILURES = (pika.exceptions.AMQPError, OSError, AssertionError)
+def unroutable(doing: str, returned: Sequence[str]) -> TransportError:
+    """The error for messages RabbitMQ returned (``mandatory``): no queue was bound to take them."""
+    return TransportError(
+        f"amqp: {doing}: {', '.join(sorted(set(returned)))} had no queue to take the message: amqp:// "
+        "keeps a message only for the groups that exist when it is published (subscribe them first, or "
+        "declare them with Transport.declare)"
+    )
+
+
+FAILURES = (pika.exceptions.AMQPError, OSError, AssertionError)
 """What pika raises when a call cannot finish (AssertionError: a call on a connection pika closed)."""
 
 
@@ -123,7 +132,7 @@ class Connection:
         self._closed = threading.Event()
         try:
             self._connection = pika.BlockingConnection(params)
-        except _FAILURES as exc:
+        except FAILURES as exc:
             raise translate(exc, f"connect ({name})") from exc
         self._publisher: BlockingChannel | None = None
         self._keeper = threading.Thread(target=self._keep_alive, name=f"amqp-{name}", daemon=True)
@@ -145,7 +154,7 @@ class Connection:
                 raise
             except pika.exceptions.ChannelClosedByBroker as exc:
                 raise translate(exc, doing) from exc  # the channel closed; the connection stays
-            except _FAILURES as exc:
+            except FAILURES as exc:
                 self.close()
                 raise translate(exc, doing) from exc
 
@@ -170,11 +179,7 @@ class Connection:
                 except pika.exceptions.UnroutableError:
                     returned.append(message.exchange or message.routing_key)
         if returned:
-            raise TransportError(
-                f"amqp: {doing}: {', '.join(sorted(set(returned)))} had no queue to take the message: amqp:// "
-                "keeps a message only for the groups that exist when it is published (subscribe them first, or "
-                "declare them with Transport.declare)"
-            )
+            raise unroutable(doing, returned)
 
     def wait(self, seconds: float, doing: str) -> None:
         """Let pika read for up to ``seconds`` (deliveries reach their callbacks)."""
@@ -189,7 +194,7 @@ class Connection:
             try:
                 if self._connection.is_open:
                     self._connection.close()
-            except _FAILURES as exc:
+            except FAILURES as exc:
                 log.info("transport.close_failed", connection=self.name, error=str(exc))
 
     def _publishing_channel(self) -> BlockingChannel:

@@ -40,6 +40,7 @@ from backends.transport.amqp_layout import (
     bucket_for,
     check_amqp_name,
 )
+from backends.transport.amqp_publisher import Publisher
 from backends.transport.amqp_subscription import AmqpSubscription
 from backends.transport.amqp_topology import Topology
 from backends.transport.base import SubscribeOptions, Transport, count, seconds, server_list
@@ -86,6 +87,7 @@ class AmqpTransport(Transport):
         self._clock = clock
         self._lock = threading.Lock()
         self._topology: Topology | None = None
+        self._publisher: Publisher | None = None
         self._subscriptions: list[AmqpSubscription] = []
         self._groups: set[tuple[str, str]] = set()
 
@@ -103,16 +105,15 @@ class AmqpTransport(Transport):
                     due = {DUE_HEADER: repr(now + message.delay)}
                     batch.append(Publish("", topology.publish_delay(topic, bucket), message.payload,
                                          self._properties(message, now, due)))
-            topology.connection.publish(batch, f"publish to {topic!r}")
+            self._publishing().publish(batch, f"publish to {topic!r}")
 
     def _send_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         """Straight into the group's work queue (a replay)."""
         with self._lock:
-            topology = self._open()
             queue = self._layout.queue(topic, group)
             now = self._clock.time()
             batch = [Publish("", queue, m.payload, self._properties(m, now, {})) for m in messages]
-            topology.connection.publish(batch, f"publish to group {group!r}")
+            self._publishing().publish(batch, f"publish to group {group!r}")
 
     def declare(self, group: str, topics: Sequence[str]) -> None:
         """Make RabbitMQ keep what is published to ``topics`` from now on for ``group``."""
@@ -147,6 +148,8 @@ class AmqpTransport(Transport):
                 subscription.close()
             if self._topology is not None:
                 self._topology.connection.close()
+            if self._publisher is not None:
+                self._publisher.close()
 
     def purge(self) -> None:
         """Delete the queues and exchanges of the groups and topics this transport has seen (tests)."""
@@ -159,11 +162,18 @@ class AmqpTransport(Transport):
             self._groups.clear()
 
     def _open(self) -> Topology:
-        """The publishing connection (a new one after a failure)."""
+        """The connection that declares what publishes need (a new one after a failure)."""
         self._check_open()
         if self._topology is None or not self._topology.connection.open:
-            self._topology = Topology(Connection(self._parameters, "publisher"), self._layout, self._single_active)
+            self._topology = Topology(Connection(self._parameters, "topology"), self._layout, self._single_active)
         return self._topology
+
+    def _publishing(self) -> Publisher:
+        """The connection publishes go through, a window of confirms in flight (a new one after a failure)."""
+        self._check_open()
+        if self._publisher is None or not self._publisher.open:
+            self._publisher = Publisher(self._parameters, "publisher")
+        return self._publisher
 
     def _check_name(self, kind: str, name: str) -> None:
         check_amqp_name(kind, name)

@@ -7,17 +7,24 @@ and clear errors for bad URLs and options.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import pika
 import pytest
 
-from backends.errors import ConfigurationError, TransportError
+from backends.errors import BackendUnavailableError, ConfigurationError, TransportError
 from backends.transport import open_transport
+from backends.transport.amqp_client import Publish
 from backends.transport.amqp_layout import BUCKETS_MS, Layout, bucket_for
+from backends.transport.amqp_publisher import Publisher
 from backends.transport.amqp_transport import AmqpTransport
+from backends.transport.base import SubscribeOptions
 from backends.types import Failure, OutgoingMessage
+from tests.tcp_proxy import TcpProxy
+from tests.waiting import wait_until
 
 WAIT = 20.0
 
@@ -186,3 +193,81 @@ def test_a_member_busy_longer_than_its_heartbeat_keeps_its_messages(amqp_url: st
         busy.close()
         other.close()
         transport.purge()
+
+
+def queue_length(amqp_url: str, queue: str) -> int:
+    """Messages ready in ``queue``, as RabbitMQ counts them (through a connection of its own)."""
+    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
+    finally:
+        connection.close()
+
+
+def test_a_batch_rabbitmq_nacks_in_part_raises_and_its_acked_messages_are_kept(amqp_url: str, unique: str) -> None:
+    """A full queue (``reject-publish``) nacks the rest of a batch: the publish raises, so the caller
+    publishes again, and what RabbitMQ acked is in the queue. (A classic queue: a quorum queue applies
+    its length limit late, it took all 50.)"""
+    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    channel = connection.channel()
+    channel.queue_declare(unique, durable=True, arguments={"x-max-length": 10, "x-overflow": "reject-publish"})
+    publisher = Publisher([pika.URLParameters(amqp_url)], "test")
+    try:
+        with pytest.raises(BackendUnavailableError, match=r"refused 40 message\(s\) \(negative confirm\)"):
+            publisher.publish([Publish("", unique, b"m", pika.BasicProperties())] * 50, "publish to a full queue")
+        assert publisher.open  # a nack is an answer, not a failure of the connection
+        assert queue_length(amqp_url, unique) == 10
+    finally:
+        publisher.close()
+        channel.queue_delete(unique)
+        connection.close()
+
+
+def test_a_batch_cut_mid_flight_raises_and_every_publish_that_returned_is_kept(amqp_url: str, unique: str) -> None:
+    """The connection cut while a batch's confirms are in flight: that publish raises though part of the
+    batch reached the queue; published again, every message of every publish that returned is read back."""
+    target = urlsplit(amqp_url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5672)
+    proxied = urlunsplit((target.scheme, f"{target.username}:{target.password}@127.0.0.1:{proxy.port}",
+                          target.path, "", ""))
+    transport = AmqpTransport(proxied, namespace=unique)
+    queue = Layout(unique).queue(unique, unique)
+    first = [OutgoingMessage(b"a", message_id=f"a{n}") for n in range(500)]
+    batch = [OutgoingMessage(b"b", message_id=f"b{n}") for n in range(20_000)]
+    outcome: list[Exception | None] = []
+
+    def publish_batch() -> None:
+        try:
+            transport.publish(unique, batch)
+            outcome.append(None)
+        except BackendUnavailableError as exc:
+            outcome.append(exc)
+
+    try:
+        transport.declare(unique, [unique])
+        transport.publish(unique, first)
+        publishing = threading.Thread(target=publish_batch)
+        publishing.start()
+        wait_until(lambda: queue_length(amqp_url, queue) > len(first), "the batch reaching the queue")
+        proxy.cut()
+        publishing.join()
+        assert isinstance(outcome[0], BackendUnavailableError)
+        assert queue_length(amqp_url, queue) < len(first) + len(batch)  # the cut really was mid-batch
+        proxy.restore()
+        transport.publish(unique, batch)  # what the caller does with BackendUnavailableError
+        received: set[str] = set()
+        subscription = transport.subscribe(unique, [unique], SubscribeOptions(prefetch=1000))
+
+        def receive() -> bool:
+            messages = subscription.fetch(1000, 1.0)
+            received.update(m.id for m in messages)
+            subscription.ack(messages)
+            return received >= {m.message_id for m in first + batch}
+
+        wait_until(receive, "every message of the publishes that returned", timeout=60)
+        subscription.close()
+    finally:
+        proxy.restore()
+        transport.purge()
+        transport.close()
+        proxy.close()
