@@ -1,23 +1,27 @@
-"""The pika side of `amqp://`: one connection, its calls serialised, publishes confirmed.
+"""The pika side of `amqp://`: one blocking connection, its calls serialised, publishes confirmed.
 
 Why pika's `BlockingConnection` (``benchmarks/amqp_clients.py`` measures it
 against aio-pika on the same quorum queue): the framework calls its
 transport from threads, and pika's blocking API consumes with manual acks
 about 3.5x faster than aio-pika (whose every delivery and ack crosses an
-event loop).
+event loop). Members consume, ack and declare through it.
 
-Every publish waits for its publisher confirm: a message counts as sent only
-once RabbitMQ has acked it (the quorum queue's majority has it). A negative
-confirm (RabbitMQ could not enqueue it, for example while a quorum queue
-elects a leader) raises `BackendUnavailableError`, so the caller publishes
-again. AMQP transactions were used before and are faster (one ``tx.commit``
-per batch), but they are not safe on quorum queues: with the queue's leader
-killed, ``tx.commit-ok`` came back for messages RabbitMQ had dropped (on
-3.10, about 3 s of publishes lost per leader loss, in
-``tests/cluster/test_rabbit_cluster.py``); under confirms the same messages
-are nacked and published again. pika's blocking channel waits for each
-confirm before the next publish, which costs throughput
-(``benchmarks/amqp_clients.py`` prints both).
+A message counts as sent only once RabbitMQ has acked it (a publisher
+confirm: the quorum queue's majority has it). A negative confirm (RabbitMQ
+could not enqueue it, for example while a quorum queue elects a leader)
+raises `BackendUnavailableError`, so the caller publishes again. AMQP
+transactions were used before (one ``tx.commit`` per batch), but they are
+not safe on quorum queues: with the queue's leader killed, ``tx.commit-ok``
+came back for messages RabbitMQ had dropped (on 3.10, about 3 s of
+publishes lost per leader loss, in ``tests/cluster/test_rabbit_cluster.py``);
+under confirms the same messages are nacked and published again.
+
+pika's blocking channel waits for each confirm before the next publish
+(about 7x slower than a transaction per 500). `Connection.publish` does so
+only for the subscription's settle copies, one message at a time; the
+transport's publishes go through `amqp_publisher.Publisher`, which keeps a
+batch's confirms in flight together on pika's asynchronous connection
+(faster than the transactions were, ``benchmarks/amqp_clients.py``).
 
 A pika connection is not thread-safe: every call holds the connection's
 lock, and a keep-alive thread lets pika answer heartbeats while no other
