@@ -85,8 +85,8 @@ def test_every_publish_confirmed_while_the_leader_is_down_is_kept(
     rabbit_cluster: RabbitCluster, unique: str, tmp_path: Path
 ) -> None:
     """With the quorum queue's leader killed, RabbitMQ 3.10 answered ``tx.commit-ok`` for batches it had
-    dropped (1,000 to 2,450 messages per 3 s); publishes confirmed one by one are nacked instead, and
-    `App.publish_many` sends them again."""
+    dropped (1,000 to 2,450 messages per 3 s); under publisher confirms (a batch's in flight together)
+    the same publishes are nacked or cut instead, and `App.publish_many` sends them again."""
     cluster, first = rabbit_cluster, rabbit_cluster.nodes[0]
     queue = Layout(unique).queue(unique, unique)
     app = App(Settings.load(None, env={
