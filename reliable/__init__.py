@@ -8,33 +8,62 @@ delay), poison routing to a dead-letter queue, and a commit strategy.
 
 from __future__ import annotations
 
-from typing import Any
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-from backends.clock import FakeClock, SystemClock
-from reliable.app import App
-from reliable.commit import Async, Batch, CommitStrategy, OffsetWatermark, PerMessage, Transactional
-from reliable.errors import (
-    ConfigurationError,
-    HandlerOptionError,
-    ReliableError,
-    ReplayLoopError,
-    TokenMissingError,
-)
-from reliable.handler import Handler
-from reliable.idempotency import Token
-from reliable.message import DeadLetter, Failure, Message, OutgoingMessage, QueueRef
-from reliable.middleware import Middleware, Publish
-from reliable.outcome import Outcome, Result
-from reliable.retry import (
-    DelayLevels,
-    InProcessRetry,
-    RedeliveryPolicy,
-    Verdict,
-    fatal_on,
-    retry_on,
-    when,
-)
-from reliable.settings import Settings
+if TYPE_CHECKING:
+    from backends.clock import FakeClock, SystemClock
+    from reliable.app import App
+    from reliable.commit import (
+        Async,
+        Batch,
+        CommitStrategy,
+        OffsetWatermark,
+        PerMessage,
+        Transactional,
+    )
+    from reliable.errors import (
+        ConfigurationError,
+        HandlerOptionError,
+        ReliableError,
+        ReplayLoopError,
+        TokenMissingError,
+    )
+    from reliable.handler import Handler
+    from reliable.idempotency import Token
+    from reliable.message import DeadLetter, Failure, Message, OutgoingMessage, QueueRef
+    from reliable.middleware import Middleware, Publish
+    from reliable.outcome import Outcome, Result
+    from reliable.retry import (
+        DelayLevels,
+        InProcessRetry,
+        RedeliveryPolicy,
+        Verdict,
+        fatal_on,
+        retry_on,
+        when,
+    )
+    from reliable.settings import Settings
+
+# Where each public name lives: imported on first use (module ``__getattr__``), so a
+# process that needs one submodule (a Spark executor reading `reliable.spark.source`)
+# does not import the app, the store and SQLAlchemy.
+_HOMES = {
+    "FakeClock": "backends.clock", "SystemClock": "backends.clock",
+    "App": "reliable.app",
+    **dict.fromkeys(("Async", "Batch", "CommitStrategy", "OffsetWatermark", "PerMessage", "Transactional"),
+                    "reliable.commit"),
+    **dict.fromkeys(("ConfigurationError", "HandlerOptionError", "ReliableError", "ReplayLoopError",
+                     "TokenMissingError"), "reliable.errors"),
+    "Handler": "reliable.handler",
+    "Token": "reliable.idempotency",
+    **dict.fromkeys(("DeadLetter", "Failure", "Message", "OutgoingMessage", "QueueRef"), "reliable.message"),
+    "Middleware": "reliable.middleware", "Publish": "reliable.middleware",
+    "Outcome": "reliable.outcome", "Result": "reliable.outcome",
+    **dict.fromkeys(("DelayLevels", "InProcessRetry", "RedeliveryPolicy", "Verdict", "fatal_on", "retry_on",
+                     "when"), "reliable.retry"),
+    "Settings": "reliable.settings",
+}  # fmt: skip
 
 __all__ = [
     "App",
@@ -77,10 +106,25 @@ __all__ = [
 _default_app: App | None = None
 
 
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'reliable' has no attribute {name!r}")
+    value = getattr(import_module(home), name)
+    globals()[name] = value  # found once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
 def default_app() -> App:
     """The app behind the module-level `handler` decorator (created on first use)."""
     global _default_app
     if _default_app is None:
+        from reliable.app import App
+
         _default_app = App()
     return _default_app
 

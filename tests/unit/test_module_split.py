@@ -38,3 +38,24 @@ def test_retry_keeps_its_own_public_names():
     expected = {"UNLIMITED", "NO_LIMIT", "Check", "ROCKETMQ_DELAY_LEVELS", "Redelivery", "RedeliveryPolicy",
                 "DelayLevels", "InProcessRetry", "call_with_retry"}
     assert expected <= set(retry.__all__)
+
+
+def test_the_package_names_its_public_objects_without_importing_them():
+    """``import reliable`` is light (a Spark executor importing `reliable.spark.source` pays
+    for it on every query); each public name is still the object of its home module."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, reliable.spark.source; "
+             "print(sorted(m for m in ('sqlalchemy', 'reliable.app', 'backends.store') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
+
+    import reliable
+    from reliable.app import App
+    from reliable.retry import fatal_on
+
+    assert reliable.App is App and reliable.fatal_on is fatal_on
+    assert all(hasattr(reliable, name) for name in reliable.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        reliable.Nope  # noqa: B018
