@@ -3,8 +3,9 @@
 A producer (an `App` in the test process, ``app.publish`` riding through
 outages) publishes ``count`` tokens, 1% poison and 10% sent twice, shuffled,
 staying at most `AHEAD` messages ahead of the consumer so that publishing
-goes on while nodes fail (and pausing while a failed node is restarted, so
-that work is left for the next failure). One framework worker in a process of its own
+goes on while nodes fail, pausing while a failed node is restarted, and never
+more than `AHEAD` beyond the next failure's share before it is injected (so
+that work is left for it however long injecting the one before took). One framework worker in a process of its own
 (`tests.transports.chaos_worker`: transactional commits, PostgreSQL store,
 batches of 50) consumes them. When progress reaches each failure's share of
 the work, the failure is injected (a node killed, a broker set down) and,
@@ -72,6 +73,8 @@ class ClusterRun:
     errors: list[BaseException] = field(default_factory=list)
     restoring: threading.Event = field(default_factory=threading.Event)
     """Set while a failure is undone: the producer waits, so work is left for the next failure."""
+    allowed: int = 0
+    """Tokens the producer may publish until the next failure is injected: `AHEAD` beyond its share."""
 
     def __post_init__(self) -> None:
         tokens = [f"t{n}" for n in range(self.count)]
@@ -102,7 +105,9 @@ class ClusterRun:
         sending.start()
         try:
             for failure in self.failures:
+                self.allowed = int(failure.at * self.count) + AHEAD
                 self._explained(lambda: self._inflict(failure, lambda: worker.poll() is None))  # noqa: B023
+            self.allowed = self.count
             self._explained(lambda: wait_until(lambda: self.done() >= self.count, lambda: worker.poll() is None))
             sending.join(timeout=60)
         finally:
@@ -145,7 +150,8 @@ class ClusterRun:
         sent: set[str] = set()  # tokens published: what the worker's progress is measured against
         try:
             for start in range(0, len(self.bodies), BATCH):
-                wait_until(lambda: not self.restoring.is_set() and len(sent) - self.done() < AHEAD)
+                wait_until(lambda: not self.restoring.is_set() and len(sent) < self.allowed
+                           and len(sent) - self.done() < AHEAD)
                 batch = self.bodies[start:start + BATCH]
                 producer.publish_many(self.topic, batch)
                 self.published += len(batch)
