@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from broker.protocol.errors import MalformedFrameError, RequestError, UnknownOperationError
 from broker.protocol.operations import OPERATIONS
 from broker.server.auth import Principal
-from broker.server.engine import Delivery, OutgoingMessage
+from broker.server.connection import Connection
+from broker.server.engine import Delivery, Engine, OutgoingMessage
 from broker.server.stomp_codec import StompFrame, parse_number
 from broker.server.stomp_subscription import ACK_MODES, AckMode, Destination, StompSubscription
 from broker.server.stomp_transactions import StompTransactions
-
-if TYPE_CHECKING:
-    from broker.server.stomp_session import StompSession
 
 #: frame headers that steer the broker and are not stored with the message
 CONTROL_HEADERS = frozenset({"destination", "content-length", "receipt", "transaction",
@@ -37,10 +35,23 @@ CONNECTED_COMMANDS = ("SEND", "SUBSCRIBE", "UNSUBSCRIBE", "ACK", "NACK", "BEGIN"
 CLIENT_COMMANDS = frozenset({"CONNECT", "STOMP", *CONNECTED_COMMANDS})
 
 
+class StompPeer(Protocol):
+    """What the handlers use of the session that owns them (`stomp_session.StompSession`)."""
+
+    conn: Connection
+    engine: Engine
+    version: str  # the STOMP version agreed at CONNECT
+    session_id: str
+
+    async def send(self, frame: StompFrame) -> None: ...
+
+    def report_failure(self, error: BaseException) -> None: ...
+
+
 class StompHandlers:
     """The connected state of one STOMP connection: its subscriptions and open transactions."""
 
-    def __init__(self, session: StompSession, principal: Principal) -> None:
+    def __init__(self, session: StompPeer, principal: Principal) -> None:
         self.session = session
         self.principal = principal
         self.subscriptions: dict[str, StompSubscription] = {}
