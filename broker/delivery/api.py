@@ -1,5 +1,8 @@
 """The delivery engine's one synchronous interface, `BrokerApi`.
 
+Generated from `broker.protocol.operations` by ``python -m broker.protocol.generate``:
+edit the operation table (or that module's `LOCAL`), not this file.
+
 Three things implement it: the engine itself, in process (`broker.delivery`),
 the client of the broker server (`broker.client`, over TCP or the local
 socket of an embedded broker owned by another process), and test doubles.
@@ -69,22 +72,23 @@ class BrokerApi(Protocol):
     def extend(self, member: str, receipts: Sequence[str]) -> None:
         """Still working on these: their leases start again."""
 
-    def pending(self, group: str, topics: Sequence[str]) -> int:
-        """Messages of ``topics`` (and the group's retry topic) ``group`` has not finished."""
-
-    def next_due(self, group: str) -> float | None:
-        """When the earliest delayed message ``group`` holds back falls due, or None."""
-
     def commit(self, member: str, offsets: Mapping[tuple[str, int], int]) -> None:
         """Offsets kept by the consumer: the next offset to read per (topic, queue); seeks there."""
 
     def assignment(self, member: str) -> list[tuple[str, int]]:
         """The (topic, queue) pairs ``member`` holds now."""
 
+    def pending(self, group: str, topics: Sequence[str]) -> int:
+        """Messages of ``topics`` (and the group's retry topic) ``group`` has not finished."""
+
+    def next_due(self, group: str) -> float | None:
+        """When the earliest delayed message ``group`` holds back falls due, or None."""
+
     def read(self, topic: str, queue: int, offset: int, max_messages: int) -> list[Delivery]:
         """Messages of (topic, queue) from ``offset`` on, outside any group (a stream processor)."""
 
-    def read_columns(self, topic: str, queue: int, offset: int, max_messages: int) -> DeliveryColumns:
+    def read_columns(self, topic: str, queue: int, offset: int,
+                     max_messages: int) -> DeliveryColumns:
         """`read` column by column (no `Delivery` per message: a columnar reader's call)."""
 
     def queue_offsets(self, topic: str) -> list[list[int]]:
@@ -104,6 +108,15 @@ class BrokerApi(Protocol):
 
     def lag(self, group: str) -> list[QueueLag]:
         """``group``'s committed offset against the end of each queue it reads."""
+
+    def dlq_list(self, group: str, limit: int) -> list[Delivery]:
+        """The first ``limit`` messages of ``group``'s dead-letter queue."""
+
+    def dlq_replay(self, group: str) -> int:
+        """Every dead letter of ``group`` back to the group only, emptying its dead-letter queue; how many."""
+
+    def dlq_purge(self, group: str) -> int:
+        """Drop ``group``'s dead letters; how many."""
 
     def close(self) -> None:
         """Flush and release what this handle holds."""

@@ -12,7 +12,10 @@ the permissions from it (`permission_table`).
 An operation's ``method`` is its name in Python (a `BrokerApi` call where
 the engine has one); ``name`` is its name on the wire (``subscribe`` joins
 a group). ``engine`` is the function the server calls with the engine
-first; by default the engine's method of the same name.
+first; by default the engine's method of the same name. The operations
+whose ``method`` is a call of the engine (``api``: by default those without
+an ``engine`` function) make up `broker.delivery.api.BrokerApi`, generated
+from this table by `broker.protocol.generate`, each with its ``doc``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from broker.protocol.kinds import (
     GROUP_INFOS,
     INT,
     INTS,
+    INTS_OR_NIL,
     LAGS,
     NUMBER,
     OFFSET_PAIRS,
@@ -51,13 +55,19 @@ REQUIRED: Any = object()
 
 @dataclass(frozen=True)
 class Field:
-    """One field of a request (or the reply): its name, kind, default and lower bound."""
+    """One field of a request (or the reply): its name, kind, default and lower bound.
+
+    In the `BrokerApi` call a field is a required positional argument (the default
+    is the server's, for clients that leave it out), a keyword-only one with the
+    default (``keyword``), or not there at all (``wire_only``)."""
 
     name: str
     kind: Kind
     default: Any = REQUIRED
     minimum: float | None = None
     above: bool = False  # the bound is exclusive
+    keyword: bool = False
+    wire_only: bool = False
 
     def parse(self, op: str, request: Mapping[str, Any]) -> Any:
         """The Python value of this field of ``request``; `MalformedFrameError` naming op and field."""
@@ -95,6 +105,8 @@ class Operation:
     waits: bool = False
     method: str = ""
     engine: Callable[..., Any] | None = None
+    doc: str = ""
+    api: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.access.declared:
@@ -102,6 +114,8 @@ class Operation:
                             "the right it needs (broker.protocol.access.Access)")
         if not self.method:
             object.__setattr__(self, "method", self.name)
+        if self.api is None:
+            object.__setattr__(self, "api", self.engine is None)
         object.__setattr__(self, "_kinds", {f.name: f.kind for f in self.fields})
 
     def parse(self, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -175,55 +189,88 @@ def _table(operations: Iterable[Operation]) -> dict[str, Operation]:
 
 TOPIC, GROUP, MEMBER = Field("topic", STR), Field("group", STR), _member()
 OPERATIONS: dict[str, Operation] = _table([
-    Operation("publish", (TOPIC, Field("messages", OUTGOING), Field("batch", STR, "")),
-              Field("placements", PLACEMENTS), Access(produce=("topic",)), engine=_publish),
+    Operation("publish", (TOPIC, Field("messages", OUTGOING), Field("batch", STR, "", wire_only=True)),
+              Field("placements", PLACEMENTS), Access(produce=("topic",)), engine=_publish, api=True,
+              doc="Append ``messages`` to ``topic`` in order; durable per the flush setting when this returns."),
     Operation("publish_to_group", (GROUP, TOPIC, Field("messages", OUTGOING)),
               Field("placements", PLACEMENTS),
-              Access(produce=("topic",), consume=("topic",), group="group")),
-    Operation("subscribe", (GROUP, Field("topics", STRS), Field("broadcast", BOOL, False),
-                            Field("from_end", BOOL, False), Field("prefetch", INT, None, 1),
-                            Field("lease", NUMBER, None, 0, above=True), Field("tags", STRS, None)),
-              Field("member", STR), Access(consume=("topics",), group="group"), method="join"),
-    Operation("unsubscribe", (MEMBER,), None, Access(member=True), method="leave"),
+              Access(produce=("topic",), consume=("topic",), group="group"),
+              doc="Deliver ``messages`` of ``topic`` to ``group`` only (through ``%RETRY%<group>``)."),
+    Operation("subscribe", (GROUP, Field("topics", STRS), Field("broadcast", BOOL, False, keyword=True),
+                            Field("from_end", BOOL, False, keyword=True),
+                            Field("prefetch", INT, None, 1, keyword=True),
+                            Field("lease", NUMBER, None, 0, above=True, keyword=True),
+                            Field("tags", STRS, None, keyword=True)),
+              Field("member", STR), Access(consume=("topics",), group="group"), method="join",
+              doc="A new member of ``group`` over ``topics``; ``from_end``: a new group starts at the "
+                  "end; ``prefetch`` and ``lease`` override the broker's; ``tags``: only these "
+                  "(else UNMATCHED)."),
+    Operation("unsubscribe", (MEMBER,), None, Access(member=True), method="leave",
+              doc="End ``member``; what it held unacknowledged is redelivered to the group."),
     Operation("fetch", (MEMBER, Field("max_messages", INT, 100, 1), Field("timeout", NUMBER, 0.0, 0)),
-              Field("messages", DELIVERIES), Access(member=True), waits=True),
-    Operation("ack", (MEMBER, _receipts()), None, Access(member=True)),
-    Operation("nack", (MEMBER, _receipts(), Field("delay", NUMBER, 0.0, 0)), None, Access(member=True)),
-    Operation("dead_letter", (MEMBER, _receipts(), Field("reason", STR, "")), None, Access(member=True)),
-    Operation("extend", (MEMBER, _receipts()), None, Access(member=True)),
-    Operation("commit", (MEMBER, Field("offsets", OFFSETS)), None, Access(member=True)),
-    Operation("assignment", (MEMBER,), Field("assignment", QUEUES), Access(member=True)),
+              Field("messages", DELIVERIES), Access(member=True), waits=True,
+              doc="Up to ``max_messages``, waiting up to ``timeout`` seconds for the first one."),
+    Operation("ack", (MEMBER, _receipts()), None, Access(member=True),
+              doc="STANDARD: these deliveries are done."),
+    Operation("nack", (MEMBER, _receipts(), Field("delay", NUMBER, 0.0, 0)), None, Access(member=True),
+              doc="REDELIVERED: deliver these again, not before ``delay`` seconds; the delivery "
+                  "count goes up."),
+    Operation("dead_letter", (MEMBER, _receipts(), Field("reason", STR, "")), None, Access(member=True),
+              doc="POISON: move these to the group's dead-letter queue ``%DLQ%<group>`` with ``reason``."),
+    Operation("extend", (MEMBER, _receipts()), None, Access(member=True),
+              doc="Still working on these: their leases start again."),
+    Operation("commit", (MEMBER, Field("offsets", OFFSETS)), None, Access(member=True),
+              doc="Offsets kept by the consumer: the next offset to read per (topic, queue); seeks there."),
+    Operation("assignment", (MEMBER,), Field("assignment", QUEUES), Access(member=True),
+              doc="The (topic, queue) pairs ``member`` holds now."),
     Operation("pending", (GROUP, Field("topics", STRS)), Field("pending", INT),
-              Access(consume=("topics",), group="group")),
-    Operation("next_due", (GROUP,), Field("next_due", NUMBER.optional()), Access(group="group")),
+              Access(consume=("topics",), group="group"),
+              doc="Messages of ``topics`` (and the group's retry topic) ``group`` has not finished."),
+    Operation("next_due", (GROUP,), Field("next_due", NUMBER.optional()), Access(group="group"),
+              doc="When the earliest delayed message ``group`` holds back falls due, or None."),
     Operation("read", (TOPIC, Field("queue", INT, minimum=0), Field("offset", INT, minimum=0),
                        Field("max_messages", INT, 500, 1)),
-              Field("messages", DELIVERIES), Access(consume=("topic",)), waits=True),
+              Field("messages", DELIVERIES), Access(consume=("topic",)), waits=True,
+              doc="Messages of (topic, queue) from ``offset`` on, outside any group (a stream processor)."),
     Operation("read_columns", (TOPIC, Field("queue", INT, minimum=0), Field("offset", INT, minimum=0),
                                Field("max_messages", INT, 500, 1)),
-              Field("messages", DELIVERY_COLUMNS), Access(consume=("topic",)), waits=True),
-    Operation("queue_offsets", (TOPIC,), Field("offsets", OFFSET_PAIRS), Access(consume=("topic",))),
-    Operation("group_offsets", (GROUP, TOPIC), Field("offsets", ANY),
-              Access(consume=("topic",), group="group")),
+              Field("messages", DELIVERY_COLUMNS), Access(consume=("topic",)), waits=True,
+              doc="`read` column by column (no `Delivery` per message: a columnar reader's call)."),
+    Operation("queue_offsets", (TOPIC,), Field("offsets", OFFSET_PAIRS), Access(consume=("topic",)),
+              doc="``[first kept, end]`` per queue of ``topic``."),
+    Operation("group_offsets", (GROUP, TOPIC), Field("offsets", INTS_OR_NIL),
+              Access(consume=("topic",), group="group"),
+              doc="``group``'s committed offset per queue of ``topic`` (None: never committed)."),
     Operation("commit_group", (GROUP, TOPIC, Field("offsets", INTS)), None,
-              Access(consume=("topic",), group="group")),
-    Operation("topics", (), Field("topics", TOPIC_INFOS), Access(anyone=True, shows=_shows_topic)),
-    Operation("groups", (), Field("groups", GROUP_INFOS), Access(anyone=True, shows=_shows_group)),
-    Operation("lag", (GROUP,), Field("lag", LAGS), Access(group="group", shows=_shows_lag)),
+              Access(consume=("topic",), group="group"),
+              doc="Record the next offset per queue as ``group``'s (a stream processor's commit)."),
+    Operation("topics", (), Field("topics", TOPIC_INFOS), Access(anyone=True, shows=_shows_topic),
+              doc="Every topic with its queue and message counts."),
+    Operation("groups", (), Field("groups", GROUP_INFOS), Access(anyone=True, shows=_shows_group),
+              doc="Every consumer group the engine knows."),
+    Operation("lag", (GROUP,), Field("lag", LAGS), Access(group="group", shows=_shows_lag),
+              doc="``group``'s committed offset against the end of each queue it reads."),
     Operation("dlq_list", (GROUP, Field("limit", INT, 100, 1)), Field("messages", DELIVERIES),
-              Access(dead_letters="group")),
+              Access(dead_letters="group"),
+              doc="The first ``limit`` messages of ``group``'s dead-letter queue."),
     Operation("dlq_waiting", (GROUP,), Field("waiting", INT), Access(dead_letters="group"),
-              engine=lookup.dlq_waiting),
-    Operation("dlq_replay", (GROUP,), Field("replayed", INT), Access(dead_letters="group"), waits=True),
-    Operation("dlq_purge", (GROUP,), Field("purged", INT), Access(dead_letters="group")),
+              engine=lookup.dlq_waiting, doc="How many messages ``group``'s dead-letter queue holds."),
+    Operation("dlq_replay", (GROUP,), Field("replayed", INT), Access(dead_letters="group"), waits=True,
+              doc="Every dead letter of ``group`` back to the group only, emptying its dead-letter "
+                  "queue; how many."),
+    Operation("dlq_purge", (GROUP,), Field("purged", INT), Access(dead_letters="group"),
+              doc="Drop ``group``'s dead letters; how many."),
     Operation("lookup_key", (TOPIC, Field("key", STR), Field("begin", NUMBER, 0.0),
                              Field("end", NUMBER, 2.0**40), Field("limit", INT, 64, 1)),
-              Field("messages", DELIVERIES), Access(consume=("topic",)), engine=lookup.by_key),
+              Field("messages", DELIVERIES), Access(consume=("topic",)), engine=lookup.by_key,
+              doc="Messages of ``topic`` with ``key`` stored between ``begin`` and ``end`` (epoch seconds)."),
     Operation("lookup_id", (Field("message_id", STR),), Field("messages", FOUND),
-              Access(anyone=True, shows=_shows_found), engine=lookup.by_id),
+              Access(anyone=True, shows=_shows_found), engine=lookup.by_id,
+              doc="The message named ``message_id``, or None."),
     Operation("stats", (), Field("stats", ANY), Access(anyone=True, shows=lambda r, s: True),
-              engine=_stats),
-    Operation("ping", (), None, Access(anyone=True), engine=lambda api: None),
+              engine=_stats, doc="Topics, messages, groups and members the engine holds."),
+    Operation("ping", (), None, Access(anyone=True), engine=lambda api: None,
+              doc="Nothing: whether the broker answers."),
 ])
 BY_METHOD: dict[str, Operation] = {op.method: op for op in OPERATIONS.values()}
 
