@@ -198,7 +198,7 @@ class App:
     def relay(self) -> Relay:
         """A relay of this app's outbox to its transport (`reliable.outbox`)."""
         return Relay(self.runtime.store, self.runtime.transport, self.settings.outbox, self.clock,
-                     declare=self._declare_groups)
+                     declare=self._declare_groups, hook=self.middleware.relaying)
 
     def _declare_groups(self, topic: str) -> None:
         """Declare this app's groups on ``topic`` before its first publish there, so a queue

@@ -42,12 +42,15 @@ class Publish:
 
     ``outbox``: written by ``tx.publish`` as an outbox row, sent by a relay once
     its transaction commits; else sent to the transport now (`App.publish`).
+    ``rows``: for a relay's send (``before_relay``), the headers of each outbox row
+    sent, which go out as their ``tx.publish`` hooks made them (``headers`` is not sent).
     """
 
     topic: str
     headers: dict[str, str] = field(default_factory=dict)
     count: int = 1  # messages in the call, all carrying ``headers``
     outbox: bool = False
+    rows: tuple[Mapping[str, str], ...] = ()
 
 
 class Middleware:
@@ -88,6 +91,14 @@ class Middleware:
 
     def after_publish(self, publish: Publish, error: BaseException | None) -> None:
         """The transport confirmed the publish (outbox: its row was made), or it raised ``error``."""
+
+    def before_relay(self, publish: Publish) -> None:
+        """A relay is about to send committed outbox rows of ``publish.topic`` (``publish.rows``:
+        their headers, sent unchanged), once per send call; not a new publish (``tx.publish``
+        had its ``before_publish``), so it is not counted twice."""
+
+    def after_relay(self, publish: Publish, error: BaseException | None) -> None:
+        """The transport confirmed the relay's send, or it raised ``error`` (the rows are sent again)."""
 
 
 HOOKS = tuple(name for name in vars(Middleware) if name.startswith(("on_", "before_", "after_")))
@@ -178,6 +189,22 @@ class Middlewares:
             self.emit("after_publish", publish, exc)
             raise
         self.emit("after_publish", publish, None)
+
+    @contextmanager
+    def relaying(self, topic: str, rows: Sequence[Mapping[str, str]]) -> Iterator[None]:
+        """Around one send of outbox rows by a relay (``rows``: their headers): ``before_relay``,
+        ``after_relay``."""
+        if not self._calls["before_relay"] and not self._calls["after_relay"]:
+            yield
+            return
+        publish = Publish(topic, {}, len(rows), outbox=True, rows=tuple(rows))
+        self.emit("before_relay", publish)
+        try:
+            yield
+        except BaseException as exc:
+            self.emit("after_relay", publish, exc)
+            raise
+        self.emit("after_relay", publish, None)
 
     def outbox_hook(self, topic: str, headers: Mapping[str, str] | None) -> Any:
         """`publishing` for ``tx.publish`` (`backends.store.outbox.PublishHook`)."""

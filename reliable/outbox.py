@@ -25,8 +25,8 @@ relay``). It waits for a commit to wake it (`Wakeup`, in process; PostgreSQL
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from itertools import groupby
 
 import structlog
@@ -59,6 +59,13 @@ DRAIN_ATTEMPTS = 4
 FIRST_BACKOFF = 0.05
 """Seconds: the scale of the first waits after an outage (growing to ``max_backoff``)."""
 
+RelayHook = Callable[[str, Sequence[Mapping[str, str]]], AbstractContextManager[object]]
+"""Around each send of rows of a topic, given their headers (`Middlewares.relaying`)."""
+
+
+def _no_hook(topic: str, rows: Sequence[Mapping[str, str]]) -> AbstractContextManager[object]:
+    return nullcontext()
+
 
 class _Pass:
     """One claimed batch on its way to the transport: what was confirmed, refused, or cut short."""
@@ -85,10 +92,11 @@ class Relay:
     """Sends one store's outbox to one transport."""
 
     def __init__(self, store: Store, transport: Transport, settings: OutboxSettings, clock: Clock,
-                 declare: Callable[[str], None] = lambda topic: None) -> None:
+                 declare: Callable[[str], None] = lambda topic: None, hook: RelayHook = _no_hook) -> None:
         self.outbox = store.outbox
         self.transport, self.settings, self.clock = transport, settings, clock
         self._declare = declare  # groups that must exist before a topic's first publish (amqp://)
+        self._hook = hook  # the app's middleware around each send (a tracing span)
         self._purged_at = float("-inf")
         self._reported_at = float("-inf")
 
@@ -139,7 +147,8 @@ class Relay:
     def _publish(self, topic: str, rows: Sequence[OutboxRow], now: float) -> None:
         if rows:
             self._declare(topic)
-            self.transport.publish(topic, [r.outgoing(now) for r in rows])
+            with self._hook(topic, [r.headers for r in rows]):
+                self.transport.publish(topic, [r.outgoing(now) for r in rows])
 
     # -- loops ------------------------------------------------------------------------------
 

@@ -286,3 +286,48 @@ def test_after_messages_takes_a_fetch_at_once(app, journal) -> None:
     assert sorted(d for h, d in hooks(journal) if h == "after_message") == [  # the others: one by one
         ("o-1", "duplicate"), ("o-1", "processed"), ("o-2", "processed")]
     assert app.stats()["processed"] == 2 and app.stats()["duplicate"] == 1
+
+
+class Relays(Middleware):
+    """Journals the relay's sends; its ``before_relay`` raises, which must not stop them."""
+
+    def __init__(self, journal: list[tuple[str, str, object]]) -> None:
+        self.journal = journal
+
+    def before_publish(self, publish):
+        self.journal.append(("relays", "before_publish", publish.topic))
+        publish.headers["x-row"] = "stamped"
+
+    def before_relay(self, publish):
+        self.journal.append(("relays", "before_relay",
+                             (publish.topic, publish.count, [dict(h)["x-row"] for h in publish.rows])))
+        publish.headers["x-relay"] = "lost"  # not sent: the rows go out as they were written
+        raise RuntimeError("before_relay broke")
+
+    def after_relay(self, publish, error):
+        self.journal.append(("relays", "after_relay", (publish.topic, error)))
+
+
+def test_the_relay_send_has_its_own_hooks_and_sends_the_rows_unchanged(tmp_path, journal) -> None:
+    """A relay's send calls ``before_relay`` / ``after_relay`` (with the rows' headers), not the
+    publish hooks a second time: each ``tx.publish`` was one publish, already seen."""
+    app = test_app(tmp_path)
+    app.add_middleware(Relays(journal))
+    seen = []
+
+    @app.handler("invoices")
+    def invoice(msg):
+        seen.append(dict(msg.headers))
+
+    with app.store.transaction() as tx:
+        tx.publish("invoices", {"order": "o-1"})
+        tx.publish("invoices", {"order": "o-2"})
+    with capture_logs() as logs:
+        app.run(until_idle=True)
+
+    assert hooks(journal, "relays") == [
+        ("before_publish", "invoices"), ("before_publish", "invoices"),
+        ("before_relay", ("invoices", 2, ["stamped", "stamped"])), ("after_relay", ("invoices", None))]
+    assert [h["x-row"] for h in seen] == ["stamped", "stamped"]
+    assert not any("x-relay" in h for h in seen)
+    assert [e["hook"] for e in logs if e["event"] == "middleware_failed"] == ["before_relay"]
