@@ -5,15 +5,21 @@
   relay sends once the transaction commits), whose context is injected into
   the message headers (W3C ``traceparent``: it travels on every transport,
   since headers do);
+* a PRODUCER span per send of outbox rows by a relay (``send <topic>``), with
+  a link to the ``create`` span of each row it sends; the rows' headers are
+  sent unchanged, so their consumers stay children of the ``create`` spans;
 * a CONSUMER span per message (``process <topic>``), the child of the
   producer's span extracted from those headers, with the OpenTelemetry
   messaging attributes and the outcome (``reliable.outcome``: processed,
   duplicate, redelivered, dead_lettered, deferred); in-process retries are
-  recorded as exceptions on it, and the final error of a failed message too.
+  recorded as exceptions on it, and the final error of a failed message too;
+* a CONSUMER span per call of a batch handler (``process <topic>``, with
+  ``messaging.batch.message_count``), linked to each message's producer
+  span; the outcomes stay on the messages' own spans.
 
 While the handler runs on one message its span is the current one, so the
-handler's own spans and its ``tx.publish`` spans are its children (a batch
-handler runs under no single message's span). Only the OpenTelemetry API is
+handler's own spans and its ``tx.publish`` spans are its children; a batch
+handler's are the children of the batch span. Only the OpenTelemetry API is
 used: the application configures the SDK and exporter. Needs the extra:
 ``pip install 'reliable[otel]'``.
 """
@@ -32,7 +38,7 @@ from reliable.outcome import Outcome, Result
 
 try:
     from opentelemetry import context, propagate, trace
-    from opentelemetry.trace import SpanKind, Status, StatusCode
+    from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 except ImportError as missing:  # the extra is not installed: said when the middleware is made
     _MISSING: ImportError | None = missing
 else:
@@ -101,15 +107,44 @@ class TracingMiddleware(Middleware):
             f"process {message.topic}", context=parent, kind=SpanKind.CONSUMER, attributes=attributes)
 
     def before_handler(self, handler: Handler, messages: Sequence[Message]) -> None:
-        span = self._spans.get(id(messages[0])) if len(messages) == 1 else None
+        if handler.batch:
+            span = self._batch_span(handler, messages)
+            self._spans[id(messages)] = span
+        else:
+            span = self._spans.get(id(messages[0]))
         if span is not None:
             self._current[id(messages)] = context.attach(trace.set_span_in_context(span))
+
+    def _batch_span(self, handler: Handler, messages: Sequence[Message]) -> Any:
+        """The span of one call of a batch handler: linked to each message's producer context
+        (OpenTelemetry's batch receive/process); per-message attributes and outcomes are left
+        to the messages' own spans."""
+        links = [Link(parent) for parent in (trace.get_current_span(propagate.extract(dict(m.headers)))
+                                             .get_span_context() for m in messages) if parent.is_valid]
+        attributes: dict[str, Any] = {
+            "messaging.system": self.system,
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.destination.name": handler.topic,
+            "messaging.consumer.group.name": handler.group,
+            "reliable.handler": handler.name,
+        }
+        if len(messages) != 1:  # the conventions: not on an operation on one message
+            attributes["messaging.batch.message_count"] = len(messages)
+        return self.tracer.start_span(f"process {handler.topic}", kind=SpanKind.CONSUMER,
+                                      attributes=attributes, links=links)
 
     def after_handler(self, handler: Handler, messages: Sequence[Message], seconds: float,
                       error: BaseException | None) -> None:
         token = self._current.pop(id(messages), None)
         if token is not None:
             context.detach(token)
+        span = self._spans.pop(id(messages), None) if handler.batch else None
+        if span is not None:
+            if error is not None:
+                span.record_exception(error)
+                span.set_status(Status(StatusCode.ERROR, repr(error)))
+            span.end()
 
     def on_retry(self, handler: Handler, messages: Sequence[Message], error: BaseException, attempt: int) -> None:
         for message in messages:
@@ -158,3 +193,21 @@ class TracingMiddleware(Middleware):
             span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, repr(error)))
         span.end()
+
+    def before_relay(self, publish: Publish) -> None:
+        links = [Link(created) for created in (trace.get_current_span(propagate.extract(dict(headers)))
+                                               .get_span_context() for headers in publish.rows)
+                 if created.is_valid]
+        attributes: dict[str, Any] = {
+            "messaging.system": self.system,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "send",
+            "messaging.destination.name": publish.topic,
+        }
+        if publish.count != 1:
+            attributes["messaging.batch.message_count"] = publish.count
+        self._spans[id(publish)] = self.tracer.start_span(
+            f"send {publish.topic}", kind=SpanKind.PRODUCER, attributes=attributes, links=links)
+
+    def after_relay(self, publish: Publish, error: BaseException | None) -> None:
+        self.after_publish(publish, error)

@@ -1,7 +1,9 @@
 """OpenTelemetry through real transports: the producer's span context travels in the message
 headers, through the broker server (``reliable://``) and Redis Streams (``redis://``), and the
 consumer's span is its child, with the messaging attributes and the outcome; a poison message's
-span records its exception. Spans are read from the SDK's in-memory exporter."""
+span records its exception. A batch handler's call has a span linked to its messages' producer
+spans; a relay's send of outbox rows has a span linked to the rows' ``create`` spans. Spans are
+read from the SDK's in-memory exporter."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -120,12 +123,105 @@ def test_a_handler_publishing_continues_the_trace_through_the_outbox(tmp_path, e
     (order,) = spans(exporter, SpanKind.CONSUMER, "process orders")
     (created,) = spans(exporter, SpanKind.PRODUCER, "create invoices")
     (invoiced,) = spans(exporter, SpanKind.CONSUMER, "process invoices")
+    (relayed,) = spans(exporter, SpanKind.PRODUCER, "send invoices")
     assert order.parent.span_id == sent.context.span_id
+    assert [link.context.span_id for link in relayed.links] == [created.context.span_id]
     assert created.parent.span_id == order.context.span_id  # made while the handler ran
     assert created.attributes["messaging.operation.type"] == "create"
     assert invoiced.parent.span_id == created.context.span_id
     assert len({s.context.trace_id for s in (sent, order, created, invoiced)}) == 1
     assert order.attributes["messaging.system"] == "memory"
+
+
+def url_of(transport: str, request, unique: str) -> str:
+    return (request.getfixturevalue("reliable_server").url if transport == "reliable"
+            else f"{request.getfixturevalue('redis_url')}?namespace={unique}")
+
+
+@pytest.mark.parametrize("transport", ["reliable", "redis"])
+def test_a_batch_handler_runs_under_a_batch_span_linked_to_each_producer(transport, request, tmp_path, unique,
+                                                                         exporter, tracing) -> None:
+    app = app_on(url_of(transport, request, unique), tmp_path, tracing)
+    topic, group = unique, f"g-{unique}"
+    calls: list[tuple[int, list[str]]] = []  # (the span current in the call, the messages' ids)
+
+    @app.handler(topic, group=group, token="body.id", batch=10, fatal=(ValueError,))
+    def handle(messages, tx):
+        calls.append((trace.get_current_span().get_span_context().span_id, [m.id for m in messages]))
+        if any(m.body["id"] == "bad" for m in messages):
+            raise ValueError("amount must be positive")
+        for m in messages:
+            tx.publish(f"{topic}-done", {"id": m.body["id"]})
+
+    app.publish_many(topic, [{"id": f"o-{n}"} for n in range(4)])
+    app.run(until_idle=True)
+    app.publish(topic, {"id": "bad"})
+    app.run(until_idle=True)
+    app.close()
+
+    (sent,) = [s for s in spans(exporter, SpanKind.PRODUCER, f"send {topic}")
+               if s.attributes.get("messaging.batch.message_count") == 4]
+    processed = [s for s in spans(exporter, SpanKind.CONSUMER, f"process {topic}")
+                 if "messaging.message.id" in s.attributes]
+    batches = {s.context.span_id: s for s in spans(exporter, SpanKind.CONSUMER, f"process {topic}")
+               if "messaging.message.id" not in s.attributes}
+    good = [(span_id, ids) for span_id, ids in calls if len(ids) > 1]
+    assert good, f"the four messages never came in one batch: {calls}"
+    for span_id, ids in calls:
+        batch = batches[span_id]  # the batch span was the current one in the call
+        parents = {s.parent.span_id for s in processed if s.attributes["messaging.message.id"] in ids}
+        assert {link.context.span_id for link in batch.links} == parents  # one link per producer context
+        assert all(link.context.trace_id == sent.context.trace_id or len(ids) == 1 for link in batch.links)
+        assert batch.parent is None  # its own trace: its messages come from many
+        assert batch.attributes.get("messaging.batch.message_count", 1) == len(ids)
+        assert batch.attributes["messaging.operation.type"] == "process"
+        assert batch.attributes["messaging.consumer.group.name"] == group
+        assert "reliable.outcome" not in batch.attributes  # outcomes are per message
+    failed = [batches[span_id] for span_id, ids in calls if ids == calls[-1][1]]
+    assert len(failed) == 2  # the batch call, then the message alone (a batch that fails is split)
+    for span in failed:
+        assert span.status.status_code is StatusCode.ERROR
+        assert [e.attributes["exception.type"] for e in span.events] == ["ValueError"]
+    outcomes = {s.attributes["reliable.token"]: s.attributes["reliable.outcome"] for s in processed}
+    assert outcomes == {**{f"o-{n}": "processed" for n in range(4)}, "bad": "dead_lettered"}
+    created = spans(exporter, SpanKind.PRODUCER, f"create {topic}-done")
+    assert len(created) == 4
+    assert {c.parent.span_id for c in created} <= {span_id for span_id, ids in good}  # made in the batch call
+    done = spans(exporter, SpanKind.CONSUMER, f"process {topic}-done")
+    assert done == []  # no handler consumes them: only the relay's send
+
+
+@pytest.mark.parametrize("transport", ["reliable", "redis"])
+def test_the_relay_send_is_linked_to_the_create_spans(transport, request, tmp_path, unique, exporter,
+                                                      tracing) -> None:
+    """Rows of two transactions, sent by the relay in one call: its send span links both create
+    spans, and each consumer is still the child of its own create span (the row's traceparent)."""
+    app = app_on(url_of(transport, request, unique), tmp_path, tracing)
+    topic = unique
+
+    @app.handler(topic, group=f"g-{unique}", token="body.id")
+    def handle(msg):
+        pass
+
+    for order in ("o-1", "o-2"):
+        with app.store.transaction() as tx:
+            tx.publish(topic, {"id": order})
+    app.run(until_idle=True)
+    app.close()
+
+    created = spans(exporter, SpanKind.PRODUCER, f"create {topic}")
+    sends = spans(exporter, SpanKind.PRODUCER, f"send {topic}")
+    consumers = spans(exporter, SpanKind.CONSUMER, f"process {topic}")
+    assert len(created) == 2 and len(consumers) == 2
+    assert {c.parent.span_id for c in consumers} == {c.context.span_id for c in created}
+    linked = {link.context.span_id: link.context.trace_id for send in sends for link in send.links}
+    assert linked == {c.context.span_id: c.context.trace_id for c in created}
+    assert sum(send.attributes.get("messaging.batch.message_count", 1) for send in sends) == 2
+    for send in sends:
+        assert send.attributes["messaging.operation.type"] == "send"
+        assert send.attributes["messaging.destination.name"] == topic
+        assert send.status.status_code is StatusCode.UNSET
+        assert not ({send.context.span_id} & {c.parent.span_id for c in consumers})  # not the parent
 
 
 def test_a_retried_message_records_each_retry(tmp_path, exporter, tracing) -> None:
