@@ -92,7 +92,7 @@ def _inspect(func: Any) -> Any:
 @broker.command()
 @_inspect
 def topics(url: str | None, settings_path: str | None, as_json: bool) -> None:
-    """Every topic with its queues and messages kept."""
+    """Every topic with its queues, messages kept and the bytes they take."""
     with _api(url, settings_path) as api:
         _show(api.topics(), as_json)
 

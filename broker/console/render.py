@@ -46,3 +46,13 @@ def hexdump(data: bytes, width: int = 16) -> str:
         printable = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
         rows.append(f"{at:08x}  {chunk.hex(' '):<{width * 3}} {printable}")
     return "\n".join(rows)
+
+
+def size(count: int) -> str:
+    """A byte count as a person reads it, the exact figure beside: ``1.5 KiB (1,536 B)``."""
+    if count < 1024:
+        return f"{count} B"
+    value, power = float(count) / 1024, 0
+    while value >= 1024 and power < 3:
+        value, power = value / 1024, power + 1
+    return f"{value:.1f} {('KiB', 'MiB', 'GiB', 'TiB')[power]} ({count:,} B)"

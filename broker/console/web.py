@@ -70,7 +70,7 @@ class Console:
         self.sessions = Sessions(authenticator)
         self.templates = Environment(loader=FileSystemLoader(HERE / "templates"),
                                      autoescape=select_autoescape(default=True))
-        self.templates.filters.update(when=_when, preview=render.preview)
+        self.templates.filters.update(when=_when, preview=render.preview, size=render.size)
 
     # -- plumbing -------------------------------------------------------------
     def page(self, request: Request, name: str, status: int = 200, **values: Any) -> HTMLResponse:

@@ -22,9 +22,11 @@ ADMIN = "%ADMIN%"
 
 
 def topics(store: MessageStore, known: Mapping[str, int]) -> list[TopicInfo]:
-    """Every topic of ``known`` (its queue count by name) with how many messages it keeps."""
+    """Every topic of ``known`` (its queue count by name) with how many messages it keeps, and
+    the bytes they take in the log (each queue's running total: nothing is read)."""
     return [TopicInfo(name, count, sum(store.max_offset(name, q) - store.min_offset(name, q)
-                                       for q in range(count)))
+                                       for q in range(count)),
+                      sum(store.kept_bytes(name, q) for q in range(count)))
             for name, count in sorted(known.items())]
 
 

@@ -101,7 +101,7 @@ class BrokerApi(Protocol):
         """Record the next offset per queue as ``group``'s (a stream processor's commit)."""
 
     def topics(self) -> list[TopicInfo]:
-        """Every topic with its queue and message counts."""
+        """Every topic with its queue and message counts and the bytes its messages take."""
 
     def groups(self) -> list[GroupInfo]:
         """Every consumer group the engine knows."""

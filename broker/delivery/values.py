@@ -269,6 +269,7 @@ class TopicInfo:
     name: str
     queues: int
     messages: int
+    bytes: int = 0  # what the kept messages take in the commit log (0 from a server that does not say)
 
 
 @dataclass(frozen=True)

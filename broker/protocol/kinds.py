@@ -126,7 +126,8 @@ def _maps(kind: type, dump: Callable[[Any], Mapping[str, Any]],
                 load=lambda maps: [load(m) for m in maps], python=f"list[{kind.__name__}]")
 
 
-TOPIC_INFOS = _maps(TopicInfo, lambda t: {"name": t.name, "queues": t.queues, "messages": t.messages},
+TOPIC_INFOS = _maps(TopicInfo, lambda t: {"name": t.name, "queues": t.queues, "messages": t.messages,
+                                              "bytes": t.bytes},
                     lambda t: TopicInfo(**t))
 GROUP_INFOS = _maps(GroupInfo, lambda g: {"name": g.name, "topics": list(g.topics),
                                           "members": g.members, "broadcast": g.broadcast},

@@ -245,7 +245,7 @@ OPERATIONS: dict[str, Operation] = _table([
               Access(consume=("topic",), group="group"),
               doc="Record the next offset per queue as ``group``'s (a stream processor's commit)."),
     Operation("topics", (), Field("topics", TOPIC_INFOS), Access(anyone=True, shows=_shows_topic),
-              doc="Every topic with its queue and message counts."),
+              doc="Every topic with its queue and message counts and the bytes its messages take."),
     Operation("groups", (), Field("groups", GROUP_INFOS), Access(anyone=True, shows=_shows_group),
               doc="Every consumer group the engine knows."),
     Operation("lag", (GROUP,), Field("lag", LAGS), Access(group="group", shows=_shows_lag),

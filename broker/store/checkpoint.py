@@ -31,6 +31,7 @@ class Checkpoint:
 
     dispatched: int = 0
     queues: dict[str, int] = field(default_factory=dict)
+    kept: dict[str, list[int]] = field(default_factory=dict)  # per queue: kept_from, kept_bytes
 
 
 def queue_name(topic: str, queue: int) -> str:
@@ -43,7 +44,8 @@ def load(directory: Path) -> Checkpoint | None:
     path = directory / CHECKPOINT
     try:
         data = json.loads(path.read_bytes())
-        return Checkpoint(int(data["dispatched"]), {str(k): int(v) for k, v in data["queues"].items()})
+        return Checkpoint(int(data["dispatched"]), {str(k): int(v) for k, v in data["queues"].items()},
+                          {str(k): [int(v[0]), int(v[1])] for k, v in data.get("kept", {}).items()})
     except FileNotFoundError:
         return None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -52,7 +54,7 @@ def load(directory: Path) -> Checkpoint | None:
 
 def save(directory: Path, checkpoint: Checkpoint) -> None:
     """Replace the checkpoint atomically and durably."""
-    payload = {"dispatched": checkpoint.dispatched, "queues": checkpoint.queues}
+    payload = {"dispatched": checkpoint.dispatched, "queues": checkpoint.queues, "kept": checkpoint.kept}
     atomic_write(directory / CHECKPOINT, json.dumps(payload, sort_keys=True).encode())
 
 

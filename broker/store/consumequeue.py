@@ -10,6 +10,11 @@ lost or of the wrong size), or that has an empty slot with entries after it
 (zeroed entries), is cut at the hole on open, logged (`store.queue_rebuilt`),
 and recovery rebuilds the rest from the log (the checks: `queuefiles`). Other
 files in the folder are not the queue's (`files.numbered_files`).
+
+A queue also keeps the bytes its kept messages take in the log (``kept_bytes``,
+the entries from ``kept_from`` on): added to on append, taken from on
+truncation and retention (`forget_below`), saved in the checkpoint and
+`settle`d after recovery, so a topic's size is known without reading the log.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from broker.store.queuefiles import (
     first_damage,
     first_hole,
     per_file_on_disk,
+    total_size,
 )
 
 log = structlog.get_logger("broker.store")
@@ -68,6 +74,8 @@ class ConsumeQueue:
         if hole is not None:
             self._empty_from(*hole)
         self.length = self._measure()
+        self.kept_from = 0  # the bytes of the entries from here on are counted (`settle`)
+        self.kept_bytes = 0
 
     @property
     def min_file_offset(self) -> int:
@@ -81,7 +89,11 @@ class ConsumeQueue:
         if mapped is None:
             mapped = self._files[base] = self._map(self._path(base))
         self._reserve(base, queue_offset - base + 1)
-        ENTRY.pack_into(mapped, (queue_offset - base) * ENTRY.size, log_offset, size, tag_hash)
+        position = (queue_offset - base) * ENTRY.size
+        if queue_offset >= self.kept_from:
+            replaced = ENTRY.unpack_from(mapped, position)[1] if queue_offset < self.length else 0
+            self.kept_bytes += size - replaced
+        ENTRY.pack_into(mapped, position, log_offset, size, tag_hash)
         self._dirty.add(base)
         if queue_offset >= self.length:
             self.length = queue_offset + 1
@@ -90,6 +102,7 @@ class ConsumeQueue:
         """Append already packed entries (16 bytes each) at the end of the queue."""
         size = ENTRY.size
         queue_offset, done, total = self.length, 0, len(data) // size
+        self.kept_bytes += total_size(data)
         while done < total:
             base = queue_offset - queue_offset % self.per_file
             mapped = self._files.get(base)
@@ -132,6 +145,7 @@ class ConsumeQueue:
     def extend(self, length: int) -> None:
         """Entries up to ``length`` were written into the file `file_for` gave."""
         self._dirty.add((length - 1) - (length - 1) % self.per_file)
+        self.kept_bytes += self.size_of(self.length, length)
         self.length = length
 
     def get(self, queue_offset: int, count: int) -> list[QueueEntry]:
@@ -181,6 +195,7 @@ class ConsumeQueue:
 
     def truncate(self, queue_offset: int) -> None:
         """Forget every entry from ``queue_offset`` on."""
+        self.kept_bytes -= self.size_of(max(queue_offset, self.kept_from), self.length)
         for offset in range(queue_offset, self.length):
             base = offset - offset % self.per_file
             if base in self._files:
@@ -210,6 +225,37 @@ class ConsumeQueue:
             else:
                 low = middle + 1
         return low
+
+    def size_of(self, first: int, stop: int) -> int:
+        """The bytes in the log of the entries ``first .. stop - 1`` on disk."""
+        total = 0
+        while first < stop:
+            base = first - first % self.per_file
+            end = min(stop, base + self.per_file)
+            mapped = self._files.get(base)
+            if mapped is not None:
+                total += total_size(mapped[(first - base) * ENTRY.size : (end - base) * ENTRY.size])
+            first = end
+        return total
+
+    def settle(self, first: int, saved: tuple[int, int, int] | None) -> None:
+        """Count the kept bytes from queue offset ``first`` (retention's start) after recovery.
+
+        ``saved`` is what the checkpoint recorded (length, ``kept_from``, ``kept_bytes``):
+        only the entries after its length are then read. Without it, or if the queue
+        is now shorter than it was, every kept entry is read once.
+        """
+        if saved is not None and saved[1] <= first and saved[1] <= saved[0] <= self.length:
+            self.kept_from, self.kept_bytes = saved[1], saved[2] + self.size_of(saved[0], self.length)
+            self.forget_below(first)
+        else:
+            self.kept_from, self.kept_bytes = first, self.size_of(first, self.length)
+
+    def forget_below(self, first: int) -> None:
+        """Retention removed the messages below queue offset ``first``: stop counting them."""
+        if first > self.kept_from:
+            self.kept_bytes -= self.size_of(self.kept_from, min(first, self.length))
+            self.kept_from = first
 
     def drop_files_below(self, log_min: int) -> int:
         """Delete whole files whose every entry points below ``log_min``; return how many."""

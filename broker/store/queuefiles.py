@@ -30,6 +30,13 @@ def columns(packed: bytes) -> tuple[list[int], list[int]]:
     return list(found), list(lengths)
 
 
+def total_size(packed: bytes) -> int:
+    """The sum of the sizes of packed entries (empty slots add nothing)."""
+    if sys.byteorder == "little":
+        return sum(memoryview(packed).cast("I")[2::4])
+    return sum(size for _, size, _ in ENTRY.iter_unpack(packed))
+
+
 def file_name(base: int) -> str:
     """The name of the queue file whose first entry is queue offset ``base``."""
     return f"{base:0{NAME_DIGITS}d}{SUFFIX}"

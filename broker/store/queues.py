@@ -66,6 +66,23 @@ class QueueTable:
         """Queue lengths keyed as the checkpoint keeps them."""
         return {f"{q.topic}/{q.queue}": q.length for q in self}
 
+    def kept(self) -> dict[str, list[int]]:
+        """Per queue, keyed as `lengths`: where its byte count starts and the bytes counted."""
+        return {f"{q.topic}/{q.queue}": [q.kept_from, q.kept_bytes] for q in self}
+
+    def settle(self, log_min: int, lengths: dict[str, int], kept: dict[str, list[int]]) -> None:
+        """Count every queue's kept bytes after recovery, from what the checkpoint saved."""
+        for q in self:
+            name = f"{q.topic}/{q.queue}"
+            saved = (lengths[name], *kept[name]) if name in lengths and name in kept else None
+            q.settle(q.first_offset(log_min), saved)  # type: ignore[arg-type]
+
+    def drop_below(self, log_min: int) -> None:
+        """Retention moved the log's start to ``log_min``: uncount, and delete whole files, below it."""
+        for q in self:
+            q.forget_below(q.first_offset(log_min))
+            q.drop_files_below(log_min)
+
     def take_dirty(self) -> list[tuple[Path, mmap.mmap]]:
         """Every consume-queue file written since the last call (writer lock held)."""
         return [mapped for consume_queue in self for mapped in consume_queue.take_dirty()]

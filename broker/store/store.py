@@ -102,6 +102,7 @@ class MessageStore:
         self._index = KeyIndex(self.path / "index", self.config.index_slots,
                                self.config.index_entries)
         report = recover(self._log, self._queues, self._index, saved, marker, self.config)
+        self._queues.settle(self._log.min_offset, saved.queues if saved else {}, saved.kept if saved else {})
         self._checkpointed = self._log.min_offset - 1  # the first checkpoint fsyncs every segment
         self._write_checkpoint()
         checkpoint.mark_open(self.path)
@@ -295,6 +296,11 @@ class MessageStore:
         consume_queue = self._queues.get(topic, queue)
         return consume_queue.first_offset(self._log.min_offset) if consume_queue else 0
 
+    def kept_bytes(self, topic: str, queue: int) -> int:
+        """The bytes the kept messages of (topic, queue) take in the log (a running total)."""
+        consume_queue = self._queues.get(topic, queue)
+        return consume_queue.kept_bytes if consume_queue else 0
+
     def queues(self) -> list[tuple[str, int]]:
         """Every (topic, queue) that has ever held a message."""
         return self._queues.places()
@@ -315,7 +321,7 @@ class MessageStore:
     def _write_checkpoint(self) -> None:
         with self._writer:
             dispatched = self._log.end
-            lengths = self._queues.lengths()
+            lengths, kept = self._queues.lengths(), self._queues.kept()
             segments = [s for s in self._log.segments if s.end > self._checkpointed]
             queue_maps, index_files = self._queues.take_dirty(), self._index.recent()
         for segment in segments:
@@ -324,7 +330,7 @@ class MessageStore:
             flush_mapped(path, mapped)
         for index_file in index_files:
             index_file.flush()
-        checkpoint.save(self.path, checkpoint.Checkpoint(dispatched, lengths))
+        checkpoint.save(self.path, checkpoint.Checkpoint(dispatched, lengths, kept))
         self._checkpointed = dispatched
 
     def observe_fsync(self, observer: Callable[[float], None] | None) -> None:
@@ -342,8 +348,7 @@ class MessageStore:
         with self._writer:
             deleted = retention.select(self._log, self.config, self.path, needed)
             if deleted:
-                for consume_queue in self._queues:
-                    consume_queue.drop_files_below(self._log.min_offset)
+                self._queues.drop_below(self._log.min_offset)
                 self._index.drop_below(self._log.min_offset)
         return deleted
 
