@@ -358,7 +358,7 @@ class App:
 
     @property
     def dead_letter_queue(self) -> DeadLetters:
-        return DeadLetters(self.runtime.store, self.runtime.transport)
+        return DeadLetters(self.runtime.store, self.runtime.transport, self.middleware)
 
     def dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:
         """The dead letters of ``group``, oldest first."""

@@ -20,6 +20,7 @@ refused (`ReplayLoopError`) unless forced, so a poison message cannot loop.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import structlog
 
@@ -28,6 +29,7 @@ from backends.transport.base import ORIGIN_TOPIC_HEADER, Transport, origin_topic
 from backends.types import DeadLetter, OutgoingMessage
 from reliable.errors import DeadLetterNotFoundError, ReplayLoopError
 from reliable.message import REPLAYS_HEADER
+from reliable.middleware import Middlewares
 
 log = structlog.get_logger("reliable.deadletter")
 CHUNK = 100
@@ -39,9 +41,10 @@ Progress = Callable[[int], object]
 class DeadLetters:
     """The dead-letter queue of the store, with replay through the transport."""
 
-    def __init__(self, store: Store, transport: Transport) -> None:
+    def __init__(self, store: Store, transport: Transport, middleware: Middlewares | None = None) -> None:
         self.store = store
         self.transport = transport
+        self.middleware = middleware or Middlewares()
 
     def page(self, group: str, limit: int = 100, after_id: int = 0) -> list[DeadLetter]:
         """Up to ``limit`` dead letters of ``group`` with id > ``after_id``, oldest first."""
@@ -59,6 +62,8 @@ class DeadLetters:
 
         Letters go in chunks of `CHUNK`: each chunk is published to the group,
         then deleted, then counted to ``progress``; one summary line is logged.
+        Each publish runs the app's ``before_publish`` / ``after_publish`` hooks
+        (`Publish.replay` set), whose headers are added to the letters' own.
         """
         letters = self._select(group, ids)
         looping = [letter for letter in letters if letter.replays >= max_replays]
@@ -70,12 +75,18 @@ class DeadLetters:
         for start in range(0, len(letters), CHUNK):
             chunk = letters[start:start + CHUNK]
             for topic, messages in _by_origin_topic(chunk).items():
-                self.transport.publish_to_group(group, topic, messages)
+                self._publish(group, topic, messages)
             self.store.delete_dead_letters([letter.id for letter in chunk if letter.id is not None])
             if progress is not None:
                 progress(len(chunk))
         log.info("dead_letters_replayed", group=group, count=len(letters))
         return len(letters)
+
+    def _publish(self, group: str, topic: str, messages: list[OutgoingMessage]) -> None:
+        with self.middleware.publishing(topic, None, len(messages), replayed=[m.headers for m in messages]) as added:
+            if added:
+                messages = [replace(m, headers={**m.headers, **added}) for m in messages]
+            self.transport.publish_to_group(group, topic, messages)
 
     def purge(self, group: str, ids: Sequence[int] | None = None, *, progress: Progress | None = None) -> int:
         """Delete the chosen dead letters (all of ``group`` by default) in chunks; return how many."""

@@ -43,7 +43,10 @@ class Publish:
     ``outbox``: written by ``tx.publish`` as an outbox row, sent by a relay once
     its transaction commits; else sent to the transport now (`App.publish`).
     ``rows``: for a relay's send (``before_relay``), the headers of each outbox row
-    sent, which go out as their ``tx.publish`` hooks made them (``headers`` is not sent).
+    sent, which go out as their ``tx.publish`` hooks made them (``headers`` is not sent);
+    for a dead-letter replay, the headers the letters were first published with.
+    ``replay``: a dead-letter replay sending letters back to their group; ``headers``
+    is added to each letter's own headers (a key in both takes ``headers``' value).
     """
 
     topic: str
@@ -51,6 +54,7 @@ class Publish:
     count: int = 1  # messages in the call, all carrying ``headers``
     outbox: bool = False
     rows: tuple[Mapping[str, str], ...] = ()
+    replay: bool = False
 
 
 class Middleware:
@@ -176,9 +180,12 @@ class Middlewares:
 
     @contextmanager
     def publishing(self, topic: str, headers: Mapping[str, str] | None, count: int = 1, *,
-                   outbox: bool = False) -> Iterator[dict[str, str]]:
-        """Around one publish call: ``before_publish``, the headers to send, ``after_publish``."""
-        publish = Publish(topic, dict(headers or {}), count, outbox)
+                   outbox: bool = False, replayed: Sequence[Mapping[str, str]] = ()) -> Iterator[dict[str, str]]:
+        """Around one publish call: ``before_publish``, the headers to send, ``after_publish``.
+
+        ``replayed``: the letters' own headers when the call replays dead letters.
+        """
+        publish = Publish(topic, dict(headers or {}), count, outbox, rows=tuple(replayed), replay=bool(replayed))
         if not self._calls["before_publish"] and not self._calls["after_publish"]:
             yield publish.headers
             return

@@ -8,6 +8,9 @@
 * a PRODUCER span per send of outbox rows by a relay (``send <topic>``), with
   a link to the ``create`` span of each row it sends; the rows' headers are
   sent unchanged, so their consumers stay children of the ``create`` spans;
+* a PRODUCER span per dead-letter replay (``send <topic>``, ``reliable.replay``),
+  linked to each letter's first producer span; the replayed messages carry its
+  context, so the new attempts are its children;
 * a CONSUMER span per message (``process <topic>``), the child of the
   producer's span extracted from those headers, with the OpenTelemetry
   messaging attributes and the outcome (``reliable.outcome``: processed,
@@ -26,7 +29,7 @@ used: the application configures the SDK and exporter. Needs the extra:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -180,8 +183,10 @@ class TracingMiddleware(Middleware):
         }
         if publish.count != 1:
             attributes["messaging.batch.message_count"] = publish.count
+        if publish.replay:
+            attributes["reliable.replay"] = True
         span = self.tracer.start_span(f"{operation} {publish.topic}", kind=SpanKind.PRODUCER,
-                                      attributes=attributes)
+                                      attributes=attributes, links=_links(publish.rows))
         propagate.inject(publish.headers, context=trace.set_span_in_context(span))
         self._spans[id(publish)] = span
 
@@ -195,9 +200,6 @@ class TracingMiddleware(Middleware):
         span.end()
 
     def before_relay(self, publish: Publish) -> None:
-        links = [Link(created) for created in (trace.get_current_span(propagate.extract(dict(headers)))
-                                               .get_span_context() for headers in publish.rows)
-                 if created.is_valid]
         attributes: dict[str, Any] = {
             "messaging.system": self.system,
             "messaging.operation.type": "send",
@@ -207,7 +209,13 @@ class TracingMiddleware(Middleware):
         if publish.count != 1:
             attributes["messaging.batch.message_count"] = publish.count
         self._spans[id(publish)] = self.tracer.start_span(
-            f"send {publish.topic}", kind=SpanKind.PRODUCER, attributes=attributes, links=links)
+            f"send {publish.topic}", kind=SpanKind.PRODUCER, attributes=attributes, links=_links(publish.rows))
 
     def after_relay(self, publish: Publish, error: BaseException | None) -> None:
         self.after_publish(publish, error)
+
+
+def _links(headers: Sequence[Mapping[str, str]]) -> list[Link]:
+    """A link to the span each message was first produced in (its ``traceparent``), where it has one."""
+    contexts = (trace.get_current_span(propagate.extract(dict(h))).get_span_context() for h in headers)
+    return [Link(context) for context in contexts if context.is_valid]

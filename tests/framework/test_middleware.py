@@ -164,6 +164,40 @@ def test_publish_hooks_add_headers_the_consumer_receives(app, journal) -> None:
     assert len(received) == 2
 
 
+def test_a_dead_letter_replay_runs_the_publish_hooks(app, journal) -> None:
+    """A replay is a publish: its hooks see ``replay`` and the letters' own headers, and a header
+    they add reaches the replayed message, next to the headers it was first published with."""
+    seen: list[tuple[bool, list[str]]] = []
+    received = []
+
+    class Replays(Middleware):
+        def before_publish(self, publish):
+            seen.append((publish.replay, [h.get("x-mine", "") for h in publish.rows]))
+            publish.headers["x-mine"] = "replayed" if publish.replay else publish.headers.get("x-mine", "")
+
+    app.add_middleware(Replays())
+    broken = [True]
+
+    @app.handler("orders", group="billing", fatal=(ValueError,))
+    def handle(msg):
+        if broken[0]:
+            raise ValueError("no tariff")
+        received.append(dict(msg.headers))
+
+    app.publish("orders", {"id": "a"}, headers={"x-mine": "first"})
+    app.run(until_idle=True)
+    broken[0] = False
+    journal.clear()
+    assert app.replay_dead_letters("billing") == 1
+    app.run(until_idle=True)
+
+    assert seen == [(False, []), (True, ["first"])]
+    assert ("outer", "before_publish") in [(who, h) for who, h, _ in journal]
+    [headers] = received
+    assert headers["x-mine"] == "replayed" and headers["x-outer"] == "seen"
+    assert headers["x-reliable-replays"] == "1"
+
+
 class Raising(Middleware):
     """Raises from every hook it has."""
 

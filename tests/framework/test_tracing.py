@@ -251,6 +251,35 @@ def test_a_retried_message_records_each_retry(tmp_path, exporter, tracing) -> No
     assert second.parent.span_id == first.parent.span_id  # both children of the one producer span
 
 
+def test_a_replayed_dead_letter_is_sent_under_a_replay_span(tmp_path, unique, exporter, tracing) -> None:
+    """A replay is a send of its own: its span links the letter's first producer span, and the
+    replayed attempt is its child (the replay's context replaced the old ``traceparent``)."""
+    app = test_app(tmp_path, settings={"RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1"})
+    app.add_middleware(tracing)
+    broken = [True]
+
+    @app.handler("orders", group="billing", token="body.id", fatal=(ValueError,))
+    def bill(msg):
+        if broken[0]:
+            raise ValueError("no tariff")
+
+    app.publish("orders", {"id": "o-1"})
+    app.run(until_idle=True)
+    broken[0] = False
+    assert app.replay_dead_letters("billing") == 1
+    app.run(until_idle=True)
+    app.close()
+
+    first, replay = sorted(spans(exporter, SpanKind.PRODUCER, "send orders"), key=lambda s: s.start_time)
+    failed, processed = sorted((s for s in exporter.get_finished_spans() if s.kind is SpanKind.CONSUMER),
+                               key=lambda s: s.start_time)  # the replay comes from the group's %RETRY% queue
+    assert failed.attributes["reliable.outcome"] == "dead_lettered" and failed.parent.span_id == first.context.span_id
+    assert replay.attributes["reliable.replay"] is True and "reliable.replay" not in first.attributes
+    assert [link.context.span_id for link in replay.links] == [first.context.span_id]
+    assert processed.attributes["reliable.outcome"] == "processed"
+    assert processed.parent.span_id == replay.context.span_id
+
+
 def test_without_the_extra_the_error_names_it() -> None:
     script = ("import sys; sys.modules['opentelemetry'] = None\n"
               "from reliable.otel import TracingMiddleware\n"
