@@ -14,6 +14,7 @@ import threading
 from typing import TextIO
 
 import structlog
+from structlog.tracebacks import ExceptionDictTransformer
 from structlog.typing import FilteringBoundLogger, Processor
 
 from backends.errors import ConfigurationError
@@ -71,6 +72,8 @@ def _use_console(fmt: str, stream: TextIO) -> bool:
 
 
 def _processors(console: bool) -> list[Processor]:
+    """Tracebacks keep file, line and code but no local variables: a handler's locals hold message
+    bodies (customer data) and made a dead letter's log line some 10 KB."""
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -78,8 +81,10 @@ def _processors(console: bool) -> list[Processor]:
         structlog.processors.StackInfoRenderer(),
     ]
     if console:
-        return [*shared, structlog.dev.ConsoleRenderer()]
-    return [*shared, structlog.processors.dict_tracebacks, structlog.processors.JSONRenderer()]
+        return [*shared, structlog.dev.ConsoleRenderer(
+            exception_formatter=structlog.dev.RichTracebackFormatter(show_locals=False))]
+    tracebacks = structlog.processors.ExceptionRenderer(ExceptionDictTransformer(show_locals=False))
+    return [*shared, tracebacks, structlog.processors.JSONRenderer()]
 
 
 COUNTERS = (

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import io
+import json
+
+import pytest
+import structlog
 from structlog.testing import capture_logs
 
 from reliable import App, Message
+from reliable.log import configure_logging
+
+CARD = "-".join(["4242"] * 4)  # built, so the source lines a console traceback shows do not hold it
 
 
 def test_dead_letter_and_retry_logs_carry_the_traceback(app: App) -> None:
@@ -29,6 +37,31 @@ def test_dead_letter_and_retry_logs_carry_the_traceback(app: App) -> None:
     assert any(name.endswith("test_logged_failures.py") for name, _ in frames)
     [retried] = [e for e in logs if e["event"] == "retrying_in_process"]
     assert isinstance(retried["exc_info"], ConnectionError)
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_the_logged_traceback_names_the_line_and_keeps_no_locals(app: App, fmt: str) -> None:
+    """A handler's locals hold message bodies (customer data): the log shows where it failed, not them."""
+
+    @app.handler("orders", token="body.id", fatal=[KeyError])
+    def handle(msg: Message) -> None:
+        card = msg.body["card"]  # noqa: F841 - a local the log must not show
+        raise KeyError("no such customer")
+
+    app.publish("orders", {"id": "o-1", "card": CARD})
+    out = io.StringIO()
+    configure_logging("info", fmt, out)
+    try:
+        app.run(until_idle=True)
+    finally:
+        structlog.reset_defaults()
+    text = out.getvalue()
+    assert "no such customer" in text and "test_logged_failures.py" in text
+    assert CARD not in text
+    if fmt == "json":
+        [dead] = [e for e in map(json.loads, text.splitlines()) if e["event"] == "dead_lettered"]
+        frames = dead["exception"][0]["frames"]
+        assert frames[-1]["name"] == "handle" and "locals" not in frames[-1]
 
 
 def _walk(tb):  # type: ignore[no-untyped-def]
