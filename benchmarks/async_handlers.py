@@ -9,8 +9,11 @@ same in-memory transport (fetch, ack), so the difference is the handler's.
   (b) the framework, the same work as a sync handler (time.sleep), 4 threads
   (c) a hand-written asyncio loop: fetch, then 100 tasks at a time, each one
       transaction on SQLAlchemy's async engine (psycopg async) claiming and inserting
+  (d) the same loop without the 20 ms await: the rate at which this machine
+      commits such transactions at all, the ceiling of every row above
 
-Targets (issue 27): (a) >= 0.8x (c) and >= 10x (b).
+Targets (issue 27): (a) >= 0.8x (c) and >= 10x (b). Where (d) is below 10x (b),
+the second target is above what the database itself does here.
 
     python -m benchmarks.async_handlers [--messages N] [--in-flight N]
 
@@ -82,7 +85,7 @@ def framework_sync(table: str, data: list[bytes]) -> Callable[[], None]:
     return lambda: (app.run(until_idle=True), app.close())  # type: ignore[func-returns-value]
 
 
-def hand_loop(table: str, data: list[bytes]) -> Callable[[], None]:
+def hand_loop(table: str, data: list[bytes], wait: float = WAIT) -> Callable[[], None]:
     source = MemoryTransport()
     source.publish("bench", [OutgoingMessage(p) for p in data])
     claim = text(f"insert into reliable_tokens ({TOKEN_COLUMNS}) values (:ns, :token, 'done', :now, :exp) "
@@ -99,7 +102,7 @@ def hand_loop(table: str, data: list[bytes]) -> Callable[[], None]:
             async with engine.begin() as conn:
                 if (await conn.execute(claim, {"ns": table, "token": body["token"], "now": now,
                                                "exp": now + TTL})).first():
-                    await asyncio.sleep(WAIT)
+                    await asyncio.sleep(wait)
                     await conn.execute(insert, body)
 
         while messages := member.fetch(IN_FLIGHT, 0):
@@ -121,7 +124,8 @@ def main() -> None:
     engine = create_engine(DATABASE_URL)
     rows = [(f"(a) framework, async def, {IN_FLIGHT} in flight", framework_async, args.messages),
             ("(b) framework, sync, 4 threads", framework_sync, max(args.messages // 10, 200)),
-            (f"(c) hand-written asyncio loop, {IN_FLIGHT} in flight", hand_loop, args.messages)]
+            (f"(c) hand-written asyncio loop, {IN_FLIGHT} in flight", hand_loop, args.messages),
+            ("(d) the loop without the await: the ceiling", lambda t, d: hand_loop(t, d, 0.0), args.messages)]
     rates: dict[str, float] = {}
     for name, build, count in rows:
         table = f"bench_async_{uuid.uuid4().hex[:8]}"
@@ -139,11 +143,12 @@ def main() -> None:
             with engine.begin() as conn:
                 conn.execute(text(f"drop table {table}"))
                 conn.execute(text("delete from reliable_tokens where namespace = :ns"), {"ns": table})
-    a, b, c = rates.values()
+    a, b, c, d = rates.values()
     print(f"{'handler (20 ms await + 1 insert, PostgreSQL)':<48} {'msg/s':>8}")
     for name, rate in rates.items():
         print(f"{name:<48} {rate:>8.0f}")
     print(f"async / hand-written loop: {a / c:.2f}x (target >= 0.8x); async / sync 4 threads: {a / b:.1f}x (target >= 10x)")
+    print(f"the database's ceiling / sync 4 threads: {d / b:.1f}x (no handler can pass this)")
     engine.dispose()
 
 
