@@ -183,11 +183,22 @@ def dlq_list(group: str, limit: int, url: str | None, settings_path: str | None,
         _show_messages(api.dlq_list(group, limit), as_json)
 
 
+OFFSETS_HELP = "only the letter at this offset of %DLQ%<group> (`dlq list` shows it); repeatable"
+
+
 @dlq.command("replay")
 @click.argument("group")
+@click.option("--offset", "offsets", type=int, multiple=True, help=OFFSETS_HELP)
 @_inspect
-def dlq_replay(group: str, url: str | None, settings_path: str | None, as_json: bool) -> None:
-    """Send GROUP's dead letters back to GROUP only (a progress bar in a terminal)."""
+def dlq_replay(group: str, offsets: tuple[int, ...], url: str | None, settings_path: str | None,
+               as_json: bool) -> None:
+    """Send GROUP's dead letters (or those at --offset) back to GROUP only (a progress bar in a terminal)."""
+    if offsets:
+        with _admin(url, settings_path) as api:
+            replayed = api.dlq_replay_letters(group, list(offsets))
+        click.echo(json.dumps({"group": group, "replayed": replayed}) if as_json
+                   else f"replayed {replayed} dead letter(s) to {group}")
+        return
     with _admin(url, settings_path) as api:
         total = api.dlq_waiting(group)
         outcome: dict[str, Any] = {}
@@ -213,14 +224,17 @@ def dlq_replay(group: str, url: str | None, settings_path: str | None, as_json: 
 
 @dlq.command("purge")
 @click.argument("group")
+@click.option("--offset", "offsets", type=int, multiple=True, help=OFFSETS_HELP)
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
 @_inspect
-def dlq_purge(group: str, yes: bool, url: str | None, settings_path: str | None, as_json: bool) -> None:
-    """Drop GROUP's dead letters (they stay in the log until retention removes them)."""
+def dlq_purge(group: str, offsets: tuple[int, ...], yes: bool, url: str | None, settings_path: str | None,
+              as_json: bool) -> None:
+    """Drop GROUP's dead letters, or those at --offset (they stay in the log until retention removes them)."""
     if not yes:
-        click.confirm(f"purge every dead letter of {group}?", abort=True)
+        chosen = f"the dead letters of {group} at offsets {list(offsets)}" if offsets else f"every dead letter of {group}"
+        click.confirm(f"purge {chosen}?", abort=True)
     with _admin(url, settings_path) as api:
-        purged = api.dlq_purge(group)
+        purged = api.dlq_purge_letters(group, list(offsets)) if offsets else api.dlq_purge(group)
     click.echo(json.dumps({"group": group, "purged": purged}) if as_json
                else f"purged {purged} dead letter(s) of {group}")
 

@@ -2,7 +2,8 @@
 
 Each page or action asks the `Access` that `broker.protocol.operations`
 declares for the operation it stands for (``topics``, ``groups``, ``lag``,
-``dlq_list``, ``dlq_replay``, ``dlq_purge``, ``lookup_key``, ``lookup_id``), so
+``dlq_list``, ``dlq_replay``, ``dlq_purge``, ``dlq_replay_letters``,
+``dlq_purge_letters``, ``lookup_key``, ``lookup_id``), so
 the console can never allow what the native protocol refuses. The framework's
 dead letters of a group need what the broker's dead letters of that group
 need. Natively, reading a group's dead letters and replaying them need the

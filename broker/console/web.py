@@ -201,23 +201,33 @@ class Console:
             return self.denied(request, "the form's CSRF token is missing or wrong")
         if action not in ("replay", "purge"):
             return self.page(request, "error.html", status=404, message=f"no action {action!r}")
-        try:
-            access.check(principal, f"dlq_{action}", group=name)
+        source, every = str(form.get("source", "framework")), form.get("all") == "1"
+        try:  # the broker's letters chosen one by one are the *_letters operations
+            access.check(principal, f"dlq_{action}" + ("_letters" if source == "broker" and not every else ""),
+                         group=name)
         except PermissionDeniedError as exc:
             return self.denied(request, str(exc))
-        source = str(form.get("source", "framework"))
         ids = [i for i in (_int(str(v), -1) for v in form.getlist("id")) if i >= 0]
         try:
-            done = await run_in_threadpool(self.apply, name, action, source, ids, form.get("force") == "1")
+            done = await run_in_threadpool(self.apply, name, action, source, None if every else ids,
+                                           form.get("force") == "1")
         except PermissionDeniedError as exc:
             return self.denied(request, str(exc))
         except BrokerError as exc:
             return self.page(request, "error.html", status=409, message=str(exc))
         return self.page(request, "done.html", group=name, action=action, count=done, source=source)
 
-    def apply(self, group: str, action: str, source: str, ids: list[int], force: bool) -> int:
+    def apply(self, group: str, action: str, source: str, ids: list[int] | None, force: bool) -> int:
+        """Replay or purge the letters ``ids`` (of the broker's: their offsets in ``%DLQ%<group>``;
+        None: all of the broker's)."""
         if source == "broker" and self.view is not None:
-            return self.view.dlq_replay(group) if action == "replay" else self.view.dlq_purge(group)
+            if ids is None:
+                return self.view.dlq_replay(group) if action == "replay" else self.view.dlq_purge(group)
+            if not ids:
+                return 0
+            if action == "replay":
+                return self.view.dlq_replay_letters(group, ids)
+            return self.view.dlq_purge_letters(group, ids)
         if source != "framework" or self.letters is None or not ids:
             return 0
         if action == "replay":

@@ -5,18 +5,26 @@ table, the offset book, the live groups), which `Broker` hands them under
 its lock; `DeadLetters` owns the dead-letter queues ``%DLQ%<group>`` and
 their purge marks, kept in the offset book under the pseudo-group
 ``%ADMIN%``. Neither reaches into the engine.
+
+Letters replayed or purged one by one (`DeadLetters.settle`) may lie above
+letters still waiting: their offsets are kept in ``dlq-settled.json`` until
+the mark passes them, so a listing skips them and the count leaves them out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 from broker.delivery.group import ORIGIN_TOPIC, Group, dlq_topic, retry_topic
 from broker.delivery.offsets import OffsetBook
 from broker.delivery.values import Delivery, GroupInfo, OutgoingMessage, QueueLag, TopicInfo
+from broker.errors import InvalidRequestError
 from broker.store import MessageStore
+from broker.store.files import atomic_write
 
 ADMIN = "%ADMIN%"
 
@@ -58,45 +66,108 @@ class DeadLetters:
     """
 
     def __init__(self, store: MessageStore, offsets: OffsetBook, lock: AbstractContextManager[Any],
-                 publish_to_group: Callable[[str, str, Sequence[OutgoingMessage]], Any]) -> None:
+                 publish_to_group: Callable[[str, str, Sequence[OutgoingMessage]], Any],
+                 settled: Path) -> None:
         self._store = store
         self._offsets = offsets
         self._lock = lock
         self._publish_to_group = publish_to_group
+        self._settled_path = settled
+        self._settled: dict[str, set[int]] = (
+            {group: set(found) for group, found in json.loads(settled.read_text()).items()}
+            if settled.exists() else {})
 
     def _mark(self, group: str) -> int:
         saved = self._offsets.get((ADMIN, dlq_topic(group), 0))
-        return saved if saved is not None else self._store.min_offset(dlq_topic(group), 0)
+        first = self._store.min_offset(dlq_topic(group), 0)
+        return first if saved is None else max(saved, first)
 
     def list(self, group: str, limit: int) -> list[Delivery]:
-        """The dead letters of ``group`` not purged, oldest first (cause in ``x-dlq-cause``)."""
+        """The dead letters of ``group`` neither purged nor replayed, oldest first (cause in
+        ``x-dlq-cause``); ``offset`` names a letter for `settle`."""
+        letters: list[Delivery] = []
         with self._lock:
-            stored = self._store.read(dlq_topic(group), 0, self._mark(group), max_count=limit)
-        return [Delivery("", m.topic, m.queue, m.queue_offset, m.message_id, m.body, m.key, m.tag,
-                         dict(m.headers), m.attempt, m.store_time) for m in stored]
+            at, end = self._mark(group), self._store.max_offset(dlq_topic(group), 0)
+            settled = self._settled.get(group, set())
+            while len(letters) < limit and at < end:
+                stored = self._store.read(dlq_topic(group), 0, at, max_count=limit - len(letters) + len(settled))
+                if not stored:
+                    break
+                letters += [_letter(m) for m in stored if m.queue_offset not in settled]
+                at = stored[-1].queue_offset + 1
+        return letters[:limit]
+
+    def waiting(self, group: str) -> int:
+        """How many dead letters of ``group`` are neither purged nor replayed."""
+        with self._lock:
+            mark = self._mark(group)
+            settled = sum(1 for offset in self._settled.get(group, ()) if offset >= mark)
+            return max(0, self._store.max_offset(dlq_topic(group), 0) - mark - settled)
 
     def purge(self, group: str) -> int:
+        purged = self.waiting(group)
         with self._lock:
-            end = self._store.max_offset(dlq_topic(group), 0)
-            purged = end - self._mark(group)
-            self._offsets.put((ADMIN, dlq_topic(group), 0), end)
-        self._offsets.flush()
+            self._offsets.put((ADMIN, dlq_topic(group), 0), self._store.max_offset(dlq_topic(group), 0))
+        self._save(group)
         return purged
 
     def replay(self, group: str) -> int:
         """Publish every dead letter back to ``group`` only (its original topic named), then purge."""
         replayed = 0
         while letters := self.list(group, 500):
-            by_topic: dict[str, list[OutgoingMessage]] = {}
-            for letter in letters:
-                topic = letter.headers.get(ORIGIN_TOPIC, letter.topic)
-                headers = {k: v for k, v in letter.headers.items() if not k.startswith("x-dlq-")}
-                by_topic.setdefault(topic, []).append(
-                    OutgoingMessage(letter.body, letter.key, letter.tag, headers))
-            for topic, messages in by_topic.items():
-                self._publish_to_group(group, topic, messages)
+            self._send_back(group, letters)
             with self._lock:
                 self._offsets.put((ADMIN, dlq_topic(group), 0), letters[-1].offset + 1)
             replayed += len(letters)
-        self._offsets.flush()
+        self._save(group)
         return replayed
+
+    def settle(self, group: str, offsets: Iterable[int], *, replay: bool) -> int:
+        """Replay (to ``group`` only, as `replay` does) or purge the letters at ``offsets`` of
+        ``%DLQ%<group>``, leaving the others waiting; how many were still waiting."""
+        chosen = sorted(set(offsets))
+        if any(offset < 0 for offset in chosen):
+            raise InvalidRequestError(f"dead letters of {group!r}: offsets must be >= 0, got {chosen}")
+        with self._lock:
+            mark, settled = self._mark(group), self._settled.get(group, set())
+            letters = [m for offset in chosen if offset >= mark and offset not in settled
+                       for m in self._store.read(dlq_topic(group), 0, offset, 1)[:1]
+                       if m.queue_offset == offset]
+        if replay and letters:
+            self._send_back(group, [_letter(m) for m in letters])
+        with self._lock:
+            self._settled.setdefault(group, set()).update(m.queue_offset for m in letters)
+        self._save(group)
+        return len(letters)
+
+    def _send_back(self, group: str, letters: Sequence[Delivery]) -> None:
+        """Publish ``letters`` to ``group`` only, each to its original topic, without x-dlq-*."""
+        by_topic: dict[str, list[OutgoingMessage]] = {}
+        for letter in letters:
+            topic = letter.headers.get(ORIGIN_TOPIC, letter.topic)
+            headers = {k: v for k, v in letter.headers.items() if not k.startswith("x-dlq-")}
+            by_topic.setdefault(topic, []).append(OutgoingMessage(letter.body, letter.key, letter.tag, headers))
+        for topic, messages in by_topic.items():
+            self._publish_to_group(group, topic, messages)
+
+    def _save(self, group: str) -> None:
+        """Move the mark past the settled letters right above it, forget those below it, and
+        write both down (the offset book, then the settled offsets)."""
+        with self._lock:
+            key, mark = (ADMIN, dlq_topic(group), 0), self._mark(group)
+            settled = self._settled.pop(group, set())
+            while mark in settled:
+                mark += 1
+            if self._offsets.get(key) is not None or mark > self._store.min_offset(dlq_topic(group), 0):
+                self._offsets.put(key, mark)
+            if above := {offset for offset in settled if offset > mark}:
+                self._settled[group] = above
+            table = {name: sorted(found) for name, found in sorted(self._settled.items())}
+        self._offsets.flush()
+        if table or self._settled_path.exists():
+            atomic_write(self._settled_path, json.dumps(table).encode())
+
+
+def _letter(m: Any) -> Delivery:
+    return Delivery("", m.topic, m.queue, m.queue_offset, m.message_id, m.body, m.key, m.tag,
+                    dict(m.headers), m.attempt, m.store_time)

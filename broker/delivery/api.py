@@ -118,5 +118,12 @@ class BrokerApi(Protocol):
     def dlq_purge(self, group: str) -> int:
         """Drop ``group``'s dead letters; how many."""
 
+    def dlq_replay_letters(self, group: str, offsets: Sequence[int]) -> int:
+        """The dead letters of ``group`` at ``offsets`` (of ``%DLQ%<group>``) back to the group
+        only; the others stay; how many were waiting."""
+
+    def dlq_purge_letters(self, group: str, offsets: Sequence[int]) -> int:
+        """Drop the dead letters of ``group`` at ``offsets``; the others stay; how many were waiting."""
+
     def close(self) -> None:
         """Flush and release what this handle holds."""

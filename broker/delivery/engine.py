@@ -84,7 +84,7 @@ class Broker:
             self.store, offsets, self.config, clock, strategy or STRATEGIES[self.config.allocation],
             self.publishing.queues, wakes, acks, acked_before)
         self.dead_letter_queues = admin.DeadLetters(self.store, offsets, self.consuming.lock,
-                                                    self.publish_to_group)
+                                                    self.publish_to_group, state / "dlq-settled.json")
         self.positions = reading.Positions(self.store, self.publishing.queues, offsets, self.consuming.lock,
                                            self.consuming.has_members, self.consuming.save_offsets)
         self.store.set_retention_guard(self.consuming.needed)
@@ -201,6 +201,13 @@ class Broker:
 
     def dlq_purge(self, group: str) -> int:
         return self.dead_letter_queues.purge(group)
+
+    def dlq_replay_letters(self, group: str, offsets: Sequence[int]) -> int:
+        """The dead letters of ``group`` at ``offsets`` back to the group only; the others stay."""
+        return self.dead_letter_queues.settle(group, offsets, replay=True)
+
+    def dlq_purge_letters(self, group: str, offsets: Sequence[int]) -> int:
+        return self.dead_letter_queues.settle(group, offsets, replay=False)
 
     # -- reading by position (see `reading`) -------------------------------------
 

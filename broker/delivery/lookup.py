@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.delivery.admin import ADMIN
+from broker.delivery.admin import ADMIN, DeadLetters
 from broker.delivery.group import dlq_topic
 from broker.delivery.values import Delivery
 from broker.errors import BrokerError
@@ -39,6 +39,9 @@ def by_id(api: Any, message_id: str) -> Delivery | None:
 
 def dlq_waiting(api: Any, group: str) -> int:
     """How many dead letters of ``group`` are neither replayed nor purged."""
+    dead_letters = getattr(getattr(api, "engine", api), "dead_letter_queues", None)
+    if isinstance(dead_letters, DeadLetters):  # the engine is here: it knows the letters settled one by one
+        return dead_letters.waiting(group)
     topic = dlq_topic(group)
     if not any(t.name == topic for t in api.topics()):
         return 0

@@ -260,6 +260,13 @@ OPERATIONS: dict[str, Operation] = _table([
                   "queue; how many."),
     Operation("dlq_purge", (GROUP,), Field("purged", INT), Access(dead_letters="group"),
               doc="Drop ``group``'s dead letters; how many."),
+    Operation("dlq_replay_letters", (GROUP, Field("offsets", INTS)), Field("replayed", INT),
+              Access(dead_letters="group"), waits=True,
+              doc="The dead letters of ``group`` at ``offsets`` (of ``%DLQ%<group>``) back to the group "
+                  "only; the others stay; how many were waiting."),
+    Operation("dlq_purge_letters", (GROUP, Field("offsets", INTS)), Field("purged", INT),
+              Access(dead_letters="group"),
+              doc="Drop the dead letters of ``group`` at ``offsets``; the others stay; how many were waiting."),
     Operation("lookup_key", (TOPIC, Field("key", STR), Field("begin", NUMBER, 0.0),
                              Field("end", NUMBER, 2.0**40), Field("limit", INT, 64, 1)),
               Field("messages", DELIVERIES), Access(consume=("topic",)), engine=lookup.by_key,

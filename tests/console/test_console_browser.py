@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from backends.types import DeadLetter, Failure, Message
+from broker.delivery.values import OutgoingMessage
 from tests.console.deployment import PASSWORDS, Deployment, start
 from tests.waiting import wait_until
 
@@ -129,3 +130,56 @@ def test_ten_thousand_dead_letters_open_paged(browser, deployment) -> None:  # t
     assert page.locator("#letters tbody tr").count() == 50
     page.screenshot(path=str(SHOTS / "letters.png"))
     print(f"\n{before + 10_000:,} dead letters: first page {first * 1000:.0f} ms, next page {second * 1000:.0f} ms")
+
+
+def test_one_of_two_broker_dead_letters_is_replayed_to_its_group_and_the_other_stays(browser, deployment) -> None:  # type: ignore[no-untyped-def]
+    """The broker's ``%DLQ%ledger`` (a program on the broker directly): choose one letter, replay
+    it; it reaches group ``ledger`` only (``ledger-audit`` reads the topic too), the other stays."""
+    api = deployment.app.transport.api
+    api.publish("ledger", [OutgoingMessage(b'{"entry": "l-1"}'), OutgoingMessage(b'{"entry": "l-2"}')])
+    audit = api.join("ledger-audit", ["ledger"])
+    api.ack(audit, [d.receipt for d in fetch(api, audit, 2)])
+    api.leave(audit)
+    member = api.join("ledger", ["ledger"])
+    api.dead_letter(member, [d.receipt for d in fetch(api, member, 2)], "no such account")
+    api.leave(member)
+
+    ops = session(browser, deployment, "ops")
+    ops.goto(f"{deployment.url}/groups/ledger/letters?source=broker")
+    assert "2 dead letter(s)" in ops.inner_text("#letter-total")
+    first = ops.locator("#letters tbody tr", has_text="l-1")
+    assert "no such account" in first.inner_text()
+    first.locator("input[type=checkbox]").check()
+    ops.click("#replay")
+    assert "replay: 1 dead letter(s) of group ledger" in ops.inner_text("#done")
+
+    ops.goto(f"{deployment.url}/groups/ledger/letters?source=broker")
+    assert "1 dead letter(s)" in ops.inner_text("#letter-total")
+    assert "l-2" in ops.inner_text("#letters") and "l-1" not in ops.inner_text("#letters")
+    member = api.join("ledger", ["ledger"])
+    assert [d.body for d in fetch(api, member, 1)] == [b'{"entry": "l-1"}']
+    api.ack(member, [])
+    api.leave(member)
+    audit = api.join("ledger-audit", ["ledger"])
+    assert api.fetch(audit, 10, 0.5) == []  # the replay went to the failing group only
+    api.leave(audit)
+
+    alice = session(browser, deployment, "alice")  # no right on group ledger
+    token = alice.locator("input[name=csrf]").first.get_attribute("value")
+    refused = alice.request.post(f"{deployment.url}/groups/ledger/purge",
+                                 form={"csrf": token or "", "source": "broker", "id": "1"})
+    assert refused.status == 403
+    ops.locator("#letters tbody tr", has_text="l-2").locator("input[type=checkbox]").check()
+    ops.click("#purge")
+    assert "purge: 1 dead letter(s) of group ledger" in ops.inner_text("#done")
+    ops.goto(f"{deployment.url}/groups/ledger/letters?source=broker")
+    assert "0 dead letter(s)" in ops.inner_text("#letter-total")
+
+
+def fetch(api, member: str, count: int) -> list:  # type: ignore[no-untyped-def,type-arg]
+    got: list = []  # type: ignore[type-arg]
+    while len(got) < count:
+        batch = api.fetch(member, count - len(got), 5.0)
+        assert batch, f"expected {count} messages, got {len(got)}"
+        got += batch
+    return got

@@ -100,3 +100,23 @@ def test_the_same_commands_on_an_embedded_directory(tmp_path: Path) -> None:
 def test_message_lookup_needs_an_id_or_a_key(server) -> None:
     result = CliRunner().invoke(cli, ["broker", "message", "t", "--url", server.url])
     assert result.exit_code != 0 and "either --id" in result.output
+
+
+def test_dlq_replay_and_purge_of_chosen_letters_on_a_server(server, unique) -> None:
+    client = Client(server.url)
+    group = f"{unique}-g"
+    dead_letters(client, unique, group, 3)
+    listed = broker("dlq", "list", group, "--url", server.url)
+    chosen = listed[1]
+    assert broker("dlq", "replay", group, "--offset", str(chosen["offset"]), "--url", server.url) == [
+        {"group": group, "replayed": 1}]
+    left = broker("dlq", "list", group, "--url", server.url)
+    assert [row["message_id"] for row in left] == [listed[0]["message_id"], listed[2]["message_id"]]
+    member = client.join(group, [unique])
+    (back,) = client.fetch(member, 10, 2.0)
+    assert back.body == chosen["body"].encode()
+    assert broker("dlq", "purge", group, "--yes", "--offset", str(listed[0]["offset"]),
+                  "--url", server.url) == [{"group": group, "purged": 1}]
+    assert [row["message_id"] for row in broker("dlq", "list", group, "--url", server.url)] == [
+        listed[2]["message_id"]]
+    client.close()
