@@ -182,6 +182,9 @@ class App:
         """
         bodies = list(bodies)
         ids = list(message_ids or [None] * len(bodies))
+        doing = f"publish to {topic!r}"
+        # open the backends first, so that every middleware's on_open ran before its before_publish
+        through_outages(lambda: self.runtime, self.clock, self.settings.transport.publish_timeout, doing)
         with self.middleware.publishing(topic, headers, len(bodies)) as sent_headers:
             all_headers = {CONTENT_TYPE: content_type, **sent_headers}
             outgoing = [
@@ -193,7 +196,7 @@ class App:
                 self._declare_groups(topic)
                 self.runtime.transport.publish(topic, outgoing)
 
-            through_outages(send, self.clock, self.settings.transport.publish_timeout, f"publish to {topic!r}")
+            through_outages(send, self.clock, self.settings.transport.publish_timeout, doing)
 
     def relay(self) -> Relay:
         """A relay of this app's outbox to its transport (`reliable.outbox`)."""

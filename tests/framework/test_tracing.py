@@ -83,6 +83,8 @@ def test_the_consumer_span_is_the_child_of_the_producer_span(transport, request,
         assert attributes["messaging.consumer.group.name"] == group
         assert attributes["messaging.message.id"]
     assert {p.attributes["messaging.operation.type"] for p in producers} == {"send"}
+    expected = "reliable" if transport == "reliable" else "redis"  # the first publish too: it opened the app
+    assert {p.attributes["messaging.system"] for p in producers} == {expected}
     outcomes = {c.attributes["reliable.token"]: c for c in consumers}
     assert outcomes["good"].attributes["reliable.outcome"] == "processed"
     assert outcomes["good"].status.status_code is StatusCode.UNSET
