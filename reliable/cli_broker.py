@@ -37,7 +37,11 @@ def broker() -> None:
 @click.option("--data-dir", help="the store's directory (default: [broker] data_dir)")
 @click.option("--host", help="address to bind (default 127.0.0.1)")
 @click.option("--port", type=int, help="native protocol port (default 7600)")
-def serve(settings_path: str | None, data_dir: str | None, host: str | None, port: int | None) -> None:
+@click.option("--metrics", "metrics", multiple=True, metavar="URL",
+              help="a worker's /metrics URL (`reliable run --metrics-port`), for the console's "
+                   "handlers' counters (repeatable; needs [broker] console_port)")
+def serve(settings_path: str | None, data_dir: str | None, host: str | None, port: int | None,
+          metrics: tuple[str, ...]) -> None:
     """Serve the broker over TCP until SIGTERM / Ctrl-C (graceful: offsets and checkpoint written)."""
     from broker.server.run import run, settings_table
 
@@ -46,10 +50,14 @@ def serve(settings_path: str | None, data_dir: str | None, host: str | None, por
     framework: dict[str, Any] = {}
     if table.get("console_port", False) is not False:  # the console shows the framework's side too
         from reliable.app import App
-        from reliable.console import OutboxBacklog, StoreLetters
+        from reliable.console import OutboxBacklog, StoreLetters, WorkerCounters
 
         app = App(Settings.load(settings_path))
-        framework = {"letters": StoreLetters(app), "backlog": OutboxBacklog(app)}
+        framework = {"letters": StoreLetters(app), "backlog": OutboxBacklog(app),
+                     "counters": WorkerCounters(metrics) if metrics else None}
+    elif metrics:
+        raise click.BadParameter("the handlers' counters are shown by the console: set [broker] "
+                                 "console_port in the settings file", param_hint="--metrics")
     run(table, data_dir=data_dir, host=host, port=port, **framework)
 
 

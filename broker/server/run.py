@@ -30,7 +30,7 @@ from broker.store import StoreConfig
 
 if TYPE_CHECKING:  # the console's web libraries are an optional extra
     from broker.console.serving import ConsoleServer
-    from broker.console.sources import Backlog, LetterBook
+    from broker.console.sources import Backlog, Counters, LetterBook
 
 log = structlog.get_logger("broker.server")
 DEFAULT_DATA_DIR = ".reliable/broker-server"
@@ -48,9 +48,9 @@ def settings_table(path: str | None) -> dict[str, Any]:
 
 def run(table: dict[str, Any], *, data_dir: str | None = None, host: str | None = None,
         port: int | None = None, stomp_port: int | None = None, letters: LetterBook | None = None,
-        backlog: Backlog | None = None) -> None:
-    """Serve until SIGTERM / SIGINT; ``letters`` and ``backlog``: the framework's dead letters and
-    outbox, for the console."""
+        backlog: Backlog | None = None, counters: Counters | None = None) -> None:
+    """Serve until SIGTERM / SIGINT; ``letters``, ``backlog`` and ``counters``: the framework's dead
+    letters, outbox and handlers' counters, for the console."""
     given = {"host": host, "port": port, "stomp_port": stomp_port}
     config = ServerConfig.from_mapping({**table, **{k: v for k, v in given.items() if v is not None}})
     directory = data_dir or table.get("data_dir", DEFAULT_DATA_DIR)
@@ -60,7 +60,7 @@ def run(table: dict[str, Any], *, data_dir: str | None = None, host: str | None 
     engine = Engine(broker)
     tune_garbage_collector()
     log.info("broker.serving", data_dir=str(directory), host=config.host, port=config.port)
-    console = _console(config, broker, letters, backlog)
+    console = _console(config, broker, letters, backlog, counters)
     try:
         asyncio.run(serve(engine, config))
     finally:
@@ -71,14 +71,15 @@ def run(table: dict[str, Any], *, data_dir: str | None = None, host: str | None 
 
 
 def _console(config: ServerConfig, broker: Broker, letters: LetterBook | None,
-             backlog: Backlog | None) -> ConsoleServer | None:
+             backlog: Backlog | None, counters: Counters | None) -> ConsoleServer | None:
     """The web console over this engine, when ``console_port`` is set (extra ``reliable[console]``)."""
     if config.console is None:
         return None
     from broker.console.serving import start_console
     from broker.console.sources import EngineView
 
-    return start_console(config.console, config.authenticator(), EngineView(broker), letters, backlog)
+    return start_console(config.console, config.authenticator(), EngineView(broker), letters, backlog,
+                         counters)
 
 
 GC_THRESHOLDS = (50_000, 50, 100)

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from broker.client import Client
 from broker.delivery.values import OutgoingMessage
 from broker.server.auth import hash_password
-from tests.broker.server.serving import ServerProcess
+from tests.broker.server.serving import ROOT, ServerProcess
 from tests.console.http import Visitor
 from tests.waiting import wait_until
 
 CONSOLE = re.compile(r"console\.serving\W+url=(http://127\.0\.0\.1:\d+)")
+CONSOLE_JSON = re.compile(r'"url": "(http://127\.0\.0\.1:\d+)", "event": "console\.serving"')  # not a terminal
 
 
 def test_the_broker_server_serves_the_console_to_its_own_users(tmp_path: Path) -> None:
@@ -43,3 +48,54 @@ def test_the_broker_server_serves_the_console_to_its_own_users(tmp_path: Path) -
 
 def _console_url(log: Path) -> str:
     return str(wait_until(lambda: CONSOLE.findall(log.read_text()), "the console's address in the log")[-1])
+
+
+def test_the_broker_servers_console_shows_the_handlers_counters_from_metrics(tmp_path: Path) -> None:
+    """`reliable broker serve --metrics URL`: the Handlers page of the server's console reads a
+    worker's /metrics (here this process's, where the handlers ran), as `reliable console` does."""
+    from prometheus_client import start_http_server
+
+    from tests.console.deployment import start
+
+    deployment = start(tmp_path / "worker")
+    deployment.blocked.add("p-9")
+    deployment.app.publish("payments", {"payment": "p-9"})
+    deployment.app.run(until_idle=True)
+    deployment.console.stop()
+    metrics, thread = start_http_server(0, addr="127.0.0.1")
+    settings = tmp_path / "reliable.toml"
+    settings.write_text(
+        f'[store]\nurl = "sqlite:///{tmp_path / "store.db"}"\n'
+        f'[broker]\ndata_dir = "{tmp_path / "data"}"\nstomp_port = false\nconsole_port = 0\n'
+        f'[broker.users.ops]\npassword_hash = "{hash_password("ops-pw")}"\nadmin = true\n')
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "reliable.cli", "broker", "serve", "--settings", str(settings), "--port", "0",
+             "--metrics", f"http://127.0.0.1:{metrics.server_port}/metrics"],
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        ops = Visitor(wait_until(lambda: CONSOLE_JSON.findall(log.read_text()), "the console's address")[-1])
+        assert ops.log_in("ops", "ops-pw") == 303
+        status, page = ops.get("/handlers")
+        assert status == 200, page
+        assert "<td>charge</td>" in page and "dead_lettered" in page
+        assert 'href="/handlers"' in ops.get("/topics")[1]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0
+        metrics.shutdown()
+        thread.join()
+        deployment.app.close()
+
+
+def test_metrics_without_a_console_is_refused(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from reliable.cli import cli
+
+    settings = tmp_path / "reliable.toml"
+    settings.write_text("[broker]\nport = 0\n")
+    result = CliRunner().invoke(cli, ["broker", "serve", "--settings", str(settings), "--port", "0",
+                                      "--metrics", "http://127.0.0.1:9/metrics"])
+    assert result.exit_code == 2 and "console_port" in result.output
