@@ -42,6 +42,18 @@ def test_the_broker_server_serves_the_console_to_its_own_users(tmp_path: Path) -
         assert "orders" in topics and "payments" in topics
         topics = orders.get("/topics")[1]
         assert "orders" in topics and "payments" not in topics
+        client = Client(server.url, user="ops", password="ops-pw")
+        sizes = {t.name: t.bytes for t in client.topics()}  # the bytes kept, over the wire
+        client.close()
+        assert sizes["orders"] > 0 and f"{sizes['orders']} B" in ops.get("/topics")[1]
+    finally:
+        assert server.stop() == 0
+    server.log.unlink()  # the restarted server's port is read from a fresh log
+    server = ServerProcess(tmp_path / "data", "--settings", str(settings)).start()
+    try:
+        client = Client(server.url, user="ops", password="ops-pw")
+        assert {t.name: t.bytes for t in client.topics()} == sizes  # recovered on restart
+        client.close()
     finally:
         assert server.stop() == 0
 
