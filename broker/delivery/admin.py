@@ -133,10 +133,15 @@ class DeadLetters:
             letters = [m for offset in chosen if offset >= mark and offset not in settled
                        for m in self._store.read(dlq_topic(group), 0, offset, 1)[:1]
                        if m.queue_offset == offset]
-        if replay and letters:
-            self._send_back(group, [_letter(m) for m in letters])
-        with self._lock:
-            self._settled.setdefault(group, set()).update(m.queue_offset for m in letters)
+            taken = {m.queue_offset for m in letters}  # taken now: a concurrent call skips them
+            self._settled.setdefault(group, set()).update(taken)
+        try:
+            if replay and letters:
+                self._send_back(group, [_letter(m) for m in letters])
+        except BaseException:
+            with self._lock:
+                self._settled.get(group, set()).difference_update(taken)
+            raise
         self._save(group)
         return len(letters)
 
