@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from broker.delivery import lookup
 from broker.protocol.access import Access, Rights, may_see_topic
 from broker.protocol.errors import MalformedFrameError
 from broker.protocol.kinds import (
@@ -169,6 +168,17 @@ def _stats(api: Any) -> dict[str, float]:
             "groups": len(groups), "members": sum(g.members for g in groups)}
 
 
+def _lookup(name: str) -> Callable[..., Any]:
+    """`broker.delivery.lookup`'s ``name``, imported at its first call: only the process that
+    runs the engine calls it, so a client (a Spark reader) does not import the store with the table."""
+
+    def call(api: Any, **args: Any) -> Any:
+        from broker.delivery import lookup
+
+        return getattr(lookup, name)(api, **args)
+    return call
+
+
 def _publish(api: Any, topic: str, messages: Any, batch: str = "") -> Any:
     """A publish run on the engine (a local call through the owner of an embedded directory):
     its messages name themselves by id. A batch id is the network protocol's, which the server
@@ -254,7 +264,7 @@ OPERATIONS: dict[str, Operation] = _table([
               Access(dead_letters="group"),
               doc="The first ``limit`` messages of ``group``'s dead-letter queue."),
     Operation("dlq_waiting", (GROUP,), Field("waiting", INT), Access(dead_letters="group"),
-              engine=lookup.dlq_waiting, doc="How many messages ``group``'s dead-letter queue holds."),
+              engine=_lookup("dlq_waiting"), doc="How many messages ``group``'s dead-letter queue holds."),
     Operation("dlq_replay", (GROUP,), Field("replayed", INT), Access(dead_letters="group"), waits=True,
               doc="Every dead letter of ``group`` back to the group only, emptying its dead-letter "
                   "queue; how many."),
@@ -269,10 +279,10 @@ OPERATIONS: dict[str, Operation] = _table([
               doc="Drop the dead letters of ``group`` at ``offsets``; the others stay; how many were waiting."),
     Operation("lookup_key", (TOPIC, Field("key", STR), Field("begin", NUMBER, 0.0),
                              Field("end", NUMBER, 2.0**40), Field("limit", INT, 64, 1)),
-              Field("messages", DELIVERIES), Access(consume=("topic",)), engine=lookup.by_key,
+              Field("messages", DELIVERIES), Access(consume=("topic",)), engine=_lookup("by_key"),
               doc="Messages of ``topic`` with ``key`` stored between ``begin`` and ``end`` (epoch seconds)."),
     Operation("lookup_id", (Field("message_id", STR),), Field("messages", FOUND),
-              Access(anyone=True, shows=_shows_found), engine=lookup.by_id,
+              Access(anyone=True, shows=_shows_found), engine=_lookup("by_id"),
               doc="The message named ``message_id``, or None."),
     Operation("stats", (), Field("stats", ANY), Access(anyone=True, shows=lambda r, s: True),
               engine=_stats, doc="Topics, messages, groups and members the engine holds."),

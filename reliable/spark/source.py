@@ -38,6 +38,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from backends.errors import ConfigurationError
+from broker.local_client import connect_local
 from reliable.spark.arrow import SCHEMA, record_batch
 
 FIRST_READ, MAX_READ = 1000, 10_000  # messages per broker read (one Arrow batch for Spark)
@@ -45,16 +46,25 @@ READ_BYTES = 2 * 1024 * 1024  # a read's bodies, about: well below the 8 MiB fra
 
 
 def open_api(url: str) -> Any:
-    """The `BrokerApi` at ``url``: ``reliable://host:port`` or ``embedded://DIR``."""
+    """The `BrokerApi` at ``url``: ``reliable://host:port`` or ``embedded://DIR``.
+
+    Spark runs this in a fresh Python process at every query's start (the offsets), and in its
+    workers: an embedded directory with an owner is read through the owner's socket alone
+    (`broker.local_client`), without importing the engine and the store."""
     scheme, _, rest = url.partition("://")
     if scheme == "reliable":
         from broker.client import Client
 
         return Client(url)
     if scheme == "embedded":
+        directory = rest.partition("?")[0]
+        served = connect_local(directory)  # its owner's socket: the engine is not imported here
+        if served is not None:
+            return served
+        # nobody serves it yet: own it, or wait for an owner that is starting
         from broker.embedded import open_embedded
 
-        return open_embedded(rest.partition("?")[0])
+        return open_embedded(directory)
     raise ConfigurationError(f"reliable source: url {url!r} is not reliable://host:port or embedded://DIR")
 
 
