@@ -26,9 +26,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -39,7 +38,13 @@ from pyspark.sql.streaming.datasource import (
 
 from backends.errors import ConfigurationError
 from broker.local_client import connect_local
-from reliable.spark.arrow import SCHEMA, record_batch
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# `reliable.spark.arrow` (pyarrow, its compute functions, numpy) is imported where it is used:
+# Spark's fresh process for a query's offsets, which runs the driver's half of the reader,
+# never builds a batch.
 
 FIRST_READ, MAX_READ = 1000, 10_000  # messages per broker read (one Arrow batch for Spark)
 READ_BYTES = 2 * 1024 * 1024  # a read's bodies, about: well below the 8 MiB frame of the protocol
@@ -88,6 +93,8 @@ class ReliableSource(DataSource):  # type: ignore[misc]
         return "reliable"
 
     def schema(self) -> str:
+        from reliable.spark.arrow import SCHEMA
+
         return SCHEMA
 
     def streamReader(self, schema: Any) -> ReliableStreamReader:
@@ -161,6 +168,8 @@ class ReliableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         Each read asks for as many messages as make about `READ_BYTES` of bodies at the size
         of the last read's: few round trips to the broker for small messages, small replies
         for large ones."""
+        from reliable.spark.arrow import record_batch
+
         assert isinstance(partition, QueueRange)
         api = open_api(partition.url)  # on an executor: a client of the broker
         try:
