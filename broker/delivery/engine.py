@@ -11,9 +11,10 @@ their queues; leases that end put messages back.
 
 `Broker` is the `BrokerApi` over components that own their state, each with
 its own lock, talking through methods: `publishing.Publishing` (the topic
-table, the de-duplication window, the appends), `consume.Consuming` (groups,
-members, leases and receipts, prefetch windows, the group offsets),
-`admin.DeadLetters` (the dead-letter queues and their purge marks) and
+table, the de-duplication window, the appends), `consume.Consuming` (fetch
+with long polling under the consuming lock, over `membership.Membership`:
+groups, members, cursors, the group offsets; and `leases.Leases`: receipts,
+prefetch windows, the ends of a delivery), `admin.DeadLetters` (the dead-letter queues and their purge marks) and
 `reading.Positions` (reads by position and a stream processor's offsets); the
 last two are handed the consuming lock, which guards the offset book they
 share. A component never holds its lock while it calls one that may call back

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import broker.delivery.consume as consume_module
+import broker.delivery.membership as membership_module
 from broker.delivery.config import DeliveryConfig
 from broker.delivery.engine import Broker
 from broker.delivery.values import OutgoingMessage
@@ -66,14 +66,14 @@ def test_a_torn_last_line_is_ignored(tmp_path):
 def test_a_seek_back_forgets_the_acks_before_it(tmp_path):
     broker = _ack_some(tmp_path)
     broker.leave(broker.join("g", ["t"]))  # a second member: the first one keeps the only queue
-    (first,) = broker.consuming.group_table["g"].members
+    (first,) = broker.consuming.membership.group_table["g"].members
     broker.commit(first, {("t", 0): 0})
     broker.abandon()
     assert _after_restart(tmp_path) == list(range(10))
 
 
 def test_compaction_keeps_the_acks_above_the_committed_offset(tmp_path, monkeypatch):
-    monkeypatch.setattr(consume_module, "COMPACT_BYTES", 0)
+    monkeypatch.setattr(membership_module, "COMPACT_BYTES", 0)
     broker = _ack_some(tmp_path)
     broker.save_offsets()
     lines = (tmp_path / "delivery" / "acks.journal").read_bytes().splitlines()
@@ -85,7 +85,7 @@ def test_compaction_keeps_the_acks_above_the_committed_offset(tmp_path, monkeypa
 @pytest.mark.parametrize("flush", ["async"])
 def test_async_keeps_no_journal(tmp_path, flush):
     broker = Broker(tmp_path, store_config=StoreConfig(flush=flush))
-    assert broker.consuming.acks is None
+    assert broker.consuming.membership.acks is None
     broker.close()
     assert not (tmp_path / "delivery" / "acks.journal").exists()
 
@@ -101,7 +101,7 @@ def test_acks_ride_the_appends_group_commit_and_fail_alone(tmp_path):
         threads = {thread.name for thread in threading.enumerate()}
         assert "store-committer" in threads and "broker-ack-journal" not in threads
         read_only = os.open(tmp_path / "delivery" / "acks.journal", os.O_RDONLY)
-        os.dup2(read_only, broker.consuming.acks._fd)  # a real OSError (EBADF) at the journal's next write
+        os.dup2(read_only, broker.consuming.membership.acks._fd)  # a real OSError (EBADF) at the journal's next write
         os.close(read_only)
         with pytest.raises(OSError):
             broker.ack(member, [delivery.receipt])

@@ -13,7 +13,7 @@ from tests.broker.delivery.conftest import Open, drain, messages
 
 def held_members(broker: Broker) -> dict[tuple[str, int], set[str]]:
     return {key: cursor.holders()
-            for group in broker.consuming.group_table.values() for key, cursor in group.cursors.items()}
+            for group in broker.consuming.membership.group_table.values() for key, cursor in group.cursors.items()}
 
 
 def test_keyed_messages_keep_one_queue_in_order_and_a_resent_id_is_dropped(broker: Broker) -> None:

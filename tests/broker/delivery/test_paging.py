@@ -37,7 +37,7 @@ def test_connect_take_a_few_disconnect_loses_nothing(open_broker: Open) -> None:
         broker.leave(member)
         for delivery in deliveries:
             received[delivery.message_id] = received.get(delivery.message_id, 0) + 1
-        held = sum(len(c.held) + len(c.ready) for g in broker.consuming.group_table.values() for c in g.all_cursors())
+        held = sum(len(c.held) + len(c.ready) for g in broker.consuming.membership.group_table.values() for c in g.all_cursors())
         assert held <= 64  # never more than one window out of the store
     assert set(received) == {f"m{n}" for n in range(COUNT)}
     twice = {message_id for message_id, times in received.items() if times > 1}

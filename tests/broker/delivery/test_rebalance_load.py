@@ -53,7 +53,7 @@ def test_members_joining_and_leaving_under_load(open_broker: Open) -> None:
     def watch() -> None:
         while not done.is_set():
             with broker.consuming.lock:
-                for group in broker.consuming.group_table.values():
+                for group in broker.consuming.membership.group_table.values():
                     for key, cursor in group.cursors.items():
                         holders = cursor.holders()
                         if len(holders) > 1:

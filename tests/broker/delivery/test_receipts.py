@@ -24,9 +24,9 @@ from tests.broker.delivery.conftest import Open, messages
 
 def held(broker: Broker) -> dict[str, Delivery]:
     """What the cursors hold, by receipt (checked against the broker's receipt table)."""
-    cursors = [c for g in broker.consuming.group_table.values() for c in g.all_cursors()]
+    cursors = [c for g in broker.consuming.membership.group_table.values() for c in g.all_cursors()]
     found = {d.receipt: d for c in cursors for d in map(c.delivery, c.held)}
-    assert {r: lease.cursor.delivery(lease.offsets[r]) for r, lease in broker.consuming.receipts.items()} == found
+    assert {r: lease.cursor.delivery(lease.offsets[r]) for r, lease in broker.consuming.leases.receipts.items()} == found
     assert {(r, o) for c in cursors for lease in c.leases for r, o in lease.offsets.items()} == {
         (d.receipt, d.offset) for d in found.values()}
     return found
@@ -62,17 +62,17 @@ def test_acks_in_any_order_and_in_parts_finish_exactly_what_they_name(open_broke
     rng = random.Random(7)
     done: set[str] = set()
     while out := broker.fetch(member, 40, 0):
-        assert len(held(broker)) == len(out) and broker.consuming.held_count[member] == len(out)
+        assert len(held(broker)) == len(out) and broker.consuming.leases.held(member) == len(out)
         receipts = [d.receipt for d in out]
         rng.shuffle(receipts)
         first, rest = receipts[: len(receipts) // 3], receipts[len(receipts) // 3 :]
         broker.ack(member, first + first[:2] + ["1:0:9", "junk"])  # repeats and strangers ignored
-        assert set(held(broker)) == set(rest) and broker.consuming.held_count[member] == len(rest)
+        assert set(held(broker)) == set(rest) and broker.consuming.leases.held(member) == len(rest)
         broker.ack(member, rest)
         done |= {d.message_id for d in out}
-        assert held(broker) == {} and broker.consuming.held_count[member] == 0
+        assert held(broker) == {} and broker.consuming.leases.held(member) == 0
     assert done == {f"m{n}" for n in range(90)} and broker.pending("g", ["orders"]) == 0
-    assert [c.done for c in broker.consuming.group_table["g"].cursors.values()] == [set()] * 4
+    assert [c.done for c in broker.consuming.membership.group_table["g"].cursors.values()] == [set()] * 4
 
 
 def test_delivered_and_extend_of_part_of_a_fetch(open_broker: Open, clock: FakeClock) -> None:
@@ -81,7 +81,7 @@ def test_delivered_and_extend_of_part_of_a_fetch(open_broker: Open, clock: FakeC
     member = broker.join("g", ["orders"])
     out = broker.fetch(member, 6, 0)
     broker.delivered(member, [out[0].receipt, out[1].receipt, out[1].receipt])
-    assert broker.consuming.held_count[member] == 4
+    assert broker.consuming.leases.held(member) == 4
     assert [d.message_id for d in broker.fetch(member, 6, 0)] == ["m6", "m7"]
     clock.advance(6)
     broker.extend(member, [out[0].receipt, out[2].receipt])
@@ -90,7 +90,7 @@ def test_delivered_and_extend_of_part_of_a_fetch(open_broker: Open, clock: FakeC
     assert [d.message_id for d in again] == ["m1", "m3", "m4", "m5", "m6"]
     assert {d.message_id for d in held(broker).values()} == {"m0", "m2", *(d.message_id for d in again)}
     broker.ack(member, [out[0].receipt, out[2].receipt] + [d.receipt for d in again])
-    assert held(broker) == {} and broker.consuming.held_count[member] == 0
+    assert held(broker) == {} and broker.consuming.leases.held(member) == 0
     assert [d.message_id for d in broker.fetch(member, 10, 0)] == ["m7", "m8", "m9"]
 
 
@@ -104,7 +104,7 @@ def test_a_leaving_member_and_a_seek_take_their_receipts_along(broker: Broker) -
     assert set(held(broker)) == {d.receipt for d in second}
     broker.ack(two, [d.receipt for d in first])  # receipts of a member gone: stale
     broker.commit(two, {key: 0 for key in broker.assignment(two)})
-    assert held(broker) == {} and broker.consuming.held_count[two] == 0
+    assert held(broker) == {} and broker.consuming.leases.held(two) == 0
 
 
 def test_a_receipt_of_an_earlier_broker_on_the_same_store_acks_nothing(open_broker: Open, tmp_path) -> None:

@@ -120,7 +120,7 @@ def restart(world: World, torn: bool = False) -> None:
 
 
 def check_no_queue_held_twice(broker: Broker) -> None:
-    for group in broker.consuming.group_table.values():
+    for group in broker.consuming.membership.group_table.values():
         for key, cursor in group.cursors.items():
             holders = cursor.holders()
             assert len(holders) <= 1, f"{key} held by {holders}"

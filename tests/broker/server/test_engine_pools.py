@@ -162,7 +162,7 @@ def test_a_waiting_fetch_cancelled_after_it_took_a_message_gives_it_back_unmarke
         long_poll = asyncio.create_task(engine.fetch(member, 10, LONG_POLL))
         await asyncio.sleep(0)  # the fetch finds nothing and waits on its thread
         broker.publish("quiet", [OutgoingMessage(b"leased")])
-        wait_until(lambda: broker.consuming.held_count[member] == 1, "the waiting fetch to lease the message")
+        wait_until(lambda: broker.consuming.leases.held(member) == 1, "the waiting fetch to lease the message")
         long_poll.cancel()  # before the loop hands the fetch its result: the message was never sent
         with pytest.raises(asyncio.CancelledError):
             await long_poll
