@@ -4,7 +4,7 @@ One writer lock serialises writes (write, dispatch to the consume queues and
 the key index); readers never take it. Under `sync`, a committer thread
 encodes and writes every waiting producer's records as one batch (group
 commit); a flusher thread fsyncs the log, a maintenance thread writes
-checkpoints and runs retention.
+checkpoints and runs retention (`maintenance.Maintenance`).
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Self
 
 import structlog
 
 from broker.errors import (
-    BrokerError,
     DiskFullError,
     InvalidRequestError,
     StoreClosedError,
@@ -28,10 +27,10 @@ from broker.errors import (
 from broker.store import checkpoint, retention
 from broker.store.commitlog import CommitLog
 from broker.store.config import FlushPolicy, StoreConfig
-from broker.store.files import flush_mapped
 from broker.store.flush import Flusher
 from broker.store.groupcommit import GroupCommit, Journal
 from broker.store.keyindex import KeyIndex, id_hash, key_hash, offset_in_id
+from broker.store.maintenance import Maintenance, RetentionGuard
 from broker.store.prepare import Prepared, prepare
 from broker.store.queues import QueueTable
 from broker.store.reader import lookup, read_frame_at, read_on, read_span
@@ -51,9 +50,6 @@ from broker.store.writer import BatchWriter
 
 log = structlog.get_logger("broker.store")
 
-RetentionGuard = Callable[[], Mapping[tuple[str, int], int]]
-"""Returns, per (topic, queue), the lowest queue offset any consumer group still needs."""
-
 FOREVER_MS = 1 << 62
 
 
@@ -68,7 +64,6 @@ class MessageStore:
         self._writer = threading.Lock()
         self._closed = False
         self._failure: BaseException | None = None
-        self._guard: RetentionGuard | None = None
         self._instance = os.urandom(4).hex().encode()
         try:
             self.recovery = self._open()
@@ -85,13 +80,7 @@ class MessageStore:
         if self.config.flush is FlushPolicy.SYNC:
             self._group = GroupCommit(self._check_disk, self._commit, self._flusher.sync,
                                       self.config.max_record_size, self.config.group_commit_wait)
-        self._stop = threading.Event()
-        self._retention_due = threading.Event()
-        self._maintenance: threading.Thread | None = None
-        if self.config.checkpoint_interval:
-            self._maintenance = threading.Thread(target=self._maintain, name="store-maintenance",
-                                                 daemon=True)
-            self._maintenance.start()
+        self._maintenance.start()
 
     def _open(self) -> RecoveryReport:
         marker = checkpoint.crash_marker(self.path)
@@ -103,8 +92,9 @@ class MessageStore:
                                self.config.index_entries)
         report = recover(self._log, self._queues, self._index, saved, marker, self.config)
         self._queues.settle(self._log.min_offset, saved.queues if saved else {}, saved.kept if saved else {})
-        self._checkpointed = self._log.min_offset - 1  # the first checkpoint fsyncs every segment
-        self._write_checkpoint()
+        self._maintenance = Maintenance(self.path, self.config, self._log, self._queues, self._index,
+                                        self._writer)
+        self._maintenance.checkpoint()
         checkpoint.mark_open(self.path)
         log.info("store.opened", path=str(self.path), crashed=report.crashed, log_end=self._log.end,
                  queues=len(self._queues.places()))
@@ -180,7 +170,7 @@ class MessageStore:
                 if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise self._failed(exc) from exc
                 log.error("store.append_refused", path=str(self.path), error=repr(exc))
-                self._retention_due.set()
+                self._maintenance.due()
                 raise DiskFullError(f"append to {self.path}: the disk is full ({exc}); the batch "
                                     "was cut back whole and the next append may succeed") from exc
             except BaseException as exc:
@@ -199,14 +189,14 @@ class MessageStore:
         usage = self.config.disk_usage(self.path)
         if usage >= self.config.refuse_at:
             log.error("store.append_refused", path=str(self.path), disk_usage=round(usage, 4))
-            self._retention_due.set()
+            self._maintenance.due()
             raise DiskFullError(
                 f"disk holding {self.path} is {usage:.1%} full, at or above "
                 f"refuse_at={self.config.refuse_at:.0%}: appends are refused until retention "
                 "or an operator frees space"
             )
         if usage >= self.config.clean_at:
-            self._retention_due.set()
+            self._maintenance.due()
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -316,22 +306,7 @@ class MessageStore:
     def checkpoint(self) -> None:
         """Flush the consume queues and log, then record how far recovery may trust them."""
         if not self._closed:
-            self._write_checkpoint()
-
-    def _write_checkpoint(self) -> None:
-        with self._writer:
-            dispatched = self._log.end
-            lengths, kept = self._queues.lengths(), self._queues.kept()
-            segments = [s for s in self._log.segments if s.end > self._checkpointed]
-            queue_maps, index_files = self._queues.take_dirty(), self._index.recent()
-        for segment in segments:
-            segment.fsync()
-        for path, mapped in queue_maps:
-            flush_mapped(path, mapped)
-        for index_file in index_files:
-            index_file.flush()
-        checkpoint.save(self.path, checkpoint.Checkpoint(dispatched, lengths, kept))
-        self._checkpointed = dispatched
+            self._maintenance.checkpoint()
 
     def observe_fsync(self, observer: Callable[[float], None] | None) -> None:
         """Tell ``observer`` the seconds each fsync of the commit log takes (None: nobody)."""
@@ -339,41 +314,12 @@ class MessageStore:
 
     def set_retention_guard(self, guard: RetentionGuard | None) -> None:
         """Tell retention what consumer groups still need (the delivery layer supplies it)."""
-        self._guard = guard
+        self._maintenance.set_guard(guard)
 
     def clean(self) -> list[retention.Deletion]:
         """Run retention now; returns the deleted segments."""
         self._check_open()
-        needed = self._needed()
-        with self._writer:
-            deleted = retention.select(self._log, self.config, self.path, needed)
-            if deleted:
-                self._queues.drop_below(self._log.min_offset)
-                self._index.drop_below(self._log.min_offset)
-        return deleted
-
-    def _needed(self) -> dict[tuple[str, int], int]:
-        needed: dict[tuple[str, int], int] = {}
-        for (topic, queue), queue_offset in (self._guard() if self._guard else {}).items():
-            consume_queue = self._queues.get(topic, queue)
-            first = max(queue_offset, self.min_offset(topic, queue))
-            entry = consume_queue.get(first, 1) if consume_queue else []
-            if entry:
-                needed[(topic, queue)] = entry[0].log_offset
-        return needed
-
-    def _maintain(self) -> None:
-        every = max(1, round(self.config.retention_interval / self.config.checkpoint_interval))
-        ticks = 0
-        while not self._stop.wait(self.config.checkpoint_interval):
-            ticks += 1
-            try:
-                self.checkpoint()
-                if self._retention_due.is_set() or ticks % every == 0:
-                    self._retention_due.clear()
-                    self.clean()
-            except (BrokerError, OSError) as exc:  # keep maintaining; the next tick retries
-                log.error("store.maintenance_failed", error=repr(exc))
+        return self._maintenance.clean()
 
     def _flush_target(self, end: int) -> Segment:
         return self._log.locate(end - 1)
@@ -390,14 +336,12 @@ class MessageStore:
             if self._closed:
                 return
             self._closed = True
-        self._stop.set()
-        if self._maintenance is not None:
-            self._maintenance.join()
+        self._maintenance.stop()
         if self._group is not None:
             self._group.stop()
         self._flusher.stop()
         if clean and self._failure is None:
-            self._write_checkpoint()
+            self._maintenance.checkpoint()
             checkpoint.mark_closed(self.path)
         self._release()
         self._recent.clear()
