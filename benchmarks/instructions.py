@@ -1,0 +1,124 @@
+"""The broker in process, counted in instructions per message: checkouts side by side.
+
+Wall-clock rates on a shared machine move by a third within minutes; the number of
+instructions a fixed workload executes does not. Each checkout runs the same embedded
+workload under ``valgrind --tool=callgrind`` (every thread counted), with its own code on
+``PYTHONPATH`` and a fixed hash seed:
+
+  produce   `Broker.publish` of N messages of 256 bytes, 500 per call (4 queues)
+  consume   one member: `fetch(500)`, `ack(receipts)` until the N are done
+
+The store runs with ``flush = "none"`` and no checkpoint thread, the offsets are written at
+close only: a thread that wakes on a timer would do more the slower valgrind runs, so the
+count would move with the machine's load (the engine's code is the same as under ``async``).
+
+Each is run with N and 2N messages and the difference divided by N, so the interpreter's
+start, the imports and the broker's opening drop out: what is left is the cost of one more
+message. Consume is (produce + consume) less produce. The table gives every checkout's
+instructions per message and its ratio to the first one (e.g. a worktree of the commit
+before a change, then this checkout).
+
+    python -m benchmarks.instructions [--messages N] [CHECKOUT ...]
+    python -m benchmarks.instructions --workload produce|both --messages N   # one run, no valgrind
+
+Needs ``valgrind`` on PATH. A run of 20,000 messages takes a few minutes per checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
+BATCH = 500
+COLLECTED = re.compile(r"Collected : (\d+)")
+
+
+def workload(kind: str, count: int) -> None:
+    """Produce ``count`` messages and, for ``both``, consume and ack them (this checkout's code)."""
+    import logging
+
+    import structlog
+
+    from broker.delivery.config import DeliveryConfig
+    from broker.delivery.engine import Broker
+    from broker.delivery.values import OutgoingMessage
+    from broker.store import StoreConfig
+    from broker.store.config import FlushPolicy
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    print(f"broker from {sys.modules['broker'].__file__}")  # checked by `instructions`
+    with tempfile.TemporaryDirectory() as folder:
+        # no thread that wakes on a timer: what it did would grow with valgrind's slowness
+        broker = Broker(folder, DeliveryConfig(queues=4, prefetch=BATCH * 2, offset_flush_interval=3600),
+                        store_config=StoreConfig(flush=FlushPolicy.NONE, checkpoint_interval=0))
+        batch = [OutgoingMessage(bytes(256)) for _ in range(BATCH)]
+        for _ in range(count // BATCH):
+            broker.publish("bench", batch)
+        if kind == "both":
+            member = broker.join("g", ["bench"])
+            done = 0
+            while done < count:
+                deliveries = broker.fetch(member, BATCH, 1.0)
+                broker.ack(member, [d.receipt for d in deliveries])
+                done += len(deliveries)
+        broker.close()
+
+
+def instructions(checkout: Path, kind: str, count: int) -> int:
+    """The instructions ``checkout``'s code executes for one run of the workload."""
+    with tempfile.TemporaryDirectory() as folder:
+        # this file runs as a script, so the broker it imports is the one on ``PYTHONPATH``
+        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={folder}/out",
+                   sys.executable, __file__, "--workload", kind, "--messages", str(count)]
+        done = subprocess.run(command, cwd=folder, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(checkout), "PYTHONHASHSEED": "0"})
+    found = COLLECTED.search(done.stderr)
+    if done.returncode or found is None:
+        raise RuntimeError(f"callgrind of {checkout} ({kind}, {count}) failed:\n{done.stderr[-2000:]}")
+    if f"broker from {checkout}/broker/" not in done.stdout:
+        raise RuntimeError(f"the workload did not import {checkout}'s broker:\n{done.stdout}")
+    return int(found.group(1))
+
+
+def per_message(checkout: Path, kind: str, count: int) -> float:
+    """Instructions of one more message: the runs of ``2 * count`` and ``count`` apart."""
+    return (instructions(checkout, kind, 2 * count) - instructions(checkout, kind, count)) / count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkouts", nargs="*", type=Path,
+                        help="the checkouts to count, the first the reference (default: this one)")
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--workload", choices=("produce", "both"), help="run the workload once, no valgrind")
+    arguments = parser.parse_args()
+    count = arguments.messages // BATCH * BATCH
+    if arguments.workload:
+        workload(arguments.workload, count)
+        return
+    checkouts = [path.resolve() for path in arguments.checkouts] or [HERE]
+    print(f"instructions per message (runs of {count} and {2 * count} messages apart)")
+    print(f"{'checkout':<40}{'produce':>10}{'consume+ack':>13}{'ratio':>8}{'ratio':>8}")
+    first: tuple[float, float] | None = None
+    for checkout in checkouts:
+        produce = per_message(checkout, "produce", count)
+        consume = per_message(checkout, "both", count) - produce
+        first = first or (produce, consume)
+        print(f"{_name(checkout):<40}{produce:>10,.0f}{consume:>13,.0f}"
+              f"{produce / first[0]:>8.3f}{consume / first[1]:>8.3f}", flush=True)
+
+
+def _name(checkout: Path) -> str:
+    head = subprocess.run(["git", "-C", str(checkout), "log", "-1", "--format=%h %s"],
+                          capture_output=True, text=True).stdout.strip()
+    return (head or str(checkout))[:38]
+
+
+if __name__ == "__main__":
+    main()
