@@ -218,23 +218,22 @@ class Consuming:
 
     def delivered(self, member: str, receipts: Sequence[str]) -> None:
         with self.lock:
-            self.membership.member(member)
-            self.leases.delivered(receipts)
+            self.leases.delivered(self.membership.member(member), receipts)
 
     def extend(self, member: str, receipts: Sequence[str]) -> None:
         """Still working: the leases of ``receipts`` start again (JetStream's in-progress)."""
         with self.lock:
             found = self.membership.member(member)
-            self.leases.extend(receipts, self._clock.time() + found.lease)
+            self.leases.extend(found, receipts, self._clock.time() + found.lease)
 
     def nack(self, member: str, receipts: Sequence[str], delay: float) -> None:
         with self.lock:
-            group = self.membership.group_of(self.membership.member(member))
-            self.leases.nack(group, receipts, self._clock.time() + max(0.0, delay))
+            found = self.membership.member(member)
+            self.leases.nack(self.membership.group_of(found), found, receipts, self._clock.time() + max(0.0, delay))
 
     def dead_letter(self, member: str, receipts: Sequence[str], reason: str) -> None:
         with self.lock:
-            self.leases.dead_letter(self.membership.member(member).group, receipts, reason)
+            self.leases.dead_letter(self.membership.member(member), receipts, reason)
 
     # -- taking, inside the lock ----------------------------------------------------------
 

@@ -2,7 +2,9 @@
 
 What a fetch takes from one queue goes out under one lease (`cursor.Lease`);
 the receipt table names each receipt's lease, and each member's prefetch
-window counts what it holds. A held delivery ends in one of these ways:
+window counts what it holds. A receipt settles a delivery only for the member
+holding it: receipts are guessable (`cursor.ReceiptNames`), so one naming
+another member's delivery (another group's) is ignored like a stale one. A held delivery ends in one of these ways:
 acked (done), nacked (copied to ``%RETRY%<group>`` to come back after its
 delay, or parked in place where the queue is ordered or broadcast),
 dead-lettered (copied to ``%DLQ%<group>``), given back (it never reached its
@@ -118,13 +120,15 @@ class Leases:
     # -- the ends of a delivery ---------------------------------------------------------
 
     def ack(self, member: Member, receipts: Sequence[str], journal: AckJournal | None) -> None:
-        """STANDARD for ``receipts`` (a repeated or stale one is ignored), each recorded in
-        ``journal`` when there is one."""
+        """STANDARD for ``receipts`` (a repeated or stale one, or another member's, is ignored),
+        each recorded in ``journal`` when there is one."""
         leases = list(map(self.receipts.pop, receipts, repeat(None)))
         start = 0
         for lease, run in groupby(leases):  # the receipts of one fetch of one queue lie together
             stop = start + len(list(run))
-            if lease is not None:
+            if lease is not None and lease.member != member.ident:  # not its own: put back untouched
+                self.receipts.update(dict.fromkeys(receipts[start:stop], lease))
+            elif lease is not None:
                 if journal is not None:
                     journal.record((member.group, lease.cursor.topic, lease.cursor.queue),
                                    map(lease.offsets.__getitem__, receipts[start:stop]))
@@ -134,11 +138,11 @@ class Leases:
             start = stop
         self._changed()
 
-    def nack(self, group: Group, receipts: Sequence[str], due: float) -> None:
-        """REDELIVERED: each is delivered again at ``due`` (or dead-lettered once spent)."""
+    def nack(self, group: Group, member: Member, receipts: Sequence[str], due: float) -> None:
+        """REDELIVERED: each of ``member``'s is delivered again at ``due`` (or dead-lettered once spent)."""
         limit = self._config.max_deliveries
         moved: list[Copy] = []
-        for cursor, message in self._messages(receipts):
+        for cursor, message in self._messages(member, receipts):
             count = message.delivery_count
             if 0 <= limit <= count:
                 cause = f"delivered {count} times (max_deliveries={limit})"
@@ -151,24 +155,24 @@ class Leases:
                 moved.append((cursor, message.offset, copies.retry(group.name, message, due)))
         self._move(moved)
 
-    def dead_letter(self, group: str, receipts: Sequence[str], reason: str) -> None:
-        """POISON: each is copied to ``%DLQ%<group>`` with ``reason``."""
-        self._move([(cursor, message.offset, copies.dead_letter(group, message, reason))
-                    for cursor, message in self._messages(receipts)])
+    def dead_letter(self, member: Member, receipts: Sequence[str], reason: str) -> None:
+        """POISON: each of ``member``'s is copied to its group's ``%DLQ%`` with ``reason``."""
+        self._move([(cursor, message.offset, copies.dead_letter(member.group, message, reason))
+                    for cursor, message in self._messages(member, receipts)])
 
     def give_back(self, receipts: Sequence[str]) -> None:
         """The held deliveries ``receipts`` name never reached their client: delivered again as
         if never handed out, their delivery count unmoved (so not marked redelivered)."""
-        for lease, receipt in self._valid(receipts):
+        for lease, receipt in self._valid(receipts, None):
             cursor, offset = lease.cursor, lease.offsets[receipt]
             self.release(cursor, offset)
             unseen = cursor.ready[offset]
             cursor.ready[offset] = unseen._replace(delivery_count=unseen.delivery_count - 1)
         self._changed()
 
-    def delivered(self, receipts: Sequence[str]) -> None:
-        """DELIVERED: they stay leased but leave the prefetch window."""
-        for lease, named in groupby(self._valid(receipts), _lease_of):
+    def delivered(self, member: Member, receipts: Sequence[str]) -> None:
+        """DELIVERED: ``member``'s stay leased but leave the prefetch window."""
+        for lease, named in groupby(self._valid(receipts, member), _lease_of):
             if not lease.delivered:
                 moved = list(map(_receipt_of, named))
                 lease.cursor.relet(moved, Lease(lease.cursor, lease.member, lease.deadline, delivered=True))
@@ -176,9 +180,9 @@ class Leases:
                     self._held[lease.member] -= len(moved)
         self._changed()
 
-    def extend(self, receipts: Sequence[str], deadline: float) -> None:
-        """Still working: the leases of ``receipts`` run until ``deadline`` now."""
-        for lease, named in groupby(self._valid(receipts), _lease_of):
+    def extend(self, member: Member, receipts: Sequence[str], deadline: float) -> None:
+        """Still working: the leases of ``member``'s ``receipts`` run until ``deadline`` now."""
+        for lease, named in groupby(self._valid(receipts, member), _lease_of):
             lease.cursor.relet(map(_receipt_of, named), Lease(lease.cursor, lease.member, deadline, lease.delivered))
 
     def member_left(self, group: Group, member: str, cursors: Iterable[QueueCursor]) -> None:
@@ -242,14 +246,15 @@ class Leases:
                 self.finish(cursor, offset)
             self._changed()
 
-    def _valid(self, receipts: Sequence[str]) -> list[tuple[Lease, str]]:
+    def _valid(self, receipts: Sequence[str], member: Member | None) -> list[tuple[Lease, str]]:
         """The leases of the held deliveries ``receipts`` name, each once, in order; stale ones (a
-        lease ended, a queue moved) are left out: their message is delivered again anyway."""
+        lease ended, a queue moved) are left out: their message is delivered again anyway. So are
+        those another member holds, unless ``member`` is None (the engine's own receipts)."""
         leases = self.receipts
         return [(lease, receipt) for receipt in dict.fromkeys(receipts)
-                if (lease := leases.get(receipt)) is not None]
+                if (lease := leases.get(receipt)) is not None and (member is None or lease.member == member.ident)]
 
-    def _messages(self, receipts: Sequence[str]) -> list[tuple[QueueCursor, Delivery]]:
-        """The held deliveries ``receipts`` name, with their cursors (see `_valid`)."""
+    def _messages(self, member: Member, receipts: Sequence[str]) -> list[tuple[QueueCursor, Delivery]]:
+        """The deliveries ``member`` holds that ``receipts`` name, with their cursors (see `_valid`)."""
         return [(lease.cursor, lease.cursor.delivery(lease.offsets[receipt]))
-                for lease, receipt in self._valid(receipts)]
+                for lease, receipt in self._valid(receipts, member)]

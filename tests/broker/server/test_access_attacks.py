@@ -89,3 +89,27 @@ def test_listings_show_only_what_the_user_may_see(server, unique) -> None:
     assert orders.stats()["topics"] == len([n for n in seen if not n.startswith("%")])
     assert [g.name for g in billing.groups() if unique in g.name] == [f"billing-{unique}"]
     billing.leave(billing_member)
+
+
+@pytest.mark.parametrize("settle", ["ack", "nack", "dead_letter", "extend"])
+def test_a_member_cannot_settle_another_groups_deliveries_by_their_receipts(server, unique, settle) -> None:
+    """Receipts are ``<broker>.<fetch>:<n>``: one delivery of its own tells a member how the others'
+    look. A receipt settles a delivery only for the member holding it; the victim's stays its own."""
+    billing, orders = login(server, "billing"), login(server, "orders")
+    payments, own = f"payments.{unique}", f"orders.{unique}"
+    billing.publish(payments, [OutgoingMessage(b"card 4242", message_id="p1")])
+    victim = billing.join(f"billing-{unique}", [payments], lease=60.0)
+    [held] = billing.fetch(victim, 1, 5.0)
+    orders.publish(own, [OutgoingMessage(b"order 1", message_id="o1")])
+    attacker = orders.join(f"orders-{unique}", [own])
+    [mine] = orders.fetch(attacker, 1, 5.0)
+    assert held.receipt.split(".")[0] == mine.receipt.split(".")[0]  # the same broker prefix: guessable
+    if settle == "nack":  # each went through before: the victim's delivery was gone or moved
+        orders.nack(attacker, [held.receipt], 0.0)
+    elif settle == "dead_letter":
+        orders.dead_letter(attacker, [held.receipt], "forged")
+    else:
+        getattr(orders, settle)(attacker, [held.receipt])
+    billing.nack(victim, [held.receipt], 0.0)  # the victim still holds it: its own nack works
+    again = billing.fetch(victim, 1, 5.0)
+    assert [(d.body, d.delivery_count) for d in again] == [(b"card 4242", 2)]
