@@ -7,6 +7,7 @@ worker processes (`offsets_worker.py`) and kills them with SIGKILL.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -19,12 +20,14 @@ from pathlib import Path
 
 import pytest
 import structlog
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 
 from backends.clock import SYSTEM_CLOCK
 from backends.store import open_store
 from reliable import Message
 from reliable.testing import test_app
+from tests import forked
+from tests.framework import offsets_worker
 from tests.tcp_proxy import TcpProxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,15 +61,18 @@ def saves(postgres_url: str, unique: str) -> Iterator[str]:
     engine.dispose()
 
 
+@functools.cache
+def _engine(postgres_url: str) -> Engine:
+    """One engine for the test's polls (every 5 ms): a new one per poll made PostgreSQL start a backend each time."""
+    return create_engine(postgres_url, pool_size=1)
+
+
 def _rows(postgres_url: str, sql: str) -> list[tuple]:
-    engine = create_engine(postgres_url)
-    with engine.connect() as conn:
-        rows = [tuple(row) for row in conn.execute(text(sql))]
-    engine.dispose()
-    return rows
+    with _engine(postgres_url).begin() as conn:
+        return [tuple(row) for row in conn.execute(text(sql))]
 
 
-def test_transactional_offsets_survive_kill_9(postgres_url: str, redis_url: str, saves: str) -> None:
+def test_transactional_offsets_survive_kill_9(tmp_path: Path, postgres_url: str, redis_url: str, saves: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
     env.update(
         RELIABLE_STORE__URL=postgres_url,
@@ -86,18 +92,20 @@ def test_transactional_offsets_survive_kill_9(postgres_url: str, redis_url: str,
 
     rng, resumed, kills = random.Random(), 0, 0
     count = f"select count(*) from {saves}"
-    for _ in range(RUNS):
-        worker = subprocess.Popen([sys.executable, "-m", "tests.framework.offsets_worker", saves],
-                                  cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for run in range(RUNS):
+        # forked from a process that imported the worker already (`tests.forked`): no second of imports per run
+        log = tmp_path / f"worker-{run}.log"
+        worker = forked.start(offsets_worker.main, (saves,), env, ROOT, log)
         target = _rows(postgres_url, count)[0][0] + rng.randint(1, 80)  # a random moment mid-run
         deadline = time.monotonic() + 30
-        while worker.poll() is None and _rows(postgres_url, count)[0][0] < target and time.monotonic() < deadline:
+        while worker.is_alive() and _rows(postgres_url, count)[0][0] < target and time.monotonic() < deadline:
             time.sleep(0.005)
-        if worker.poll() is None:
+        if worker.is_alive():
             os.kill(worker.pid, signal.SIGKILL)
             kills += 1
-        _, err = worker.communicate(timeout=60)
-        resumed += "offsets_resumed" in err
+        worker.join(timeout=60)
+        assert worker.exitcode is not None, "a worker neither ended nor died"
+        resumed += "offsets_resumed" in log.read_text()
     final = subprocess.run([sys.executable, "-m", "tests.framework.offsets_worker", saves],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stderr[-3000:]

@@ -12,16 +12,23 @@ from __future__ import annotations
 
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from reliable import App
 from reliable.settings import Settings
-from tests.transports.effects import dead_letter_counts, effect_counts, wait_until
+from tests import forked
+from tests.transports import chaos_worker
+from tests.transports.effects import (
+    dead_letter_count,
+    dead_letter_counts,
+    effect_count,
+    effect_counts,
+    wait_until,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,6 +45,7 @@ def kill_9_chaos(env: Mapping[str, str], postgres_url: str, effects: str, topic:
     env = {**env, "PYTHONPATH": str(ROOT)}
     producer = App(Settings.load(None, env=env))
     producer.transport.declare(topic, [topic])  # a queue broker keeps messages for known groups only
+    producer.store.count_dead_letters(topic)  # the store's tables exist before `done` reads them
 
     def send() -> None:
         for i in range(0, len(bodies), 500):
@@ -46,32 +54,36 @@ def kill_9_chaos(env: Mapping[str, str], postgres_url: str, effects: str, topic:
     sending = threading.Thread(target=send)
     sending.start()
 
-    def start() -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "tests.transports.chaos_worker", effects, topic, topic, handler],
-                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def start() -> BaseProcess:  # forked from a process that imported the worker already
+        return forked.start(chaos_worker.main, (effects, topic, topic, handler), env, ROOT)
 
     def done() -> int:
-        return sum(effect_counts(postgres_url, effects).values()) + len(dead_letter_counts(postgres_url, topic))
+        return effect_count(postgres_url, effects) + dead_letter_count(postgres_url, topic)
 
     rng, mid_work = random.Random(), 0
     try:
         for _ in range(kills):
-            worker, before = start(), done()
+            before = done()
+            worker = start()
             try:
                 target = before + rng.randint(1, 250)  # kill after a random amount of progress
-                wait_until(lambda: done() >= min(target, len(tokens)), lambda: worker.poll() is None, 0.05)  # noqa: B023
+                wait_until(lambda: done() >= min(target, len(tokens)), worker.is_alive, 0.05)  # noqa: B023
                 time.sleep(rng.uniform(0, 0.1))  # and at a random moment after it
                 mid_work += done() < len(tokens)
             finally:  # a failed wait must not leave a worker consuming after the test
-                worker.send_signal(signal.SIGKILL)
-            assert worker.wait(timeout=30) == -signal.SIGKILL
+                worker.kill()
+            worker.join(timeout=30)
+            assert worker.exitcode == -signal.SIGKILL
         sending.join()
         survivor = start()
         try:
-            wait_until(lambda: done() >= len(tokens), lambda: survivor.poll() is None)
+            wait_until(lambda: done() >= len(tokens), survivor.is_alive)
         finally:
-            survivor.send_signal(signal.SIGTERM)
-            survivor.wait(timeout=60)
+            survivor.terminate()
+            survivor.join(timeout=60)
+            if survivor.is_alive():  # SIGTERM did not end it: the test fails, and leaves no worker behind
+                survivor.kill()
+                raise AssertionError("the last worker did not stop on SIGTERM within 60 s")
     finally:
         sending.join()
         producer.close()

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 
 from reliable import Message
 
@@ -20,24 +20,44 @@ WAIT = 300.0
 """The bound on every wait for the database to show the expected effects."""
 
 
+_ENGINES: dict[str, Engine] = {}
+
+
+def _engine(postgres_url: str) -> Engine:
+    """One engine per database URL for the whole process: a poll every 50 ms reuses its connections
+    (a new engine per query made PostgreSQL start a backend process for each)."""
+    if postgres_url not in _ENGINES:
+        _ENGINES[postgres_url] = create_engine(postgres_url, pool_size=2)
+    return _ENGINES[postgres_url]
+
+
+def query(postgres_url: str, sql: str, **parameters: object) -> list[tuple]:
+    """The rows of ``sql`` (none for a statement), in a transaction of its own."""
+    with _engine(postgres_url).begin() as conn:
+        result = conn.execute(text(sql), parameters)
+        return [tuple(row) for row in result] if result.returns_rows else []
+
+
 def effect_counts(postgres_url: str, table: str) -> dict[str, int]:
     """How many times each token's side effect is in ``table``."""
-    engine = create_engine(postgres_url)
-    with engine.connect() as conn:
-        rows = conn.execute(text(f"select token, count(*) from {table} group by token")).all()
-    engine.dispose()
-    return {token: n for token, n in rows}
+    return dict(query(postgres_url, f"select token, count(*) from {table} group by token"))
+
+
+def effect_count(postgres_url: str, table: str) -> int:
+    """How many side effects ``table`` holds (a token written twice counts twice)."""
+    return int(query(postgres_url, f"select count(*) from {table}")[0][0])
 
 
 def dead_letter_counts(postgres_url: str, group: str, by: str = "token") -> dict[str, int]:
     """Dead-letter records of ``group`` per token (or per ``message_id``)."""
-    engine = create_engine(postgres_url)
-    with engine.connect() as conn:
-        rows = conn.execute(
-            text(f'select {by}, count(*) from reliable_dead_letters where "group" = :g group by {by}'), {"g": group}
-        ).all()
-    engine.dispose()
-    return {token: n for token, n in rows}
+    return dict(query(postgres_url, f'select {by}, count(*) from reliable_dead_letters where "group" = :g group by {by}',
+                      g=group))
+
+
+def dead_letter_count(postgres_url: str, group: str) -> int:
+    """How many distinct tokens of ``group`` are dead-lettered."""
+    return int(query(postgres_url, 'select count(distinct token) from reliable_dead_letters where "group" = :g',
+                     g=group)[0][0])
 
 
 def wait_until(condition: Callable[[], bool], alive: Callable[[], bool] = lambda: True, every: float = 0.2) -> None:

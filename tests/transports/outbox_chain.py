@@ -26,25 +26,17 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-
-from sqlalchemy import create_engine, text
 
 from reliable import App
 from reliable.settings import Settings
-from tests.transports.effects import wait_until
+from tests import forked
+from tests.transports import outbox_chain_worker
+from tests.transports.effects import query, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = 40
-
-
-def _query(postgres_url: str, sql: str, **parameters: object) -> list[tuple]:
-    engine = create_engine(postgres_url)
-    with engine.begin() as conn:
-        result = conn.execute(text(sql), parameters)
-        rows = [tuple(row) for row in result] if result.returns_rows else []
-    engine.dispose()
-    return rows
 
 
 def outbox_chain_with_kills(env: Mapping[str, str], postgres_url: str, name: str, kills: int, count: int) -> None:
@@ -52,7 +44,7 @@ def outbox_chain_with_kills(env: Mapping[str, str], postgres_url: str, name: str
     try:
         _chain(env, postgres_url, name, kills, count)
     finally:
-        _query(postgres_url, f"drop table if exists {name}_b")
+        query(postgres_url, f"drop table if exists {name}_b")
 
 
 def _chain(env: Mapping[str, str], postgres_url: str, name: str, kills: int, count: int) -> None:
@@ -61,7 +53,7 @@ def _chain(env: Mapping[str, str], postgres_url: str, name: str, kills: int, cou
     sent = tokens + random.Random(21).sample(tokens, count // 10)
     random.Random(22).shuffle(sent)
     env = {**env, "PYTHONPATH": str(ROOT), "RELIABLE_OUTBOX__NAME": name}
-    _query(postgres_url, f"create table {name}_b (id bigserial primary key, token text, message_id text, key text)")
+    query(postgres_url, f"create table {name}_b (id bigserial primary key, token text, message_id text, key text)")
     producer = App(Settings.load(None, env=env))
     for topic in (f"{name}-a", f"{name}-b"):  # a queue broker keeps messages for known groups only
         producer.transport.declare(topic, [topic])
@@ -73,60 +65,70 @@ def _chain(env: Mapping[str, str], postgres_url: str, name: str, kills: int, cou
 
     logs = Path(tempfile.mkdtemp(prefix=f"{name}-chain-"))
 
-    def start(*command: str) -> subprocess.Popen:
-        log = (logs / f"{command[-1]}-{command[-2]}-{len(list(logs.iterdir()))}.log").open("w")
-        return subprocess.Popen([sys.executable, "-m", *command], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=log, text=True)
+    def log(role: str) -> Path:
+        return logs / f"{role}-{len(list(logs.iterdir()))}.log"
 
-    def a_worker() -> subprocess.Popen:
-        return start("tests.transports.outbox_chain_worker", "a", name)
+    # A's worker and the relay, killed and started again and again, are forked from a process that
+    # imported them already (`tests.forked`); B's worker runs once, its counters read at the end
+    def a_worker() -> BaseProcess:
+        return forked.start(outbox_chain_worker.main, ("a", name), env, ROOT, log("a"))
 
-    def relay() -> subprocess.Popen:
-        return start("reliable.cli", "relay")
+    def relay() -> BaseProcess:
+        return forked.start(forked.run_cli, ("relay",), env, ROOT, log("relay"))
 
     def done() -> int:
-        return int(_query(postgres_url, f"select count(distinct token) from {name}_b")[0][0])
+        return int(query(postgres_url, f"select count(distinct token) from {name}_b")[0][0])
 
     sending = threading.Thread(target=send)
     sending.start()
-    b_worker = start("tests.transports.outbox_chain_worker", "b", name)
+    b_worker = subprocess.Popen([sys.executable, "-m", "tests.transports.outbox_chain_worker", "b", name], cwd=ROOT,
+                                env=env, stdout=subprocess.PIPE, stderr=log("b").open("w"), text=True)
     running = {"a": a_worker(), "relay": relay()}
     rng, mid_work, killed = random.Random(), 0, {"a": 0, "relay": 0}
+
+    def alive() -> bool:  # none of the processes ended on its own
+        return b_worker.poll() is None and all(process.is_alive() for process in running.values())
+
     try:
         for _ in range(kills):
             victim = rng.choice(sorted(running))
             target = done() + rng.randint(1, 400)  # kill after a random amount of progress
-            wait_until(lambda: done() >= min(target, count), lambda: b_worker.poll() is None, 0.05)  # noqa: B023
+            wait_until(lambda: done() >= min(target, count), alive, 0.05)  # noqa: B023
             time.sleep(rng.uniform(0, 0.1))  # and at a random moment after it
             mid_work += done() < count
-            running[victim].send_signal(signal.SIGKILL)
-            assert running[victim].wait(timeout=30) == -signal.SIGKILL
+            running[victim].kill()
+            running[victim].join(timeout=30)
+            assert running[victim].exitcode == -signal.SIGKILL
             killed[victim] += 1
             running[victim] = a_worker() if victim == "a" else relay()
         sending.join()
-        wait_until(lambda: done() >= count, lambda: b_worker.poll() is None)
+        wait_until(lambda: done() >= count, alive)
     except AssertionError:
         for log in sorted(logs.iterdir()):  # what the processes said, for the failure's report
             print(f"--- {log.name}\n{log.read_text()[-3000:]}")
         raise
     finally:
         sending.join()
-        for process in (*running.values(), b_worker):
-            process.send_signal(signal.SIGTERM)
+        for process in running.values():
+            process.terminate()
+        b_worker.send_signal(signal.SIGTERM)
         b_out, _ = b_worker.communicate(timeout=120)
         for process in running.values():
-            process.communicate(timeout=120)
+            process.join(timeout=120)
+            if process.is_alive():  # SIGTERM did not end it: fail, and leave no process behind
+                process.kill()
+                raise AssertionError("a worker or the relay did not stop on SIGTERM within 120 s")
         producer.close()
     assert mid_work >= kills * 3 // 4, "the kills landed while the chain was still working"
     assert killed["a"] and killed["relay"], killed
 
-    effects = dict(_query(postgres_url, f"select token, count(*) from {name}_b group by token"))
+    effects = dict(query(postgres_url, f"select token, count(*) from {name}_b group by token"))
     assert effects == dict.fromkeys(tokens, 1)  # every B effect exactly once, none lost
-    rows = dict(_query(postgres_url, "select message_id, id from reliable_outbox where outbox = :n and state = 'sent'",
+    rows = dict(query(postgres_url, "select message_id, id from reliable_outbox where outbox = :n and state = 'sent'",
                        n=name))
     assert len(rows) == count  # one row per token: A's duplicates published nothing
     order: dict[str, list[int]] = {}
-    for message_id, key in _query(postgres_url, f"select message_id, key from {name}_b order by id"):
+    for message_id, key in query(postgres_url, f"select message_id, key from {name}_b order by id"):
         order.setdefault(key, []).append(rows[message_id])
     assert set(order) == set(keys.values())
     assert all(ids == sorted(ids) for ids in order.values())  # per key, in outbox order

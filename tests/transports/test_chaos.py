@@ -17,6 +17,10 @@ from tests.transports.chaos import kill_9_chaos
 from tests.transports.outbox_chain import outbox_chain_with_kills
 
 LEASE = 3.0
+"""Seconds a killed worker's messages stay leased to it, and (embedded://) its queues assigned to it:
+a member silent that long has lost its messages already, so its queues move on at the same bound
+instead of the broker's default 30 s, which left every run waiting on its dead members."""
+EMBEDDED = f"?session_timeout={LEASE}"
 
 
 @pytest.mark.parametrize(("kills", "count"), [(20, 10_000), pytest.param(100, 50_000, marks=pytest.mark.soak)])
@@ -42,7 +46,7 @@ def test_kill_9_of_an_async_handler_each_token_once_each_poison_dead_lettered_on
 
 
 def _env(transport: str, tmp_path: Path, postgres_url: str, redis_url: str, unique: str) -> dict[str, str]:
-    url = f"{redis_url}?namespace={unique}" if transport == "redis" else f"embedded://{tmp_path / 'broker'}"
+    url = f"{redis_url}?namespace={unique}" if transport == "redis" else f"embedded://{tmp_path / 'broker'}{EMBEDDED}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
     env.update({
         "RELIABLE_TRANSPORT__URL": url,
@@ -63,7 +67,7 @@ def test_outbox_chain_under_kill_9_each_b_effect_once_in_order_per_key(
     unique: str, kills: int, count: int,
 ) -> None:
     urls = {
-        "embedded": lambda: f"embedded://{tmp_path / 'broker'}",
+        "embedded": lambda: f"embedded://{tmp_path / 'broker'}{EMBEDDED}",
         "reliable": lambda: request.getfixturevalue("reliable_server").url,
         "redis": lambda: f"{redis_url}?namespace={unique}",
     }
