@@ -31,7 +31,13 @@ from pathlib import Path
 
 from reliable import App
 from reliable.settings import Settings
-from tests.transports.effects import dead_letter_counts, effect_counts, wait_until
+from tests.transports.effects import (
+    dead_letter_count,
+    dead_letter_counts,
+    effect_count,
+    effect_counts,
+    wait_until,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 AHEAD = 600
@@ -87,8 +93,7 @@ class ClusterRun:
 
     def done(self) -> int:
         """Tokens with their effect or their dead letter in PostgreSQL."""
-        return sum(effect_counts(self.postgres_url, self.effects).values()) + len(
-            dead_letter_counts(self.postgres_url, self.topic))
+        return effect_count(self.postgres_url, self.effects) + dead_letter_count(self.postgres_url, self.topic)
 
     def run(self) -> None:
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}, **self.env,

@@ -17,6 +17,7 @@ moment after it, and started again. Then:
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import signal
@@ -65,8 +66,10 @@ def _chain(env: Mapping[str, str], postgres_url: str, name: str, kills: int, cou
 
     logs = Path(tempfile.mkdtemp(prefix=f"{name}-chain-"))
 
-    def log(role: str) -> Path:
-        return logs / f"{role}-{len(list(logs.iterdir()))}.log"
+    started = itertools.count()
+
+    def log(role: str) -> Path:  # a file per process started, in the order they started
+        return logs / f"{role}-{next(started)}.log"
 
     # A's worker and the relay, killed and started again and again, are forked from a process that
     # imported them already (`tests.forked`); B's worker runs once, its counters read at the end
