@@ -29,11 +29,12 @@ owes and leaves the group: whatever is unacknowledged then (including messages
 fetched ahead and never received) is delivered again to the group.
 
 A session fetches up to ``prefetch`` messages at a time (one round trip for
-many `receive` calls). Messages fetched ahead and handed back unreceived, at
-`close`, count as a delivery, as the broker cannot tell they were never seen
-(and past ``max_deliveries`` go to ``%DLQ%<group>``, as every delivery that ends
-without an ack does): keep ``prefetch`` small where ``max_deliveries`` is small
-and sessions are short.
+many `receive` calls). Messages fetched ahead and never received are released
+at `close` (the broker's ``release``): delivered again as if never handed out,
+their delivery count unmoved, so they neither come back marked redelivered nor
+use up ``max_deliveries``. A session that dies without closing cannot say so:
+its lease ends and they count as a delivery, as every delivery that ends
+without an ack does.
 In CLIENT, INDIVIDUAL and TRANSACTED mode the unacknowledged messages fill the
 member's prefetch window: no more arrive until some are acknowledged.
 
@@ -169,12 +170,15 @@ class Session:
         self._hand_back(delay_of=self._redelivery_delay)
 
     def close(self) -> None:
-        """Send what DUPS_OK owes and leave: every unacknowledged message is delivered again."""
+        """Send what DUPS_OK owes, release what was fetched ahead and never received, and leave:
+        every unacknowledged message is delivered again."""
         if self._member is None:
             return
         try:
             if self.ack_mode is AckMode.DUPS_OK:
                 self._settle_dups_ok(due_only=False)
+            if self._ahead:
+                self.api.release(self._member, [delivery.receipt for delivery in self._ahead])
             self.api.leave(self._member)
         finally:
             self._member = None

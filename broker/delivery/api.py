@@ -72,6 +72,10 @@ class BrokerApi(Protocol):
     def extend(self, member: str, receipts: Sequence[str]) -> None:
         """Still working on these: their leases start again."""
 
+    def release(self, member: str, receipts: Sequence[str]) -> None:
+        """RELEASED: these never reached the application (fetched ahead, not received): delivered
+        again as if never handed out, their delivery count unmoved."""
+
     def commit(self, member: str, offsets: Mapping[tuple[str, int], int]) -> None:
         """Offsets kept by the consumer: the next offset to read per (topic, queue); seeks there."""
 

@@ -214,7 +214,13 @@ class Consuming:
         its connection ended before they were sent): they are delivered again as if they had never
         been handed out, their delivery count unmoved (so not marked redelivered)."""
         with self.lock:
-            self.leases.give_back(receipts)
+            self.leases.give_back(receipts, None)
+
+    def release(self, member: str, receipts: Sequence[str]) -> None:
+        """``member`` says its ``receipts`` never reached the application (fetched ahead and
+        not received when it closed): given back as above."""
+        with self.lock:
+            self.leases.give_back(receipts, self.membership.member(member))
 
     def delivered(self, member: str, receipts: Sequence[str]) -> None:
         with self.lock:

@@ -145,6 +145,10 @@ class Broker:
         """Still working: the leases of ``receipts`` start again (JetStream's in-progress)."""
         self.consuming.extend(member, receipts)
 
+    def release(self, member: str, receipts: Sequence[str]) -> None:
+        """RELEASED: never received (fetched ahead): delivered again, their delivery count unmoved."""
+        self.consuming.release(member, receipts)
+
     # -- groups -----------------------------------------------------------------------
 
     def join(self, group: str, topics: Sequence[str], *, broadcast: bool = False,

@@ -160,10 +160,11 @@ class Leases:
         self._move([(cursor, message.offset, copies.dead_letter(member.group, message, reason))
                     for cursor, message in self._messages(member, receipts)])
 
-    def give_back(self, receipts: Sequence[str]) -> None:
-        """The held deliveries ``receipts`` name never reached their client: delivered again as
-        if never handed out, their delivery count unmoved (so not marked redelivered)."""
-        for lease, receipt in self._valid(receipts, None):
+    def give_back(self, receipts: Sequence[str], member: Member | None) -> None:
+        """The held deliveries ``receipts`` name (``member``'s; None: the engine's own) never reached
+        their client: delivered again as if never handed out, their delivery count unmoved (so not
+        marked redelivered)."""
+        for lease, receipt in self._valid(receipts, member):
             cursor, offset = lease.cursor, lease.offsets[receipt]
             self.release(cursor, offset)
             unseen = cursor.ready[offset]

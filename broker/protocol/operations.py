@@ -229,6 +229,9 @@ OPERATIONS: dict[str, Operation] = _table([
               doc="POISON: move these to the group's dead-letter queue ``%DLQ%<group>`` with ``reason``."),
     Operation("extend", (MEMBER, _receipts()), None, Access(member=True),
               doc="Still working on these: their leases start again."),
+    Operation("release", (MEMBER, _receipts()), None, Access(member=True),
+              doc="RELEASED: these never reached the application (fetched ahead, not received): "
+                  "delivered again as if never handed out, their delivery count unmoved."),
     Operation("commit", (MEMBER, Field("offsets", OFFSETS)), None, Access(member=True),
               doc="Offsets kept by the consumer: the next offset to read per (topic, queue); seeks there."),
     Operation("assignment", (MEMBER,), Field("assignment", QUEUES), Access(member=True),

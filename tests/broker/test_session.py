@@ -58,7 +58,7 @@ def test_auto_acknowledges_each_message_as_it_is_received(broker: Broker) -> Non
     publish(broker, 5)
     with Session(broker, "g", ["orders"], AckMode.AUTO, prefetch=10) as session:
         assert [d.message_id for d in receive(session, 3)] == ["m0", "m1", "m2"]
-    assert left_for(broker) == [("m3", 2), ("m4", 2)]  # fetched ahead, never received: counted, not acked
+    assert left_for(broker) == [("m3", 1), ("m4", 1)]  # fetched ahead, never received: released
 
 
 def test_client_acknowledge_covers_everything_received_so_far(broker: Broker) -> None:
@@ -67,7 +67,7 @@ def test_client_acknowledge_covers_everything_received_so_far(broker: Broker) ->
         first, _second, _third = receive(session, 3)
         session.acknowledge(first)  # cumulative: first, second and third
         assert session.receive().message_id == "m3"  # received, never acknowledged
-    assert left_for(broker) == [("m3", 2), ("m4", 2)]
+    assert left_for(broker) == [("m3", 2), ("m4", 1)]  # m4 only fetched ahead: released
 
 
 def test_individual_acknowledge_covers_one_message(broker: Broker) -> None:
@@ -78,7 +78,7 @@ def test_individual_acknowledge_covers_one_message(broker: Broker) -> None:
         session.acknowledge(second)  # twice changes nothing
         with pytest.raises(SessionError, match="names the message"):
             session.acknowledge()
-    assert left_for(broker) == [("m0", 2), ("m2", 2), ("m3", 2)]
+    assert left_for(broker) == [("m0", 2), ("m2", 2), ("m3", 1)]  # m3 only fetched ahead: released
 
 
 def test_recover_hands_back_what_was_not_acknowledged(broker: Broker) -> None:
@@ -151,6 +151,19 @@ def test_a_message_rolled_back_past_max_deliveries_is_dead_lettered(broker: Brok
     assert letter.message_id == "m0" and letter.headers["x-dlq-cause"].startswith("delivered 3 times")
 
 
+def test_messages_fetched_ahead_and_never_received_are_released_at_close(broker: Broker) -> None:
+    """Short sessions with a large prefetch: what each fetched ahead and never received comes back
+    with its delivery count unmoved, so it never spends ``max_deliveries`` (3) and is never dead-lettered."""
+    publish(broker, 5)
+    for n in range(4):
+        with Session(broker, "g", ["orders"], AckMode.CLIENT, prefetch=10) as session:
+            delivery = session.receive()
+            assert (delivery.message_id, delivery.delivery_count) == (f"m{n}", 1)
+            session.acknowledge()
+    assert left_for(broker) == [("m4", 1)]
+    assert broker.dlq_list("g") == []
+
+
 def test_calls_outside_the_mode_and_on_a_closed_session_are_refused(broker: Broker) -> None:
     session = Session(broker, "g", ["orders"], AckMode.AUTO)
     for call in (session.acknowledge, session.recover, session.commit, session.rollback):
@@ -174,7 +187,8 @@ def test_the_modes_over_the_tcp_server(tmp_path: Path) -> None:
         with Session(client, "g", ["orders"], AckMode.TRANSACTED) as session:
             got = receive(session, 3)
             session.commit()
-        assert sorted((d.message_id, d.delivery_count) for d in got) == [("m0", 2), ("m2", 2), ("m3", 2)]
+        # m0 was received and not acknowledged: a delivery; m2 and m3 were only fetched ahead: released
+        assert sorted((d.message_id, d.delivery_count) for d in got) == [("m0", 2), ("m2", 1), ("m3", 1)]
         assert left_for(client) == []
     finally:
         client.close()
