@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -334,18 +335,18 @@ class App:
             return lambda: None
 
         def on_signal(number: int, _frame: object) -> None:
-            name = signal.Signals(number).name
+            # The handler runs between two bytecodes of the main thread, which may be inside a log
+            # call holding the logger's lock: logging here could wait on that lock forever (a second
+            # Ctrl-C hung so). The handler only decides; a thread of its own logs (and exits).
             in_hand = sum(w.in_hand for w in workers)
             if not self._stop.is_set():
-                log.warning("shutdown_started", signal=name, in_hand=in_hand,
-                            then="finishing the messages in hand; Ctrl-C again forces the exit")
                 self.stop()
+                react: Callable[[], None] = partial(_shutdown_started, number, in_hand)
             elif number == signal.SIGINT:
-                log.error("shutdown_forced", signal=name, handed_back=in_hand,
-                          then="not acknowledged: the transport delivers them again")
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(128 + number)
+                react = partial(_shutdown_forced, number, in_hand)
+            else:
+                return
+            threading.Thread(target=react, name="reliable-shutdown", daemon=True).start()
 
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         for s in previous:
@@ -383,3 +384,17 @@ class App:
                     if part is not None:
                         part.close()
                 self._runtime = None
+
+
+def _shutdown_started(number: int, in_hand: int) -> None:
+    log.warning("shutdown_started", signal=signal.Signals(number).name, in_hand=in_hand,
+                then="finishing the messages in hand; Ctrl-C again forces the exit")
+
+
+def _shutdown_forced(number: int, in_hand: int) -> None:
+    """A second Ctrl-C: log what is handed back, then end the process at once (nothing is acked)."""
+    log.error("shutdown_forced", signal=signal.Signals(number).name, handed_back=in_hand,
+              then="not acknowledged: the transport delivers them again")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + number)

@@ -66,3 +66,40 @@ def test_second_ctrl_c_forces_the_exit_and_hands_the_messages_back(tmp_path) -> 
     with rest.transport.subscribe("forced", ["work"]) as member:
         assert member.pending() == 3
     rest.close()
+
+
+SECOND_CTRL_C_MID_LOG = """
+import io, os, signal, sys
+from reliable.log import configure_logging
+from reliable.testing import test_app
+
+class SecondCtrlCMidLine(io.TextIOBase):
+    # a second Ctrl-C lands while the first one's log line is being written (the logger's lock held)
+    def write(self, text):
+        sys.__stdout__.write(text)
+        sys.__stdout__.flush()
+        if '"shutdown_started"' in text:
+            os.kill(os.getpid(), signal.SIGINT)
+        if '"worker_started"' in text:
+            os.kill(os.getpid(), signal.SIGINT)
+        return len(text)
+
+configure_logging("info", "json", SecondCtrlCMidLine())
+app = test_app(sys.argv[1])
+
+@app.handler("work")
+def handle(msg):
+    pass
+
+app.run()
+"""
+
+
+def test_a_second_ctrl_c_during_a_log_line_still_forces_the_exit(tmp_path) -> None:
+    """The first Ctrl-C's log line was written from the signal handler: a second one landing while
+    it was being written logged from a handler nested in it and waited forever on the logger's lock."""
+    run = subprocess.run([sys.executable, "-c", SECOND_CTRL_C_MID_LOG, str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    events = [json.loads(line)["event"] for line in run.stdout.splitlines() if line.startswith("{")]
+    assert run.returncode == 128 + signal.SIGINT, run.stderr[-2000:]
+    assert events[-2:] == ["shutdown_started", "shutdown_forced"]
