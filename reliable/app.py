@@ -14,8 +14,8 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from functools import partial
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
