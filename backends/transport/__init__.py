@@ -44,6 +44,7 @@ _OPTION_TYPES: dict[str, Callable[[str], Any]] = {
     "session_timeout": float,
     "max_deliveries": int,
     "connect_timeout": float,
+    "publish_retry": float,
 }
 
 

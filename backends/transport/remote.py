@@ -2,9 +2,12 @@
 
 The same `BrokerTransport` as ``embedded://``, over `broker.client.Client`
 instead of the engine in process: services on several machines share one
-broker. Options: ``visibility_timeout`` (the lease of a delivered message)
-and ``queues`` (ignored here: the server's settings decide a new topic's
-queues).
+broker. Options: ``visibility_timeout`` (the lease of a delivered message),
+``publish_retry`` (seconds a publish goes on reconnecting and resending the
+same batch id, which the server's de-duplication makes safe, before it
+raises `BackendUnavailableError` to its caller's own retry: the app's
+``[transport] publish_timeout``, the relay's backoff; default 30) and
+``queues`` (ignored here: the server's settings decide a new topic's queues).
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ class RemoteBrokerTransport(BrokerTransport):
     """The broker server at ``url``."""
 
     def __init__(self, url: str, clock: Clock = SYSTEM_CLOCK, *, visibility_timeout: float = 30.0,
-                 queues: int | None = None) -> None:
+                 publish_retry: float = 30.0, queues: int | None = None) -> None:
         parts = urlsplit(url)
+        if not publish_retry >= 0:
+            raise ConfigurationError(f"transport {url!r}: publish_retry={publish_retry!r}: must be >= 0 seconds")
         try:
             client = Client(f"{parts.hostname}:{parts.port}",
                             user=unquote(parts.username) if parts.username else None,
-                            password=unquote(parts.password) if parts.password else None)
+                            password=unquote(parts.password) if parts.password else None,
+                            publish_retry_seconds=publish_retry)
         except (BrokerError, ValueError) as exc:
             raise ConfigurationError(f"transport {url!r}: expected reliable://host:port ({exc})") from exc
         super().__init__(client, clock, visibility_timeout=visibility_timeout)

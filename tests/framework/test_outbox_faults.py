@@ -35,7 +35,8 @@ def proxy(reliable_server) -> Iterator[TcpProxy]:
 
 @pytest.fixture
 def app(tmp_path: Path, proxy: TcpProxy, unique: str) -> Iterator[App]:
-    app = test_app(tmp_path, transport=f"reliable://127.0.0.1:{proxy.port}",
+    # a publish gives up after 1 s of reconnecting (not 30), so the relay's own backoff shows soon
+    app = test_app(tmp_path, transport=f"reliable://127.0.0.1:{proxy.port}?publish_retry=1",
                    settings={"RELIABLE_OUTBOX__NAME": unique, "RELIABLE_OUTBOX__MAX_BACKOFF": "0.2"})
     yield app
     app.close()
