@@ -15,10 +15,11 @@ count would move with the machine's load (the engine's code is the same as under
 Each is run with N and 2N messages and the difference divided by N, so the interpreter's
 start, the imports and the broker's opening drop out: what is left is the cost of one more
 message. Consume is (produce + consume) less produce. The table gives every checkout's
-instructions per message and its ratio to the first one (e.g. a worktree of the commit
-before a change, then this checkout).
+instructions per message and its ratio to the first one (e.g. the commit before a change,
+then this checkout). A checkout is a folder, or a git revision of this repository, which
+is checked out in a temporary worktree for the run and removed after.
 
-    python -m benchmarks.instructions [--messages N] [CHECKOUT ...]
+    python -m benchmarks.instructions [--messages N] [CHECKOUT|REVISION ...]
     python -m benchmarks.instructions --workload produce|both --messages N   # one run, no valgrind
 
 Needs ``valgrind`` on PATH. A run of 20,000 messages takes a few minutes per checkout.
@@ -32,6 +33,8 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
@@ -93,8 +96,8 @@ def per_message(checkout: Path, kind: str, count: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkouts", nargs="*", type=Path,
-                        help="the checkouts to count, the first the reference (default: this one)")
+    parser.add_argument("checkouts", nargs="*",
+                        help="folders or git revisions to count, the first the reference (default: this checkout)")
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--workload", choices=("produce", "both"), help="run the workload once, no valgrind")
     arguments = parser.parse_args()
@@ -102,16 +105,36 @@ def main() -> None:
     if arguments.workload:
         workload(arguments.workload, count)
         return
-    checkouts = [path.resolve() for path in arguments.checkouts] or [HERE]
     print(f"instructions per message (runs of {count} and {2 * count} messages apart)")
     print(f"{'checkout':<40}{'produce':>10}{'consume+ack':>13}{'ratio':>8}{'ratio':>8}")
     first: tuple[float, float] | None = None
-    for checkout in checkouts:
-        produce = per_message(checkout, "produce", count)
-        consume = per_message(checkout, "both", count) - produce
-        first = first or (produce, consume)
-        print(f"{_name(checkout):<40}{produce:>10,.0f}{consume:>13,.0f}"
-              f"{produce / first[0]:>8.3f}{consume / first[1]:>8.3f}", flush=True)
+    with ExitStack() as stack:
+        checkouts = [stack.enter_context(_checkout(name)) for name in arguments.checkouts] or [HERE]
+        for checkout in checkouts:
+            produce = per_message(checkout, "produce", count)
+            consume = per_message(checkout, "both", count) - produce
+            first = first or (produce, consume)
+            print(f"{_name(checkout):<40}{produce:>10,.0f}{consume:>13,.0f}"
+                  f"{produce / first[0]:>8.3f}{consume / first[1]:>8.3f}", flush=True)
+
+
+@contextmanager
+def _checkout(name: str) -> Iterator[Path]:
+    """The folder ``name``, or a temporary worktree of the git revision ``name`` (removed after)."""
+    if Path(name).is_dir():
+        yield Path(name).resolve()
+        return
+    with tempfile.TemporaryDirectory() as parent:
+        folder = Path(parent) / name.replace("/", "_")
+        added = subprocess.run(["git", "-C", str(HERE), "worktree", "add", "--detach", str(folder), name],
+                               capture_output=True, text=True)
+        if added.returncode:
+            raise SystemExit(f"{name!r} is neither a folder nor a git revision: {added.stderr.strip()}")
+        try:
+            yield folder
+        finally:
+            subprocess.run(["git", "-C", str(HERE), "worktree", "remove", "--force", str(folder)],
+                           capture_output=True)
 
 
 def _name(checkout: Path) -> str:
