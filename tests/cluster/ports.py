@@ -26,3 +26,17 @@ def wait_listening(port: int, timeout: float) -> None:
         except OSError:
             assert time.monotonic() < deadline, f"nothing listens on port {port} after {timeout:.0f} s"
             time.sleep(0.1)
+
+
+def wait_closed(port: int, timeout: float) -> None:
+    """Return once nothing accepts connections on ``port`` (a killed server's socket closes only once its
+    process is torn down, after its parent has seen it die); an `AssertionError` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                pass
+        except OSError:
+            return
+        assert time.monotonic() < deadline, f"port {port} still accepts connections after {timeout:.0f} s"
+        time.sleep(0.1)

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from tests.cluster.ports import free_ports, wait_listening
+from tests.cluster.ports import free_ports, wait_closed, wait_listening
 
 BIN = Path("/usr/lib/rabbitmq/bin")
 STARTUP = 180.0
@@ -79,6 +79,8 @@ class RabbitCluster:
         process = self.processes[node]
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=30)
+        # else a restart could find the dying VM's listener still open and ask a node not yet started
+        wait_closed(self.amqp[node], 30)
 
     def leader(self, queue: str) -> str:
         """The node leading quorum queue ``queue`` now, asked of any running node."""
