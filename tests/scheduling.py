@@ -5,8 +5,10 @@ exceptions, both declared here and nowhere else:
 
 * `ONE_WORKER`: tests whose node id matches one of these patterns form a
   group that runs on one worker, one test after another, in collection order
-  (the Spark tests share that worker's one SparkSession; the README's blocks
-  share the repository's example folder and follow one another). Groups are
+  (the Spark tests share that worker's one SparkSession, but for those that
+  start a Spark driver of their own; the README's blocks share the
+  repository's example folder and follow one another; the RabbitMQ cluster
+  tests share one 3-node cluster). Groups are
   handed out first, the largest first, and hold their worker until done: keep
   them few and short.
 * `START_FIRST`: the slowest tests (crash and kill loops, soaks of real
@@ -26,14 +28,23 @@ from typing import Any
 
 import pytest
 
-ONE_WORKER: dict[str, str] = {
+ONE_WORKER: dict[str, str | None] = {
+    # Spark in a driver process of the test's own, not the worker's SparkSession: any worker
+    "tests/spark/test_driver_kill.py::*": None,
+    "tests/spark/test_example.py::*": None,
+    "tests/spark/test_pipeline.py::*": None,
     "tests/spark/*": "spark",
     "tests/test_readme.py::*": "readme",
+    "tests/cluster/test_rabbit_cluster.py::*": "rabbit cluster",  # one 3-node cluster (module fixture)
 }
-"""Node id pattern -> group: the group's tests run on one worker, in order."""
+"""Node id pattern -> group: the group's tests run on one worker, in order. The first pattern
+that matches decides; None means any worker."""
 
 START_FIRST: tuple[str, ...] = (
     "tests/transports/*::test_kill_9_at_random_points_*",  # 20 kills over 10,000 tokens: Kafka 135 s, the longest
+    "tests/spark/test_pipeline.py::*",  # producers, a broker server and a Spark driver, killed: 110-125 s
+    "tests/spark/test_example.py::*",
+    "tests/spark/test_driver_kill.py::*",
     "tests/transports/test_chaos.py::test_kill_9_of_an_async_handler_*",  # 52 s (377 s before forked workers)
     "tests/cluster/*::*",  # 3-node clusters started by the test
     "tests/test_readme_benchmarks.py::*",  # Spark and broker benchmarks in child processes

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,9 +29,12 @@ from tests.cluster.rabbit_cluster import RabbitCluster
 from tests.cluster.run import ClusterRun, Failure
 
 
-@pytest.fixture
-def rabbit_cluster(tmp_path: Path, unique: str) -> Iterator[RabbitCluster]:
-    with RabbitCluster(tmp_path / "rabbit", unique) as cluster:
+@pytest.fixture(scope="module")
+def rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitCluster]:
+    """One cluster for the module's tests (each on queues of its own; a test restarts what it killed):
+    starting three nodes and joining them costs 50-100 s. `tests.scheduling` keeps the module on one
+    worker, so the cluster is started once."""
+    with RabbitCluster(tmp_path_factory.mktemp("rabbit"), f"t{uuid.uuid4().hex[:12]}") as cluster:
         yield cluster
 
 
