@@ -27,6 +27,9 @@ SMALL = {  # option -> a size that runs in seconds
 SMALLER = {  # benchmarks whose small size is smaller still: every run is under valgrind
     "benchmarks.instructions": {"--messages": "500"},
 }
+LAST_CHECKOUT_ONLY = {  # benchmarks that count each checkout named (four runs under valgrind each): the last one
+    "benchmarks.instructions",
+}
 DEFAULTED = {  # benchmarks whose README command relies on their default sizes
     "benchmarks/store.py": ["--seconds", "--log-mb"],
     "benchmarks.spark_overhead": ["--batches", "--rows", "--preload"],
@@ -42,6 +45,10 @@ def small(arguments: list[str]) -> list[str]:
     target = arguments[1] if arguments[0] == "-m" else arguments[0]
     sizes = {**SMALL, **SMALLER.get(target, {})}
     made = [sizes.get(arguments[i - 1], word) if i else word for i, word in enumerate(arguments)]
+    if target in LAST_CHECKOUT_ONLY:  # every option takes a value, so a positional follows none
+        positional = [i for i, word in enumerate(made) if i > 1 and not made[i - 1].startswith("-")
+                      and not word.startswith("-")]
+        made = [word for i, word in enumerate(made) if i not in positional[:-1]]
     return made + [word for option in DEFAULTED.get(target, []) if option not in made
                    for word in (option, SMALL[option])]
 
