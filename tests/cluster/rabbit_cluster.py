@@ -66,7 +66,9 @@ class RabbitCluster:
                "RABBITMQ_LOG_BASE": str(base / "log"), "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq"),
                "RABBITMQ_PID_FILE": str(base / "pid"), "RABBITMQ_PLUGINS_EXPAND_DIR": str(base / "plugins"),
                "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
-               "RABBITMQ_CONF_ENV_FILE": str(base / "env"), "RABBITMQ_FEATURE_FLAGS_FILE": str(base / "ff")}
+               "RABBITMQ_CONF_ENV_FILE": str(base / "env"), "RABBITMQ_FEATURE_FLAGS_FILE": str(base / "ff"),
+               # three VMs on two shared cores: schedulers that sleep when idle instead of spinning
+               "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "+sbwt none +sbwtdcpu none +sbwtdio none"}
         with (base / "out.log").open("ab") as out:
             self.processes[node] = subprocess.Popen([str(BIN / "rabbitmq-server")], env=env, stdout=out,
                                                     stderr=subprocess.STDOUT, start_new_session=True)
