@@ -28,6 +28,7 @@ PRELOAD = [
     "tests.transports.outbox_chain_worker",
     "tests.framework.offsets_worker",
     "reliable.cli",
+    "broker.server.run",
     "backends.transport.embedded",
     "backends.transport.redis_streams",
     "backends.transport.remote",

@@ -18,7 +18,7 @@ from tests.broker.server.serving import ServerProcess
 def server(tmp_path) -> Iterator[ServerProcess]:
     started = ServerProcess(tmp_path / "data").start()
     yield started
-    if started.process is not None and started.process.poll() is None:
+    if started.running:
         started.stop()
 
 

@@ -139,7 +139,7 @@ def check_serving(server: ServerProcess, before: list[tuple[str, bytes]]) -> Non
     assert stored(server) == before
     log = server.log.read_text()
     assert "session_failed" not in log and "Traceback" not in log
-    assert server.process is not None and server.process.poll() is None
+    assert server.running
 
 
 class Budget:
