@@ -102,4 +102,5 @@ def test_a_second_ctrl_c_during_a_log_line_still_forces_the_exit(tmp_path) -> No
                          capture_output=True, text=True, timeout=60)
     events = [json.loads(line)["event"] for line in run.stdout.splitlines() if line.startswith("{")]
     assert run.returncode == 128 + signal.SIGINT, run.stderr[-2000:]
-    assert events[-2:] == ["shutdown_started", "shutdown_forced"]
+    # other threads (the relay's start) may log between the two
+    assert [e for e in events if e.startswith("shutdown_")] == ["shutdown_started", "shutdown_forced"]
