@@ -36,6 +36,10 @@ from broker.protocol.codec import FrameDecoder, decode_body
 from broker.protocol.errors import WIRE_ERRORS, ClientError
 from broker.protocol.operations import OPERATIONS, Operation
 from broker.protocol.tables import outgoing_table
+from broker.tls_socket import TlsSocket
+
+Connection = socket.socket | TlsSocket
+"""A plain socket, or TLS over one."""
 
 log = structlog.get_logger("broker.client")
 PUBLISH = OPERATIONS["publish"]
@@ -81,7 +85,7 @@ class Client(SyncCalls):
         self._send_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._waiting: dict[int, Future[dict[str, Any]]] = {}
-        self._sock: socket.socket | None = None
+        self._sock: Connection | None = None
         self._closed = False
 
     # -- BrokerApi: one method per operation (SyncCalls), publish resent over reconnects ------
@@ -136,7 +140,7 @@ class Client(SyncCalls):
             raise BrokerUnavailableError(f"broker {self._where()} unreachable: {exc}") from exc
         return result(waiting.result())
 
-    def _connected(self) -> socket.socket:
+    def _connected(self) -> Connection:
         with self._lock:
             if self._closed:
                 raise BrokerError("this broker client is closed")
@@ -154,7 +158,7 @@ class Client(SyncCalls):
             self._call("hello", user=user, password=password)
         return sock
 
-    def _open(self) -> socket.socket:
+    def _open(self) -> Connection:
         if self.path is not None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(CONNECT_TIMEOUT)
@@ -166,9 +170,15 @@ class Client(SyncCalls):
         else:
             sock = socket.create_connection(self.address, timeout=CONNECT_TIMEOUT)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return self._tls.wrap_socket(sock, server_hostname=self.address[0]) if self._tls else sock
+        if self._tls is None:
+            return sock
+        try:
+            return TlsSocket(sock, self._tls, self.address[0])  # read and written by two threads at once
+        except BaseException:
+            sock.close()
+            raise
 
-    def _read(self, sock: socket.socket) -> None:
+    def _read(self, sock: Connection) -> None:
         decoder = FrameDecoder(1 << 30)
         try:
             while data := sock.recv(1 << 20):
@@ -183,7 +193,7 @@ class Client(SyncCalls):
         except Exception as exc:  # noqa: BLE001 - every waiter learns the connection is gone
             self._lost(sock, exc)
 
-    def _lost(self, sock: socket.socket, exc: BaseException) -> None:
+    def _lost(self, sock: Connection, exc: BaseException) -> None:
         with self._lock:
             if self._sock is sock:
                 self._sock = None

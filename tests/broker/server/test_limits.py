@@ -52,6 +52,23 @@ def test_a_tls_client_is_served_and_a_plain_one_is_not(tls_server, unique) -> No
     plain.close()
 
 
+def test_fresh_tls_clients_publish_at_once_without_a_spurious_eof(tls_server, unique) -> None:
+    """The client's reader thread sits in ``recv()`` while the caller's thread sends. On one
+    ``ssl.SSLSocket`` (one OpenSSL object, used by two threads at once) the first publish of 25
+    fresh clients in 300 failed with an EOF; `broker.tls_socket` keeps TLS under a lock."""
+    server, cert = tls_server
+    context = ssl.create_default_context(cafile=str(cert))
+    failed = []
+    for n in range(100):
+        client = Client(server.url, tls=context, publish_retry_seconds=0)  # no retry hides a failure
+        try:
+            client.publish(unique, [OutgoingMessage(b"m", message_id=f"m{n}")])
+        except BrokerUnavailableError as exc:
+            failed.append(f"{n}: {exc}")
+        client.close()
+    assert failed == []
+
+
 def test_tls_1_2_is_accepted_and_nothing_older(tls_server, tmp_path) -> None:
     server, cert = tls_server
     exactly_1_2 = ssl.create_default_context(cafile=str(cert))
