@@ -59,8 +59,9 @@ class TlsSocket:
                 self._feed(data)
                 answer = self._outgoing.pending  # reading may make records to send (a key update)
             if answer:
-                with self._send_lock, self._tls_lock:
-                    records = self._outgoing.read()
+                with self._send_lock:
+                    with self._tls_lock:
+                        records = self._outgoing.read()
                     self._sock.sendall(records)
 
     def _feed(self, data: bytes) -> None:

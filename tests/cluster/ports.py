@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import socket
-import time
 from contextlib import ExitStack
+
+from tests.waiting import wait_until
 
 
 def free_ports(count: int) -> list[int]:
@@ -16,27 +17,21 @@ def free_ports(count: int) -> list[int]:
         return [sock.getsockname()[1] for sock in sockets]
 
 
+def accepts(port: int) -> bool:
+    """Whether something accepts connections on loopback ``port`` now."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 def wait_listening(port: int, timeout: float) -> None:
     """Return once something accepts connections on ``port``; an `AssertionError` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            assert time.monotonic() < deadline, f"nothing listens on port {port} after {timeout:.0f} s"
-            time.sleep(0.1)
+    wait_until(lambda: accepts(port), f"a listener on port {port}", timeout)
 
 
 def wait_closed(port: int, timeout: float) -> None:
     """Return once nothing accepts connections on ``port`` (a killed server's socket closes only once its
     process is torn down, after its parent has seen it die); an `AssertionError` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                pass
-        except OSError:
-            return
-        assert time.monotonic() < deadline, f"port {port} still accepts connections after {timeout:.0f} s"
-        time.sleep(0.1)
+    wait_until(lambda: not accepts(port), f"port {port} to refuse connections", timeout)
