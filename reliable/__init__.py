@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         HandlerOptionError,
         ReliableError,
         ReplayLoopError,
+        TokenInvalidError,
         TokenMissingError,
     )
     from reliable.handler import Handler
@@ -54,7 +55,7 @@ _HOMES = {
     **dict.fromkeys(("Async", "Batch", "CommitStrategy", "OffsetWatermark", "PerMessage", "Transactional"),
                     "reliable.commit"),
     **dict.fromkeys(("ConfigurationError", "HandlerOptionError", "ReliableError", "ReplayLoopError",
-                     "TokenMissingError"), "reliable.errors"),
+                     "TokenInvalidError", "TokenMissingError"), "reliable.errors"),
     "Handler": "reliable.handler",
     "Token": "reliable.idempotency",
     **dict.fromkeys(("DeadLetter", "Failure", "Message", "OutgoingMessage", "QueueRef"), "reliable.message"),
@@ -93,6 +94,7 @@ __all__ = [
     "Settings",
     "SystemClock",
     "Token",
+    "TokenInvalidError",
     "TokenMissingError",
     "Transactional",
     "Verdict",

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from sqlalchemy import exc as sa_exc
 
 from backends.errors import BodyDecodeError, ConfigurationError
-from reliable.errors import HandlerShapeError, TokenMissingError
+from reliable.errors import HandlerShapeError, TokenInvalidError, TokenMissingError
 
 
 class Verdict(enum.Enum):
@@ -84,7 +84,7 @@ def _always(verdict: Verdict) -> Rule:
     return Rule(lambda exc: verdict, name=f"always({verdict.name})")
 
 
-POISON: tuple[type[BaseException], ...] = (BodyDecodeError, TokenMissingError, HandlerShapeError)
+POISON: tuple[type[BaseException], ...] = (BodyDecodeError, TokenMissingError, TokenInvalidError, HandlerShapeError)
 """Failures `reliable` itself detects in the message: no retry can fix them."""
 
 _MISSING_SCHEMA = ("no such table", "no such column", "has no column named")

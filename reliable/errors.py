@@ -36,6 +36,7 @@ __all__ = [
     "ReliableError",
     "ReplayLoopError",
     "StoreUnavailableError",
+    "TokenInvalidError",
     "TokenMissingError",
     "TransportError",
     "UnknownHandlerError",
@@ -50,6 +51,11 @@ class BodyValidationError(BodyDecodeError):
 
 class TokenMissingError(ReliableError):
     """Raised when a message has no idempotency token where one is required (it is poison)."""
+
+
+class TokenInvalidError(ReliableError):
+    """Raised when a message's token is one the store cannot record (too long, or holding a NUL
+    character): the message is poison, before any claim."""
 
 
 class HandlerOptionError(ConfigurationError):

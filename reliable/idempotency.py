@@ -20,8 +20,9 @@ import structlog
 from backends.cache.base import Cache
 from backends.errors import CacheUnavailableError
 from backends.store.base import Transaction
+from backends.store.schema import TOKEN_MAX
 from backends.types import Message
-from reliable.errors import HandlerOptionError, TokenMissingError
+from reliable.errors import HandlerOptionError, TokenInvalidError, TokenMissingError
 
 log = structlog.get_logger("reliable.idempotency")
 
@@ -68,11 +69,24 @@ class Token:
         return None if value is None or value == "" else str(value)
 
     def __call__(self, message: Message) -> str:
-        """The token, or `TokenMissingError` naming where it was looked for."""
+        """The token, or `TokenMissingError` naming where it was looked for, or
+        `TokenInvalidError` when the store could not record it (`unrecordable`)."""
         token = self._find(message)
         if token is None:
             raise TokenMissingError(f"message {message.id} has no token at {self.describe}")
+        if problem := unrecordable(token):
+            raise TokenInvalidError(f"message {message.id}: the token at {self.describe} {problem}")
         return token
+
+
+def unrecordable(token: str) -> str | None:
+    """Why the store could not record ``token``, or None: PostgreSQL refuses a token wider than
+    its column or holding a NUL character, and would refuse its dead-letter record too."""
+    if len(token) > TOKEN_MAX:
+        return f"is {len(token)} characters long; at most {TOKEN_MAX} are recorded"
+    if "\x00" in token:
+        return f"holds a NUL character ({token!r})"
+    return None
 
 
 _ALLOWED = "'id', 'key', 'header.NAME', 'body.PATH' or a callable(message) -> str"

@@ -23,6 +23,9 @@ from sqlalchemy import (
 
 metadata = MetaData()
 
+TOKEN_MAX = 512
+"""The longest token the store records, in characters (the token columns' width)."""
+
 
 def _identifier(length: int) -> String:
     """Text compared byte by byte: tokens are identifiers, not words to sort for people.
@@ -42,7 +45,7 @@ tokens = Table(
     "reliable_tokens",
     metadata,
     Column("namespace", _identifier(255), nullable=False),
-    Column("token", _identifier(512), nullable=False),
+    Column("token", _identifier(TOKEN_MAX), nullable=False),
     Column("state", String(16), nullable=False),
     Column("result", Text, nullable=True),  # JSON text (lease mode)
     Column("created_at", Double, nullable=False),
@@ -76,7 +79,7 @@ dead_letters = Table(
     Column("headers", Text, nullable=False),  # JSON object text
     Column("payload", LargeBinary, nullable=False),  # the bytes exactly as published
     Column("published_at", Double, nullable=False, default=0.0),
-    Column("token", String(512), nullable=True),
+    Column("token", String(TOKEN_MAX), nullable=True),
     Column("attempts", Integer, nullable=False),
     Column("error_type", String(255), nullable=False),
     Column("error_message", Text, nullable=False),
