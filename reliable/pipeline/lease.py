@@ -7,8 +7,9 @@ its lease is not repeated by a twin; then the result is stored and returned
 to duplicates. A store outage after the side effect leaves the message
 unacked (DEFERRED): the lease expires and a redelivery may run it again,
 the at-least-once that lease mode promises for effects outside the database.
-The handler's ``tx.publish`` calls are kept (`Deferred`) and written as outbox
-rows in the transaction that stores its result.
+The handler's ``tx.publish`` calls are kept (`Deferred`, one per attempt, so an
+attempt that raised publishes nothing) and written as outbox rows in the
+transaction that stores its result.
 """
 
 from __future__ import annotations
@@ -95,11 +96,14 @@ class Leased:
             log.info("lease_held", handler=steps.handler.name, token=token, retry_in=wait)
             w.decide(Outcome.DEFERRED, delay=wait)
             return
-        publish = Deferred(steps.middleware.outbox_hook)  # tx.publish: written with its stored result
+        async def attempt() -> tuple[Any, Deferred]:
+            publish = Deferred(steps.middleware.outbox_hook)  # per attempt: a failed one publishes nothing
+            return await steps.call([w.message], publish), publish
+
         try:
             with Heartbeat(lambda: self._renew(w.message, token), self.seconds / RENEWALS_PER_LEASE,
                            steps.handler.name):
-                value = await steps.retrying([w.message], lambda: steps.call([w.message], publish))
+                value, publish = await steps.retrying([w.message], attempt)
         except Exception as exc:
             await steps.runner.offload(lambda: self._release(token))
             w.result = steps.failed(w.message, token, exc)

@@ -267,6 +267,30 @@ def test_a_lease_handler_publishes_with_its_stored_result_and_not_when_it_fails(
         tx.publish("sent", {}, message_id="x" * 65)
 
 
+def test_a_lease_handler_retried_in_process_publishes_only_what_its_last_attempt_did(
+    app: App, unique: str
+) -> None:
+    """Each attempt is a fresh ``tx``: what an attempt that raised published goes with it, as a
+    rolled-back transaction's rows do in the other modes."""
+    attempts: list[int] = []
+
+    @app.handler("emails", group=f"{unique}-emails", token="body.id", lease=30.0, in_process=3)
+    def send(msg: Message, tx) -> str:
+        attempts.append(len(attempts) + 1)
+        tx.publish("sent", {"attempt": attempts[-1]}, key="k")
+        if len(attempts) < 3:
+            raise ConnectionError("the mail server hung up")
+        return "delivered"
+
+    app.publish("emails", {"id": 1})
+    app.run(until_idle=True)
+
+    assert attempts == [1, 2, 3] and app.stats()["redelivered"] == 0
+    [message] = received(app, f"{unique}-sent", "sent", 1)
+    assert message.body == {"attempt": 3}
+    assert [row.message_id for row in app.store.outbox.rows()] == [message.id]
+
+
 def test_an_async_handler_publishes_through_its_async_transaction(app: App, unique: str) -> None:
     @app.handler("orders", group=f"{unique}-orders", token="body.id")
     async def order(msg: Message, tx) -> None:
