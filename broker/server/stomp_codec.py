@@ -60,9 +60,14 @@ class StompFrame:
 
 
 def encode(frame: StompFrame, version: str = "1.2") -> bytes:
-    """The frame's bytes; a non-empty body always gets ``content-length``."""
+    """The frame's bytes; a non-empty body always gets ``content-length``.
+
+    A header the peer's ``version`` cannot carry (`carried`) is left out: written as it is,
+    it would end the frame or its headers early, and the rest would read as frames of its own.
+    """
     escape = frame.command not in UNESCAPED_COMMANDS
-    headers = {k: v for k, v in frame.headers.items() if k != "content-length"}
+    headers = {k: v for k, v in frame.headers.items()
+               if k != "content-length" and carried(k, v, version if escape else "1.0")}
     if frame.body:
         headers["content-length"] = str(len(frame.body))
     lines = [frame.command]
@@ -71,6 +76,17 @@ def encode(frame: StompFrame, version: str = "1.2") -> bytes:
             name, value = _escape(name, version), _escape(value, version)
         lines.append(f"{name}:{value}")
     return ("\n".join(lines) + "\n\n").encode() + frame.body + b"\0"
+
+
+def carried(name: str, value: str, version: str) -> bool:
+    """Whether a STOMP ``version`` frame can carry the header ``name: value`` unchanged.
+
+    No version escapes NUL, and clients cut a frame at the first one (stomp.py does);
+    1.0 (and CONNECTED in any version) escapes nothing: no line feed, and no ':' in a name.
+    """
+    if "\0" in name or "\0" in value:
+        return False
+    return bool(_ESCAPES[version]) or not ("\n" in name or "\n" in value or ":" in name)
 
 
 def _escape(text: str, version: str) -> str:

@@ -17,7 +17,13 @@ from broker.server.auth import Principal
 from broker.server.connection import Connection
 from broker.server.engine import Delivery, Engine, OutgoingMessage
 from broker.server.stomp_codec import StompFrame, parse_number
-from broker.server.stomp_subscription import ACK_MODES, AckMode, Destination, StompSubscription
+from broker.server.stomp_subscription import (
+    ACK_MODES,
+    AckMode,
+    Destination,
+    StompSubscription,
+    message_id_of,
+)
 from broker.server.stomp_transactions import StompTransactions
 
 #: frame headers that steer the broker and are not stored with the message
@@ -125,7 +131,7 @@ class StompHandlers:
         headers = {k: v for k, v in delivery.headers.items() if k not in CONTROL_HEADERS}
         headers.update({
             "destination": subscription.destination.raw, "subscription": subscription.id,
-            "message-id": delivery.message_id, "ack": ack_id, "persistent": "true",
+            "message-id": message_id_of(delivery, ack_id), "ack": ack_id, "persistent": "true",
             "redelivered": "true" if delivery.delivery_count > 1 else "false",
         })
         await self.session.send(StompFrame("MESSAGE", headers, delivery.body))

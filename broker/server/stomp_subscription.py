@@ -19,6 +19,7 @@ from typing import Literal
 from broker.protocol.errors import MalformedFrameError, RequestError
 from broker.server.config import Limits
 from broker.server.engine import Delivery, Engine
+from broker.server.stomp_codec import carried
 
 AckMode = Literal["auto", "client", "client-individual"]
 ACK_MODES: tuple[AckMode, ...] = ("auto", "client", "client-individual")
@@ -26,6 +27,13 @@ FETCH_WAIT = 5.0
 _DESTINATION = re.compile(r"/(queue|topic)/([^/\s]+)")
 
 SendMessage = Callable[["StompSubscription", Delivery, str], Awaitable[None]]
+
+
+def message_id_of(delivery: Delivery, ack_id: str) -> str:
+    """The ``message-id`` of ``delivery``'s MESSAGE frame: the broker's message id, or, where
+    a STOMP version could not carry that (`carried`), the frame's ack id: 1.0 and 1.1 clients
+    acknowledge by it."""
+    return delivery.message_id if carried("message-id", delivery.message_id, "1.0") else ack_id
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,7 @@ class StompSubscription:
                 ack_id = self._next_ack_id()
                 if self.ack_mode != "auto":
                     self.pending[ack_id] = delivery
-                    self._by_message_id[delivery.message_id] = ack_id
+                    self._by_message_id[message_id_of(delivery, ack_id)] = ack_id
                 try:
                     await self._send(self, delivery, ack_id)
                 except BaseException:  # stopped, or the client gone: what follows was never sent
@@ -111,9 +119,10 @@ class StompSubscription:
 
     async def settle(self, ack_ids: Sequence[str], redeliver: bool) -> None:
         """ACK (``redeliver`` false) or NACK the deliveries of ``ack_ids`` that are still pending."""
-        deliveries = [self.pending.pop(a) for a in ack_ids if a in self.pending]
-        for delivery in deliveries:
-            self._by_message_id.pop(delivery.message_id, None)
+        settled = [(a, self.pending.pop(a)) for a in ack_ids if a in self.pending]
+        for ack_id, delivery in settled:
+            self._by_message_id.pop(message_id_of(delivery, ack_id), None)
+        deliveries = [delivery for _, delivery in settled]
         if not deliveries:
             return
         if not redeliver:
