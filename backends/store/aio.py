@@ -74,13 +74,18 @@ class AsyncSqlTransaction:
                                       message_id=message_id)
 
     async def write_outbox(self) -> None:
-        """Write the published rows (one ``executemany``) and announce them; just before the commit."""
-        if self._outgoing.rows:
+        """Write the published rows (one ``executemany``) and announce them; just before the commit.
+        No publish joins them after this."""
+        if rows := self._outgoing.end():
             try:
-                await self.connection.execute(self._outgoing.writer.statement, self._outgoing.rows)
+                await self.connection.execute(self._outgoing.writer.statement, rows)
             except DBAPIError as exc:
                 _raise(exc, "write_outbox")
             await self._run("announce_outbox", self._dialect.announce_outbox, self._outgoing.writer.name)
+
+    def rolled_back(self) -> None:
+        """The transaction rolled back: its rows go with it, and no publish joins them after this."""
+        self._outgoing.end()
 
     async def execute(self, statement: Any, parameters: Any = None, /) -> Any:
         """Run a statement in this transaction (the handler's own writes)."""
@@ -152,6 +157,7 @@ class AsyncSqlStore:
                 yield tx
                 await tx.write_outbox()
             except BaseException:
+                tx.rolled_back()
                 await self._rollback_quietly(connection)
                 raise
             try:

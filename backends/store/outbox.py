@@ -179,22 +179,43 @@ def _check(topic: Any, key: Any, headers: Any, delay: Any, message_id: Any = Non
 
 class Outgoing:
     """The rows one transaction publishes, written together just before it commits; the sync and
-    the async transaction each hold one, so the rules live here once."""
+    the async transaction each hold one, so the rules live here once. Once the transaction ends
+    (its rows taken for the commit, or rolled back) a publish raises: its row would never be
+    written, and the caller would hold the id of a message that is never sent."""
 
     def __init__(self, writer: OutboxWriter) -> None:
         self.writer = writer
         self.rows: list[dict[str, Any]] = []
+        self._ended = False
+        self._lock = threading.Lock()  # a publish on another thread, against the commit taking the rows
 
     def publish(self, topic: str, body: Any, *, key: str | None = None, headers: Mapping[str, str] | None = None,
                 delay: float = 0.0, content_type: str = JSON, message_id: str | None = None) -> str:
+        _refuse_if(self._ended, topic)
         row = self.writer.row(topic, body, key=key, headers=headers, delay=delay, content_type=content_type,
                               message_id=message_id)
-        self.rows.append(row)
+        with self._lock:
+            _refuse_if(self._ended, topic)
+            self.rows.append(row)
         return str(row["message_id"])
 
     def rolled_back_to(self, mark: int) -> None:
         """A savepoint taken when ``mark`` rows were published rolled back: its rows go with it."""
-        del self.rows[mark:]
+        with self._lock:
+            del self.rows[mark:]
+
+    def end(self) -> list[dict[str, Any]]:
+        """The transaction commits with these rows, or rolls back: no publish joins it after this."""
+        with self._lock:
+            self._ended = True
+            return list(self.rows)
+
+
+def _refuse_if(ended: bool, topic: str) -> None:
+    if ended:
+        raise OutboxMessageError(
+            f"tx.publish to {topic!r} after its transaction ended (committed or rolled back): the message "
+            "would never be written; publish before the handler returns, or in a new store transaction")
 
 
 class Deferred:
@@ -205,21 +226,33 @@ class Deferred:
     def __init__(self, on_publish: PublishHook = unhooked) -> None:
         self.calls: list[dict[str, Any]] = []
         self.on_publish = on_publish  # run when the handler calls, not again when the rows are written
+        self._ended = False
+        self._lock = threading.Lock()
 
     def publish(self, topic: str, body: Any, *, key: str | None = None, headers: Mapping[str, str] | None = None,
                 delay: float = 0.0, content_type: str = JSON, message_id: str | None = None) -> str:
+        _refuse_if(self._ended, topic)
         _check(topic, key, headers, delay, message_id)
         with self.on_publish(topic, headers) as sent_headers:
             call = {"topic": topic, "body": body, "key": key, "headers": dict(sent_headers), "delay": delay,
                     "content_type": content_type, "message_id": message_id or new_message_id()}
-        self.calls.append(call)
+        with self._lock:
+            _refuse_if(self._ended, topic)
+            self.calls.append(call)
         return str(call["message_id"])
+
+    def end(self) -> list[dict[str, Any]]:
+        """The calls so far; no publish joins them after this (the attempt's result is being
+        stored with them, or the attempt raised and they are dropped)."""
+        with self._lock:
+            self._ended = True
+            return list(self.calls)
 
     def write(self, tx: Any) -> None:
         """Write the calls' rows in ``tx`` (a `Transaction`)."""
         hooked = _HOOKED.set(True)
         try:
-            for call in self.calls:
+            for call in self.end():
                 tx.publish(call["topic"], call["body"], key=call["key"], headers=call["headers"],
                            delay=call["delay"], content_type=call["content_type"], message_id=call["message_id"])
         finally:

@@ -89,10 +89,15 @@ class SqlTransaction(Transaction):
 
     @_guarded
     def write_outbox(self) -> None:
-        """Write the published rows (one ``executemany``) and announce them; just before the commit."""
-        if self._outgoing.rows:
-            self.connection.execute(self._outgoing.writer.statement, self._outgoing.rows)
+        """Write the published rows (one ``executemany``) and announce them; just before the commit.
+        No publish joins them after this."""
+        if rows := self._outgoing.end():
+            self.connection.execute(self._outgoing.writer.statement, rows)
             self._dialect.announce_outbox(self.connection, self._outgoing.writer.name)
+
+    def rolled_back(self) -> None:
+        """The transaction rolled back: its rows go with it, and no publish joins them after this."""
+        self._outgoing.end()
 
     @_guarded
     def claim(self, namespace: str, tokens: Sequence[str], ttl: float) -> set[str]:
@@ -169,6 +174,7 @@ class SqlStore(Store):
             yield tx
             tx.write_outbox()
         except BaseException:
+            tx.rolled_back()
             self._rollback_quietly(connection)
             connection.close()
             raise

@@ -98,7 +98,11 @@ class Leased:
             return
         async def attempt() -> tuple[Any, Deferred]:
             publish = Deferred(steps.middleware.outbox_hook)  # per attempt: a failed one publishes nothing
-            return await steps.call([w.message], publish), publish
+            try:
+                return await steps.call([w.message], publish), publish
+            except BaseException:
+                publish.end()
+                raise
 
         try:
             with Heartbeat(lambda: self._renew(w.message, token), self.seconds / RENEWALS_PER_LEASE,

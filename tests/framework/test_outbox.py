@@ -291,6 +291,39 @@ def test_a_lease_handler_retried_in_process_publishes_only_what_its_last_attempt
     assert [row.message_id for row in app.store.outbox.rows()] == [message.id]
 
 
+def test_a_publish_after_its_transaction_ended_raises_instead_of_vanishing(app: App, unique: str) -> None:
+    """A ``tx`` kept past its end (a handler's, sync, async or lease; plain code's, committed or
+    rolled back) refuses ``publish``: it used to hand back a message id and write nothing."""
+    kept: list[object] = []
+
+    @app.handler("orders", group=f"{unique}-orders", token="body.id")
+    def order(msg: Message, tx) -> None:
+        kept.append(tx)
+
+    @app.handler("emails", group=f"{unique}-emails", token="body.id", lease=30.0)
+    def email(msg: Message, tx) -> str:
+        kept.append(tx)
+        return "sent"
+
+    @app.handler("shipments", group=f"{unique}-shipments", token="body.id")
+    async def ship(msg: Message, tx) -> None:
+        kept.append(tx)
+
+    for topic in ("orders", "emails", "shipments"):
+        app.publish(topic, {"id": 1})
+    app.run(until_idle=True)
+    with app.store.transaction() as committed:
+        pass
+    with pytest.raises(RuntimeError), app.store.transaction() as rolled_back:
+        raise RuntimeError("rolled back")
+
+    assert len(kept) == 3
+    for tx in [*kept, committed, rolled_back]:
+        with pytest.raises(OutboxMessageError, match="tx.publish to 'late' after its transaction ended"):
+            tx.publish("late", {"n": 1})  # type: ignore[attr-defined]
+    assert app.store.outbox.rows() == []
+
+
 def test_an_async_handler_publishes_through_its_async_transaction(app: App, unique: str) -> None:
     @app.handler("orders", group=f"{unique}-orders", token="body.id")
     async def order(msg: Message, tx) -> None:
