@@ -35,8 +35,8 @@ def add(connection: Connection, dialect: Dialect, letter: DeadLetter, now: float
             token=letter.token,
             attempts=failure.attempts,
             error_type=failure.error_type,
-            error_message=failure.error_message,
-            traceback=failure.traceback,
+            error_message=_readable(failure.error_message),
+            traceback=_readable(failure.traceback),
             first_failure_at=failure.first_failure_at,
             last_failure_at=failure.last_failure_at,
             replays=letter.replays,
@@ -47,6 +47,12 @@ def add(connection: Connection, dialect: Dialect, letter: DeadLetter, now: float
     )
     inserted = result.scalar_one_or_none()
     return None if inserted is None else int(inserted)
+
+
+def _readable(text: str) -> str:
+    """A failure's text with each NUL character written ``\\x00``: PostgreSQL's text cannot hold
+    NUL, and an error message may quote a body that does (on every store alike)."""
+    return text.replace("\x00", "\\x00")
 
 
 def add_identity_column(connection: Connection) -> None:

@@ -50,3 +50,23 @@ def test_a_replayed_dead_letter_that_fails_again_gets_a_record_of_its_own(tmp_pa
     (letter,) = app.dead_letters("billing")
     assert letter.replays == 1 and app.stats()["dead_lettered"] == 2
     app.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_an_error_quoting_a_nul_character_is_recorded_with_it_written_out(tmp_path, request, unique, backend):
+    """PostgreSQL's text cannot hold NUL: the record's insert used to fail, and its error
+    stopped the worker (app.run raised) with the message never dead-lettered."""
+    store = request.getfixturevalue("postgres_url") if backend == "postgresql" else None
+    app = test_app(tmp_path, store=store)
+
+    @app.handler("customers", group=unique, token="body.id", fatal=(ValueError,))
+    def register(msg, tx):
+        raise ValueError(f"name {msg.body['name']} has a control character")
+
+    app.publish("customers", {"id": unique, "name": "a\u0000b"})
+    app.run(until_idle=True)
+    (letter,) = app.dead_letters(unique)
+    assert letter.failure.error_message == "name a\\x00b has a control character"
+    assert "name a\\x00b has" in letter.failure.traceback and "\x00" not in letter.failure.traceback
+    assert app.stats()["dead_lettered"] == 1
+    app.close()
