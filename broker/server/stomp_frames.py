@@ -63,7 +63,6 @@ class StompHandlers:
         self.subscriptions: dict[str, StompSubscription] = {}
         self.transactions = StompTransactions(session.conn.limits)
         self._ack_ids = itertools.count(1)
-        self._groups = itertools.count(1)
         self._handlers: dict[str, Callable[[StompFrame], Awaitable[None]]] = {
             command: getattr(self, f"_{command.lower()}") for command in CONNECTED_COMMANDS}
 
@@ -112,16 +111,13 @@ class StompHandlers:
         prefetch = _prefetch(frame.get("activemq.prefetchSize"), self.session.conn.limits.stomp_prefetch)
         if destination.kind == "queue":  # the group NAME over topic NAME, as a native subscribe
             QUEUE_ACCESS.check(self.principal, {"group": destination.topic, "topics": [destination.topic]})
-        else:  # a private group of this connection: reading the topic, as a native read
+        else:  # a broadcasting member of its own: reading the topic, as a native read
             TOPIC_ACCESS.check(self.principal, {"topic": destination.topic})
-        engine = self.session.engine
-        if destination.kind == "queue":
-            member = await engine.join(destination.topic, [destination.topic])
-        else:
-            group = f"%STOMP%{self.session.session_id}%{next(self._groups)}"  # any id: a safe name
-            member = await engine.join(group, [destination.topic], broadcast=True, from_end=True)
+        broadcast = destination.kind == "topic"
+        member = await self.session.engine.join(destination.group, [destination.topic],
+                                                broadcast=broadcast, from_end=broadcast)
         subscription = StompSubscription(
-            sub_id, destination, _mode(ack_mode), prefetch, member, engine, self._message,
+            sub_id, destination, _mode(ack_mode), prefetch, member, self.session.engine, self._message,
             lambda: f"{self.session.session_id}-{next(self._ack_ids)}",
             self.session.conn.limits)
         self.subscriptions[sub_id] = subscription

@@ -1,8 +1,8 @@
 """One STOMP subscription: a group member whose deliveries are pushed as MESSAGE frames.
 
 ``/queue/NAME`` joins the group ``NAME`` over topic ``NAME`` (every subscriber
-of the queue shares its messages); ``/topic/NAME`` joins a broadcasting
-member of its own that starts at the end of topic ``NAME``. At most
+of the queue shares its messages); ``/topic/NAME`` joins the broadcasting group
+``%STOMP%NAME`` as a member of its own that starts at the end of topic ``NAME``. At most
 ``prefetch`` messages are unacknowledged at a time (``activemq.prefetchSize``);
 in ``auto`` mode a message counts as acknowledged once written.
 """
@@ -10,12 +10,14 @@ in ``auto`` mode a message counts as acknowledged once written.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from broker.delivery.topics import MAX_NAME, RETRY_PREFIX
 from broker.protocol.errors import MalformedFrameError, RequestError
 from broker.server.config import Limits
 from broker.server.engine import Delivery, Engine
@@ -25,6 +27,8 @@ AckMode = Literal["auto", "client", "client-individual"]
 ACK_MODES: tuple[AckMode, ...] = ("auto", "client", "client-individual")
 FETCH_WAIT = 5.0
 _DESTINATION = re.compile(r"/(queue|topic)/([^/\s]+)")
+TOPIC_GROUP = "%STOMP%"
+_LONGEST_GROUP = MAX_NAME - len(RETRY_PREFIX)
 
 SendMessage = Callable[["StompSubscription", Delivery, str], Awaitable[None]]
 
@@ -51,6 +55,20 @@ class Destination:
             raise MalformedFrameError(f"destination {raw!r} is not /queue/NAME or /topic/NAME")
         kind: Literal["queue", "topic"] = "queue" if match.group(1) == "queue" else "topic"
         return cls(raw or "", kind, match.group(2))
+
+    @property
+    def group(self) -> str:
+        """The group a subscription joins: ``NAME`` for ``/queue/NAME``; for ``/topic/NAME``
+        ``%STOMP%NAME``, one broadcasting group per topic whose every subscription is a member
+        of its own (a group per subscription would leave a group, and a ``%RETRY%`` topic on
+        disk, behind every SUBSCRIBE). A name too long for a group ends in a digest instead."""
+        if self.kind == "queue":
+            return self.topic
+        group = TOPIC_GROUP + self.topic
+        if len(group) <= _LONGEST_GROUP:
+            return group
+        digest = hashlib.sha256(self.topic.encode()).hexdigest()[:16]
+        return f"{group[:_LONGEST_GROUP - len(digest) - 1]}%{digest}"
 
 
 class StompSubscription:
