@@ -60,9 +60,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=200_000)
     count = parser.parse_args().messages
-    with tempfile.TemporaryDirectory() as folder:
-        root = Path(folder)
-        broker = open_embedded(root / "broker")
+    with tempfile.TemporaryDirectory() as folder, open_embedded(Path(folder) / "broker") as broker:
+        root = Path(folder)  # the broker closes before its folder goes, also when a query fails
         warm = max(1, count // 100)
         for topic, size in (("orders", count), ("warm-up", warm)):
             rows = [{"token": f"o-{n}", "customer": f"c-{n % 97}", "amount": f"{n % 1000}.50"} for n in range(size)]
@@ -103,7 +102,6 @@ def main() -> None:
                 assert seen == size, (name, seen, size)
                 rates[name], batch_rates[name] = size / seconds, size / max(batches, 1e-3)
         spark.stop()
-        broker.close()
     print(f"{count} rows, local[2], one run\n")
     print(f"{'':<36}{'query rows/s':>14}{'vs file':>9}{'batch rows/s':>14}{'vs file':>9}")
     for name, peer in (("broker source, body", "file source, text"),
