@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Connection, delete, func, inspect, select, text, update
+from sqlalchemy import Connection, String, delete, func, inspect, select, text, update
 
 from backends.store.dialect import Dialect
 from backends.store.engine import chunks
@@ -16,9 +17,22 @@ from backends.types import DeadLetter, Failure, Message
 
 def add(connection: Connection, dialect: Dialect, letter: DeadLetter, now: float) -> int | None:
     """Insert ``letter``; its id, or None when the group already has a record of this message
-    (same token, or same message id without a token) at the same replay count."""
+    (same token, or same message id without a token) at the same replay count.
+
+    A message id or key the columns cannot hold as they are (a NUL character, which
+    PostgreSQL's text refuses; an id wider than its column) is stored as a readable stand-in,
+    and exactly in ``exact``: any producer can send such a message, and its record must neither
+    fail (which would stop the worker) nor change what a replay sends.
+    """
     message, failure = letter.message, letter.failure
-    identity = f"token:{letter.token}" if letter.token is not None else f"message:{message.id}"
+    message_id, key = _Field(message.id, _MESSAGE_ID_WIDTH), _Field(message.key)
+    exact = {name: field.value for name, field in (("message_id", message_id), ("key", key)) if not field.fits}
+    if letter.token is not None:
+        identity = f"token:{letter.token}"  # tokens are checked: they fit (`reliable.idempotency.Token`)
+    elif message_id.fits:
+        identity = f"message:{message.id}"
+    else:
+        identity = f"message-sha256:{hashlib.sha256(message.id.encode()).hexdigest()}"
     result = connection.execute(
         dialect.insert(dead_letters)
         .values(
@@ -27,20 +41,21 @@ def add(connection: Connection, dialect: Dialect, letter: DeadLetter, now: float
             topic=message.topic,
             queue=message.queue,
             offset=message.offset,
-            message_id=message.id,
-            key=message.key,
+            message_id=message_id.stored,
+            key=key.stored,
             headers=json.dumps(dict(message.headers), separators=(",", ":"), ensure_ascii=False),
             payload=bytes(message.payload),
             published_at=message.published_at,
             token=letter.token,
             attempts=failure.attempts,
-            error_type=failure.error_type,
+            error_type=_Field(failure.error_type, _ERROR_TYPE_WIDTH).stored,
             error_message=_readable(failure.error_message),
             traceback=_readable(failure.traceback),
             first_failure_at=failure.first_failure_at,
             last_failure_at=failure.last_failure_at,
             replays=letter.replays,
             created_at=now,
+            exact=json.dumps(exact) if exact else None,  # JSON writes NUL as \u0000
         )
         .on_conflict_do_nothing(index_elements=["group", "identity", "replays"])
         .returning(dead_letters.c.id)
@@ -49,15 +64,35 @@ def add(connection: Connection, dialect: Dialect, letter: DeadLetter, now: float
     return None if inserted is None else int(inserted)
 
 
+_MESSAGE_ID_WIDTH = cast(String, dead_letters.c.message_id.type).length
+_ERROR_TYPE_WIDTH = cast(String, dead_letters.c.error_type.type).length
+
+
+class _Field:
+    """A text field of a record: ``stored`` is ``value`` where the column holds it as it is
+    (``fits``), else a readable stand-in: NUL written ``\\x00``, cut to ``width`` and ended with
+    a digest of the value, so two stand-ins differ where the values do."""
+
+    def __init__(self, value: str | None, width: int | None = None) -> None:
+        self.value, self.stored = value, value
+        self.fits = value is None or ("\x00" not in value and (width is None or len(value) <= width))
+        if value is not None and not self.fits:
+            digest = "~" + hashlib.sha256(value.encode()).hexdigest()[:16]
+            self.stored = _readable(value)[: None if width is None else width - len(digest)] + digest
+
+
 def _readable(text: str) -> str:
     """A failure's text with each NUL character written ``\\x00``: PostgreSQL's text cannot hold
     NUL, and an error message may quote a body that does (on every store alike)."""
     return text.replace("\x00", "\\x00")
 
 
-def add_identity_column(connection: Connection) -> None:
-    """Give a dead-letter table created before ``identity`` existed the column and its index."""
+def add_late_columns(connection: Connection) -> None:
+    """Give a dead-letter table created before ``identity`` or ``exact`` existed the column (and
+    the index of ``identity``)."""
     columns = {column["name"] for column in inspect(connection).get_columns(dead_letters.name)}
+    if "exact" not in columns:
+        connection.execute(text(f"ALTER TABLE {dead_letters.name} ADD COLUMN exact TEXT"))
     if "identity" not in columns:
         connection.execute(text(f"ALTER TABLE {dead_letters.name} ADD COLUMN identity VARCHAR(600)"))
         connection.execute(text(
@@ -118,13 +153,14 @@ def mark_replayed(connection: Connection, dialect: Dialect, ids: Sequence[int]) 
 
 
 def _from_row(row: Any) -> DeadLetter:
+    exact = json.loads(row.exact) if row.exact else {}
     message = Message(
-        id=row.message_id,
+        id=exact.get("message_id", row.message_id),
         topic=row.topic,
         queue=row.queue,
         offset=row.offset,
         payload=bytes(row.payload),
-        key=row.key,
+        key=exact.get("key", row.key),
         headers=json.loads(row.headers),
         attempt=row.attempts,
         published_at=row.published_at,

@@ -92,6 +92,9 @@ dead_letters = Table(
     # unique, so a message dead-lettered twice (a duplicate of a poison message, a redelivery
     # after a crash between the record's commit and the ack) keeps one record
     Column("identity", String(600), nullable=True),
+    # the message's id and key exactly, as a JSON object, where the columns above could only hold
+    # a readable stand-in (a NUL character, an id wider than its column: any producer can send one)
+    Column("exact", Text, nullable=True),
     Index("reliable_dead_letters_group", "group", "id"),
     Index("reliable_dead_letters_once", "group", "identity", "replays", unique=True),
     sqlite_autoincrement=True,  # ids are never reused after a purge (PostgreSQL: a sequence)

@@ -253,7 +253,7 @@ class SqlStore(Store):
                 # another process created them between our check and our CREATE
                 metadata.create_all(self.engine, checkfirst=True)
             with self.engine.begin() as connection:
-                deadletters.add_identity_column(connection)
+                deadletters.add_late_columns(connection)
             self._tables_ready = True
             log.info("store.ready", store=repr(self))
 

@@ -9,7 +9,9 @@ with the store down defers (does not dead-letter) what it could not record.
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import text
 
+from backends.types import CONTENT_TYPE, JSON, OutgoingMessage
 from reliable import App
 from reliable.testing import test_app
 
@@ -69,4 +71,60 @@ def test_an_error_quoting_a_nul_character_is_recorded_with_it_written_out(tmp_pa
     assert letter.failure.error_message == "name a\\x00b has a control character"
     assert "name a\\x00b has" in letter.failure.traceback and "\x00" not in letter.failure.traceback
     assert app.stats()["dead_lettered"] == 1
+    app.close()
+
+
+HOSTILE = {  # what any producer can send: ids and keys PostgreSQL's columns cannot hold as they are
+    "a NUL in the key": {"key": "k\x00ey", "message_id": "with-a-nul-key"},
+    "a NUL in the message id": {"message_id": "m\x00id"},
+    "an id wider than its column": {"message_id": "m" * 300},
+}
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_message_id_or_key_the_columns_cannot_hold_is_recorded_and_replayed_exactly(
+    tmp_path, request, unique, backend
+):
+    """Each record used to fail on PostgreSQL (a DataError, not an outage): app.run raised and
+    every restart did the same, so one producer stopped the worker."""
+    store = request.getfixturevalue("postgres_url") if backend == "postgresql" else None
+    app = test_app(tmp_path, store=store)
+    seen: list[tuple[str, str | None]] = []
+
+    @app.handler(unique, group=unique, token="body.n", fatal=(ValueError,))
+    def record(msg, tx):
+        seen.append((msg.id, msg.key))
+        if msg.body["n"] < len(HOSTILE):
+            raise ValueError("not today")
+
+    sent = [OutgoingMessage(f'{{"n": {n}}}'.encode(), headers={CONTENT_TYPE: JSON}, **fields)
+            for n, fields in enumerate([*HOSTILE.values(), {"message_id": f"ok-{unique}"}])]
+    app.transport.publish(unique, sent)
+    app.run(until_idle=True)
+
+    exact = sorted(((m.message_id, m.key) for m in sent[:-1]), key=repr)
+    assert sorted(seen, key=repr) == sorted([*exact, (f"ok-{unique}", None)], key=repr) and app.stats()["dead_lettered"] == 3
+    assert sorted(((letter.message.id, letter.message.key) for letter in app.dead_letters(unique)), key=repr) == exact
+    seen.clear()
+    assert app.replay_dead_letters(unique) == 3
+    app.run(until_idle=True)
+    assert sorted(seen, key=repr) == exact  # the replay sent each message exactly as it came
+    assert sorted(((letter.message.id, letter.message.key) for letter in app.dead_letters(unique)), key=repr) == exact
+    app.close()
+
+
+def test_a_dead_letter_table_made_before_the_exact_column_gets_it(tmp_path, unique):
+    app = test_app(tmp_path)
+    with app.store.transaction() as tx:  # makes the tables
+        tx.execute(text("ALTER TABLE reliable_dead_letters DROP COLUMN exact"))  # as an older version made it
+    app.close()
+    app = test_app(tmp_path)  # the same database, opened by this version
+
+    @app.handler(unique, group=unique, fatal=(ValueError,))
+    def refuse(msg, tx):
+        raise ValueError("not today")
+
+    app.transport.publish(unique, [OutgoingMessage(b"{}", key="k\x00", headers={CONTENT_TYPE: JSON})])
+    app.run(until_idle=True)
+    assert [letter.message.key for letter in app.dead_letters(unique)] == ["k\x00"]
     app.close()
