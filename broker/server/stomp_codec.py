@@ -137,8 +137,9 @@ class StompDecoder:
         assert self._pending is not None
         command, headers, body_start, length = self._pending
         if length is None:
-            end = self._buffer.find(b"\0", body_start)
+            end = self._buffer.find(b"\0", max(body_start, self._scanned))
             if end < 0:
+                self._scanned = len(self._buffer)  # a body fed in pieces is searched once, not again per piece
                 self._check_size(len(self._buffer))
                 return None
         else:
