@@ -37,7 +37,7 @@ from broker.delivery.ackjournal import AckJournal, replay
 from broker.delivery.allocation import STRATEGIES, Strategy
 from broker.delivery.config import DeliveryConfig
 from broker.delivery.dedup import DedupWindow
-from broker.delivery.group import ORIGIN_TOPIC, retry_topic
+from broker.delivery.group import ORIGIN_TOPIC, STOMP_TOPIC_PREFIX, retry_topic
 from broker.delivery.offsets import OffsetBook
 from broker.delivery.topics import Topics, check_name
 from broker.delivery.values import (
@@ -51,7 +51,7 @@ from broker.delivery.values import (
     QueueLag,
     TopicInfo,
 )
-from broker.errors import DeliveryError
+from broker.errors import DeliveryError, InvalidNameError
 from broker.store import Clock, MessageStore, StoreConfig
 from broker.store.clock import SYSTEM_CLOCK
 from broker.store.config import FlushPolicy
@@ -160,6 +160,11 @@ class Broker:
         ``from_time``. ``ordered``: one message of a queue at a time, and a nacked message holds
         its queue until it is redelivered (RocketMQ's orderly consumption)."""
         check_name("group", group, internal=True)  # reading %DLQ%<group> is allowed; writing is not
+        if group.startswith(STOMP_TOPIC_PREFIX) and (not broadcast or ordered):
+            # a group's kind is fixed by its first member: a clustering one would refuse every
+            # STOMP subscription to the topic after it
+            raise InvalidNameError(f"group {group!r}: groups starting with {STOMP_TOPIC_PREFIX} are STOMP's "
+                                   "/topic/ subscriptions; join one as a broadcasting member, not ordered")
         if not topics:
             raise DeliveryError(f"group {group!r}: join at least one topic")
         for topic in topics:

@@ -18,6 +18,7 @@ from broker.delivery.cursor import QueueCursor
 
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
+STOMP_TOPIC_PREFIX = "%STOMP%"  # %STOMP%<topic>: the broadcasting group of STOMP's /topic/<topic> subscriptions
 # the headers of a group's retry and dead-letter copies: where the message was first
 # published (kept through every copy), why it was dead-lettered, after how many deliveries
 ORIGIN_TOPIC, ORIGIN_QUEUE, ORIGIN_OFFSET = "x-origin-topic", "x-origin-queue", "x-origin-offset"

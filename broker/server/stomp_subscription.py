@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from broker.delivery.group import STOMP_TOPIC_PREFIX
 from broker.delivery.topics import MAX_NAME, RETRY_PREFIX
 from broker.protocol.errors import MalformedFrameError, RequestError
 from broker.server.config import Limits
@@ -27,7 +28,6 @@ AckMode = Literal["auto", "client", "client-individual"]
 ACK_MODES: tuple[AckMode, ...] = ("auto", "client", "client-individual")
 FETCH_WAIT = 5.0
 _DESTINATION = re.compile(r"/(queue|topic)/([^/\s]+)")
-TOPIC_GROUP = "%STOMP%"
 _LONGEST_GROUP = MAX_NAME - len(RETRY_PREFIX)
 
 SendMessage = Callable[["StompSubscription", Delivery, str], Awaitable[None]]
@@ -64,7 +64,7 @@ class Destination:
         disk, behind every SUBSCRIBE). A name too long for a group ends in a digest instead."""
         if self.kind == "queue":
             return self.topic
-        group = TOPIC_GROUP + self.topic
+        group = STOMP_TOPIC_PREFIX + self.topic
         if len(group) <= _LONGEST_GROUP:
             return group
         digest = hashlib.sha256(self.topic.encode()).hexdigest()[:16]

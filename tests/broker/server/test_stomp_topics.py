@@ -9,10 +9,12 @@ in a loop must not grow the broker's groups and topics with it.
 
 from __future__ import annotations
 
+import pytest
 import stomp
 
 from broker.client import Client
 from broker.delivery.topics import MAX_NAME, check_name
+from broker.errors import InvalidNameError
 from broker.server.stomp_subscription import Destination
 from tests.broker.server.test_stomp import Inbox
 from tests.broker.server.test_stomp_headers import consumer, server  # noqa: F401 - the module's server
@@ -75,3 +77,23 @@ def test_every_topic_name_has_a_group_name_of_its_own() -> None:
     for group in groups:
         check_name("group", group)
     assert len(set(groups)) == len(groups)
+
+
+def test_no_one_can_take_a_topics_stomp_group_before_its_subscribers(server, unique) -> None:  # noqa: F811
+    """A group's kind is fixed by its first member: a clustering or ordered member of
+    ``%STOMP%NAME`` (a user whose group rights match it, over the native protocol or as
+    ``/queue/%STOMP%NAME``) used to make every later ``/topic/NAME`` subscription fail."""
+    taken = Destination.parse(f"/topic/{unique}").group
+    squatter = Client(server.url, user="app", password="s3cret")
+    with pytest.raises(InvalidNameError, match="STOMP's /topic/ subscriptions"):
+        squatter.join(taken, [unique])
+    connection, inbox = consumer(server, "1.2")
+    connection.subscribe(f"/queue/{taken}", id="squat", headers={"receipt": "squatted"})
+    assert "STOMP's /topic/ subscriptions" in inbox.wait_for(1, "errors")[0].headers["message"]
+    connection, inbox = consumer(server, "1.2")
+    subscribe(connection, inbox, f"/topic/{unique}", "news")
+    squatter.join(taken, [unique], broadcast=True)  # as STOMP joins: one more reader
+    connection.send(f"/topic/{unique}", "hello")
+    assert [m.body for m in inbox.wait_for(1)] == [b"hello"]
+    connection.disconnect()
+    squatter.close()
