@@ -105,6 +105,7 @@ class OutboxStatus:
 
 
 MESSAGE_ID_MAX = 64  # the column's width
+TOPIC_MAX, KEY_MAX = 255, 512  # the columns' widths: PostgreSQL refuses more at the commit, SQLite does not
 
 
 PublishHook = Callable[[str, Mapping[str, str] | None], AbstractContextManager[Mapping[str, str]]]
@@ -165,10 +166,10 @@ def _check(topic: Any, key: Any, headers: Any, delay: Any, message_id: Any = Non
     where = f"tx.publish to {topic!r}"
     if message_id is not None and not (isinstance(message_id, str) and 0 < len(message_id) <= MESSAGE_ID_MAX):
         raise OutboxMessageError(f"{where}: message_id={message_id!r} must be 1 to {MESSAGE_ID_MAX} characters")
-    if not isinstance(topic, str) or not topic or topic.startswith("%"):
-        raise OutboxMessageError(f"{where}: topic must be a non-empty name not starting with '%'")
-    if key is not None and not isinstance(key, str):
-        raise OutboxMessageError(f"{where}: key={key!r} must be a string or None")
+    if not isinstance(topic, str) or not 0 < len(topic) <= TOPIC_MAX or topic.startswith("%") or "\x00" in topic:
+        raise OutboxMessageError(f"{where}: topic must be 1 to {TOPIC_MAX} characters, no NUL, not starting with '%'")
+    if key is not None and not (isinstance(key, str) and len(key) <= KEY_MAX and "\x00" not in key):
+        raise OutboxMessageError(f"{where}: key={key!r} must be None or at most {KEY_MAX} characters, no NUL")
     if headers is not None and not (
         isinstance(headers, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
     ):

@@ -133,6 +133,8 @@ def test_bad_messages_are_refused_before_anything_is_written(app: App, unique: s
     bad: list[dict[str, object]] = [
         {"topic": ""}, {"topic": "%DLQ%x"}, {"key": 5}, {"headers": {"a": 1}}, {"delay": -1},
         {"delay": float("nan")}, {"body": object()},
+        # what PostgreSQL's columns refuse at the commit (and SQLite stores): refused here on both
+        {"topic": "t\x00"}, {"topic": "t" * 256}, {"key": "k\x00"}, {"key": "k" * 513},
     ]
     with app.store.transaction() as tx:
         for fields in bad:
