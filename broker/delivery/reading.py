@@ -23,7 +23,8 @@ from broker.store import MessageStore
 
 class Positions:
     """Reads by position and a stream processor's offsets; ``has_members(group)``: whether the
-    group has live members (whose offsets are the broker's); ``saved()``: write the offsets;
+    group was joined by members since the broker started (its offsets are then the broker's,
+    kept in memory with what its members hold, even after the last one left); ``saved()``: write the offsets;
     ``queues(topic)``: a topic's queue count (the publishing component's topic table)."""
 
     def __init__(self, store: MessageStore, queues: Callable[[str], int], offsets: OffsetBook,
@@ -77,7 +78,8 @@ class Positions:
                 raise DeliveryError(f"commit_group {group!r}: {len(offsets)} offsets for "
                                     f"{self._queues(topic)} queues of {topic!r}")
             if self._has_members(group):
-                raise DeliveryError(f"group {group!r} has live members; its offsets are the broker's")
+                raise DeliveryError(f"group {group!r} was joined by members since the broker started: its "
+                                    "offsets are the broker's; commit_group is for groups that read by position")
             ends = [self._store.max_offset(topic, queue) for queue in range(len(offsets))]
             beyond = [(q, o, end) for q, (o, end) in enumerate(zip(offsets, ends)) if not 0 <= o <= end]
             if beyond:  # past the end, the group would skip every message written up to there

@@ -29,3 +29,17 @@ def test_commit_group_moves_forward_within_the_queues_only(tmp_path, unique) -> 
         assert broker.group_offsets("spark", unique) == ends
     finally:
         broker.close()
+
+
+def test_a_group_its_members_consumed_keeps_broker_offsets_after_the_last_one_left(tmp_path, unique) -> None:
+    """Its offsets live with its in-memory state until the broker restarts: the error says so
+    (it said the group had live members, when none was left)."""
+    broker = Broker(tmp_path / "broker")
+    try:
+        broker.publish(unique, [OutgoingMessage(b"m", queue=0)])
+        broker.leave(broker.join("consumers", [unique]))
+        ends = [end for _, end in broker.queue_offsets(unique)]
+        with pytest.raises(DeliveryError, match="was joined by members since the broker started"):
+            broker.commit_group("consumers", unique, ends)
+    finally:
+        broker.close()
