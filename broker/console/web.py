@@ -67,7 +67,7 @@ class Console:
                  counters: Counters | None = None) -> None:
         self.config, self.view, self.letters, self.history = config, view, letters, history
         self.backlog, self.counters = backlog, counters
-        self.sessions = Sessions(authenticator)
+        self.sessions = Sessions(authenticator, config.session_max_age)
         self.templates = Environment(loader=FileSystemLoader(HERE / "templates"),
                                      autoescape=select_autoescape(default=True))
         self.templates.filters.update(when=_when, preview=render.preview, size=render.size)

@@ -43,6 +43,22 @@ def test_every_page_needs_a_login(deployment: Deployment) -> None:
     assert anonymous.log_in("alice", "wrong") == 401
 
 
+def test_logging_out_ends_the_session_for_a_kept_copy_of_its_cookie(deployment: Deployment) -> None:
+    """A cookie copied before the log-out (a shared machine, a proxy's log) logs no one in after it."""
+    alice = visitor(deployment, "alice")
+    token, kept = alice.csrf(), alice.cookie
+    assert alice.post("/logout", {"csrf": token})[0] == 303
+    thief = Visitor(deployment.url)
+    thief.cookie = kept
+    status, headers, _ = thief.request("GET", "/groups")
+    assert (status, headers["location"]) == (303, "/login")
+    before = [letter.id for letter in deployment.app.dead_letters("billing")]
+    form = {"source": "framework", "id": [str(i) for i in before], "csrf": token}
+    assert thief.post("/groups/billing/purge", form)[0] == 303
+    assert [letter.id for letter in deployment.app.dead_letters("billing")] == before
+    assert visitor(deployment, "alice").get("/groups")[0] == 200  # a new log-in is a new session
+
+
 def test_pages_forbid_scripts_and_framing(deployment: Deployment) -> None:
     _, headers, _ = visitor(deployment, "alice").request("GET", "/groups")
     assert "default-src 'none'" in headers["content-security-policy"]
