@@ -32,6 +32,7 @@ from broker.console.sources import Backlog, BrokerView, Counters, Letter, Letter
 from broker.delivery.values import GroupInfo
 from broker.errors import BrokerError
 from broker.protocol.errors import PermissionDeniedError
+from broker.protocol.operations import OPERATIONS
 from broker.server.auth import Authenticator, Principal
 
 HERE = Path(__file__).parent
@@ -42,6 +43,9 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"no-referrer"),
     (b"x-frame-options", b"DENY"),
 ]
+
+# a lookup by key covers all time, with the native protocol's own bounds (begin, end, limit)
+LOOKUP_KEY_RANGE = tuple(f.default for f in OPERATIONS["lookup_key"].fields if f.name in ("begin", "end", "limit"))
 
 
 class SecurityHeaders:
@@ -266,7 +270,7 @@ class Console:
                 found = access.visible(principal, "lookup_id", [self.view.lookup_id(message_id)])
             elif self.view and topic and key:
                 access.check(principal, "lookup_key", topic=topic)
-                found = self.view.lookup_key(topic, key, 0.0, float("inf"), 64)
+                found = self.view.lookup_key(topic, key, *LOOKUP_KEY_RANGE)
         except PermissionDeniedError as exc:
             return self.denied(request, str(exc))
         except BrokerError as exc:

@@ -167,3 +167,11 @@ def test_an_open_console_binds_loopback_only(tmp_path: Path) -> None:
 
     with pytest.raises(BrokerConfigError, match="may only bind a loopback"):
         start_console(ConsoleConfig(host="0.0.0.0", port=0), Authenticator(), None)
+
+
+def test_a_message_is_looked_up_by_key(deployment: Deployment) -> None:
+    deployment.app.publish("receipts", {"receipt": "<i>r-7</i>"}, key="r-7")  # no handler reads receipts
+    status, page = visitor(deployment, "ops").get("/lookup?topic=receipts&key=r-7")
+    assert status == 200, page
+    assert "&lt;i&gt;r-7&lt;/i&gt;" in page
+    assert visitor(deployment, "alice").get("/lookup?topic=receipts&key=r-7")[0] == 403  # no consume right
