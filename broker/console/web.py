@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import structlog
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -30,12 +31,13 @@ from broker.console.history import History, plot
 from broker.console.session import Sessions
 from broker.console.sources import Backlog, BrokerView, Counters, Letter, LetterBook
 from broker.delivery.values import GroupInfo
-from broker.errors import BrokerError
+from broker.errors import BrokerError, BrokerUnavailableError
 from broker.protocol.errors import PermissionDeniedError
 from broker.protocol.operations import OPERATIONS
 from broker.server.auth import Authenticator, Principal
 
 HERE = Path(__file__).parent
+log = structlog.get_logger("broker.console")
 SECURITY_HEADERS = [
     (b"content-security-policy", b"default-src 'none'; style-src 'self'; img-src 'self'; "
                                  b"form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
@@ -88,6 +90,12 @@ class Console:
 
     def denied(self, request: Request, why: str) -> HTMLResponse:
         return self.page(request, "error.html", status=403, message=why)
+
+    def unavailable(self, request: Request, exc: Exception) -> HTMLResponse:
+        """Any page while the broker behind the console cannot be reached: 503, saying so."""
+        log.warning("console.broker_unavailable", path=request.url.path, error=str(exc))
+        return self.page(request, "error.html", status=503,
+                         message=f"the broker cannot be reached ({exc}); try again once it is back")
 
     def who(self, request: Request) -> Principal | Response:
         principal = self.sessions.principal(request)
@@ -301,7 +309,8 @@ def build_console(config: ConsoleConfig, authenticator: Authenticator, view: Bro
                   Middleware(SessionMiddleware, secret_key=secret or secrets.token_urlsafe(32),
                              session_cookie="reliable_console", max_age=config.session_max_age,
                              same_site="strict")]
-    return Starlette(routes=routes, middleware=middleware)
+    return Starlette(routes=routes, middleware=middleware,
+                     exception_handlers={BrokerUnavailableError: console.unavailable})
 
 
 def _int(text: str | None, default: int) -> int:

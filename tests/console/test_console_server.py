@@ -111,3 +111,32 @@ def test_metrics_without_a_console_is_refused(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["broker", "serve", "--settings", str(settings), "--port", "0",
                                       "--metrics", "http://127.0.0.1:9/metrics"])
     assert result.exit_code == 2 and "console_port" in result.output
+
+
+def test_the_console_says_so_when_its_broker_server_is_down(tmp_path: Path) -> None:
+    """`reliable console` over a `reliable://` server that stops: each page answers 503 naming the
+    unreachable broker, rather than a bare 500; the pages come back with the server."""
+    from broker.console.config import ConsoleConfig
+    from broker.server.auth import Authenticator
+    from reliable.console import serve
+    from reliable.testing import test_app
+
+    server = ServerProcess(tmp_path / "data").start()
+    app = test_app(tmp_path / "app", transport=server.url)
+    app.publish("payments", {"payment": "p-1"})
+    console = serve(app, ConsoleConfig(port=0), Authenticator())
+    try:
+        operator = Visitor(console.url)
+        assert operator.get("/topics")[0] == 200
+        assert server.stop() == 0
+        for path in ("/topics", "/groups", "/groups/billing", "/groups/billing/letters?source=broker"):
+            status, page = operator.get(path)
+            assert status == 503, (path, page)
+            assert "the broker cannot be reached" in page and f"127.0.0.1:{server.port}" in page, path
+        server.log.unlink()  # the restarted server's port is read from a fresh log
+        server = ServerProcess(tmp_path / "data", port=server.port).start()
+        assert "payments" in operator.get("/topics")[1]
+    finally:
+        console.stop()
+        app.close()
+        server.stop()
