@@ -30,6 +30,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StringType, StructField, StructType
 
 from backends.errors import ConfigurationError
+from backends.store.schema import TOKEN_MAX
 from reliable.spark.deadletters import PoisonRow, row_json
 from reliable.spark.rows import (
     ERROR,
@@ -39,9 +40,10 @@ from reliable.spark.rows import (
     TOKEN,
     RowPipeline,
     Validate,
-    missing_token,
+    token_problem,
 )
 
+GOOD = "_reliable_good"  # a column of the collected markers only
 ISIN_LIMIT = 1_000  # values filtered with IN (...); more go through a broadcast anti-join
 
 BatchFunction = Callable[[DataFrame, int, Any], Any]
@@ -114,7 +116,7 @@ def prepare(
     output_schema(data)  # refuses data columns named like the markers
     frame = df.select("*", df[token].cast("string").alias(TOKEN))
     if validate is None:
-        good = F.col(TOKEN).isNotNull()
+        good = _recordable(F.col(TOKEN))
     else:
         output = output_schema(schema if schema is not None else data)
         timezone = df.sparkSession.conf.get("spark.sql.session.timeZone")
@@ -125,9 +127,9 @@ def prepare(
         frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         if validate is None:
-            markers = frame.select(TOKEN).toArrow()
-            is_good = pc.is_valid(markers.column(TOKEN))
-            poison = [] if pc.all(is_good).as_py() else _missing_tokens(frame, token)
+            markers = frame.select(TOKEN, good.alias(GOOD)).toArrow()
+            is_good = markers.column(GOOD)
+            poison = [] if pc.all(is_good).as_py() else _tokenless(frame.where(~good), token)
         else:
             markers = frame.select(TOKEN, ERROR_TYPE, ERROR, ROW_JSON).toArrow()
             is_good = pc.is_null(markers.column(ERROR_TYPE))
@@ -164,12 +166,18 @@ def rereadable(df: DataFrame) -> bool:
     return str(level) == "DETERMINATE"
 
 
-def _missing_tokens(frame: DataFrame, token: str) -> list[dict[str, Any]]:
-    """The rows without a token, as poison markers with the row as JSON (collected: only those)."""
-    error = missing_token(token)
-    table = frame.where(F.col(TOKEN).isNull()).drop(TOKEN).toArrow()
+def _recordable(token: Column) -> Column:
+    """Whether the row's token is one the store can record (`rows.token_problem`), in Spark."""
+    return token.isNotNull() & (F.length(token) <= TOKEN_MAX) & (F.instr(token, "\x00") == 0)
+
+
+def _tokenless(poison: DataFrame, token: str) -> list[dict[str, Any]]:
+    """``poison``'s rows (no token the store can record) as poison markers, each with its error
+    and the row as JSON, without the token (collected: only those rows)."""
+    rows = poison.toArrow().to_pylist()
     return [{TOKEN: None, ERROR_TYPE: type(error).__name__, ERROR: str(error),
-             ROW_JSON: row_json(row)} for row in table.to_pylist()]  # fmt: skip
+             ROW_JSON: row_json({k: v for k, v in row.items() if k != TOKEN})}
+            for row in rows if (error := token_problem(row[TOKEN], token))]  # fmt: skip
 
 
 def _one_per_token(rows: list[dict[str, Any]], good: set[str]) -> list[PoisonRow]:

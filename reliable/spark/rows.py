@@ -6,7 +6,8 @@ that is all; with one, `RowPipeline` is the function given to ``mapInArrow``
 and each task runs it over its partition, without a shuffle. For each Arrow
 record batch it
 
-1. sets aside rows without a token (poison: `TokenMissingError`);
+1. sets aside rows without a token, or with one the store cannot record
+   (poison: `TokenMissingError`, `TokenInvalidError`);
 2. keeps the first row of each token seen by the task (copies that other
    tasks passed on are dropped later, by token);
 3. runs ``validate`` on each kept row; a row that raises is poison.
@@ -24,7 +25,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from reliable.errors import TokenMissingError
+from reliable.errors import ReliableError, TokenInvalidError, TokenMissingError
+from reliable.idempotency import unrecordable
 from reliable.spark.deadletters import row_json
 
 TOKEN = "_reliable_token"
@@ -37,9 +39,14 @@ Validate = Callable[[dict[str, Any]], Mapping[str, Any]]
 """A per-row step: the row as a dict in, the row to write out; raising makes the row poison."""
 
 
-def missing_token(column: str) -> TokenMissingError:
-    """The error of a row whose token column is null."""
-    return TokenMissingError(f"the token column {column!r} is null")
+def token_problem(token: str | None, column: str) -> ReliableError | None:
+    """Why a row with ``token`` (its token column as a string) is poison, or None: the column is
+    null, or holds a token the store cannot record (`reliable.idempotency.unrecordable`)."""
+    if token is None:
+        return TokenMissingError(f"the token column {column!r} is null")
+    if problem := unrecordable(token):
+        return TokenInvalidError(f"the token column {column!r} {problem}")
+    return None
 
 
 @dataclass(frozen=True)
@@ -73,8 +80,8 @@ class RowPipeline:
         tokens: list[str] = []
         poison: list[_Poison] = []
         for index, token in enumerate(batch.column(TOKEN).to_pylist()):
-            if token is None:
-                poison.append(_Poison(None, _row(data, index), missing_token(self.token)))
+            if problem := token_problem(token, self.token):  # recorded without the token
+                poison.append(_Poison(None, _row(data, index), problem))
             elif token not in seen:
                 seen.add(token)
                 keep.append(index)

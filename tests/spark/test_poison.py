@@ -8,6 +8,7 @@ import pytest
 from sqlalchemy import text
 
 from backends.clock import FakeClock
+from backends.store.schema import TOKEN_MAX
 from reliable.retry import RedeliveryPolicy
 from reliable.spark import BatchStatus, foreach_batch, insert_rows, read_dead_letters
 from reliable.testing import test_app
@@ -191,3 +192,35 @@ def test_a_bad_copy_in_one_task_does_not_reach_the_function_when_another_task_pa
         written = tx.execute(text(f"SELECT order_id, cents FROM {table} ORDER BY order_id")).all()
     assert [tuple(row) for row in written] == [("e", 400), ("f", 100), ("g", 200)]
     assert read_dead_letters(app.store, f"{unique}_dlq", name=table) == []
+
+
+@pytest.mark.parametrize("validate", [None, parse_order], ids=["without validate", "with validate"])
+def test_a_token_the_store_cannot_record_is_dead_lettered_without_it(spark, tmp_path, unique, postgres_url, validate):
+    """PostgreSQL refuses a token wider than its column or holding a NUL: the claim of such a
+    row failed the whole batch, again on every retry of the query."""
+    app = test_app(tmp_path, store=postgres_url)
+    table, dlq = unique, f"{unique}_dlq"
+    options = {"validate": validate, "schema": "order_id string, cents long"} if validate else {}
+    with app.store.transaction() as tx:
+        tx.execute(text(f"CREATE TABLE {table} (order_id TEXT, {'cents' if validate else 'amount'} INTEGER"
+                        f"{'' if validate else ', note TEXT'})"))
+
+    @foreach_batch(app, name=table, token="order_id", dead_letters=dlq,
+                   checkpoint_location=checkpoint_of(tmp_path, "query-1"), **options)  # fmt: skip
+    def write(df, batch_id, tx):
+        insert_rows(df, tx, table)
+
+    rows = [("a", 1, ""), ("x" * (TOKEN_MAX + 1), 2, "too long"), ("b\x00c", 3, "a NUL")]
+    report = write(spark.createDataFrame(rows, SCHEMA).repartition(2), 0)
+
+    assert (report.written, report.poison) == (1, 2)
+    with app.store.transaction() as tx:
+        assert tx.execute(text(f"SELECT order_id FROM {table}")).scalars().all() == ["a"]
+    letters = sorted(read_dead_letters(app.store, dlq, name=table), key=lambda d: d.row["amount"])
+    assert [(d.token, d.error_type, d.row["amount"]) for d in letters] == [
+        (None, "TokenInvalidError", 2), (None, "TokenInvalidError", 3)]
+    assert f"is {TOKEN_MAX + 1} characters long; at most {TOKEN_MAX}" in letters[0].error_message
+    assert letters[1].row["order_id"] == "b\x00c"  # the row as it came, in the record's JSON
+    with app.store.transaction() as tx:
+        tx.execute(text(f"DROP TABLE {table}"))
+        tx.execute(text(f"DROP TABLE {dlq}"))
