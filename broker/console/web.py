@@ -118,7 +118,8 @@ class Console:
     async def login(self, request: Request) -> Response:
         form = await request.form()
         login, password = str(form.get("user", "")), str(form.get("password", ""))
-        if self.sessions.log_in(request, login, password):
+        # scrypt takes tens of milliseconds of CPU: on the event loop every page would wait for it
+        if await run_in_threadpool(self.sessions.log_in, request, login, password):
             return RedirectResponse("/", status_code=303)
         return self.page(request, "login.html", status=401, error="wrong user name or password")
 

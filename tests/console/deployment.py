@@ -49,7 +49,7 @@ class Deployment:
             return [row[0] for row in tx.execute(text(f"select payment from {table} order by payment"))]
 
 
-def start(directory: Path, **console: object) -> Deployment:
+def start(directory: Path, authenticator: Authenticator | None = None, **console: object) -> Deployment:
     app = test_app(directory, clock=SYSTEM_CLOCK, transport=f"embedded://{directory / 'broker'}",
                    settings={"RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1"})
     deployment = Deployment(app, None)  # type: ignore[arg-type]
@@ -68,5 +68,5 @@ def start(directory: Path, **console: object) -> Deployment:
         tx.execute(text("insert into audited (payment) values (:p)"), {"p": msg.body["payment"]})
 
     config = ConsoleConfig(port=0, sample_interval=0.05, page_size=50, **console)  # type: ignore[arg-type]
-    deployment.console = serve(app, config, Authenticator(load_users(USERS)))
+    deployment.console = serve(app, config, authenticator or Authenticator(load_users(USERS)))
     return deployment

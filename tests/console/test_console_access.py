@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from broker.console.config import ConsoleConfig
 from broker.errors import BrokerConfigError
-from broker.server.auth import Authenticator, load_users
+from broker.server.auth import Authenticator, Principal, load_users
 from broker.server.config import ServerConfig
 from tests.console.deployment import PASSWORDS, USERS, Deployment, start
 from tests.console.http import Visitor
@@ -175,3 +176,23 @@ def test_a_message_is_looked_up_by_key(deployment: Deployment) -> None:
     assert status == 200, page
     assert "&lt;i&gt;r-7&lt;/i&gt;" in page
     assert visitor(deployment, "alice").get("/lookup?topic=receipts&key=r-7")[0] == 403  # no consume right
+
+
+def test_a_password_is_checked_off_the_event_loop(tmp_path: Path) -> None:
+    """scrypt takes tens of milliseconds of CPU: on the console's event loop every other request
+    waited behind each log-in attempt, so a client guessing passwords slowed every page."""
+    checked_on: list[threading.Thread] = []
+
+    class Recording(Authenticator):
+        def authenticate(self, login: str | None, password: str | None) -> Principal:
+            checked_on.append(threading.current_thread())
+            return super().authenticate(login, password)
+
+    deployment = start(tmp_path, authenticator=Recording(load_users(USERS)))
+    try:
+        assert Visitor(deployment.url).log_in("alice", PASSWORDS["alice"]) == 303
+        assert Visitor(deployment.url).log_in("alice", "wrong") == 401
+        assert len(checked_on) == 2 and deployment.console.thread not in checked_on
+    finally:
+        deployment.console.stop()
+        deployment.app.close()
