@@ -19,6 +19,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -310,6 +311,9 @@ def build_console(config: ConsoleConfig, authenticator: Authenticator, view: Bro
                   Middleware(SessionMiddleware, secret_key=secret or secrets.token_urlsafe(32),
                              session_cookie="reliable_console", max_age=config.session_max_age,
                              same_site="strict")]
+    if not authenticator.required:  # open, so bound to loopback: refuse other names (DNS rebinding)
+        own = f"[{config.host}]" if ":" in config.host else config.host
+        middleware.insert(0, Middleware(TrustedHostMiddleware, allowed_hosts=["localhost", "127.0.0.1", "[::1]", own]))
     return Starlette(routes=routes, middleware=middleware,
                      exception_handlers={BrokerUnavailableError: console.unavailable})
 

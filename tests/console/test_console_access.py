@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -168,6 +169,28 @@ def test_an_open_console_binds_loopback_only(tmp_path: Path) -> None:
 
     with pytest.raises(BrokerConfigError, match="may only bind a loopback"):
         start_console(ConsoleConfig(host="0.0.0.0", port=0), Authenticator(), None)
+
+
+def test_an_open_console_answers_only_to_loopback_names() -> None:
+    """With no users the console is open and trusts its loopback binding; a page of another site
+    whose name was rebound to 127.0.0.1 (DNS rebinding) could read it, CSRF token included."""
+    from broker.console.serving import start_console
+
+    console = start_console(ConsoleConfig(port=0), Authenticator(), None)
+
+    def status(host: str) -> int:
+        connection = http.client.HTTPConnection("127.0.0.1", console.port, timeout=30)
+        try:
+            connection.request("GET", "/groups", headers={"Host": host})
+            return connection.getresponse().status
+        finally:
+            connection.close()
+
+    try:
+        assert [status(f"{name}:{console.port}") for name in ("127.0.0.1", "localhost")] == [200, 200]
+        assert status(f"evil.example:{console.port}") == 400
+    finally:
+        console.stop()
 
 
 def test_a_message_is_looked_up_by_key(deployment: Deployment) -> None:
