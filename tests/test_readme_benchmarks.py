@@ -27,7 +27,7 @@ SMALL = {  # option -> a size that runs in seconds
 SMALLER = {  # benchmarks whose small size is smaller still: every run is under valgrind
     "benchmarks.instructions": {"--messages": "500"},
 }
-LAST_CHECKOUT_ONLY = {  # benchmarks that count each checkout named (four runs under valgrind each): the last one
+LAST_CHECKOUT_ONLY = {  # benchmarks that count each checkout named (a run under valgrind each): the last one
     "benchmarks.instructions",
 }
 DEFAULTED = {  # benchmarks whose README command relies on their default sizes
