@@ -39,6 +39,11 @@ class BodyDecodeError(ReliableError):
     """Raised when a message body cannot be decoded (the message is poison)."""
 
 
+class UnreadableMessageError(ReliableError):
+    """Raised when a transport could not read a delivered message as another program wrote it
+    (the message is poison)."""
+
+
 class FenceConflictError(ReliableError):
     """Raised when a batch fence name is reused by a different run (e.g. a fresh checkpoint)."""
 

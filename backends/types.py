@@ -61,7 +61,9 @@ class Message(Generic[B]):
 
     ``queue`` and ``offset`` are the message's place where the transport has one
     (-1 where it has none); ``receipt`` is the transport's own handle for
-    acknowledging it, opaque to everyone else.
+    acknowledging it, opaque to everyone else. ``unreadable`` says why the
+    transport could not read the message as another program wrote it (a field
+    missing or not UTF-8): the pipeline dead-letters it with that reason.
 
     ``payload`` holds the bytes exactly as published; ``body`` decodes them
     (JSON, or msgpack when the ``content-type`` header says so) on first use.
@@ -80,6 +82,7 @@ class Message(Generic[B]):
     published_at: float = 0.0
     first_failure_at: float | None = None
     receipt: str | None = None  # a transport's own handle for ack/nack, opaque to everyone else
+    unreadable: str | None = None  # why the transport could not read it as written: it is poison
 
     @property
     def ref(self) -> QueueRef:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy import exc as sa_exc
 
-from backends.errors import BodyDecodeError, ConfigurationError
+from backends.errors import BodyDecodeError, ConfigurationError, UnreadableMessageError
 from reliable.errors import HandlerShapeError, TokenInvalidError, TokenMissingError
 
 
@@ -84,7 +84,9 @@ def _always(verdict: Verdict) -> Rule:
     return Rule(lambda exc: verdict, name=f"always({verdict.name})")
 
 
-POISON: tuple[type[BaseException], ...] = (BodyDecodeError, TokenMissingError, TokenInvalidError, HandlerShapeError)
+POISON: tuple[type[BaseException], ...] = (
+    BodyDecodeError, UnreadableMessageError, TokenMissingError, TokenInvalidError, HandlerShapeError
+)
 """Failures `reliable` itself detects in the message: no retry can fix them."""
 
 _MISSING_SCHEMA = ("no such table", "no such column", "has no column named")

@@ -16,6 +16,7 @@ from backends.errors import (
     ReliableError,
     StoreUnavailableError,
     TransportError,
+    UnreadableMessageError,
     UnsupportedURLError,
 )
 
@@ -40,6 +41,7 @@ __all__ = [
     "TokenMissingError",
     "TransportError",
     "UnknownHandlerError",
+    "UnreadableMessageError",
     "UnsupportedURLError",
 ]
 

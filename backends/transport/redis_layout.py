@@ -190,17 +190,62 @@ def to_message(
     attempt: int = 1,
     first_failure_at: float | None = None,
 ) -> Message:
-    """A `Message` at ``ref`` (topic, queue, offset) from its entry's ``fields``."""
-    key = fields["key"].decode() if "key" in fields else None
-    headers = json.loads(fields["headers"])
-    published_at = float(fields["published_at"])
+    """A `Message` at ``ref`` (topic, queue, offset) from its entry's ``fields``.
+
+    Another program's ``XADD`` may leave out fields or write bytes that are not
+    text: an id falls back to ``topic-queue-offset``, absent headers to none; a
+    field that cannot be read marks the message ``unreadable`` (it becomes a
+    dead letter naming the field) instead of failing the whole fetch.
+    """
+    problems: list[str] = []
+    key = _text(fields, "key", problems)
+    id_ = _text(fields, "id", problems) or "{}-{}-{}".format(*ref)
+    headers = _headers(fields.get("headers"), problems)
+    published_at = _number(fields.get("published_at"), problems)
+    if "payload" not in fields:
+        problems.append("the stream entry has no 'payload' field")
     return Message(
-        fields["id"].decode(),
+        id_,
         *ref,
-        fields["payload"],
+        fields.get("payload", b""),
         key,
         headers,
         attempt,
         published_at,
         first_failure_at,
+        unreadable="; ".join(problems) or None,
     )
+
+
+def _text(fields: Mapping[str, bytes], name: str, problems: list[str]) -> str | None:
+    raw = fields.get(name)
+    if raw is None:
+        return None
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        problems.append(f"the stream entry's {name!r} field is not UTF-8: {raw[:80]!r}")
+        return raw.decode("utf-8", "backslashreplace")
+
+
+def _headers(raw: bytes | None, problems: list[str]) -> dict[str, str]:
+    if raw is None:
+        return {}
+    try:
+        headers = json.loads(raw)
+    except ValueError:
+        headers = None
+    if isinstance(headers, dict) and all(isinstance(value, str) for value in headers.values()):
+        return headers
+    problems.append(f"the stream entry's 'headers' field is not a JSON object of strings: {raw[:80]!r}")
+    return {}
+
+
+def _number(raw: bytes | None, problems: list[str]) -> float:
+    if raw is None:
+        return 0.0
+    try:
+        return float(raw)
+    except ValueError:
+        problems.append(f"the stream entry's 'published_at' field is not a number: {raw[:80]!r}")
+        return 0.0

@@ -246,7 +246,7 @@ class RedisStreamsTransport(LeasingTransport):
         messages = []
         for name, kind, state, flat, redeliveries in claimed:
             queue, offset = layout.position(name)
-            fields = {flat[i].decode(): flat[i + 1] for i in range(0, len(flat), 2)}
+            fields = {flat[i].decode("utf-8", "replace"): flat[i + 1] for i in range(0, len(flat), 2)}
             stored = json.loads(state) if state else {}
             attempt = 1 + int(redeliveries)
             if kind == b"expired":

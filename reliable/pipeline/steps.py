@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 from sqlalchemy.exc import DBAPIError
 
-from backends.errors import ReliableError, StoreUnavailableError
+from backends.errors import ReliableError, StoreUnavailableError, UnreadableMessageError
 from backends.types import DeadLetter, Failure, Message
 from reliable.commit import OffsetWatermark
 from reliable.handler import Handler
@@ -83,6 +83,10 @@ class Steps:
         In lease mode a handler without a token spec uses the message id: the lease needs a key.
         """
         for w in undecided(work):
+            if w.message.unreadable is not None:
+                reason = f"message {w.message.id}: {w.message.unreadable}"
+                w.result = self.failed(w.message, None, UnreadableMessageError(reason))
+                continue
             try:
                 found = None if self.handler.token is None else self.handler.token(w.message)
             except ReliableError as exc:
