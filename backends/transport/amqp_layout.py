@@ -134,12 +134,20 @@ def bucket_for(delay: float) -> int | None:
     return fitting[-1] if fitting else BUCKETS_MS[0]
 
 
-def text_headers(raw: Mapping[str, Any] | None) -> dict[str, str]:
-    """AMQP header values as text (pika hands long strings back as str or bytes, counts as int)."""
+def text_headers(raw: Mapping[str | bytes, Any] | None) -> dict[str, str]:
+    """AMQP header values as text (pika hands long strings back as str or bytes, counts as int);
+    a name that is not UTF-8 (pika hands it back as bytes) as `short_text`."""
     headers: dict[str, str] = {}
     for name, value in (raw or {}).items():
-        headers[name] = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+        headers[short_text(name)] = text
     return headers
+
+
+def short_text(value: str | bytes) -> str:
+    """An AMQP short string (a header name, a message id) as text: pika hands one that is not
+    UTF-8 back as bytes; its other bytes are kept as ``\\xNN`` escapes, so two stay distinct."""
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
 
 
 def delivered_before(headers: Mapping[str, str]) -> int:
@@ -148,11 +156,12 @@ def delivered_before(headers: Mapping[str, str]) -> int:
 
 
 def to_message(
-    topic: str, message_id: str | None, payload: bytes, headers: Mapping[str, str], receipt: str, now: float
+    topic: str, message_id: str | bytes | None, payload: bytes, headers: Mapping[str, str], receipt: str,
+    now: float,
 ) -> Message:
     """A delivered `Message`: internal headers become its fields."""
     return Message(
-        id=message_id or new_message_id(),
+        id=short_text(message_id) if message_id else new_message_id(),
         topic=headers.get(ORIGIN_TOPIC_HEADER, topic),
         queue=0,
         offset=-1,
