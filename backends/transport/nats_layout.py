@@ -107,7 +107,7 @@ def to_message(
     """
     deferred = 1 if DUE_HEADER in headers and delivered > 1 else 0
     return Message(
-        id=headers.get(ID_HEADER) or headers.get(MSG_ID_HEADER) or f"{topic}-{sequence}",
+        id=_faithful(headers.get(ID_HEADER) or headers.get(MSG_ID_HEADER)) or f"{topic}-{sequence}",
         topic=headers.get(ORIGIN_TOPIC_HEADER, topic),
         queue=0,
         offset=sequence,
@@ -118,3 +118,10 @@ def to_message(
         published_at=published_at,
         receipt=receipt,
     )
+
+
+def _faithful(message_id: str | None) -> str | None:
+    """``message_id`` unless it holds U+FFFD: nats-py reads bytes that are not UTF-8 as that
+    character, so two different ids another program sent would read the same (and the second
+    be taken for a duplicate of the first); such a message is named by its stream sequence."""
+    return None if message_id is None or "\ufffd" in message_id else message_id
