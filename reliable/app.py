@@ -51,6 +51,7 @@ log = structlog.get_logger("reliable.app")
 OPTIMIZE_ACK_FRACTION = 0.65
 """The batch commit strategy acks once this fraction of the prefetch is pending (ActiveMQ)."""
 
+SHUTDOWN_LOG_WAIT = 5.0  # seconds a stopping worker waits for its shutdown line to be logged
 PURGE_INTERVAL = 3600.0
 """Seconds between purges of expired token records by a running worker."""
 
@@ -346,13 +347,17 @@ class App:
                 react = partial(_shutdown_forced, number, in_hand)
             else:
                 return
-            threading.Thread(target=react, name="reliable-shutdown", daemon=True).start()
+            reactions.append(threading.Thread(target=react, name="reliable-shutdown", daemon=True))
+            reactions[-1].start()
 
+        reactions: list[threading.Thread] = []
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         for s in previous:
             signal.signal(s, on_signal)
 
         def restore() -> None:
+            for reaction in reactions:  # a stop may end before its line is logged: wait for it
+                reaction.join(SHUTDOWN_LOG_WAIT)
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
