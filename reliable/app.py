@@ -9,13 +9,9 @@ create its app at import time and a command line can still choose settings.
 from __future__ import annotations
 
 import math
-import os
-import signal
-import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +39,7 @@ from reliable.outbox import Relay
 from reliable.reporting import built_in
 from reliable.runtime import Runtime
 from reliable.settings import Settings
+from reliable.shutdown import install_signals
 from reliable.worker import Worker
 
 log = structlog.get_logger("reliable.app")
@@ -51,7 +48,6 @@ log = structlog.get_logger("reliable.app")
 OPTIMIZE_ACK_FRACTION = 0.65
 """The batch commit strategy acks once this fraction of the prefetch is pending (ActiveMQ)."""
 
-SHUTDOWN_LOG_WAIT = 5.0  # seconds a stopping worker waits for its shutdown line to be logged
 PURGE_INTERVAL = 3600.0
 """Seconds between purges of expired token records by a running worker."""
 
@@ -228,7 +224,7 @@ class App:
         relay = self.relay() if self.settings.outbox.relay else None
         relaying: AbstractContextManager[object] = (
             relay.running() if relay is not None and not until_idle else nullcontext())
-        restore = self._install_signals(workers)
+        restore = install_signals(self._stop, lambda: sum(w.in_hand for w in workers))
         self._stop.clear()
         self._purged_at = self.clock.time()  # first purge one interval in: starting stays fast
         log.info("worker_started", handlers=[w.handler.name for w in workers], until_idle=until_idle)
@@ -328,41 +324,6 @@ class App:
         size = min(config.commit_batch_size, max(1, math.ceil(OPTIMIZE_ACK_FRACTION * config.prefetch)))
         return commit_strategy(config.commit, size, config.commit_interval)
 
-    def _install_signals(self, workers: Sequence[Worker]) -> Callable[[], None]:
-        """SIGINT / SIGTERM: finish the messages in hand, then return. A second Ctrl-C forces the
-        exit at once (Celery's cold shutdown): the messages in hand are not acked, and the
-        transport delivers them again."""
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-
-        def on_signal(number: int, _frame: object) -> None:
-            # The handler runs between two bytecodes of the main thread, which may be inside a log
-            # call holding the logger's lock: logging here could wait on that lock forever (a second
-            # Ctrl-C hung so). The handler only decides; a thread of its own logs (and exits).
-            in_hand = sum(w.in_hand for w in workers)
-            if not self._stop.is_set():
-                self.stop()
-                react: Callable[[], None] = partial(_shutdown_started, number, in_hand)
-            elif number == signal.SIGINT:
-                react = partial(_shutdown_forced, number, in_hand)
-            else:
-                return
-            reactions.append(threading.Thread(target=react, name="reliable-shutdown", daemon=True))
-            reactions[-1].start()
-
-        reactions: list[threading.Thread] = []
-        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-        for s in previous:
-            signal.signal(s, on_signal)
-
-        def restore() -> None:
-            for reaction in reactions:  # a stop may end before its line is logged: wait for it
-                reaction.join(SHUTDOWN_LOG_WAIT)
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-
-        return restore
-
     # -- dead letters ---------------------------------------------------------
 
     @property
@@ -389,17 +350,3 @@ class App:
                     if part is not None:
                         part.close()
                 self._runtime = None
-
-
-def _shutdown_started(number: int, in_hand: int) -> None:
-    log.warning("shutdown_started", signal=signal.Signals(number).name, in_hand=in_hand,
-                then="finishing the messages in hand; Ctrl-C again forces the exit")
-
-
-def _shutdown_forced(number: int, in_hand: int) -> None:
-    """A second Ctrl-C: log what is handed back, then end the process at once (nothing is acked)."""
-    log.error("shutdown_forced", signal=signal.Signals(number).name, handed_back=in_hand,
-              then="not acknowledged: the transport delivers them again")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(128 + number)
