@@ -118,6 +118,10 @@ class Console:
 
     async def login(self, request: Request) -> Response:
         form = await request.form()
+        if not self.sessions.csrf_ok(request, form.get("csrf")):  # another site's form (login CSRF)
+            return self.page(request, "login.html", status=403,
+                             error="the log-in form's CSRF token is missing or wrong (an old or another "
+                                   "site's form): log in with this one")
         login, password = str(form.get("user", "")), str(form.get("password", ""))
         # scrypt takes tens of milliseconds of CPU: on the event loop every page would wait for it
         if await run_in_threadpool(self.sessions.log_in, request, login, password):

@@ -44,7 +44,15 @@ class Visitor:
         return status, text
 
     def log_in(self, user: str, password: str) -> int:
-        return self.post("/login", {"user": user, "password": password})[0]
+        """Fill in the log-in form as a browser does: its CSRF token with the credentials."""
+        return self.post("/login", {"user": user, "password": password, "csrf": self.login_token()})[0]
+
+    def login_token(self) -> str:
+        """The CSRF token the log-in form carries for this session."""
+        _, text = self.get("/login")
+        found = CSRF.search(text)
+        assert found, "no CSRF token on the log-in form"
+        return found.group(1)
 
     def csrf(self) -> str:
         """This session's CSRF token, as a page's forms carry it."""
