@@ -128,6 +128,7 @@ def app_view(app: App) -> BrokerView | None:
 def serve(app: App, config: ConsoleConfig, authenticator: Authenticator,
           metrics: Sequence[str] = ()) -> ConsoleServer:
     """Serve the console for ``app``'s settings: its store's dead letters and outbox, its broker if
-    it has one, and the counters of the workers whose ``/metrics`` URLs are given."""
+    it has one, and the counters of the workers whose ``/metrics`` URLs are given; sessions age
+    by the app's clock."""
     return start_console(config, authenticator, app_view(app), StoreLetters(app), OutboxBacklog(app),
-                         WorkerCounters(metrics) if metrics else None)
+                         WorkerCounters(metrics) if metrics else None, clock=app.clock)

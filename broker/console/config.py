@@ -20,6 +20,8 @@ class ConsoleConfig:
     sample_interval: float = 10.0
     history: float = 3600.0
     session_max_age: int = 8 * 3600
+    max_sessions: int = 1000
+    max_sessions_per_user: int = 10
 
     def __post_init__(self) -> None:
         _require("console_port", self.port, int, 0, 65535)
@@ -27,6 +29,8 @@ class ConsoleConfig:
         _require("console_sample_interval", self.sample_interval, (int, float), 0.01, 3600)
         _require("console_history", self.history, (int, float), 1, 7 * 86400)
         _require("console_session_max_age", self.session_max_age, int, 60, 30 * 86400)
+        _require("console_max_sessions", self.max_sessions, int, 1, 1_000_000)
+        _require("console_max_sessions_per_user", self.max_sessions_per_user, int, 1, 1_000_000)
 
     @property
     def loopback(self) -> bool:
@@ -60,7 +64,8 @@ class ConsoleConfig:
 
 KEYS = {"console_host": "host", "console_port": "port", "console_page_size": "page_size",
         "console_sample_interval": "sample_interval", "console_history": "history",
-        "console_session_max_age": "session_max_age"}
+        "console_session_max_age": "session_max_age", "console_max_sessions": "max_sessions",
+        "console_max_sessions_per_user": "max_sessions_per_user"}
 
 
 def _require(key: str, value: object, kind: type | tuple[type, ...], low: float, high: float) -> None:

@@ -22,6 +22,7 @@ from broker.console.sources import Backlog, BrokerView, Counters, LetterBook
 from broker.console.web import build_console
 from broker.errors import BrokerConfigError
 from broker.server.auth import Authenticator
+from broker.store.clock import SYSTEM_CLOCK, Clock
 
 log = structlog.get_logger("broker.console")
 
@@ -76,12 +77,12 @@ class ConsoleServer:
 
 def start_console(config: ConsoleConfig, authenticator: Authenticator, view: BrokerView | None,
                   letters: LetterBook | None = None, backlog: Backlog | None = None,
-                  counters: Counters | None = None) -> ConsoleServer:
+                  counters: Counters | None = None, clock: Clock = SYSTEM_CLOCK) -> ConsoleServer:
     """Build the console over ``view`` (the broker, if any), ``letters`` and ``backlog`` (the
-    framework's dead letters and outbox), and serve it."""
+    framework's dead letters and outbox), and serve it; ``clock`` ages its sessions."""
     if not authenticator.required and not config.loopback:
         raise BrokerConfigError(f"broker.console_host = {config.host!r}: a console without users may only "
                                 "bind a loopback address; add [broker.users]")
     history = History(view, config.sample_interval, config.history) if view is not None else None
-    app = build_console(config, authenticator, view, letters, history, backlog, counters)
+    app = build_console(config, authenticator, view, letters, history, backlog, counters, clock=clock)
     return ConsoleServer(app, config, history).start()

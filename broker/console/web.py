@@ -36,6 +36,7 @@ from broker.errors import BrokerError, BrokerUnavailableError
 from broker.protocol.errors import PermissionDeniedError
 from broker.protocol.operations import OPERATIONS
 from broker.server.auth import Authenticator, Principal
+from broker.store.clock import SYSTEM_CLOCK, Clock
 
 HERE = Path(__file__).parent
 log = structlog.get_logger("broker.console")
@@ -71,10 +72,11 @@ class Console:
 
     def __init__(self, config: ConsoleConfig, authenticator: Authenticator, view: BrokerView | None,
                  letters: LetterBook | None, history: History | None, backlog: Backlog | None = None,
-                 counters: Counters | None = None) -> None:
+                 counters: Counters | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config, self.view, self.letters, self.history = config, view, letters, history
         self.backlog, self.counters = backlog, counters
-        self.sessions = Sessions(authenticator, config.session_max_age)
+        self.sessions = Sessions(authenticator, config.session_max_age, config.max_sessions,
+                                 config.max_sessions_per_user, clock)
         self.templates = Environment(loader=FileSystemLoader(HERE / "templates"),
                                      autoescape=select_autoescape(default=True))
         self.templates.filters.update(when=_when, preview=render.preview, size=render.size)
@@ -296,9 +298,10 @@ class Console:
 def build_console(config: ConsoleConfig, authenticator: Authenticator, view: BrokerView | None = None,
                   letters: LetterBook | None = None, history: History | None = None,
                   backlog: Backlog | None = None, counters: Counters | None = None,
-                  secret: str | None = None) -> Starlette:
-    """The ASGI application; ``secret`` signs session cookies (a random one: sessions end with the process)."""
-    console = Console(config, authenticator, view, letters, history, backlog, counters)
+                  secret: str | None = None, clock: Clock = SYSTEM_CLOCK) -> Starlette:
+    """The ASGI application; ``secret`` signs session cookies (a random one: sessions end with the
+    process); ``clock`` ages the sessions."""
+    console = Console(config, authenticator, view, letters, history, backlog, counters, clock)
     routes = [
         Route("/login", console.login_form, methods=["GET"]),
         Route("/login", console.login, methods=["POST"]),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from backends.clock import SYSTEM_CLOCK
+from backends.clock import SYSTEM_CLOCK, Clock
 from broker.console.config import ConsoleConfig
 from broker.console.serving import ConsoleServer
 from broker.server.auth import Authenticator, hash_password, load_users
@@ -49,8 +49,11 @@ class Deployment:
             return [row[0] for row in tx.execute(text(f"select payment from {table} order by payment"))]
 
 
-def start(directory: Path, authenticator: Authenticator | None = None, **console: object) -> Deployment:
-    app = test_app(directory, clock=SYSTEM_CLOCK, transport=f"embedded://{directory / 'broker'}",
+def start(directory: Path, authenticator: Authenticator | None = None, clock: Clock = SYSTEM_CLOCK,
+          **console: object) -> Deployment:
+    """The deployment, its console's settings from ``console``; ``clock`` is the app's and the
+    console's (a fake one lets a test age sessions and lock-outs)."""
+    app = test_app(directory, clock=clock, transport=f"embedded://{directory / 'broker'}",
                    settings={"RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1"})
     deployment = Deployment(app, None)  # type: ignore[arg-type]
     with app.store.transaction() as tx:

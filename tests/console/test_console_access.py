@@ -159,6 +159,10 @@ def test_console_settings_are_validated() -> None:
         ServerConfig.from_mapping({"console_port": 70000})
     with pytest.raises(BrokerConfigError, match="console_sample_interval"):
         ConsoleConfig(sample_interval="often")  # type: ignore[arg-type]
+    with pytest.raises(BrokerConfigError, match="console_max_sessions = 0"):
+        ServerConfig.from_mapping({"console_port": 0, "console_max_sessions": 0})
+    with pytest.raises(BrokerConfigError, match="console_max_sessions_per_user"):
+        ConsoleConfig(max_sessions_per_user=2.5)  # type: ignore[arg-type]
     assert ServerConfig.from_mapping({}).console is None
     assert ServerConfig.from_mapping({"console_port": 0}).console == ConsoleConfig(port=0)
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from backends.clock import FakeClock
+from broker.console.session import LiveSessions
 from tests.console.deployment import PASSWORDS, Deployment, start
 from tests.console.http import Visitor
 
@@ -16,6 +19,12 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     yield deployment
     deployment.console.stop()
     deployment.app.close()
+
+
+def visitor(deployment: Deployment, user: str) -> Visitor:
+    v = Visitor(deployment.url)
+    assert v.log_in(user, PASSWORDS[user]) == 303
+    return v
 
 
 def test_a_log_in_without_the_forms_csrf_token_is_refused(deployment: Deployment) -> None:
@@ -44,3 +53,48 @@ def test_the_log_in_form_carries_its_token_and_a_refused_form_a_fresh_one(deploy
     alice.post("/login", {"user": "alice", "password": PASSWORDS["alice"]})  # refused, but now has a form
     assert alice.log_in("alice", PASSWORDS["alice"]) == 303
     assert alice.get("/groups")[0] == 200
+
+
+def test_live_sessions_are_bounded_per_user_and_in_all_the_oldest_ending_first(tmp_path: Path) -> None:
+    """Every log-in kept a live session until it expired: a client logging in again and again
+    (one account is enough) grew the console's memory without bound."""
+    deployment = start(tmp_path, max_sessions=5, max_sessions_per_user=2)
+    try:
+        bob, alice1, alice2 = (visitor(deployment, user) for user in ("bob", "alice", "alice"))
+        alice3 = visitor(deployment, "alice")  # alice's third: her oldest ends, no one else's
+        assert [v.get("/groups")[0] for v in (bob, alice1, alice2, alice3)] == [200, 303, 200, 200]
+        hammering = [visitor(deployment, "alice") for _ in range(6)]  # again and again: her own end
+        assert [v.get("/groups")[0] for v in (bob, alice2, alice3, *hammering)] == [200] + [303] * 6 + [200] * 2
+        carol, ops1, ops2 = (visitor(deployment, user) for user in ("carol", "ops", "ops"))  # 6 in all
+        live = [v.get("/groups")[0] for v in (bob, *hammering[-2:], carol, ops1, ops2)]
+        assert live == [303, 200, 200, 200, 200, 200]  # the oldest of all ended
+    finally:
+        deployment.console.stop()
+        deployment.app.close()
+
+
+def test_a_session_ends_at_its_age_on_the_consoles_clock(tmp_path: Path) -> None:
+    clock = FakeClock()
+    deployment = start(tmp_path, clock=clock, session_max_age=60)
+    try:
+        alice = visitor(deployment, "alice")
+        clock.advance(59)
+        assert alice.get("/groups")[0] == 200
+        clock.advance(2)
+        assert alice.get("/groups")[0] == 303
+    finally:
+        deployment.console.stop()
+        deployment.app.close()
+
+
+def test_expired_sessions_are_dropped_not_kept() -> None:
+    clock = FakeClock()
+    live = LiveSessions(max_age=60, max_total=1000, max_per_user=10, clock=clock)
+    for n in range(5000):  # many users' log-ins: never more than max_total kept
+        live.start(f"user-{n % 500}")
+    assert len(live) == 1000
+    clock.advance(61)
+    session = live.start("alice")  # starting a session drops every expired one
+    assert len(live) == 1 and live.user_of(session) == "alice"
+    clock.advance(61)
+    assert live.user_of(session) is None and len(live) == 0  # an expired one asked for is dropped too
