@@ -40,6 +40,42 @@ def new_message_id() -> str:
     return f"{value:032x}"
 
 
+def key_from_bytes(raw: bytes) -> str:
+    """A key read from bytes another program wrote: UTF-8, each byte that is not kept as a lone
+    surrogate (PEP 383's ``surrogateescape``), so distinct byte keys stay distinct text and
+    `key_bytes` gives back exactly the bytes that came."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def key_bytes(key: str) -> bytes:
+    """The bytes ``key`` stands for: its UTF-8, or the bytes `key_from_bytes` read it from."""
+    return key.encode("utf-8", "surrogateescape")
+
+
+def not_text(value: str) -> bool:
+    """Whether ``value`` holds a lone surrogate (a byte that was not UTF-8, `key_from_bytes`):
+    it has no UTF-8 form, so no text column or text protocol can carry it."""
+    return not value.isascii() and any("\ud800" <= char <= "\udfff" for char in value)
+
+
+def storable(text: str) -> bool:
+    """Whether every store's text column holds ``text`` as it is: no NUL (PostgreSQL refuses
+    it) and no byte that was not UTF-8 (`not_text`)."""
+    return "\x00" not in text and not not_text(text)
+
+
+def readable(text: str) -> str:
+    """``text`` with what a text column or a terminal cannot hold written out: a NUL as ``\\x00``,
+    a byte that was not UTF-8 as ``\\xNN`` (any other lone surrogate as ``\\udNNN``)."""
+    text = text.replace("\x00", "\\x00")
+    if not not_text(text):
+        return text
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 @dataclass(frozen=True)
 class OutgoingMessage:
     """A message to publish: the body is already encoded to bytes."""

@@ -17,7 +17,7 @@ import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.transport.broker import BrokerTransport
-from backends.types import DeadLetter
+from backends.types import DeadLetter, readable
 from broker.console.config import ConsoleConfig
 from broker.console.serving import ConsoleServer, start_console
 from broker.console.sources import BrokerView, ConsoleActionError, Letter, broker_view
@@ -70,7 +70,7 @@ class StoreLetters:
 
 def _letter(letter: DeadLetter) -> Letter:
     m, f = letter.message, letter.failure
-    return Letter(id=letter.id or 0, group=letter.group, topic=m.topic or "", message_id=m.id, key=m.key or "",
+    return Letter(id=letter.id or 0, group=letter.group, topic=m.topic or "", message_id=m.id, key=readable(m.key or ""),
                   headers=dict(m.headers), body=m.payload, error_type=f.error_type, error=f.error_message,
                   traceback=f.traceback, attempts=f.attempts, replays=letter.replays,
                   last_failure_at=f.last_failure_at, extra={"token": letter.token or ""})

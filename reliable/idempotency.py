@@ -21,7 +21,7 @@ from backends.cache.base import Cache
 from backends.errors import CacheUnavailableError
 from backends.store.base import Transaction
 from backends.store.schema import TOKEN_MAX
-from backends.types import Message
+from backends.types import Message, not_text, readable
 from reliable.errors import HandlerOptionError, TokenInvalidError, TokenMissingError
 
 log = structlog.get_logger("reliable.idempotency")
@@ -81,11 +81,15 @@ class Token:
 
 def unrecordable(token: str) -> str | None:
     """Why the store could not record ``token``, or None: PostgreSQL refuses a token wider than
-    its column or holding a NUL character, and would refuse its dead-letter record too."""
+    its column or holding a NUL character, and would refuse its dead-letter record too; no store
+    records bytes that are not UTF-8 (a binary Kafka key: `backends.types.key_from_bytes`)."""
     if len(token) > TOKEN_MAX:
         return f"is {len(token)} characters long; at most {TOKEN_MAX} are recorded"
     if "\x00" in token:
-        return f"holds a NUL character ({token!r})"
+        return f"holds a NUL character ('{readable(token)}')"
+    if not_text(token):
+        return (f"holds bytes that are not UTF-8 ('{readable(token)}'); tokens are recorded as text: "
+                "take the token from elsewhere, or from a function that returns text")
     return None
 
 

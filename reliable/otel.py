@@ -34,7 +34,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from backends.types import Message
+from backends.types import Message, readable
 from reliable.errors import ExtraNotInstalledError
 from reliable.middleware import Middleware, Publish
 from reliable.outcome import Outcome, Result
@@ -105,7 +105,7 @@ class TracingMiddleware(Middleware):
             "reliable.attempt": message.attempt,
         }
         if message.key is not None:
-            attributes["messaging.message.conversation_id"] = message.key
+            attributes["messaging.message.conversation_id"] = readable(message.key)  # exporters send UTF-8
         self._spans[id(message)] = self.tracer.start_span(
             f"process {message.topic}", context=parent, kind=SpanKind.CONSUMER, attributes=attributes)
 

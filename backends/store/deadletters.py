@@ -12,7 +12,7 @@ from sqlalchemy import Connection, String, delete, func, inspect, select, text, 
 from backends.store.dialect import Dialect
 from backends.store.engine import chunks
 from backends.store.schema import dead_letters
-from backends.types import DeadLetter, Failure, Message
+from backends.types import DeadLetter, Failure, Message, readable, storable
 
 
 def add(connection: Connection, dialect: Dialect, letter: DeadLetter, now: float) -> int | None:
@@ -20,7 +20,8 @@ def add(connection: Connection, dialect: Dialect, letter: DeadLetter, now: float
     (same token, or same message id without a token) at the same replay count.
 
     A message id or key the columns cannot hold as they are (a NUL character, which
-    PostgreSQL's text refuses; an id wider than its column) is stored as a readable stand-in,
+    PostgreSQL's text refuses; bytes that are not UTF-8, a binary Kafka key; an id wider than
+    its column) is stored as a readable stand-in,
     and exactly in ``exact``: any producer can send such a message, and its record must neither
     fail (which would stop the worker) nor change what a replay sends.
     """
@@ -32,7 +33,7 @@ def add(connection: Connection, dialect: Dialect, letter: DeadLetter, now: float
     elif message_id.fits:
         identity = f"message:{message.id}"
     else:
-        identity = f"message-sha256:{hashlib.sha256(message.id.encode()).hexdigest()}"
+        identity = f"message-sha256:{_digest(message.id)}"
     result = connection.execute(
         dialect.insert(dead_letters)
         .values(
@@ -49,13 +50,13 @@ def add(connection: Connection, dialect: Dialect, letter: DeadLetter, now: float
             token=letter.token,
             attempts=failure.attempts,
             error_type=_Field(failure.error_type, _ERROR_TYPE_WIDTH).stored,
-            error_message=_readable(failure.error_message),
-            traceback=_readable(failure.traceback),
+            error_message=readable(failure.error_message),
+            traceback=readable(failure.traceback),
             first_failure_at=failure.first_failure_at,
             last_failure_at=failure.last_failure_at,
             replays=letter.replays,
             created_at=now,
-            exact=json.dumps(exact) if exact else None,  # JSON writes NUL as \u0000
+            exact=json.dumps(exact) if exact else None,  # JSON writes NUL as \u0000, a lone surrogate \udcNN
         )
         .on_conflict_do_nothing(index_elements=["group", "identity", "replays"])
         .returning(dead_letters.c.id)
@@ -70,21 +71,20 @@ _ERROR_TYPE_WIDTH = cast(String, dead_letters.c.error_type.type).length
 
 class _Field:
     """A text field of a record: ``stored`` is ``value`` where the column holds it as it is
-    (``fits``), else a readable stand-in: NUL written ``\\x00``, cut to ``width`` and ended with
+    (``fits``), else a readable stand-in (`backends.types.readable`), cut to ``width`` and ended with
     a digest of the value, so two stand-ins differ where the values do."""
 
     def __init__(self, value: str | None, width: int | None = None) -> None:
         self.value, self.stored = value, value
-        self.fits = value is None or ("\x00" not in value and (width is None or len(value) <= width))
+        self.fits = value is None or (storable(value) and (width is None or len(value) <= width))
         if value is not None and not self.fits:
-            digest = "~" + hashlib.sha256(value.encode()).hexdigest()[:16]
-            self.stored = _readable(value)[: None if width is None else width - len(digest)] + digest
+            digest = "~" + _digest(value)[:16]
+            self.stored = readable(value)[: None if width is None else width - len(digest)] + digest
 
 
-def _readable(text: str) -> str:
-    """A failure's text with each NUL character written ``\\x00``: PostgreSQL's text cannot hold
-    NUL, and an error message may quote a body that does (on every store alike)."""
-    return text.replace("\x00", "\\x00")
+def _digest(text: str) -> str:
+    """The SHA-256 of ``text``, in hex; a lone surrogate (a byte that was not UTF-8) counts too."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def add_late_columns(connection: Connection) -> None:

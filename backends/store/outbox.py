@@ -42,6 +42,7 @@ from sqlalchemy.engine import URL
 from backends.clock import Clock
 from backends.errors import OutboxMessageError
 from backends.store.dialect import Dialect
+from backends.store.outbox_rules import check_publish
 from backends.store.schema import outbox
 from backends.types import CONTENT_TYPE, JSON, OutgoingMessage, encode_body, new_message_id
 
@@ -104,8 +105,6 @@ class OutboxStatus:
         return 0.0 if self.oldest_unsent_at is None else max(now - self.oldest_unsent_at, 0.0)
 
 
-MESSAGE_ID_MAX = 64  # the column's width
-TOPIC_MAX, KEY_MAX = 255, 512  # the columns' widths: PostgreSQL refuses more at the commit, SQLite does not
 
 
 PublishHook = Callable[[str, Mapping[str, str] | None], AbstractContextManager[Mapping[str, str]]]
@@ -147,7 +146,7 @@ class OutboxWriter:
     ) -> dict[str, Any]:
         """The row of one publish (through `on_publish`); `OutboxMessageError` names what is wrong
         with the call."""
-        _check(topic, key, headers, delay, message_id)
+        check_publish(topic, key, headers, delay, message_id)
         with (unhooked if _HOOKED.get() else self.on_publish)(topic, headers) as sent_headers:
             try:
                 payload = encode_body(body, content_type)
@@ -160,22 +159,6 @@ class OutboxWriter:
                 "headers": json.dumps({CONTENT_TYPE: content_type, **sent_headers}), "payload": payload,
                 "deliver_at": now + delay, "state": RowState.PENDING.value, "created_at": now,
             }
-
-
-def _check(topic: Any, key: Any, headers: Any, delay: Any, message_id: Any = None) -> None:
-    where = f"tx.publish to {topic!r}"
-    if message_id is not None and not (isinstance(message_id, str) and 0 < len(message_id) <= MESSAGE_ID_MAX):
-        raise OutboxMessageError(f"{where}: message_id={message_id!r} must be 1 to {MESSAGE_ID_MAX} characters")
-    if not isinstance(topic, str) or not 0 < len(topic) <= TOPIC_MAX or topic.startswith("%") or "\x00" in topic:
-        raise OutboxMessageError(f"{where}: topic must be 1 to {TOPIC_MAX} characters, no NUL, not starting with '%'")
-    if key is not None and not (isinstance(key, str) and len(key) <= KEY_MAX and "\x00" not in key):
-        raise OutboxMessageError(f"{where}: key={key!r} must be None or at most {KEY_MAX} characters, no NUL")
-    if headers is not None and not (
-        isinstance(headers, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
-    ):
-        raise OutboxMessageError(f"{where}: headers={headers!r} must map strings to strings")
-    if isinstance(delay, bool) or not isinstance(delay, int | float) or not math.isfinite(delay) or delay < 0:
-        raise OutboxMessageError(f"{where}: delay={delay!r} must be a number of seconds >= 0")
 
 
 class Outgoing:
@@ -233,7 +216,7 @@ class Deferred:
     def publish(self, topic: str, body: Any, *, key: str | None = None, headers: Mapping[str, str] | None = None,
                 delay: float = 0.0, content_type: str = JSON, message_id: str | None = None) -> str:
         _refuse_if(self._ended, topic)
-        _check(topic, key, headers, delay, message_id)
+        check_publish(topic, key, headers, delay, message_id)
         with self.on_publish(topic, headers) as sent_headers:
             call = {"topic": topic, "body": body, "key": key, "headers": dict(sent_headers), "delay": delay,
                     "content_type": content_type, "message_id": message_id or new_message_id()}

@@ -41,7 +41,16 @@ from typing import ClassVar, Self
 import structlog
 
 from backends.errors import ConfigurationError, TransportError
-from backends.types import Failure, Message, OutgoingMessage, QueueRef, new_message_id
+from backends.types import (
+    Failure,
+    Message,
+    OutgoingMessage,
+    QueueRef,
+    key_bytes,
+    new_message_id,
+    not_text,
+    readable,
+)
 from backends.values import positive
 
 _log = structlog.get_logger("backends.transport")
@@ -200,13 +209,15 @@ class Transport(ABC):
     capabilities: Capabilities
     names_messages: ClassVar[bool] = False
     """The engine gives a message published without an id its own (the broker): none is stamped."""
+    binary_keys: ClassVar[bool] = False
+    """Keys travel as bytes (Kafka), so a key read from bytes that are not UTF-8 can be sent back."""
     _closed: bool = False
 
     def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         """Append ``messages`` to ``topic``; a message with ``delay`` is delivered later."""
         self._check_open()
         self._check_names(topic=topic)
-        check_outgoing(messages)
+        check_outgoing(messages, binary_keys=self.binary_keys)
         if messages:
             self._send(topic, self._stamped(messages, None))
 
@@ -215,7 +226,7 @@ class Transport(ABC):
         carrying ``topic`` in `ORIGIN_TOPIC_HEADER`."""
         self._check_open()
         self._check_names(group=group, topic=topic)
-        check_outgoing(messages)
+        check_outgoing(messages, binary_keys=self.binary_keys)
         if messages:
             self._send_to_group(group, topic, self._stamped(messages, topic))
 
@@ -286,13 +297,27 @@ def check_name(kind: str, name: str) -> None:
         raise TransportError(f"{kind} name {name!r}: a non-empty string is required")
 
 
-def check_outgoing(messages: Sequence[OutgoingMessage]) -> None:
-    """A `TransportError` naming the first message a transport cannot publish."""
+def check_outgoing(messages: Sequence[OutgoingMessage], *, binary_keys: bool = False) -> None:
+    """A `TransportError` naming the first message a transport cannot publish; a key holding
+    bytes that are not UTF-8 (`backends.types.key_from_bytes`) only where ``binary_keys``."""
     for message in messages:
         if not isinstance(message.payload, bytes):
             raise TransportError(f"message payload must be bytes, got {type(message.payload).__name__}")
         if message.delay < 0:
             raise TransportError(f"message delay {message.delay!r}: must be >= 0")
+        if message.key is not None and not_text(message.key):
+            _check_binary_key(message.key, binary_keys)
+
+
+def _check_binary_key(key: str, binary_keys: bool) -> None:
+    try:
+        key_bytes(key)
+    except UnicodeEncodeError:
+        raise TransportError(f"message key '{readable(key)}' holds a lone surrogate, which stands for no "
+                             "byte: not a key read from bytes") from None
+    if not binary_keys:
+        raise TransportError(f"message key '{readable(key)}' holds bytes that are not UTF-8 (a binary key read "
+                             "from Kafka?): this transport carries text keys only")
 
 
 def seconds(name: str, value: float | str) -> float:

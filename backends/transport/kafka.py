@@ -71,6 +71,7 @@ class KafkaTransport(Transport):
     """
 
     capabilities = CAPABILITIES
+    binary_keys = True
 
     def __init__(
         self,

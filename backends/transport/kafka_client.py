@@ -30,6 +30,7 @@ from backends.errors import (
     ReliableError,
     TransportError,
 )
+from backends.types import key_bytes
 
 Record = tuple[str | None, bytes, list[tuple[str, str | bytes | None]], int]
 """A record to produce: key, value, headers, timestamp in milliseconds."""
@@ -159,11 +160,12 @@ class Publisher:
         partitions = self.partitions(topic)
         try:
             for key, value, headers, timestamp in records:
+                raw_key = None if key is None else key_bytes(key)  # a binary key's own bytes
                 self._producer.produce(
                     topic,
                     value,
-                    key,
-                    partition=self._partition_for(topic, key, partitions),
+                    raw_key,
+                    partition=self._partition_for(topic, raw_key, partitions),
                     headers=headers,
                     timestamp=timestamp,
                     on_delivery=delivered,
@@ -200,9 +202,9 @@ class Publisher:
     def close(self) -> None:
         self._producer.flush(self._timeout)
 
-    def _partition_for(self, topic: str, key: str | None, partitions: int) -> int:
+    def _partition_for(self, topic: str, key: bytes | None, partitions: int) -> int:
         if key is not None:
-            return zlib.crc32(key.encode()) % partitions
+            return zlib.crc32(key) % partitions
         with self._lock:
             turn = self._turns.get(topic, 0)
             self._turns[topic] = turn + 1

@@ -31,7 +31,7 @@ from backends.transport.base import (
     PUBLISHED_HEADER,
     Capabilities,
 )
-from backends.types import Failure, Message
+from backends.types import Failure, Message, key_from_bytes
 
 CAPABILITIES = Capabilities(
     consumer_offsets=True, drain=False, native_delay=False, dead_letter_queue=True, reads_in_order=True
@@ -197,7 +197,7 @@ def to_message(topic: str, queue: int, offset: int, key: bytes | None, value: by
         queue=queue,
         offset=offset,
         payload=value or b"",
-        key=key.decode("utf-8", "replace") if key is not None else None,
+        key=key_from_bytes(key) if key is not None else None,
         headers={name: value for name, value in headers.items() if name not in INTERNAL_HEADERS},
         attempt=attempt,
         published_at=float(published) if published else timestamp_ms / 1000,
