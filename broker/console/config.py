@@ -1,4 +1,5 @@
-"""The console's settings, validated when built: where it listens and how it pages and samples."""
+"""The console's settings, validated when built: where it listens, how it pages and samples, and how
+it bounds sessions and throttles log-ins."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from broker.errors import BrokerConfigError
 
 @dataclass(frozen=True)
 class ConsoleConfig:
-    """``host``/``port`` to bind (port 0: any free one); lag sampled every ``sample_interval`` s."""
+    """``host``/``port`` to bind (port 0: any free one); lag sampled every ``sample_interval`` s;
+    the ``login_*`` limits throttle failed log-ins (`broker.console.throttle`), per user name and
+    per client address, read from ``X-Forwarded-For`` only behind one of ``trusted_proxies``."""
 
     host: str = "127.0.0.1"
     port: int = 8700
@@ -22,6 +25,14 @@ class ConsoleConfig:
     session_max_age: int = 8 * 3600
     max_sessions: int = 1000
     max_sessions_per_user: int = 10
+    login_max_failures: int = 5
+    login_max_failures_per_address: int = 20
+    login_window: float = 300.0
+    login_lockout: float = 30.0
+    login_max_lockout: float = 900.0
+    login_tracked: int = 10_000
+    login_concurrency: int = 4
+    trusted_proxies: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _require("console_port", self.port, int, 0, 65535)
@@ -31,6 +42,19 @@ class ConsoleConfig:
         _require("console_session_max_age", self.session_max_age, int, 60, 30 * 86400)
         _require("console_max_sessions", self.max_sessions, int, 1, 1_000_000)
         _require("console_max_sessions_per_user", self.max_sessions_per_user, int, 1, 1_000_000)
+        _require("console_login_max_failures", self.login_max_failures, int, 1, 1000)
+        _require("console_login_max_failures_per_address", self.login_max_failures_per_address, int, 1, 100_000)
+        _require("console_login_window", self.login_window, (int, float), 1, 7 * 86400)
+        _require("console_login_lockout", self.login_lockout, (int, float), 0.1, 86400)
+        _require("console_login_max_lockout", self.login_max_lockout, (int, float), self.login_lockout, 7 * 86400)
+        _require("console_login_tracked", self.login_tracked, int, 100, 10_000_000)
+        _require("console_login_concurrency", self.login_concurrency, int, 1, 64)
+        object.__setattr__(self, "trusted_proxies", _networks(self.trusted_proxies))
+
+    @property
+    def proxies(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """The ``trusted_proxies`` whose ``X-Forwarded-For`` names the client."""
+        return tuple(ipaddress.ip_network(net, strict=False) for net in self.trusted_proxies)
 
     @property
     def loopback(self) -> bool:
@@ -65,9 +89,33 @@ class ConsoleConfig:
 KEYS = {"console_host": "host", "console_port": "port", "console_page_size": "page_size",
         "console_sample_interval": "sample_interval", "console_history": "history",
         "console_session_max_age": "session_max_age", "console_max_sessions": "max_sessions",
-        "console_max_sessions_per_user": "max_sessions_per_user"}
+        "console_max_sessions_per_user": "max_sessions_per_user", "console_login_max_failures": "login_max_failures",
+        "console_login_max_failures_per_address": "login_max_failures_per_address",
+        "console_login_window": "login_window", "console_login_lockout": "login_lockout",
+        "console_login_max_lockout": "login_max_lockout", "console_login_tracked": "login_tracked",
+        "console_login_concurrency": "login_concurrency", "console_trusted_proxies": "trusted_proxies"}
 
 
 def _require(key: str, value: object, kind: type | tuple[type, ...], low: float, high: float) -> None:
     if isinstance(value, bool) or not isinstance(value, kind) or not low <= float(value) <= high:  # type: ignore[arg-type]
         raise BrokerConfigError(f"broker.{key} = {value!r}: must be a number between {low} and {high}")
+
+
+def _networks(value: object) -> tuple[str, ...]:
+    """``console_trusted_proxies``: addresses or networks (``10.0.0.0/8``), checked, as given."""
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise BrokerConfigError(f"broker.console_trusted_proxies = {value!r}: must be a list of addresses "
+                                "or networks (CIDR)")
+    for item in value:
+        if not isinstance(item, str) or not _is_network(item):
+            raise BrokerConfigError(f"broker.console_trusted_proxies: {item!r} is not an address or a network "
+                                    "(CIDR)")
+    return tuple(value)
+
+
+def _is_network(text: str) -> bool:
+    try:
+        ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        return False
+    return True

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import anyio
 import structlog
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
@@ -31,6 +32,7 @@ from broker.console.config import ConsoleConfig
 from broker.console.history import History, plot
 from broker.console.session import Sessions
 from broker.console.sources import Backlog, BrokerView, Counters, Letter, LetterBook
+from broker.console.throttle import LoginThrottle, client_address, retry_after
 from broker.delivery.values import GroupInfo
 from broker.errors import BrokerError, BrokerUnavailableError
 from broker.protocol.errors import PermissionDeniedError
@@ -77,6 +79,11 @@ class Console:
         self.backlog, self.counters = backlog, counters
         self.sessions = Sessions(authenticator, config.session_max_age, config.max_sessions,
                                  config.max_sessions_per_user, clock)
+        self.throttle = LoginThrottle(config.login_max_failures, config.login_max_failures_per_address,
+                                      config.login_window, config.login_lockout, config.login_max_lockout,
+                                      config.login_tracked, clock)
+        self.password_checks = anyio.CapacityLimiter(config.login_concurrency)
+        self.proxies, self.clock = config.proxies, clock
         self.templates = Environment(loader=FileSystemLoader(HERE / "templates"),
                                      autoescape=select_autoescape(default=True))
         self.templates.filters.update(when=_when, preview=render.preview, size=render.size)
@@ -125,9 +132,26 @@ class Console:
                              error="the log-in form's CSRF token is missing or wrong (an old or another "
                                    "site's form): log in with this one")
         login, password = str(form.get("user", "")), str(form.get("password", ""))
-        # scrypt takes tens of milliseconds of CPU: on the event loop every page would wait for it
-        if await run_in_threadpool(self.sessions.log_in, request, login, password):
+        address = client_address(request.client.host if request.client else "",
+                                 request.headers.get("x-forwarded-for"), self.proxies)
+        wait = self.throttle.admit(login, address)
+        if wait:  # refused before any password is checked
+            seconds = retry_after(wait)
+            response = self.page(request, "login.html", status=429,
+                                 error=f"too many failed log-ins for this user name or from this address: "
+                                       f"try again in {seconds} s (at {_when(self.clock.time() + seconds)})")
+            response.headers["retry-after"] = str(seconds)
+            return response
+        succeeded: bool | None = None
+        try:  # scrypt takes tens of milliseconds of CPU: off the event loop, on a few threads of its
+            # own, so a flood of attempts leaves the pages' threads free
+            succeeded = await anyio.to_thread.run_sync(self.sessions.log_in, request, login, password,
+                                                       limiter=self.password_checks)
+        finally:
+            self.throttle.settle(login, address, succeeded)
+        if succeeded:
             return RedirectResponse("/", status_code=303)
+        log.info("console.login_failed", user=login[:100], address=address)
         return self.page(request, "login.html", status=401, error="wrong user name or password")
 
     async def logout(self, request: Request) -> Response:

@@ -12,14 +12,20 @@ CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 class Visitor:
     """One browser-less user of the console: keeps its session cookie, follows no redirects."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, source: str | None = None, headers: dict[str, str] | None = None) -> None:
+        """``source``: the local address to connect from (any of 127.0.0.0/8 is this machine's);
+        ``headers``: sent with every request."""
         parts = urlsplit(url)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.source, self.headers = source, dict(headers or {})
         self.cookie = ""
 
     def request(self, method: str, path: str, form: dict[str, str | list[str]] | None = None) -> tuple[int, dict[str, str], str]:
-        connection = http.client.HTTPConnection(self.host, self.port, timeout=30)
-        headers = {"Cookie": self.cookie} if self.cookie else {}
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=30,
+                                                source_address=(self.source, 0) if self.source else None)
+        headers = dict(self.headers)
+        if self.cookie:
+            headers["Cookie"] = self.cookie
         body = None
         if form is not None:
             body = urlencode(form, doseq=True)
