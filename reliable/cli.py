@@ -34,7 +34,7 @@ def cli() -> None:
 @click.option("--settings", "settings_path", type=click.Path(dir_okay=False), help=SETTINGS_HELP)
 @click.option("--handler", "handlers", multiple=True, help="run only these handlers (repeatable)")
 @click.option("--until-idle", is_flag=True, help="return when nothing is left to deliver")
-@click.option("--metrics-port", type=int,
+@click.option("--metrics-port", type=click.IntRange(0, 65535),
               help="serve 127.0.0.1:PORT/metrics (Prometheus), /healthz and /readyz")
 def run(target: str, settings_path: str | None, handlers: tuple[str, ...], until_idle: bool,
         metrics_port: int | None) -> None:
@@ -101,7 +101,7 @@ def _summary(letter: DeadLetter) -> dict[str, Any]:
 
 @dlq.command("list")
 @click.argument("group")
-@click.option("--limit", default=100, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
 @_settings_option
 def dlq_list(group: str, limit: int, settings_path: str | None) -> None:
     """List the dead letters of GROUP, one JSON object a line."""
@@ -127,7 +127,7 @@ def dlq_show(letter_id: int, settings_path: str | None) -> None:
 @dlq.command("replay")
 @click.argument("group")
 @click.option("--id", "ids", type=int, multiple=True, help="replay only these ids (repeatable)")
-@click.option("--max-replays", default=3, show_default=True, help="refuse letters replayed this often")
+@click.option("--max-replays", type=click.IntRange(min=0), default=3, show_default=True, help="refuse letters replayed this often")
 @click.option("--force", is_flag=True, help="replay even letters past --max-replays")
 @_settings_option
 def dlq_replay(group: str, ids: tuple[int, ...], max_replays: int, force: bool, settings_path: str | None) -> None:

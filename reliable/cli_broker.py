@@ -183,7 +183,8 @@ def dlq() -> None:
 
 @dlq.command("list")
 @click.argument("group")
-@click.option("--limit", default=100, show_default=True, help="at most this many, oldest first")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True,
+              help="at most this many, oldest first")
 @_inspect
 def dlq_list(group: str, limit: int, url: str | None, settings_path: str | None, as_json: bool) -> None:
     """GROUP's dead letters not yet replayed or purged, with their cause."""
@@ -253,7 +254,7 @@ def dlq_purge(group: str, offsets: tuple[int, ...], yes: bool, url: str | None, 
 @click.option("--since", default="0", show_default=True, help="stored at or after: ISO time or epoch seconds")
 @click.option("--until", default=None, help="stored at or before (default: now)")
 @click.option("--id", "message_id", help="the message with this id (TOPIC not needed)")
-@click.option("--limit", default=64, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=64, show_default=True)
 @_inspect
 def message(topic: str | None, key: str | None, since: str, until: str | None, message_id: str | None,
             limit: int, url: str | None, settings_path: str | None, as_json: bool) -> None:

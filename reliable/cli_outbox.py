@@ -49,7 +49,7 @@ def _when(ts: float | None) -> str | None:
 @click.command()
 @click.argument("target", required=False)
 @_settings_option
-@click.option("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")
 def relay(target: str | None, settings_path: str | None, metrics_port: int | None) -> None:
     """Send the outbox's committed rows to the transport until stopped (Ctrl-C / SIGTERM).
 
@@ -101,8 +101,8 @@ def _summary(row: OutboxRow) -> dict[str, Any]:
 
 @outbox.command("list")
 @click.option("--state", type=click.Choice([s.value for s in RowState]), help="only rows in this state")
-@click.option("--limit", default=100, show_default=True)
-@click.option("--after", "after_id", default=0, help="only rows with a greater id (paging)")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--after", "after_id", type=click.IntRange(min=0), default=0, help="only rows with a greater id (paging)")
 @_settings_option
 def outbox_list(state: str | None, limit: int, after_id: int, settings_path: str | None) -> None:
     """List outbox rows, oldest first, one JSON object a line."""

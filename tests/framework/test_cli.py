@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
+
+from reliable.cli import cli
 
 APP_MODULE = '''
 import reliable
@@ -153,3 +156,20 @@ def test_run_with_a_misspelt_app_names_the_module_and_the_attribute(project: Pat
 def test_version(project: Path) -> None:
     result = reliable_cmd(project, "--version")
     assert result.returncode == 0 and result.stdout.startswith("reliable, version ")
+
+
+@pytest.mark.parametrize("args", [
+    ["dlq", "list", "billing", "--limit", "0"], ["dlq", "list", "billing", "--limit", "-5"],
+    ["dlq", "replay", "billing", "--max-replays", "-1"],
+    ["outbox", "list", "--limit", "-1"], ["outbox", "list", "--after", "-1"],
+    ["broker", "dlq", "list", "billing", "--limit", "0"],
+    ["broker", "message", "payments", "--key", "k", "--limit", "-1"],
+    ["relay", "--metrics-port", "-1"], ["run", "billing_app:app", "--metrics-port", "70000"],  # a traceback before
+])
+def test_a_count_out_of_range_is_refused_by_name(project: Path, args: list[str]) -> None:
+    """SQLite reads LIMIT -5 as no limit at all (every letter of a group, listed), PostgreSQL
+    refuses it with a traceback: a count must be in range before anything is opened."""
+    result = CliRunner().invoke(cli, [*args, "--settings", str(project / "reliable.toml")])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{args[-2]}'" in result.output
+    assert not (project / "data").exists()  # refused before the backends opened
