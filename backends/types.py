@@ -40,20 +40,20 @@ def new_message_id() -> str:
     return f"{value:032x}"
 
 
-def key_from_bytes(raw: bytes) -> str:
-    """A key read from bytes another program wrote: UTF-8, each byte that is not kept as a lone
-    surrogate (PEP 383's ``surrogateescape``), so distinct byte keys stay distinct text and
-    `key_bytes` gives back exactly the bytes that came."""
+def text_from_bytes(raw: bytes) -> str:
+    """Text read from bytes another program wrote (a Kafka key or header value): UTF-8, each byte
+    that is not kept as a lone surrogate (PEP 383's ``surrogateescape``), so distinct bytes stay
+    distinct text and `text_bytes` gives back exactly the bytes that came."""
     return raw.decode("utf-8", "surrogateescape")
 
 
-def key_bytes(key: str) -> bytes:
-    """The bytes ``key`` stands for: its UTF-8, or the bytes `key_from_bytes` read it from."""
-    return key.encode("utf-8", "surrogateescape")
+def text_bytes(text: str) -> bytes:
+    """The bytes ``text`` stands for: its UTF-8, or the bytes `text_from_bytes` read it from."""
+    return text.encode("utf-8", "surrogateescape")
 
 
 def not_text(value: str) -> bool:
-    """Whether ``value`` holds a lone surrogate (a byte that was not UTF-8, `key_from_bytes`):
+    """Whether ``value`` holds a lone surrogate (a byte that was not UTF-8, `text_from_bytes`):
     it has no UTF-8 form, so no text column or text protocol can carry it."""
     return not value.isascii() and any("\ud800" <= char <= "\udfff" for char in value)
 

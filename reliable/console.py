@@ -71,7 +71,7 @@ class StoreLetters:
 def _letter(letter: DeadLetter) -> Letter:
     m, f = letter.message, letter.failure
     return Letter(id=letter.id or 0, group=letter.group, topic=m.topic or "", message_id=m.id, key=readable(m.key or ""),
-                  headers=dict(m.headers), body=m.payload, error_type=f.error_type, error=f.error_message,
+                  headers={name: readable(value) for name, value in m.headers.items()}, body=m.payload, error_type=f.error_type, error=f.error_message,
                   traceback=f.traceback, attempts=f.attempts, replays=letter.replays,
                   last_failure_at=f.last_failure_at, extra={"token": letter.token or ""})
 

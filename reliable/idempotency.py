@@ -82,7 +82,7 @@ class Token:
 def unrecordable(token: str) -> str | None:
     """Why the store could not record ``token``, or None: PostgreSQL refuses a token wider than
     its column or holding a NUL character, and would refuse its dead-letter record too; no store
-    records bytes that are not UTF-8 (a binary Kafka key: `backends.types.key_from_bytes`)."""
+    records bytes that are not UTF-8 (a binary Kafka key: `backends.types.text_from_bytes`)."""
     if len(token) > TOKEN_MAX:
         return f"is {len(token)} characters long; at most {TOKEN_MAX} are recorded"
     if "\x00" in token:

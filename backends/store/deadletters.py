@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from sqlalchemy import Connection, String, delete, func, inspect, select, text, update
@@ -44,7 +44,7 @@ def add(connection: Connection, dialect: Dialect, letter: DeadLetter, now: float
             offset=message.offset,
             message_id=message_id.stored,
             key=key.stored,
-            headers=json.dumps(dict(message.headers), separators=(",", ":"), ensure_ascii=False),
+            headers=_json(message.headers),
             payload=bytes(message.payload),
             published_at=message.published_at,
             token=letter.token,
@@ -80,6 +80,13 @@ class _Field:
         if value is not None and not self.fits:
             digest = "~" + _digest(value)[:16]
             self.stored = readable(value)[: None if width is None else width - len(digest)] + digest
+
+
+def _json(headers: Mapping[str, str]) -> str:
+    """The headers as JSON text, escaped to ASCII only where a value holds bytes that are not
+    UTF-8 (a Kafka header: `backends.types.text_from_bytes`), which no text column holds raw."""
+    compact = json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=False)
+    return compact if storable(compact) else json.dumps(dict(headers), separators=(",", ":"))
 
 
 def _digest(text: str) -> str:

@@ -46,10 +46,10 @@ from backends.types import (
     Message,
     OutgoingMessage,
     QueueRef,
-    key_bytes,
     new_message_id,
     not_text,
     readable,
+    text_bytes,
 )
 from backends.values import positive
 
@@ -209,15 +209,16 @@ class Transport(ABC):
     capabilities: Capabilities
     names_messages: ClassVar[bool] = False
     """The engine gives a message published without an id its own (the broker): none is stamped."""
-    binary_keys: ClassVar[bool] = False
-    """Keys travel as bytes (Kafka), so a key read from bytes that are not UTF-8 can be sent back."""
+    binary_fields: ClassVar[bool] = False
+    """Keys and header values travel as bytes (Kafka): ones read from bytes that are not UTF-8
+    (`backends.types.text_from_bytes`) can be sent back."""
     _closed: bool = False
 
     def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         """Append ``messages`` to ``topic``; a message with ``delay`` is delivered later."""
         self._check_open()
         self._check_names(topic=topic)
-        check_outgoing(messages, binary_keys=self.binary_keys)
+        check_outgoing(messages, binary_fields=self.binary_fields)
         if messages:
             self._send(topic, self._stamped(messages, None))
 
@@ -226,7 +227,7 @@ class Transport(ABC):
         carrying ``topic`` in `ORIGIN_TOPIC_HEADER`."""
         self._check_open()
         self._check_names(group=group, topic=topic)
-        check_outgoing(messages, binary_keys=self.binary_keys)
+        check_outgoing(messages, binary_fields=self.binary_fields)
         if messages:
             self._send_to_group(group, topic, self._stamped(messages, topic))
 
@@ -297,27 +298,31 @@ def check_name(kind: str, name: str) -> None:
         raise TransportError(f"{kind} name {name!r}: a non-empty string is required")
 
 
-def check_outgoing(messages: Sequence[OutgoingMessage], *, binary_keys: bool = False) -> None:
-    """A `TransportError` naming the first message a transport cannot publish; a key holding
-    bytes that are not UTF-8 (`backends.types.key_from_bytes`) only where ``binary_keys``."""
+def check_outgoing(messages: Sequence[OutgoingMessage], *, binary_fields: bool = False) -> None:
+    """A `TransportError` naming the first message a transport cannot publish; a key or header
+    value holding bytes that are not UTF-8 (`backends.types.text_from_bytes`) only where
+    ``binary_fields``."""
     for message in messages:
         if not isinstance(message.payload, bytes):
             raise TransportError(f"message payload must be bytes, got {type(message.payload).__name__}")
         if message.delay < 0:
             raise TransportError(f"message delay {message.delay!r}: must be >= 0")
         if message.key is not None and not_text(message.key):
-            _check_binary_key(message.key, binary_keys)
+            _check_bytes("message key", message.key, binary_fields)
+        for name, value in message.headers.items():
+            if not_text(value):
+                _check_bytes(f"header {name!r}", value, binary_fields)
 
 
-def _check_binary_key(key: str, binary_keys: bool) -> None:
+def _check_bytes(what: str, value: str, binary_fields: bool) -> None:
     try:
-        key_bytes(key)
+        text_bytes(value)
     except UnicodeEncodeError:
-        raise TransportError(f"message key '{readable(key)}' holds a lone surrogate, which stands for no "
-                             "byte: not a key read from bytes") from None
-    if not binary_keys:
-        raise TransportError(f"message key '{readable(key)}' holds bytes that are not UTF-8 (a binary key read "
-                             "from Kafka?): this transport carries text keys only")
+        raise TransportError(f"{what} '{readable(value)}' holds a lone surrogate, which stands for no "
+                             "byte: not text read from bytes") from None
+    if not binary_fields:
+        raise TransportError(f"{what} '{readable(value)}' holds bytes that are not UTF-8 (read from Kafka?): "
+                             "this transport carries text only")
 
 
 def seconds(name: str, value: float | str) -> float:

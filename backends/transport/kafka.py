@@ -71,7 +71,7 @@ class KafkaTransport(Transport):
     """
 
     capabilities = CAPABILITIES
-    binary_keys = True
+    binary_fields = True
 
     def __init__(
         self,

@@ -30,7 +30,7 @@ from backends.errors import (
     ReliableError,
     TransportError,
 )
-from backends.types import key_bytes
+from backends.types import text_bytes
 
 Record = tuple[str | None, bytes, list[tuple[str, str | bytes | None]], int]
 """A record to produce: key, value, headers, timestamp in milliseconds."""
@@ -160,7 +160,7 @@ class Publisher:
         partitions = self.partitions(topic)
         try:
             for key, value, headers, timestamp in records:
-                raw_key = None if key is None else key_bytes(key)  # a binary key's own bytes
+                raw_key = None if key is None else text_bytes(key)  # a binary key's own bytes
                 self._producer.produce(
                     topic,
                     value,

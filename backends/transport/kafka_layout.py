@@ -31,7 +31,7 @@ from backends.transport.base import (
     PUBLISHED_HEADER,
     Capabilities,
 )
-from backends.types import Failure, Message, key_from_bytes
+from backends.types import Failure, Message, text_bytes, text_from_bytes
 
 CAPABILITIES = Capabilities(
     consumer_offsets=True, drain=False, native_delay=False, dead_letter_queue=True, reads_in_order=True
@@ -127,19 +127,20 @@ RawHeaders = Mapping[str, str | bytes | None] | Sequence[tuple[str, str | bytes 
 
 
 def decode_headers(raw: RawHeaders) -> dict[str, str]:
-    """A Kafka record's headers as text (a repeated name keeps its last value)."""
+    """A Kafka record's headers as text (a repeated name keeps its last value); a value that is
+    not UTF-8 keeps its bytes as `text_from_bytes` does, so `encode_headers` sends them back."""
     pairs = raw.items() if isinstance(raw, Mapping) else raw or []
     return {name: _text(value) for name, value in pairs}
 
 
 def _text(value: str | bytes | None) -> str:
     if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
+        return text_from_bytes(value)
     return value or ""
 
 
 def encode_headers(headers: Mapping[str, str]) -> list[tuple[str, str | bytes | None]]:
-    return [(name, value.encode()) for name, value in headers.items()]
+    return [(name, text_bytes(value)) for name, value in headers.items()]
 
 
 def due_at(headers: Mapping[str, str]) -> float:
@@ -197,7 +198,7 @@ def to_message(topic: str, queue: int, offset: int, key: bytes | None, value: by
         queue=queue,
         offset=offset,
         payload=value or b"",
-        key=key_from_bytes(key) if key is not None else None,
+        key=text_from_bytes(key) if key is not None else None,
         headers={name: value for name, value in headers.items() if name not in INTERNAL_HEADERS},
         attempt=attempt,
         published_at=float(published) if published else timestamp_ms / 1000,

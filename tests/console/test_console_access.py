@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from backends.types import DeadLetter, Failure, Message, text_from_bytes
 from broker.console.config import ConsoleConfig
 from broker.errors import BrokerConfigError
 from broker.server.auth import Authenticator, Principal, load_users
@@ -220,6 +221,23 @@ def test_a_password_is_checked_off_the_event_loop(tmp_path: Path) -> None:
         assert Visitor(deployment.url).log_in("alice", PASSWORDS["alice"]) == 303
         assert Visitor(deployment.url).log_in("alice", "wrong") == 401
         assert len(checked_on) == 2 and deployment.console.thread not in checked_on
+    finally:
+        deployment.console.stop()
+        deployment.app.close()
+
+
+def test_a_binary_key_and_header_are_shown_as_escapes(tmp_path: Path) -> None:
+    """A Kafka key or header value that is not UTF-8 (`text_from_bytes`) cannot be encoded into a
+    page: it is shown \\xNN, where it made the page a 500 before."""
+    deployment = start(tmp_path)
+    try:
+        raw = text_from_bytes(b"k\x80\xff")
+        message = Message(id="m-1", topic="payments", queue=0, offset=0, payload=b"{}", key=raw, headers={"h": raw})
+        with deployment.app.store.transaction() as tx:
+            letter_id = tx.add_dead_letter(DeadLetter("billing", message, None, Failure("E", "e", "t", 1, 1.0, 2.0)))
+        status, page = visitor(deployment, "alice").get(f"/letters/{letter_id}")
+        assert status == 200
+        assert page.count("k\\x80\\xff") == 2  # the key and the header
     finally:
         deployment.console.stop()
         deployment.app.close()

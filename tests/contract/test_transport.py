@@ -17,7 +17,7 @@ import pytest
 from backends.errors import TransportError
 from backends.transport import open_transport
 from backends.transport.base import SubscribeOptions, Subscription, Transport
-from backends.types import Failure, Message, OutgoingMessage, key_bytes, key_from_bytes
+from backends.types import Failure, Message, OutgoingMessage, text_bytes, text_from_bytes
 from tests.contract.transports import TRANSPORTS
 
 WAIT = 20.0  # the longest any expected message may take to arrive
@@ -212,18 +212,23 @@ def test_closed_subscriptions_refuse_calls(transport: Transport, members, unique
         g.fetch(1, 0)
 
 
-def test_a_binary_key_goes_out_exactly_or_is_refused_by_name(transport: Transport, members, unique: str) -> None:
-    """A key read from bytes that are not UTF-8 (`key_from_bytes`: another program's Kafka key) is
-    sent back with those bytes where keys travel as bytes, else refused naming it, nothing sent."""
+def test_binary_keys_and_header_values_go_out_exactly_or_are_refused_by_name(
+    transport: Transport, members, unique: str
+) -> None:
+    """A key or header value read from bytes that are not UTF-8 (`text_from_bytes`: another
+    program's Kafka record) is sent back with those bytes where they travel as bytes, else
+    refused naming it, nothing of the call sent."""
     g = members("g", unique)
-    key = key_from_bytes(b"\x00k\x80\xff")
-    if transport.binary_keys:
-        transport.publish(unique, outgoing(1, key=key))
+    raw = text_from_bytes(b"\x00k\x80\xff")
+    if transport.binary_fields:
+        transport.publish(unique, outgoing(1, key=raw, headers={"h": raw}))
         (message,) = receive(g, 1)
-        assert key_bytes(message.key or "") == b"\x00k\x80\xff"
+        assert text_bytes(message.key or "") == text_bytes(message.headers["h"]) == b"\x00k\x80\xff"
     else:
-        with pytest.raises(TransportError, match=r"key '\\x00k\\x80\\xff' holds bytes that are not UTF-8"):
-            transport.publish(unique, [*outgoing(1, "first"), *outgoing(1, key=key)])
+        for fields, named in (({"key": raw}, "message key"), ({"headers": {"h": raw}}, "header 'h'")):
+            with pytest.raises(TransportError, match=rf"{named} '\\x00k\\x80\\xff' holds bytes that are not UTF-8"):
+                transport.publish(unique, [*outgoing(1, "first"), *outgoing(1, **fields)])
         assert quiet(g) == []
-    with pytest.raises(TransportError, match="lone surrogate"):  # stands for no byte: refused everywhere
-        transport.publish(unique, outgoing(1, key="\ud800"))
+    for fields in ({"key": "\ud800"}, {"headers": {"h": "\ud800"}}):  # stands for no byte: refused everywhere
+        with pytest.raises(TransportError, match="lone surrogate"):
+            transport.publish(unique, outgoing(1, **fields))

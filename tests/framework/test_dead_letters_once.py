@@ -18,8 +18,8 @@ from backends.types import (
     Failure,
     Message,
     OutgoingMessage,
-    key_bytes,
-    key_from_bytes,
+    text_bytes,
+    text_from_bytes,
 )
 from reliable import App
 from reliable.testing import test_app
@@ -140,19 +140,21 @@ def test_a_dead_letter_table_made_before_the_exact_column_gets_it(tmp_path, uniq
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_a_binary_key_and_an_error_quoting_it_are_recorded_exactly(tmp_path, request, unique, backend):
-    """A Kafka key that is not UTF-8 is text with lone surrogates (`key_from_bytes`), which no
-    store's text column holds: stored readably, kept exactly, read back as it came."""
+def test_a_binary_key_header_and_an_error_quoting_them_are_recorded_exactly(tmp_path, request, unique, backend):
+    """A Kafka key or header value that is not UTF-8 is text with lone surrogates (`text_from_bytes`),
+    which no store's text column holds: stored readably or escaped, read back as it came."""
     store = request.getfixturevalue("postgres_url") if backend == "postgresql" else None
     app = test_app(tmp_path, store=store)
-    key = key_from_bytes(b"\x00\x00\x01\x80\xff")
-    message = Message(id=f"m-{unique}", topic=unique, queue=0, offset=7, payload=b"{}", key=key)
+    key = text_from_bytes(b"\x00\x00\x01\x80\xff")
+    headers = {"schema": text_from_bytes(b"\x00\x01\xa7"), "text": "é"}
+    message = Message(id=f"m-{unique}", topic=unique, queue=0, offset=7, payload=b"{}", key=key, headers=headers)
     failure = Failure("ValueError", f"no such customer {key}", f"Traceback: {key}", 1, 1.0, 2.0)
     with app.store.transaction() as tx:
         assert tx.add_dead_letter(DeadLetter(unique, message, None, failure)) is not None
 
     (letter,) = app.dead_letters(unique)
-    assert letter.message.key == key and key_bytes(letter.message.key) == b"\x00\x00\x01\x80\xff"
+    assert letter.message.key == key and text_bytes(letter.message.key) == b"\x00\x00\x01\x80\xff"
+    assert letter.message.headers == headers
     assert letter.failure.error_message == "no such customer \\x00\\x00\x01\\x80\\xff"
     with app.store.transaction() as tx:  # the column holds the readable stand-in
         stored = tx.execute(text("SELECT key FROM reliable_dead_letters WHERE topic = :t"), {"t": unique})

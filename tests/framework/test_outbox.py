@@ -18,7 +18,7 @@ from sqlalchemy import text
 from backends.errors import OutboxMessageError
 from backends.store.outbox import RowState
 from backends.transport.base import Transport
-from backends.types import Message, OutgoingMessage, key_from_bytes
+from backends.types import Message, OutgoingMessage, text_from_bytes
 from reliable import App
 from reliable.outbox import Relay
 from reliable.settings import Settings
@@ -137,7 +137,7 @@ def test_bad_messages_are_refused_before_anything_is_written(app: App, unique: s
         {"topic": "t\x00"}, {"topic": "t" * 256}, {"key": "k\x00"}, {"key": "k" * 513},
         {"message_id": "m\x00"},
         # a binary Kafka key passed on (bytes that are not UTF-8): no store's text column holds it
-        {"key": key_from_bytes(b"\x80")}, {"topic": key_from_bytes(b"t\xff")}, {"message_id": key_from_bytes(b"\xfe")},
+        {"key": text_from_bytes(b"\x80")}, {"topic": text_from_bytes(b"t\xff")}, {"message_id": text_from_bytes(b"\xfe")},
     ]
     with app.store.transaction() as tx:
         for fields in bad:

@@ -1,11 +1,12 @@
-"""Kafka keys that are not UTF-8 (a Java `LongSerializer`'s, an Avro key's), end to end.
+"""Kafka keys and header values that are not UTF-8 (a Java `LongSerializer`'s key, an Avro
+key, a binary header), end to end.
 
-Another program's record keys are bytes. `Message.key` holds them as text with
-the bytes that are not UTF-8 kept (`backends.types.key_from_bytes`), so two
-such keys stay distinct and every copy the framework sends (a retry, a
-dead-letter replay) carries exactly the bytes that came. The store records
-text: such a key as a token is poison, named as such, not a duplicate of
-another.
+Another program's record keys and header values are bytes. `Message.key` and
+`Message.headers` hold them as text with the bytes that are not UTF-8 kept
+(`backends.types.text_from_bytes`), so two such keys stay distinct and every
+copy the framework sends (a retry, a dead-letter replay) carries exactly the
+bytes that came. The store records text: such a key as a token is poison,
+named as such, not a duplicate of another.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import pytest
 from confluent_kafka import Producer
 
 from backends.transport.kafka_mock import MockCluster
-from backends.types import key_bytes
+from backends.types import text_bytes
 from reliable import App, Message, Settings
 from tests.transports.kafka_place import SESSION_TIMEOUT
 from tests.waiting import wait_until
 
 # distinct bytes that are not UTF-8; read with U+FFFD replacement, the first three were one key
 KEYS = [b"\x80", b"\x81", b"\xff\xfe", b"\x00\x00\x00\x00\x00\x00\x00\x80"]
+SCHEMA = b"\x00\x00\x00\x01\xa7"  # a binary header value (a schema id, say)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +66,7 @@ def produce_foreign(cluster: MockCluster, topic: str) -> None:
     """Records as a program that is not `reliable` writes them: binary keys, no `x-reliable-*` headers."""
     producer = Producer({"bootstrap.servers": cluster.url.removeprefix("kafka://")})
     for n, key in enumerate(KEYS):
-        producer.produce(topic, value=f'{{"n": {n}}}'.encode(), key=key)
+        producer.produce(topic, value=f'{{"n": {n}}}'.encode(), key=key, headers=[("schema", SCHEMA)])
     assert producer.flush(10) == 0
 
 
@@ -76,7 +78,8 @@ def test_binary_keys_are_kept_through_retry_dead_letter_and_replay(
 
     @app.handler(unique, group=unique, fatal=[Poison])
     def fail(message: Message) -> None:
-        seen.append((message.body["n"], message.attempt, key_bytes(message.key or "")))
+        assert text_bytes(message.headers["schema"]) == SCHEMA, message.headers
+        seen.append((message.body["n"], message.attempt, text_bytes(message.key or "")))
         if message.attempt == 1:
             raise RuntimeError("retry me")  # redelivered through the group's retry topic
         raise Poison("dead-letter me")
@@ -84,7 +87,8 @@ def test_binary_keys_are_kept_through_retry_dead_letter_and_replay(
     produce_foreign(cluster, unique)
     run_until(app, lambda: app.dead_letter_queue.count(unique) == len(KEYS))
     letters = app.dead_letter_queue.page(unique)
-    assert sorted(key_bytes(letter.message.key or "") for letter in letters) == sorted(KEYS)
+    assert sorted(text_bytes(letter.message.key or "") for letter in letters) == sorted(KEYS)
+    assert {text_bytes(letter.message.headers["schema"]) for letter in letters} == {SCHEMA}
     assert sorted(seen) == sorted((n, attempt, key) for n, key in enumerate(KEYS) for attempt in (1, 2))
     assert app.dead_letter_queue.replay(unique) == len(KEYS)
     app.close()
@@ -94,10 +98,10 @@ def test_binary_keys_are_kept_through_retry_dead_letter_and_replay(
 
     @fixed.handler(unique, group=unique)
     def handle(message: Message) -> None:
-        replayed.append((message.body["n"], key_bytes(message.key or "")))
+        replayed.append((message.body["n"], text_bytes(message.key or "") + text_bytes(message.headers["schema"])))
 
     run_until(fixed, lambda: len(replayed) == len(KEYS))
-    assert sorted(replayed) == sorted(enumerate(KEYS))
+    assert sorted(replayed) == sorted((n, key + SCHEMA) for n, key in enumerate(KEYS))
     fixed.close()
 
 
@@ -107,13 +111,13 @@ def test_a_binary_key_as_token_is_poison_not_a_duplicate(cluster: MockCluster, t
 
     @app.handler(unique, group=unique, token="key")
     def handle(message: Message) -> None:
-        handled.append(key_bytes(message.key or ""))
+        handled.append(text_bytes(message.key or ""))
 
     produce_foreign(cluster, unique)
     run_until(app, lambda: app.dead_letter_queue.count(unique) + len(handled) == len(KEYS))
     letters = app.dead_letter_queue.page(unique)
     assert handled == []
-    assert sorted(key_bytes(letter.message.key or "") for letter in letters) == sorted(KEYS)
+    assert sorted(text_bytes(letter.message.key or "") for letter in letters) == sorted(KEYS)
     assert {letter.failure.error_type for letter in letters} == {"reliable.errors.TokenInvalidError"}
     assert all(letter.failure.attempts == 1 for letter in letters)
     app.close()
