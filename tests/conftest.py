@@ -11,6 +11,7 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -128,6 +129,21 @@ def _forget_test_rows() -> Iterator[None]:
 def _delete_rows(engine: Any, statement: Any) -> None:
     with engine.begin() as conn:
         conn.execute(statement, {"names": _UNIQUE_NAMES})
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real, small disk (`tests.disk.SIZE` of tmpfs) for full-disk tests: skipped without root
+    locally, failed under CI=true."""
+    from tests.disk import mounted
+
+    try:
+        with mounted(tmp_path / "small") as mount:
+            yield mount
+    except PermissionError as exc:
+        if IN_CI:
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
 
 
 @pytest.fixture

@@ -11,8 +11,6 @@ the acknowledged records, the failed batch absent.
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,43 +18,9 @@ import pytest
 from broker.errors import DiskFullError
 from broker.store import MessageStore, Record
 from tests.broker.storetools import read_all, small_config
-from tests.conftest import IN_CI
+from tests.disk import fill
 
-SIZE = 24 * 1024 * 1024
 ROOM = 100 * 1024  # what is left free: the first records of a failed batch are written, then cut back
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "small"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if made.returncode != 0:
-        reason = f"cannot mount a tmpfs (root is needed): {made.stderr.strip()}"
-        if IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
-
-
-def fill(disk: Path) -> Path:
-    """A ballast file taking every free byte of ``disk``."""
-    ballast = disk / "ballast"
-    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        for chunk in (64 * 1024, 4096, 1):  # the last bytes in smaller and smaller pieces
-            try:
-                while os.write(fd, b"\xab" * chunk):
-                    pass
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-    return ballast
 
 
 def batch(name: str, count: int, size: int) -> list[Record]:
@@ -74,7 +38,8 @@ def test_a_full_disk_refuses_whole_batches_keeps_reading_and_recovers_without_re
     acknowledged = [r.message_id for r in batch("before", 200, 1000)]
     store.append(batch("before", 200, 1000))
     ballast = fill(small_disk)
-    os.truncate(ballast, ballast.stat().st_size - ROOM)  # room for part of the next batch
+    assert ballast.hit_enospc
+    ballast.leave(ROOM)  # room for part of the next batch
     log_files = {p: p.stat().st_size for p in (small_disk / "store" / "commitlog").iterdir()}
     for attempt in range(5):  # each batch is larger than the room left: ENOSPC in its middle
         with pytest.raises(DiskFullError, match="disk is full"):
@@ -82,7 +47,7 @@ def test_a_full_disk_refuses_whole_batches_keeps_reading_and_recovers_without_re
         assert sorted(m.message_id for m in read_all(store)) == sorted(acknowledged)
         assert {p: p.stat().st_size for p in (small_disk / "store" / "commitlog").iterdir()} == log_files
     assert store.lookup_id("before-7") is not None
-    ballast.unlink()
+    ballast.free()
     store.append(batch("after", 50, 1000))
     acknowledged += [f"after-{n}" for n in range(50)]
     assert sorted(m.message_id for m in read_all(store)) == sorted(acknowledged)
