@@ -31,6 +31,11 @@ class StoreUnavailableError(BackendUnavailableError):
     """Raised when the store cannot be reached (the message is not acked)."""
 
 
+class DiskFullError(BackendUnavailableError):
+    """Raised when a backend refuses a write because its disk is full (an outage, not poison:
+    the write is tried again once space is back)."""
+
+
 class TransportError(ReliableError):
     """Raised when a transport rejects or cannot perform an operation."""
 

@@ -14,6 +14,7 @@ A POISON message is acknowledged without a copy in the broker's
 
 from __future__ import annotations
 
+import errno
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -22,7 +23,7 @@ from typing import TypeVar
 import structlog
 
 from backends.clock import SYSTEM_CLOCK, Clock
-from backends.errors import BackendUnavailableError, TransportError
+from backends.errors import BackendUnavailableError, DiskFullError, TransportError
 from backends.transport.base import (
     ORIGIN_TOPIC_HEADER,
     Capabilities,
@@ -38,6 +39,7 @@ from broker.delivery.group import ORIGIN_TOPIC as BROKER_ORIGIN_HEADER
 from broker.delivery.values import Delivery
 from broker.delivery.values import OutgoingMessage as BrokerMessage
 from broker.errors import BrokerError, BrokerUnavailableError, DeliveryError, UnknownMemberError
+from broker.errors import DiskFullError as BrokerDiskFullError
 
 log = structlog.get_logger("backends.transport")
 T = TypeVar("T")
@@ -45,10 +47,17 @@ T = TypeVar("T")
 
 @contextmanager
 def translated(what: str) -> Iterator[None]:
-    """The broker's errors as the framework's: unreachable -> `BackendUnavailableError`."""
+    """The broker's errors as the framework's: unreachable -> `BackendUnavailableError`, a full
+    disk -> `DiskFullError` (an outage too: a worker waits it out, a publish is retried)."""
     try:
         yield
-    except (BrokerUnavailableError, ConnectionError, OSError) as exc:
+    except BrokerDiskFullError as exc:
+        raise DiskFullError(f"broker cannot write during {what}: {exc}") from exc
+    except OSError as exc:  # a connection lost, or a file of the engine's that could not be written
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(f"broker cannot write during {what}: the disk is full ({exc})") from exc
+        raise BackendUnavailableError(f"broker unavailable during {what}: {exc}") from exc
+    except BrokerUnavailableError as exc:
         raise BackendUnavailableError(f"broker unavailable during {what}: {exc}") from exc
     except DeliveryError as exc:
         raise TransportError(f"broker refused {what}: {exc}") from exc

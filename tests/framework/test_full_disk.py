@@ -1,0 +1,92 @@
+"""The framework as users run it by default, on a full disk, for real.
+
+A worker (`App.run`), the embedded broker (``embedded://``) and the SQLite
+store share a small tmpfs (`tests.disk`). A handler writes a row and
+publishes through the outbox; mid-run the disk is filled until ENOSPC, and
+space comes back a minute later (on the fake clock). A full disk is an
+outage, not poison: the worker rides it out, nothing is dead-lettered, every
+effect happens once, the outbox rows are sent, and processing resumes by
+itself once space is back.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from sqlalchemy import text
+from structlog.testing import capture_logs
+
+from reliable import App
+from reliable.testing import FakeClock, test_app
+from tests.disk import Ballast, fill
+from tests.framework.conftest import create_effects, effects
+
+OUTAGE = 60.0  # seconds on the fake clock between the disk filling and space coming back
+ORDERS = 20
+
+
+class SpaceComesBack(FakeClock):
+    """A fake clock on which the ballast is deleted once `OUTAGE` seconds have been slept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ballast: Ballast | None = None
+        self.filled_at = 0.0
+
+    def fill(self, disk: Path) -> None:
+        self.ballast, self.filled_at = fill(disk), self.time()
+
+    def sleep(self, seconds: float) -> None:
+        super().sleep(seconds)
+        if self.ballast is not None and self.ballast.path.exists() and self.time() - self.filled_at >= OUTAGE:
+            self.ballast.free()
+
+
+def embedded_app(disk: Path, clock: FakeClock) -> App:
+    app = test_app(disk, clock=clock, transport=f"embedded://{disk / 'broker'}",
+                   settings={"RELIABLE_RETRY__MAX_REDELIVERIES": "2"})
+    create_effects(app, "effects")
+    return app
+
+
+def test_a_worker_rides_out_a_full_disk_and_every_effect_happens_once(small_disk: Path) -> None:
+    clock = SpaceComesBack()
+    app = embedded_app(small_disk, clock)
+
+    @app.handler("orders", token="body.id")
+    def order(msg, tx):
+        if msg.body["id"] == 5 and clock.ballast is None:
+            clock.fill(small_disk)  # mid-run: the disk is full from here on
+        tx.execute(text("insert into effects (token, attempt) values (:t, :a)"),
+                   {"t": f"order-{msg.body['id']}", "a": msg.attempt})
+        tx.publish("shipped", {"id": msg.body["id"]}, key=str(msg.body["id"]))
+
+    @app.handler("shipped", token="body.id")
+    def shipped(msg, tx):
+        tx.execute(text("insert into effects (token, attempt) values (:t, :a)"),
+                   {"t": f"shipped-{msg.body['id']}", "a": msg.attempt})
+
+    try:
+        for n in range(ORDERS):
+            app.publish("orders", {"id": n})
+        with capture_logs() as logs:
+            app.run(until_idle=True)  # must not raise
+        assert clock.ballast is not None and clock.ballast.hit_enospc, "the disk never filled"
+        assert not clock.ballast.path.exists(), "space never came back"
+        events = Counter(entry["event"] for entry in logs)
+        assert events["message_deferred"] > 0, events  # the full disk was met, and ridden out
+        refused = [e["error"] for e in logs if e["event"] == "transport_unavailable"]
+        assert refused and all("full" in error for error in refused), [e for e in refused if "full" not in e]
+        assert events["transport_reconnected"] > 0 and events["worker_stopped"] == 1
+        expected = sorted([f"order-{n}" for n in range(ORDERS)] + [f"shipped-{n}" for n in range(ORDERS)])
+        assert effects(app) == expected  # each exactly once, the outbox rows sent
+        assert app.dead_letters("order") == [] and app.dead_letters("shipped") == []
+        assert app.stats()["dead_lettered"] == 0
+        with app.store.transaction() as tx:
+            unsent = tx.execute(text("select count(*) from reliable_outbox where sent_at is null")).scalar()
+        assert unsent == 0
+    finally:
+        if clock.ballast is not None:
+            clock.ballast.free()
+        app.close()
