@@ -51,6 +51,24 @@ def is_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
+SQLITE_FULL = 13
+"""SQLite's primary result code for "database or disk is full"."""
+
+POSTGRESQL_DISK_FULL = "53100"
+"""PostgreSQL's SQLSTATE ``disk_full``."""
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True when a database refused a write because its disk is full: an outage, whatever
+    statement met it (the handler's own included), over once space is back."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    code = getattr(exc.orig, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF == SQLITE_FULL:
+        return True
+    return getattr(exc.orig, "sqlstate", None) == POSTGRESQL_DISK_FULL
+
+
 def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     """``items`` in consecutive slices of at most ``size``."""
     for start in range(0, len(items), size):

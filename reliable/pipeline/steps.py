@@ -19,6 +19,7 @@ import structlog
 from sqlalchemy.exc import DBAPIError
 
 from backends.errors import ReliableError, StoreUnavailableError, UnreadableMessageError
+from backends.store.engine import is_disk_full
 from backends.types import DeadLetter, Failure, Message
 from reliable.commit import OffsetWatermark
 from reliable.handler import Handler
@@ -50,9 +51,12 @@ Step = Callable[[list[Work]], Awaitable[None]]
 
 def store_down(exc: BaseException) -> bool:
     """Whether ``exc`` means the store cannot be reached: wrapped by the store already, or a
-    database error that lost its connection (the handler's own statements, a savepoint). Not
-    every ``OperationalError``: SQLite's "no such table" is one, and no retry fixes it."""
-    return isinstance(exc, StoreUnavailableError) or (isinstance(exc, DBAPIError) and exc.connection_invalidated)
+    database error that lost its connection or met a full disk (the handler's own statements, a
+    savepoint). Not every ``OperationalError``: SQLite's "no such table" is one, and no retry
+    fixes it."""
+    if isinstance(exc, StoreUnavailableError):
+        return True
+    return isinstance(exc, DBAPIError) and (exc.connection_invalidated or is_disk_full(exc))
 
 
 def undecided(work: Sequence[Work]) -> list[Work]:

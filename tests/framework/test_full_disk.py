@@ -90,3 +90,44 @@ def test_a_worker_rides_out_a_full_disk_and_every_effect_happens_once(small_disk
         if clock.ballast is not None:
             clock.ballast.free()
         app.close()
+
+
+ROOM = 512 * 1024  # left free on the store's disk: a dead-letter record fits, the handler's write does not
+
+
+def test_a_handler_write_refused_by_a_full_disk_is_deferred_not_dead_lettered(small_disk: Path,
+                                                                               tmp_path: Path) -> None:
+    clock = SpaceComesBack()
+    app = test_app(small_disk, clock=clock, transport=f"embedded://{tmp_path / 'broker'}",
+                   settings={"RELIABLE_RETRY__MAX_REDELIVERIES": "2"})
+    with app.store.transaction() as tx:
+        tx.execute(text("create table documents (token text, body blob)"))
+    refusals: list[str] = []
+
+    @app.handler("documents", token="body.id")
+    def store_document(msg, tx):
+        try:  # larger than SQLite's page cache: written out during the statement, refused there
+            tx.execute(text("insert into documents values (:t, :b)"), {"t": msg.body["id"], "b": b"\x01" * 3_000_000})
+        except Exception as exc:
+            refusals.append(str(exc))
+            raise
+
+    try:
+        app.publish("documents", {"id": "d1"})
+        clock.fill(small_disk)
+        assert clock.ballast is not None and clock.ballast.hit_enospc
+        clock.ballast.leave(ROOM)
+        with capture_logs() as logs:
+            app.run(until_idle=True)
+        assert refusals and all("database or disk is full" in r for r in refusals[:3]), refusals[:3]
+        assert [letter.failure.error_message[:60] for letter in app.dead_letters("store_document")] == []
+        assert not clock.ballast.path.exists(), "space never came back"
+        events = Counter(entry["event"] for entry in logs)
+        assert events["message_deferred"] >= 3 and events["message_dead_lettered"] == 0, events
+        with app.store.transaction() as tx:
+            stored = tx.execute(text("select token, length(body) from documents")).all()
+        assert [tuple(row) for row in stored] == [("d1", 3_000_000)]
+    finally:
+        if clock.ballast is not None:
+            clock.ballast.free()
+        app.close()
