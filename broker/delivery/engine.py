@@ -239,8 +239,21 @@ class Broker:
     # -- lifecycle --------------------------------------------------------------------
 
     def _flush_offsets(self) -> None:
+        """Write the offsets every ``offset_flush_interval``; a failed write (a full disk) is
+        logged once and tried again at each interval until one succeeds."""
+        failing = False
         while not self._closing.wait(self.config.offset_flush_interval):
-            self.save_offsets()
+            try:
+                self.save_offsets()
+            except OSError as exc:
+                if not failing:
+                    log.error("delivery.offsets_not_saved", path=str(self.path), error=str(exc),
+                              then="tried again every offset_flush_interval")
+                failing = True
+            else:
+                if failing:
+                    log.info("delivery.offsets_saved_again", path=str(self.path))
+                failing = False
 
     def save_offsets(self) -> None:
         """Record every clustering cursor's committed offset and write the file."""
@@ -251,7 +264,11 @@ class Broker:
             return
         self._closing.set()
         self._flusher.join()
-        self.save_offsets()
+        try:
+            self.save_offsets()
+        except OSError as exc:  # acks since the last write come back after a restart: never lost
+            log.error("delivery.offsets_not_saved", path=str(self.path), error=str(exc),
+                      then="acks since the last write are delivered again after a restart")
         self.store.close()  # its committer's last pass writes what the ack journal still queues
         self.consuming.close()
         log.info("delivery.closed", path=str(self.path))

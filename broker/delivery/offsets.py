@@ -3,7 +3,8 @@
 A group's committed offset of a queue is its lowest unacknowledged one, so a
 restart redelivers only what was not done. The file is written atomically
 (temporary file, fsync, rename, fsync of the directory) every
-``offset_flush_interval`` seconds when something changed, and on close.
+``offset_flush_interval`` seconds when something changed, and on close; a
+write that fails (a full disk) is tried again at the next flush.
 """
 
 from __future__ import annotations
@@ -72,11 +73,16 @@ class OffsetBook:
             entries = [{"group": g, "topic": t, "queue": q, "offset": o}
                        for (g, t, q), o in sorted(self._offsets.items())]
             partial = self.path.with_suffix(".tmp")
-            with open(partial, "w") as out:
-                json.dump(entries, out)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(partial, self.path)
+            try:
+                with open(partial, "w") as out:
+                    json.dump(entries, out)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(partial, self.path)
+            except OSError:  # a full disk, say: the file keeps the last offsets written
+                self._dirty = True  # so the next flush tries again
+                partial.unlink(missing_ok=True)
+                raise
             directory = os.open(self.path.parent, os.O_RDONLY)
             try:
                 os.fsync(directory)

@@ -31,8 +31,11 @@ def atomic_write(path: Path, data: bytes) -> None:
     try:
         os.write(fd, data)
         os.fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
+        temporary.unlink(missing_ok=True)
+        raise
+    os.close(fd)
     os.replace(temporary, path)
     fsync_directory(path.parent)
 

@@ -341,8 +341,13 @@ class MessageStore:
             self._group.stop()
         self._flusher.stop()
         if clean and self._failure is None:
-            self._maintenance.checkpoint()
-            checkpoint.mark_closed(self.path)
+            try:
+                self._maintenance.checkpoint()
+                checkpoint.mark_closed(self.path)
+            except OSError as exc:  # a full disk: the next open recovers as after a crash
+                log.error("store.checkpoint_failed", path=str(self.path), error=str(exc),
+                          then="the next open recovers the files as after a crash")
+                clean = False
         self._release()
         self._recent.clear()
         log.info("store.closed", path=str(self.path), clean=clean)

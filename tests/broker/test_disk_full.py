@@ -10,11 +10,18 @@ the acknowledged records, the failed batch absent.
 
 from __future__ import annotations
 
+import json
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
+from broker.delivery.config import DeliveryConfig
+from broker.delivery.engine import Broker
+from broker.delivery.values import OutgoingMessage
 from broker.errors import DiskFullError
 from broker.store import MessageStore, Record
 from tests.broker.storetools import read_all, small_config
@@ -58,5 +65,67 @@ def test_a_full_disk_refuses_whole_batches_keeps_reading_and_recovers_without_re
         assert stored == sorted(acknowledged)
         assert not any(message_id.startswith("failed") for message_id in stored)
         assert all(reopened.lookup_id(f"failed{a}-{n}") is None for a in range(5) for n in range(7))
+    finally:
+        reopened.close()
+
+
+def committed(broker_dir: Path) -> int | None:
+    """The committed offset of group ``g`` on ``orders``/0 as ``offsets.json`` has it."""
+    path = broker_dir / "delivery" / "offsets.json"
+    if not path.exists():
+        return None
+    entries = json.loads(path.read_text())
+    return next((e["offset"] for e in entries if e["group"] == "g" and e["topic"] == "orders"), None)
+
+
+def settles(check: Callable[[], bool], within: float = 3.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()
+
+
+def test_offsets_acked_on_a_full_disk_are_written_once_space_is_back(small_disk: Path) -> None:
+    broker_dir = small_disk / "broker"
+    broker = Broker(broker_dir, DeliveryConfig(queues=1, offset_flush_interval=0.05),
+                    store_config=small_config(disk_usage=lambda path: 0.0))
+    try:
+        broker.publish("orders", [OutgoingMessage(f"m{n}".encode(), message_id=f"m{n}") for n in range(10)])
+        member = broker.join("g", ["orders"])
+        deliveries = broker.fetch(member, 10, 0)
+        broker.ack(member, [d.receipt for d in deliveries[:5]])
+        assert settles(lambda: committed(broker_dir) == 5)
+        ballast = fill(small_disk)
+        assert ballast.hit_enospc
+        broker.ack(member, [d.receipt for d in deliveries[5:]])
+        time.sleep(0.3)  # a few flushes, each refused by the full disk
+        assert committed(broker_dir) == 5
+        ballast.free()
+        assert settles(lambda: committed(broker_dir) == 10), "the acks of the full disk were never written"
+    finally:
+        broker.close()
+
+
+def test_a_broker_closes_on_a_full_disk_and_opens_again(small_disk: Path) -> None:
+    broker_dir = small_disk / "broker"
+    config = DeliveryConfig(queues=1, offset_flush_interval=60.0)
+    broker = Broker(broker_dir, config, store_config=small_config(disk_usage=lambda path: 0.0))
+    broker.publish("orders", [OutgoingMessage(f"m{n}".encode(), message_id=f"m{n}") for n in range(10)])
+    member = broker.join("g", ["orders"])
+    deliveries = broker.fetch(member, 10, 0)
+    broker.ack(member, [d.receipt for d in deliveries])
+    ballast = fill(small_disk)
+    assert ballast.hit_enospc
+    with capture_logs() as logs:
+        broker.close()  # the offsets cannot be written: said so, and the store is still closed
+    assert any(e["event"] == "delivery.offsets_not_saved" and "No space left" in e["error"] for e in logs), logs
+    assert any(e["event"] == "store.closed" and e["clean"] is False for e in logs), logs  # the lock released
+    ballast.free()
+    reopened = Broker(broker_dir, config, store_config=small_config(disk_usage=lambda path: 0.0))
+    try:  # what was acked after the last written offsets comes back: at least once, never lost
+        member = reopened.join("g", ["orders"])
+        assert [d.message_id for d in reopened.fetch(member, 10, 0)] == [f"m{n}" for n in range(10)]
     finally:
         reopened.close()
