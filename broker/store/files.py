@@ -29,7 +29,9 @@ def atomic_write(path: Path, data: bytes) -> None:
     temporary = path.with_name(path.name + ".tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, data)
+        written = 0
+        while written < len(data):  # a nearly full disk takes part of a write; the rest raises ENOSPC
+            written += os.write(fd, data[written:])
         os.fsync(fd)
     except BaseException:
         os.close(fd)

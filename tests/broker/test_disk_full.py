@@ -129,3 +129,21 @@ def test_a_broker_closes_on_a_full_disk_and_opens_again(small_disk: Path) -> Non
         assert [d.message_id for d in reopened.fetch(member, 10, 0)] == [f"m{n}" for n in range(10)]
     finally:
         reopened.close()
+
+
+def test_a_checkpoint_cut_short_by_a_nearly_full_disk_leaves_the_store_openable(small_disk: Path) -> None:
+    config = small_config(disk_usage=lambda path: 0.0, queue_file_entries=64)
+    store = MessageStore(small_disk / "store", config)
+    store.append([Record("orders", n, b"x", message_id=f"m{n}") for n in range(400)])  # a 13 KiB checkpoint
+    ballast = fill(small_disk)
+    assert ballast.hit_enospc
+    ballast.leave(4096)  # one page: the checkpoint's first write is short, the next one ENOSPC
+    with capture_logs() as logs:
+        store.close()
+    assert any(e["event"] == "store.checkpoint_failed" for e in logs), logs
+    ballast.free()
+    reopened = MessageStore(small_disk / "store", config)  # before: CorruptStoreError, a 4096-byte checkpoint
+    try:
+        assert sorted(m.message_id for m in read_all(reopened)) == sorted(f"m{n}" for n in range(400))
+    finally:
+        reopened.close()
