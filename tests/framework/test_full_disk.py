@@ -14,10 +14,12 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from sqlalchemy import text
 from structlog.testing import capture_logs
 
 from reliable import App
+from reliable.errors import DiskFullError
 from reliable.testing import FakeClock, test_app
 from tests.disk import Ballast, fill
 from tests.framework.conftest import create_effects, effects
@@ -130,4 +132,23 @@ def test_a_handler_write_refused_by_a_full_disk_is_deferred_not_dead_lettered(sm
     finally:
         if clock.ballast is not None:
             clock.ballast.free()
+        app.close()
+
+
+def test_publishing_on_a_full_disk_raises_an_error_naming_the_disk(small_disk: Path) -> None:
+    broker_dir = small_disk / "broker"
+    app = test_app(small_disk, clock=FakeClock(), transport=f"embedded://{broker_dir}",
+                   settings={"RELIABLE_TRANSPORT__PUBLISH_TIMEOUT": "5"})
+    try:
+        app.publish("orders", {"id": 1})
+        ballast = fill(small_disk)
+        assert ballast.hit_enospc
+        for topic in ("orders", "invoices"):  # a topic the broker has, and one it must first record
+            with capture_logs() as logs, pytest.raises(DiskFullError, match="full") as raised:
+                app.publish(topic, {"id": 2})
+            assert str(broker_dir) in str(raised.value), raised.value
+            assert [e["event"] for e in logs].count("publish_retried") > 1  # an outage: retried, then raised
+        ballast.free()
+        app.publish("invoices", {"id": 3})  # space is back: no restart needed
+    finally:
         app.close()
