@@ -34,6 +34,11 @@ class Dialect(ABC):
     def __init__(self) -> None:
         self.claim: ClaimPath = self.claim_paths()
 
+    def full_disk(self, url: URL) -> str | None:
+        """The directory of the database's files when the disk holding them has no room left,
+        else None (a server database's disk cannot be seen from here)."""
+        return None
+
     @abstractmethod
     def engine(self, url: URL) -> Engine:
         """An engine tuned for this database (pool, locking)."""

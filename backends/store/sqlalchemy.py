@@ -233,11 +233,14 @@ class SqlStore(Store):
             log.warning("store.rollback_failed", store=repr(self), error=str(exc.orig))
 
     def _raise(self, exc: DBAPIError, step: str) -> NoReturn:
-        """Re-raise ``exc``, as `StoreUnavailableError` when it means an outage."""
+        """Re-raise ``exc``, as `StoreUnavailableError` when it means an outage (saying so when
+        the disk holding the database is full, whatever words the database chose)."""
         if not is_unavailable(exc):
             raise exc
-        log.warning("store.unavailable", store=repr(self), step=step, error=str(exc.orig))
-        raise StoreUnavailableError(f"{self!r} cannot be reached ({step}): {exc.orig}") from exc
+        full = self.dialect.full_disk(self.url)
+        error = f"{exc.orig}; the disk holding {full} is full" if full else str(exc.orig)
+        log.warning("store.unavailable", store=repr(self), step=step, error=error)
+        raise StoreUnavailableError(f"{self!r} cannot be reached ({step}): {error}") from exc
 
     def _ensure_tables(self) -> None:
         if self._tables_ready:

@@ -12,6 +12,7 @@ whatever the batch size, and no bound-parameter limit applies.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,17 @@ class SQLite(Dialect):
         event.listen(engine, "connect", _on_connect)
         event.listen(engine, "begin", _on_begin)
         return engine
+
+    def full_disk(self, url: URL) -> str | None:
+        # a full disk is not always SQLITE_FULL: the WAL index (-shm) that cannot grow is an I/O error
+        if not url.database or url.query.get("uri"):
+            return None
+        directory = Path(url.database).expanduser().absolute().parent
+        try:
+            free = os.statvfs(directory).f_bavail
+        except OSError:
+            return None
+        return str(directory) if free == 0 else None
 
     def async_engine(self, url: URL, connections: int) -> AsyncEngine:
         # SQLite writes one transaction at a time: messages in flight queue for one connection in

@@ -11,6 +11,8 @@ itself once space is back.
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from reliable.errors import DiskFullError
 from reliable.testing import FakeClock, test_app
 from tests.disk import Ballast, fill
 from tests.framework.conftest import create_effects, effects
+from tests.framework.test_outbox_cli import reliable_exe
 
 OUTAGE = 60.0  # seconds on the fake clock between the disk filling and space coming back
 ORDERS = 20
@@ -152,3 +155,30 @@ def test_publishing_on_a_full_disk_raises_an_error_naming_the_disk(small_disk: P
         app.publish("invoices", {"id": 3})  # space is back: no restart needed
     finally:
         app.close()
+
+
+def test_the_cli_on_a_full_disk_says_the_disk_is_full(small_disk: Path) -> None:
+    app = test_app(small_disk, clock=FakeClock(), transport=f"embedded://{small_disk / 'broker'}")
+
+    @app.handler("orders", token="body.id")
+    def order(msg, tx):
+        tx.publish("shipped", {"id": msg.body["id"]})
+        raise TypeError("a bug: dead-lettered at once")
+
+    app.publish("orders", {"id": 1})
+    app.run(until_idle=True)
+    assert len(app.dead_letters("order")) == 1
+    app.close()
+    ballast = fill(small_disk)
+    assert ballast.hit_enospc
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")},
+           "RELIABLE_STORE__URL": f"sqlite:///{small_disk / 'store.db'}",
+           "RELIABLE_TRANSPORT__URL": f"embedded://{small_disk / 'broker'}"}
+    try:
+        for command in (["dlq", "list", "order"], ["outbox", "status"]):
+            done = subprocess.run([reliable_exe(), *command], env=env, capture_output=True, text=True, timeout=60)
+            said = "\n".join(line for line in done.stderr.splitlines() if not line.startswith("{"))
+            assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+            assert f"the disk holding {small_disk} is full" in said, said
+    finally:
+        ballast.free()
