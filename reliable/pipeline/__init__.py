@@ -4,7 +4,7 @@ The pipeline is one chain of shared steps (`reliable.pipeline.steps`), in
 the manner of structlog's processor chain; the steps around ``run`` see the
 whole fetch, ``run`` one chunk at a time:
 
-    tokens → repeats → cache → run → dead letters → cache fill → after_message
+    tokens → repeats → cache → run → dead letters → cache fill → deferrals → after_message
 
 Only the ``run`` step differs between the modes, and how many messages it
 sees at a time:
@@ -76,7 +76,7 @@ class Pipeline:
         s = self.steps
         self.before: list[Step] = [s.tokens, s.repeats, s.cached]
         self.run_chunk = run
-        self.after: list[Step] = [s.dead_letters, s.remember]
+        self.after: list[Step] = [s.dead_letters, s.remember, s.count_deferrals]
         self.chunk = handler.batch or 1
 
     def process(self, messages: Sequence[Message], stopping: Callable[[], bool] = lambda: False) -> list[Result]:

@@ -22,6 +22,7 @@ from backends.errors import ReliableError, StoreUnavailableError, UnreadableMess
 from backends.store.engine import is_disk_full
 from backends.types import DeadLetter, Failure, Message
 from reliable.commit import OffsetWatermark
+from reliable.deferrals import Deferrals
 from reliable.handler import Handler
 from reliable.idempotency import Guard
 from reliable.message import REPLAYS_HEADER
@@ -71,6 +72,7 @@ class Steps:
         self.handler, self.runtime, self.offsets, self.middleware = handler, runtime, offsets, middleware
         self.runner = runner
         self.config = handler.config
+        self.deferrals = Deferrals()
         self.guard = Guard(
             namespace=handler.group,
             cache=runtime.cache,
@@ -169,14 +171,15 @@ class Steps:
         """Classify: redeliver with the policy's next delay, or dead-letter (recorded later)."""
         now = self.runtime.clock.time()
         policy = self.config.redelivery
-        if classify(exc, self.handler.classifier) is Verdict.RETRY and not policy.gives_up(message.attempt):
-            delay = policy.next_delay(None, self.runtime.rng, attempt=message.attempt)
+        attempt = self.deferrals.attempt(message)  # deliveries that waited out an outage left out
+        if classify(exc, self.handler.classifier) is Verdict.RETRY and not policy.gives_up(attempt):
+            delay = policy.next_delay(None, self.runtime.rng, attempt=attempt)
             return Result(message, Outcome.REDELIVERED, token, delay=delay, error=exc)
         failure = Failure(
             error_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
             error_message=str(exc),
             traceback="".join(traceback.format_exception(exc)),
-            attempts=message.attempt,
+            attempts=attempt,
             first_failure_at=message.first_failure_at or now,
             last_failure_at=now,
         )
@@ -219,6 +222,13 @@ class Steps:
         return result
 
     # -- after ----------------------------------------------------------------------------
+
+    async def count_deferrals(self, work: list[Work]) -> None:
+        """Count each DEFERRED message's deferral (`Deferrals`); forget those done."""
+        for w in work:
+            if w.result is not None and w.result.outcome is Outcome.DEFERRED:
+                self.deferrals.deferred(w.message)
+        self.deferrals.settled([w.message for w in work if w.result is not None and w.result.acked])
 
     async def remember(self, work: list[Work]) -> None:
         """Queue the tokens of acked messages for the cache (written behind)."""

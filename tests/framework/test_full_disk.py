@@ -97,6 +97,36 @@ def test_a_worker_rides_out_a_full_disk_and_every_effect_happens_once(small_disk
         app.close()
 
 
+
+def test_a_message_that_waited_out_a_full_disk_keeps_its_attempts(small_disk: Path) -> None:
+    clock = SpaceComesBack()
+    app = test_app(small_disk, clock=clock, transport=f"embedded://{small_disk / 'broker'}",
+                   settings={"RELIABLE_RETRY__MAX_REDELIVERIES": "2", "RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1"})
+    create_effects(app, "effects")
+    after_the_outage: list[int] = []
+
+    @app.handler("orders", token="body.id")
+    def order(msg, tx):
+        if clock.ballast is None:
+            clock.fill(small_disk)
+        elif not clock.ballast.path.exists() and not after_the_outage:
+            after_the_outage.append(msg.attempt)
+            raise ConnectionError("a transient failure, once, after the outage")
+        tx.execute(text("insert into effects (token, attempt) values (:t, :a)"),
+                   {"t": f"order-{msg.body['id']}", "a": msg.attempt})
+
+    try:
+        app.publish("orders", {"id": 1})
+        app.run(until_idle=True)
+        assert clock.ballast is not None and clock.ballast.hit_enospc
+        assert after_the_outage and after_the_outage[0] > 3  # delivered again and again meanwhile
+        assert [letter.failure.error_message for letter in app.dead_letters("order")] == []
+        assert effects(app) == ["order-1"]
+        assert app.stats()["redelivered"] == 1
+    finally:
+        clock.ballast.free() if clock.ballast is not None else None
+        app.close()
+
 ROOM = 512 * 1024  # left free on the store's disk: a dead-letter record fits, the handler's write does not
 
 
