@@ -12,7 +12,10 @@ handler's transaction and seeks back to it when queues are assigned.
 A transport that cannot be reached does not end the worker: the subscription
 is dropped, the worker waits with a growing backoff (`reliable.retry.Backoff`) and
 subscribes again. Messages it held are redelivered by the transport and
-de-duplicated by their tokens.
+de-duplicated by their tokens. A transport whose disk is full
+(`DiskFullError`) is reachable: the worker keeps its membership and waits
+the same backoff; a message it could not hand back comes back when its
+lease expires.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 
 import structlog
 
-from backends.errors import BackendUnavailableError
+from backends.errors import BackendUnavailableError, DiskFullError
 from backends.transport.base import SubscribeOptions, Subscription
 from backends.types import Message, QueueRef
 from reliable import metrics
@@ -269,6 +272,12 @@ class Worker:
         """``call()``, or `FAILED` after a transport outage (logged; the worker subscribes again)."""
         try:
             result = call()
+        except DiskFullError as exc:  # reachable, refusing writes: the membership is kept
+            error = str(exc)
+            self._reconnect.failed(lambda failures, delay: log.warning(
+                "transport_disk_full", handler=self.handler.name, failures=failures,
+                retry_in=round(delay, 3), error=error))
+            return FAILED
         except BackendUnavailableError as exc:
             self._leave()
             error = str(exc)
