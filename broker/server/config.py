@@ -40,6 +40,9 @@ class Limits:
     stomp_redelivery_multiplier: float = 1.0  # ActiveMQ's backOffMultiplier (1: a constant delay)
     max_transactions: int = 16  # open STOMP transactions per connection
     max_transaction_bytes: int = 16 * 1024 * 1024  # what they may hold together, per connection
+    # authentications (`broker.server.guard`): a failure is answered after a delay
+    auth_failure_delay: float = 0.1  # Kafka's connection.failed.authentication.delay.ms
+    auth_concurrency: int = 2  # password checks running at once, on threads of their own
 
     def __post_init__(self) -> None:
         for name in ("max_frame_size", "max_connections", "stomp_prefetch", "max_transactions",
@@ -50,6 +53,8 @@ class Limits:
         _require("broker.stomp_max_redeliveries", self.stomp_max_redeliveries, int, 0)
         _require("broker.stomp_redelivery_delay", self.stomp_redelivery_delay, (int, float), 0)
         _require("broker.stomp_redelivery_multiplier", self.stomp_redelivery_multiplier, (int, float), 1)
+        _require("broker.auth_failure_delay", self.auth_failure_delay, (int, float), 0, 60)
+        _require("broker.auth_concurrency", self.auth_concurrency, int, 1, 64)
 
     def stomp_nack_delay(self, delivery_count: int) -> float:
         """Seconds before a NACKed message comes back, after its ``delivery_count``-th delivery."""

@@ -39,6 +39,7 @@ class Connection:
         self._write_lock = asyncio.Lock()
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.host: str | None = peer[0] if isinstance(peer, tuple) else None  # None: a unix socket
         self.log = log.bind(listener=listener, peer=self.peer)
 
     async def read(self, timeout: float | None = None) -> bytes:

@@ -34,6 +34,8 @@ class ServerMetrics:
                               ["listener", "code"], registry=r)
         self.auth_failures = Counter("broker_auth_failures", "Refused credentials", ["listener"],
                                      registry=r)
+        self.auth_checks = Gauge("broker_auth_checks", "Password checks running or waiting for a turn",
+                                 registry=r)
         self.published = Counter("broker_messages_published", "Messages published", ["topic"],
                                  registry=r)
         self.duplicates = Counter("broker_messages_duplicate", "Resent messages dropped",

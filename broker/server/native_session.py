@@ -27,9 +27,10 @@ from broker.protocol.errors import (
 )
 from broker.protocol.operations import OPERATIONS, Operation
 from broker.server import native_ops, native_runs
-from broker.server.auth import Authenticator, Principal
+from broker.server.auth import OPEN, Principal
 from broker.server.connection import Connection, ConnectionTimedOut
 from broker.server.engine import Engine
+from broker.server.guard import AuthGuard
 from broker.server.inbox import Inbox, Pending
 
 SERVER_NAME = "reliable-broker"
@@ -40,10 +41,10 @@ INBOX_BYTES = 4 * 1024 * 1024
 class NativeSession:
     """Serves one connection until the client leaves, breaks the protocol or times out."""
 
-    def __init__(self, conn: Connection, engine: Engine, authenticator: Authenticator) -> None:
+    def __init__(self, conn: Connection, engine: Engine, guard: AuthGuard) -> None:
         self.conn = conn
         self.engine = engine
-        self.authenticator = authenticator
+        self.guard = guard
         self.ctx: native_ops.Context | None = None
         self._inbox = Inbox(INBOX_BYTES)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -79,7 +80,7 @@ class NativeSession:
         loop = asyncio.get_running_loop()
         handshake_ends = loop.time() + self.conn.limits.handshake_timeout
         while True:
-            waiting = self.ctx is None and self.authenticator.required
+            waiting = self.ctx is None and self.guard.required
             try:
                 data = await self.conn.read(handshake_ends - loop.time() if waiting else None)
             except ConnectionTimedOut:
@@ -154,9 +155,9 @@ class NativeSession:
 
     def _context(self) -> native_ops.Context:
         if self.ctx is None:
-            if self.authenticator.required:
+            if self.guard.required:
                 raise AuthenticationError("send hello with credentials first")
-            self.ctx = self._new_context(self.authenticator.authenticate(None, None))
+            self.ctx = self._new_context(OPEN)
         return self.ctx
 
     def _new_context(self, principal: Principal) -> native_ops.Context:
@@ -168,11 +169,9 @@ class NativeSession:
             raise MalformedFrameError("hello: this connection has already said hello")
         user = native_ops.need(request, "hello", "user", str, None)
         password = native_ops.need(request, "hello", "password", str, None)
-        try:
-            principal = await asyncio.to_thread(self.authenticator.authenticate, user, password)
+        try:  # counted, logged and delayed by the guard
+            principal = await self.guard.authenticate(self.conn, user, password)
         except AuthenticationError as error:
-            self.conn.metrics.auth_failures.labels("native").inc()
-            self.conn.log.warning("authentication_failed", user=user)
             await self._reply_error(request_id, error, fatal=True)
             raise _Close from error
         self.ctx = self._new_context(principal)

@@ -25,6 +25,7 @@ from broker.protocol.errors import ConnectionLimitError
 from broker.server.config import ServerConfig
 from broker.server.connection import Connection
 from broker.server.engine import Engine
+from broker.server.guard import AuthGuard
 from broker.server.metrics import ServerMetrics
 from broker.server.native_session import NativeSession
 from broker.server.stomp_codec import StompFrame, encode
@@ -43,6 +44,7 @@ class BrokerServer:
         self.config = config or ServerConfig()
         self.metrics = metrics or ServerMetrics()
         self.authenticator = self.config.authenticator()
+        self.guard = AuthGuard(self.authenticator, self.config.limits, self.metrics)
         self._servers: dict[str, asyncio.Server] = {}
         self._sessions: set[asyncio.Task[None]] = set()
 
@@ -92,6 +94,7 @@ class BrokerServer:
         await asyncio.gather(*self._sessions, return_exceptions=True)
         for server in self._servers.values():
             await server.wait_closed()
+        self.guard.close()
         log.info("server_stopped")
 
     async def __aenter__(self) -> BrokerServer:
@@ -128,10 +131,10 @@ class BrokerServer:
         return accepted
 
     async def _native(self, conn: Connection) -> None:
-        await NativeSession(conn, self.engine, self.authenticator).run()
+        await NativeSession(conn, self.engine, self.guard).run()
 
     async def _stomp(self, conn: Connection) -> None:
-        await StompSession(conn, self.engine, self.authenticator).run()
+        await StompSession(conn, self.engine, self.guard).run()
 
     async def _refuse(self, conn: Connection) -> None:
         self.metrics.refused.labels(conn.listener).inc()

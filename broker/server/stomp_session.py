@@ -12,10 +12,11 @@ import itertools
 from typing import Any
 
 from broker.errors import BrokerError
-from broker.protocol.errors import AuthenticationError, MalformedFrameError, ProtocolError
-from broker.server.auth import Authenticator, Principal
+from broker.protocol.errors import MalformedFrameError, ProtocolError
+from broker.server.auth import Principal
 from broker.server.connection import Connection, ConnectionTimedOut
 from broker.server.engine import Engine
+from broker.server.guard import AuthGuard
 from broker.server.stomp_codec import HEARTBEAT, StompDecoder, StompFrame, encode, parse_number
 from broker.server.stomp_frames import CLIENT_COMMANDS, StompHandlers
 
@@ -30,10 +31,10 @@ class StompSession:
 
     _ids = itertools.count(1)
 
-    def __init__(self, conn: Connection, engine: Engine, authenticator: Authenticator) -> None:
+    def __init__(self, conn: Connection, engine: Engine, guard: AuthGuard) -> None:
         self.conn = conn
         self.engine = engine
-        self.authenticator = authenticator
+        self.guard = guard
         self.version = "1.2"
         self.session_id = f"session-{next(self._ids)}"
         self.decoder = StompDecoder(conn.limits.max_frame_size)
@@ -132,13 +133,8 @@ class StompSession:
             self._heartbeat = asyncio.create_task(self._beat(send_every / 1000))
 
     async def _authenticate(self, frame: StompFrame) -> Principal:
-        try:
-            return await asyncio.to_thread(self.authenticator.authenticate,
-                                           frame.get("login"), frame.get("passcode"))
-        except AuthenticationError:
-            self.conn.metrics.auth_failures.labels("stomp").inc()
-            self.conn.log.warning("authentication_failed", user=frame.get("login"))
-            raise
+        """The CONNECT's principal; a refusal is counted, logged and delayed by the guard."""
+        return await self.guard.authenticate(self.conn, frame.get("login"), frame.get("passcode"))
 
     async def _beat(self, every: float) -> None:
         while True:

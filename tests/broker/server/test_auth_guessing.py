@@ -1,0 +1,161 @@
+"""Password guessing against both listeners, with real clients from distinct client addresses (any
+of 127.0.0.0/8 is this machine's): what a guessing client gets, and what everyone else still gets.
+
+The server runs in this process, on a thread of its own; the password checks are counted by
+wrapping the real `Authenticator.authenticate` (scrypt still runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import stomp
+from stomp.exception import ConnectFailedException
+
+from broker.client import CONNECT_TIMEOUT, Client
+from broker.delivery.engine import Broker
+from broker.protocol.errors import AuthenticationError
+from broker.server.auth import Authenticator, Principal, hash_password, load_users
+from broker.server.config import Limits, ServerConfig
+from broker.server.engine import Engine
+from broker.server.server import BrokerServer
+from tests.waiting import wait_until
+
+PASSWORD = "s3cret"
+USERS = {"app": {"password_hash": hash_password(PASSWORD), "admin": True}}
+
+
+class ClientFrom(Client):
+    """The project's client, connecting from ``source`` (one of this machine's 127.x.x.x)."""
+
+    def __init__(self, address: str, source: str, **options: Any) -> None:
+        super().__init__(address, **options)
+        self.source = source
+
+    def _open(self) -> socket.socket:
+        sock = socket.create_connection(self.address, CONNECT_TIMEOUT, source_address=(self.source, 0))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+
+class Checks:
+    """Counts the password checks the server makes, and how many ran at once at most."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.made = self.inside = self.most = 0
+
+
+@pytest.fixture
+def checks(monkeypatch: pytest.MonkeyPatch) -> Checks:
+    counted, real = Checks(), Authenticator.authenticate
+
+    def authenticate(self: Authenticator, login: str | None, password: str | None) -> Principal:
+        with counted.lock:
+            counted.made, counted.inside = counted.made + 1, counted.inside + 1
+            counted.most = max(counted.most, counted.inside)
+        try:
+            return real(self, login, password)
+        finally:
+            with counted.lock:
+                counted.inside -= 1
+
+    monkeypatch.setattr(Authenticator, "authenticate", authenticate)
+    return counted
+
+
+@contextmanager
+def serving(tmp_path: Path, **limits: Any) -> Iterator[BrokerServer]:
+    """A server with user ``app`` on free native and STOMP ports, its loop on a thread of its own."""
+    broker, loop = Broker(tmp_path / "broker"), asyncio.new_event_loop()
+    started: Future[BrokerServer] = Future()
+    stopping = asyncio.Event()
+    config = ServerConfig(port=0, stomp_port=0, users=load_users(USERS), limits=Limits(**limits))
+
+    async def serve() -> None:
+        async with BrokerServer(Engine(broker), config) as server:
+            started.set_result(server)
+            await stopping.wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),))
+    thread.start()
+    try:
+        yield started.result(timeout=30)
+    finally:
+        loop.call_soon_threadsafe(stopping.set)
+        thread.join(30)
+        loop.close()
+        broker.close()
+
+
+def native(server: BrokerServer) -> str:
+    return f"127.0.0.1:{server.port('native')}"
+
+
+def log_in(server: BrokerServer, source: str, password: str) -> tuple[float, str]:
+    """Seconds until the server answered a native ``hello`` from ``source``, and its refusal ('' if none)."""
+    client, began = ClientFrom(native(server), source, user="app", password=password), time.monotonic()
+    try:
+        client.topics()
+        return time.monotonic() - began, ""
+    except AuthenticationError as error:
+        return time.monotonic() - began, str(error)
+    finally:
+        client.close()
+
+
+def stomp_connect(server: BrokerServer, source: str, password: str) -> tuple[float, str]:
+    """`log_in` with stomp.py's CONNECT: the seconds until answered and the ERROR's message."""
+    connection = stomp.Connection12([("127.0.0.1", server.port("stomp"))], bind_host_port=(source, 0),
+                                    reconnect_attempts_max=1)
+    errors: list[str] = []
+    connection.set_listener("errors", type("Errors", (stomp.ConnectionListener,), {
+        "on_error": lambda self, frame: errors.append(frame.headers.get("message", ""))})())
+    began = time.monotonic()
+    try:
+        connection.connect("app", password, wait=True)
+    except ConnectFailedException:
+        return time.monotonic() - began, wait_until(lambda: errors, "the ERROR frame")[0]
+    connection.disconnect()
+    return time.monotonic() - began, ""
+
+
+@pytest.mark.parametrize("attempt", [log_in, stomp_connect], ids=["native", "stomp"])
+def test_a_failed_authentication_is_answered_only_after_the_delay(
+        tmp_path, checks, attempt: Callable[[BrokerServer, str, str], tuple[float, str]]) -> None:
+    with serving(tmp_path, auth_failure_delay=0.3) as server:
+        guesses = [attempt(server, "127.0.0.2", f"guess{n}") for n in range(4)]
+        assert all(seconds >= 0.3 and "wrong user name or password" in refusal for seconds, refusal in guesses)
+        assert attempt(server, "127.0.0.2", PASSWORD)[1] == ""
+        assert checks.made == 5 and server.metrics.totals()["auth_failures"] == 4
+
+
+def test_password_checks_run_a_few_at_once_and_a_flood_from_one_address_waits_its_turn(
+        tmp_path, checks) -> None:
+    """Sixty guesses at once from one address: two checks run at a time, and a
+    client from another address is answered while most of the flood still waits."""
+    with serving(tmp_path, auth_failure_delay=0, auth_concurrency=2) as server:
+        connected = ClientFrom(native(server), "127.0.0.4", user="app", password=PASSWORD)
+        connected.topics()
+        with ThreadPoolExecutor(60) as pool:
+            flood = [pool.submit(log_in, server, "127.0.0.2", f"guess{n}") for n in range(60)]
+            wait_until(lambda: checks.made >= 4, "the flood's checks to be under way")
+            assert log_in(server, "127.0.0.3", PASSWORD)[1] == ""
+            answered = sum(attempt.done() for attempt in flood)
+            began = time.monotonic()
+            connected.topics()  # a connected client is served meanwhile, at once
+            served_in = time.monotonic() - began
+            assert all("wrong user name" in attempt.result()[1] for attempt in flood)
+        connected.close()
+    assert answered < 30, f"the other address's log-in waited for {answered} of the flood's checks"
+    assert checks.most == 2
+    assert served_in < 0.5
