@@ -8,6 +8,10 @@ check ends, so concurrent attempts cannot slip past the limit; a success
 forgets the key. A key's failures are forgotten ``window`` seconds after its
 last failure or lock-out ended.
 
+A caller that bounds concurrent attempts otherwise (the broker server, whose
+services open many connections at once from one address) asks only whether a
+key is `locked` and counts each `fail`; it never forgets failures on a success.
+
 The keys kept are bounded (``tracked``): the least recently failed go first,
 so a client sending millions of distinct user names cannot grow memory, and
 each is a fixed-size digest, whatever the length of the name it stands for.
@@ -45,8 +49,10 @@ class Throttle:
     """Failed attempts per key (a user name, an address) and the lock-outs they earn."""
 
     def __init__(self, kind: str, max_failures: int, window: float, lockout: float, max_lockout: float,
-                 tracked: int, clock: Clock = SYSTEM_CLOCK) -> None:
+                 tracked: int, clock: Clock = SYSTEM_CLOCK, event: str | None = "console.login_locked") -> None:
+        """``event``: the log event of a lock-out (None: the caller logs what `fail` returns)."""
         self.kind, self.max_failures, self.window, self.clock = kind, max_failures, window, clock
+        self.event = event
         self.lockout, self.max_lockout, self.tracked = lockout, max_lockout, tracked
         self._records: OrderedDict[bytes, _Record] = OrderedDict()  # least recently failed first
         self._lock = threading.Lock()
@@ -58,13 +64,7 @@ class Throttle:
         """0.0, the attempt counted as under way; else the seconds to wait before another (none counted)."""
         digest, now = _digest(key), self.clock.time()
         with self._lock:
-            record = self._records.get(digest)
-            if record is not None and record.under_way == 0 and now >= record.last + self.window:
-                del self._records[digest]
-                record = None
-            if record is None:
-                self._bound(now)
-                record = self._records[digest] = _Record(last=now)
+            record = self._current(digest, now)
             if record.locked_until > now:
                 return record.locked_until - now
             if record.under_way >= max(self.max_failures - record.failures, 1):
@@ -85,7 +85,32 @@ class Throttle:
             elif succeeded is False:
                 self._fail(digest, record, now)
 
-    def _fail(self, digest: bytes, record: _Record, now: float) -> None:
+    def locked(self, key: str) -> float:
+        """The seconds ``key`` stays locked out (0.0: it is not); counts nothing."""
+        now = self.clock.time()
+        with self._lock:
+            record = self._records.get(_digest(key))
+            return max(record.locked_until - now, 0.0) if record is not None else 0.0
+
+    def fail(self, key: str) -> float:
+        """Count a failure of an attempt `admit` did not count; the seconds of the lock-out it starts
+        (0.0: none)."""
+        digest, now = _digest(key), self.clock.time()
+        with self._lock:
+            return self._fail(digest, self._current(digest, now), now)
+
+    def _current(self, digest: bytes, now: float) -> _Record:
+        """The key's record, new if it had none or its failures are forgotten by now."""
+        record = self._records.get(digest)
+        if record is not None and record.under_way == 0 and now >= record.last + self.window:
+            del self._records[digest]
+            record = None
+        if record is None:
+            self._bound(now)
+            record = self._records[digest] = _Record(last=now)
+        return record
+
+    def _fail(self, digest: bytes, record: _Record, now: float) -> float:
         record.failures += 1
         record.last = now
         self._records.move_to_end(digest)
@@ -93,7 +118,10 @@ class Throttle:
         if beyond >= 0:
             seconds = min(self.lockout * 2.0 ** min(beyond, 64), self.max_lockout)
             record.locked_until = record.last = now + seconds
-            log.warning("console.login_locked", by=self.kind, failures=record.failures, seconds=seconds)
+            if self.event is not None:
+                log.warning(self.event, by=self.kind, failures=record.failures, seconds=seconds)
+            return seconds
+        return 0.0
 
     def _bound(self, now: float) -> None:
         """Make room for one more key: drop the expired from the front, and the least recently

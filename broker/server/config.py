@@ -40,9 +40,16 @@ class Limits:
     stomp_redelivery_multiplier: float = 1.0  # ActiveMQ's backOffMultiplier (1: a constant delay)
     max_transactions: int = 16  # open STOMP transactions per connection
     max_transaction_bytes: int = 16 * 1024 * 1024  # what they may hold together, per connection
-    # authentications (`broker.server.guard`): a failure is answered after a delay
+    # failed authentications (`broker.server.guard`): answered after a delay; past a number per
+    # client address within a window, that address is locked out for a time doubling per failure
     auth_failure_delay: float = 0.1  # Kafka's connection.failed.authentication.delay.ms
+    auth_max_failures: int = 20
+    auth_window: float = 300.0
+    auth_lockout: float = 30.0
+    auth_max_lockout: float = 300.0
+    auth_tracked: int = 10_000  # client addresses remembered (the least recently failed go first)
     auth_concurrency: int = 2  # password checks running at once, on threads of their own
+    auth_shared_addresses: tuple[str, ...] = ()  # never locked out: a load balancer, a NAT gateway
 
     def __post_init__(self) -> None:
         for name in ("max_frame_size", "max_connections", "stomp_prefetch", "max_transactions",
@@ -54,7 +61,19 @@ class Limits:
         _require("broker.stomp_redelivery_delay", self.stomp_redelivery_delay, (int, float), 0)
         _require("broker.stomp_redelivery_multiplier", self.stomp_redelivery_multiplier, (int, float), 1)
         _require("broker.auth_failure_delay", self.auth_failure_delay, (int, float), 0, 60)
+        _require("broker.auth_max_failures", self.auth_max_failures, int, 1, 1_000_000)
+        _require("broker.auth_window", self.auth_window, (int, float), 1, 7 * 86400)
+        _require("broker.auth_lockout", self.auth_lockout, (int, float), 0.1, 86400)
+        _require("broker.auth_max_lockout", self.auth_max_lockout, (int, float), self.auth_lockout, 7 * 86400)
+        _require("broker.auth_tracked", self.auth_tracked, int, 100, 10_000_000)
         _require("broker.auth_concurrency", self.auth_concurrency, int, 1, 64)
+        object.__setattr__(self, "auth_shared_addresses", _networks("broker.auth_shared_addresses",
+                                                                    self.auth_shared_addresses))
+
+    @property
+    def shared_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """The ``auth_shared_addresses``, parsed."""
+        return tuple(ipaddress.ip_network(net, strict=False) for net in self.auth_shared_addresses)
 
     def stomp_nack_delay(self, delivery_count: int) -> float:
         """Seconds before a NACKed message comes back, after its ``delivery_count``-th delivery."""
@@ -164,6 +183,18 @@ def _require_kind(key: str, value: Any, kind: type, optional: bool = False) -> N
         return
     raise BrokerConfigError(f"{key} = {value!r}: must be a {kind.__name__}"
                             + (" or absent" if optional else ""))
+
+
+def _networks(key: str, value: Any) -> tuple[str, ...]:
+    """A list of addresses or networks (CIDR), checked, as given."""
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise BrokerConfigError(f"{key} = {value!r}: must be a list of addresses or networks (CIDR)")
+    for item in value:
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except (TypeError, ValueError):
+            raise BrokerConfigError(f"{key} = {value!r}: {item!r} is not an address or a network (CIDR)") from None
+    return tuple(value)
 
 
 def _is_loopback(host: str) -> bool:

@@ -34,6 +34,10 @@ class ServerMetrics:
                               ["listener", "code"], registry=r)
         self.auth_failures = Counter("broker_auth_failures", "Refused credentials", ["listener"],
                                      registry=r)
+        self.auth_refused = Counter("broker_auth_refused", "Authentications refused unchecked: their "
+                                    "client address was locked out", ["listener"], registry=r)
+        self.auth_lockouts = Counter("broker_auth_lockouts", "Client addresses locked out for failed "
+                                     "authentications", ["listener"], registry=r)
         self.auth_checks = Gauge("broker_auth_checks", "Password checks running or waiting for a turn",
                                  registry=r)
         self.published = Counter("broker_messages_published", "Messages published", ["topic"],
@@ -109,7 +113,8 @@ class ServerMetrics:
         sums: dict[str, float] = {}
         for metric in (self.published, self.duplicates, self.delivered, self.redelivered,
                        self.dead_lettered, self.bytes_in, self.bytes_out, self.connections,
-                       self.open, self.refused, self.auth_failures):
+                       self.open, self.refused, self.auth_failures, self.auth_refused,
+                       self.auth_lockouts):
             for family in metric.collect():
                 total = float(sum(s.value for s in family.samples if not s.name.endswith("_created")))
                 sums[family.name.removeprefix("broker_")] = int(total) if total.is_integer() else total

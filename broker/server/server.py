@@ -30,6 +30,7 @@ from broker.server.metrics import ServerMetrics
 from broker.server.native_session import NativeSession
 from broker.server.stomp_codec import StompFrame, encode
 from broker.server.stomp_session import StompSession
+from broker.store.clock import SYSTEM_CLOCK, Clock
 
 log = structlog.get_logger("broker.server")
 Session = Callable[[Connection], Awaitable[None]]
@@ -39,12 +40,13 @@ class BrokerServer:
     """Listeners and open sessions of one broker; use ``async with`` or `start` / `stop`."""
 
     def __init__(self, engine: Engine, config: ServerConfig | None = None,
-                 metrics: ServerMetrics | None = None) -> None:
+                 metrics: ServerMetrics | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+        """``clock``: the time of address lock-outs (`broker.server.guard`)."""
         self.engine = engine
         self.config = config or ServerConfig()
         self.metrics = metrics or ServerMetrics()
         self.authenticator = self.config.authenticator()
-        self.guard = AuthGuard(self.authenticator, self.config.limits, self.metrics)
+        self.guard = AuthGuard(self.authenticator, self.config.limits, self.metrics, clock)
         self._servers: dict[str, asyncio.Server] = {}
         self._sessions: set[asyncio.Task[None]] = set()
 

@@ -1,8 +1,8 @@
 """Password guessing against both listeners, with real clients from distinct client addresses (any
 of 127.0.0.0/8 is this machine's): what a guessing client gets, and what everyone else still gets.
 
-The server runs in this process, on a thread of its own; the password checks are counted by
-wrapping the real `Authenticator.authenticate` (scrypt still runs).
+The server runs in this process, on a thread of its own, with a fake clock for its lock-outs; the
+password checks are counted by wrapping the real `Authenticator.authenticate` (scrypt still runs).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import stomp
 from stomp.exception import ConnectFailedException
+from structlog.testing import capture_logs
 
 from broker.client import CONNECT_TIMEOUT, Client
 from broker.delivery.engine import Broker
@@ -28,10 +29,12 @@ from broker.server.auth import Authenticator, Principal, hash_password, load_use
 from broker.server.config import Limits, ServerConfig
 from broker.server.engine import Engine
 from broker.server.server import BrokerServer
+from broker.store.clock import FakeClock
 from tests.waiting import wait_until
 
 PASSWORD = "s3cret"
 USERS = {"app": {"password_hash": hash_password(PASSWORD), "admin": True}}
+LOCKED = "too many failed authentications from"
 
 
 class ClientFrom(Client):
@@ -73,8 +76,13 @@ def checks(monkeypatch: pytest.MonkeyPatch) -> Checks:
     return counted
 
 
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
 @contextmanager
-def serving(tmp_path: Path, **limits: Any) -> Iterator[BrokerServer]:
+def serving(tmp_path: Path, clock: FakeClock, **limits: Any) -> Iterator[BrokerServer]:
     """A server with user ``app`` on free native and STOMP ports, its loop on a thread of its own."""
     broker, loop = Broker(tmp_path / "broker"), asyncio.new_event_loop()
     started: Future[BrokerServer] = Future()
@@ -82,7 +90,7 @@ def serving(tmp_path: Path, **limits: Any) -> Iterator[BrokerServer]:
     config = ServerConfig(port=0, stomp_port=0, users=load_users(USERS), limits=Limits(**limits))
 
     async def serve() -> None:
-        async with BrokerServer(Engine(broker), config) as server:
+        async with BrokerServer(Engine(broker), config, clock=clock) as server:
             started.set_result(server)
             await stopping.wait()
 
@@ -131,19 +139,55 @@ def stomp_connect(server: BrokerServer, source: str, password: str) -> tuple[flo
 
 @pytest.mark.parametrize("attempt", [log_in, stomp_connect], ids=["native", "stomp"])
 def test_a_failed_authentication_is_answered_only_after_the_delay(
-        tmp_path, checks, attempt: Callable[[BrokerServer, str, str], tuple[float, str]]) -> None:
-    with serving(tmp_path, auth_failure_delay=0.3) as server:
+        tmp_path, clock, checks, attempt: Callable[[BrokerServer, str, str], tuple[float, str]]) -> None:
+    with serving(tmp_path, clock, auth_failure_delay=0.3) as server:
         guesses = [attempt(server, "127.0.0.2", f"guess{n}") for n in range(4)]
         assert all(seconds >= 0.3 and "wrong user name or password" in refusal for seconds, refusal in guesses)
         assert attempt(server, "127.0.0.2", PASSWORD)[1] == ""
         assert checks.made == 5 and server.metrics.totals()["auth_failures"] == 4
 
 
+@pytest.mark.parametrize("attempt", [log_in, stomp_connect], ids=["native", "stomp"])
+def test_a_guessing_loop_is_answered_late_then_locked_out_while_others_log_in(
+        tmp_path, clock, checks, attempt: Callable[[BrokerServer, str, str], tuple[float, str]]) -> None:
+    with serving(tmp_path, clock, auth_failure_delay=0.3, auth_max_failures=4) as server, capture_logs() as logs:
+        guesses = [attempt(server, "127.0.0.2", f"guess{n}") for n in range(7)]
+        assert all(seconds >= 0.3 for seconds, _ in guesses)  # no refusal comes before the delay
+        assert all("wrong user name or password" in refusal for _, refusal in guesses[:4])
+        assert all(LOCKED in refusal and "127.0.0.2" in refusal for _, refusal in guesses[4:])
+        seconds, refusal = attempt(server, "127.0.0.2", PASSWORD)  # the right password too
+        assert seconds >= 0.3 and "refused for 30 s more" in refusal
+        assert checks.made == 4  # a locked address's attempts are refused before any check
+        assert attempt(server, "127.0.0.3", PASSWORD)[1] == ""  # other addresses are not affected
+        assert attempt(server, "127.0.0.1", PASSWORD)[1] == ""
+        totals = server.metrics.totals()
+        assert (totals["auth_failures"], totals["auth_refused"], totals["auth_lockouts"]) == (4, 4, 1)
+    locked = [e for e in logs if e["event"] == "authentication_locked_out"]
+    refused = [e for e in logs if e["event"] == "authentication_refused"]
+    assert [(e["address"], e["seconds"]) for e in locked] == [("127.0.0.2", 30.0)]
+    assert len(refused) == 4 and {e["address"] for e in refused} == {"127.0.0.2"}
+
+
+def test_a_lock_out_ends_after_its_time_and_doubles_with_each_further_failure(tmp_path, clock, checks) -> None:
+    with serving(tmp_path, clock, auth_failure_delay=0, auth_max_failures=3, auth_lockout=30,
+                 auth_max_lockout=100) as server:
+        assert [LOCKED in log_in(server, "127.0.0.2", "guess")[1] for _ in range(4)] == [False] * 3 + [True]
+        clock.advance(29.5)
+        assert LOCKED in log_in(server, "127.0.0.2", PASSWORD)[1]
+        clock.advance(0.5)
+        assert log_in(server, "127.0.0.2", PASSWORD)[1] == ""  # the lock-out is over
+        for lockout in (60, 100, 100):  # a success did not forget the failures: one more locks again
+            assert "wrong user name" in log_in(server, "127.0.0.2", "guess")[1]
+            assert f"refused for {lockout} s more" in log_in(server, "127.0.0.2", PASSWORD)[1]
+            clock.advance(lockout)
+        assert checks.made == 3 + 1 + 3
+
+
 def test_password_checks_run_a_few_at_once_and_a_flood_from_one_address_waits_its_turn(
-        tmp_path, checks) -> None:
-    """Sixty guesses at once from one address: two checks run at a time, and a
+        tmp_path, clock, checks) -> None:
+    """Sixty guesses at once from one address (never locked here): two checks run at a time, and a
     client from another address is answered while most of the flood still waits."""
-    with serving(tmp_path, auth_failure_delay=0, auth_concurrency=2) as server:
+    with serving(tmp_path, clock, auth_failure_delay=0, auth_max_failures=1000, auth_concurrency=2) as server:
         connected = ClientFrom(native(server), "127.0.0.4", user="app", password=PASSWORD)
         connected.topics()
         with ThreadPoolExecutor(60) as pool:
@@ -159,3 +203,26 @@ def test_password_checks_run_a_few_at_once_and_a_flood_from_one_address_waits_it
     assert answered < 30, f"the other address's log-in waited for {answered} of the flood's checks"
     assert checks.most == 2
     assert served_in < 0.5
+
+
+def test_the_addresses_remembered_are_bounded(tmp_path, clock) -> None:
+    """Failures without a password cost no check, so many addresses fail fast; only the most recent
+    ``auth_tracked`` are kept."""
+    with serving(tmp_path, clock, auth_failure_delay=0, auth_tracked=100) as server:
+        sources = [f"127.0.{n // 250 + 10}.{n % 250 + 1}" for n in range(300)]
+        for source in sources:
+            client = ClientFrom(native(server), source, user="app", password=None)
+            with pytest.raises(AuthenticationError, match="credentials are required"):
+                client.topics()
+            client.close()
+        assert len(server.guard.addresses) == 100
+
+
+def test_a_shared_address_is_never_locked_out_only_delayed(tmp_path, clock) -> None:
+    """Locking a load balancer's address would lock out every client behind it."""
+    with serving(tmp_path, clock, auth_failure_delay=0.2, auth_max_failures=2,
+                 auth_shared_addresses=["127.0.0.2/31"]) as server:
+        guesses = [log_in(server, "127.0.0.3", "guess") for _ in range(4)]
+        assert all(seconds >= 0.2 and "wrong user name" in refusal for seconds, refusal in guesses)
+        assert log_in(server, "127.0.0.3", PASSWORD)[1] == ""
+        assert LOCKED in [log_in(server, "127.0.0.4", "guess") for _ in range(3)][-1][1]  # not shared

@@ -24,7 +24,9 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("stomp_redelivery_multiplier", 0.5), ("port", 70000), ("stomp_port", "61613"),
     ("metrics_port", -1), ("host", 127), ("allow_open_network", "yes"), ("unix_socket", 5),
     ("data_dir", 1), ("tls_require_client_cert", "no"), ("auth_failure_delay", -0.1),
-    ("auth_concurrency", 0),
+    ("auth_max_failures", 0), ("auth_window", "5m"), ("auth_lockout", 0), ("auth_max_lockout", 10),
+    ("auth_tracked", 10), ("auth_concurrency", 0), ("auth_shared_addresses", "10.0.0.0/8"),
+    ("auth_shared_addresses", ["10.0.0.0/33"]),
 ]
 
 
@@ -40,9 +42,11 @@ def test_a_bad_value_is_refused_naming_its_key(key: str, value: Any) -> None:
 def test_the_good_values_pass() -> None:
     config = ServerConfig.from_mapping({"idle_timeout": 5, "handshake_timeout": 0.5,
                                         "max_transactions": 4, "data_dir": "here", "flush": "sync",
-                                        "auth_failure_delay": 0.5, "auth_concurrency": 4})
+                                        "auth_failure_delay": 0.5, "auth_concurrency": 4, "auth_max_failures": 10,
+                                        "auth_shared_addresses": ["10.1.2.3", "fd00::/8"]})
     assert config.limits.idle_timeout == 5 and config.limits.max_transactions == 4
     assert config.limits.auth_failure_delay == 0.5 and config.limits.auth_concurrency == 4
+    assert config.limits.auth_max_failures == 10 and len(config.limits.shared_networks) == 2
 
 
 @pytest.mark.parametrize(("key", "value"), [("idle_timeout", '"abc"'), ("flush", '"sometimes"'),
