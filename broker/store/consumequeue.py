@@ -28,7 +28,14 @@ from typing import NamedTuple
 import structlog
 
 from broker.errors import CorruptStoreError
-from broker.store.files import RESERVE_CHUNK, flush_mapped, fsync_directory, numbered_files, reserve
+from broker.store.files import (
+    RESERVE_CHUNK,
+    allocated,
+    flush_mapped,
+    fsync_directory,
+    numbered_files,
+    reserve,
+)
 from broker.store.queuefiles import (
     ENTRY,
     SUFFIX,
@@ -70,7 +77,8 @@ class ConsumeQueue:
         self._dirty: set[int] = set()
         for base in sorted(found):
             self._files[base] = self._map(self._path(base))
-        hole = first_hole(self._files, self.per_file)
+            self._reserved[base] = allocated(self._path(base))
+        hole = first_hole(self._files, self.per_file, self._reserved)
         if hole is not None:
             self._empty_from(*hole)
         self.length = self._measure()
@@ -350,7 +358,7 @@ class ConsumeQueue:
         if not self._files:
             return 0
         base = max(self._files)
-        low, high = 0, self.per_file
+        low, high = 0, min(self.per_file, self._reserved.get(base, 0) // ENTRY.size)  # a hole is empty
         mapped = self._files[base]
         while low < high:
             middle = (low + high) // 2

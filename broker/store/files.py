@@ -61,6 +61,26 @@ def reserve(path: Path, length: int) -> None:
         os.close(fd)
 
 
+def allocated(path: Path) -> int:
+    """How many bytes from the start of ``path`` have blocks behind them (`reserve` allocates from
+    the start); past them the file is a hole, which reads as zeros.
+
+    A file's hole must not be read through a shared map: on tmpfs that read allocates the page,
+    and on a full disk it is a SIGBUS. Where holes cannot be found, the whole file counts.
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if not hasattr(os, "SEEK_HOLE"):
+            return size
+        try:
+            return min(size, os.lseek(fd, 0, os.SEEK_HOLE))
+        except OSError:
+            return size
+    finally:
+        os.close(fd)
+
+
 def flush_mapped(path: Path, mapped: mmap.mmap) -> None:
     """Force the changes made through ``mapped`` (a map of ``path``) to disk.
 

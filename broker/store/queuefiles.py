@@ -67,45 +67,50 @@ def first_damage(found: dict[int, int], per_file: int) -> tuple[int, str] | None
     return None
 
 
-def first_hole(files: Mapping[int, mmap.mmap], per_file: int) -> tuple[int, str] | None:
+def first_hole(files: Mapping[int, mmap.mmap], per_file: int,
+               allocated: Mapping[int, int]) -> tuple[int, str] | None:
     """The first empty slot with entries after it (zeroed entries), and why; None if there is none.
 
     Empty slots before the queue's first entry are no hole: a queue rebuilt
     after retention begins in the middle of its first file. Each file is
-    searched, not decoded (about a millisecond for 300,000 entries in the page cache).
+    searched, not decoded (about a millisecond for 300,000 entries in the page cache),
+    up to its ``allocated`` bytes: past them it is all zeros, and not read through its map
+    (`broker.store.files.allocated`).
     """
     started, last = False, max(files, default=0)
     for base in sorted(files):
-        mapped = files[base]
+        mapped, end = files[base], allocated[base]
         first = 0
         if not started:
-            first = _leading_empty(mapped)
+            first = _leading_empty(mapped, end, per_file)
             started = first < per_file
-        empty = _first_empty(mapped, first)
-        if started and empty is not None and (base != last or _used_from(mapped, empty)):
+        empty = _first_empty(mapped, first, end, per_file)
+        if started and empty is not None and (base != last or _used_from(mapped, empty, end)):
             return base + empty, f"entry {base + empty} is empty, yet entries follow it (zeroed entries)"
     return None
 
 
-def _leading_empty(mapped: mmap.mmap) -> int:
+def _leading_empty(mapped: mmap.mmap, end: int, per_file: int) -> int:
     """How many slots at the start of a file are empty."""
-    if mapped[: ENTRY.size] != EMPTY:
-        return 0
-    packed = mapped[:]
-    return (len(packed) - len(packed.lstrip(b"\0"))) // ENTRY.size
+    if end < ENTRY.size or mapped[: ENTRY.size] == EMPTY:
+        packed = mapped[:end]
+        used = packed.lstrip(b"\0")
+        return (len(packed) - len(used)) // ENTRY.size if used else per_file
+    return 0
 
 
-def _first_empty(mapped: mmap.mmap, start: int) -> int | None:
+def _first_empty(mapped: mmap.mmap, start: int, end: int, per_file: int) -> int | None:
     """The first empty slot (16 zero bytes) from slot ``start`` on, if any."""
     position = start * ENTRY.size
-    while (found := mapped.find(EMPTY, position)) >= 0:
+    while (found := mapped.find(EMPTY, position, end)) >= 0:
         if not found % ENTRY.size:
             return found // ENTRY.size
         position = found - found % ENTRY.size + ENTRY.size  # a run across two slots: go on from the next
-    return None
+    past = max(start, -(-end // ENTRY.size))  # the first slot wholly in the hole
+    return past if past < per_file else None
 
 
-def _used_from(mapped: mmap.mmap, slot: int) -> bool:
+def _used_from(mapped: mmap.mmap, slot: int, end: int) -> bool:
     """Whether any slot from ``slot`` on holds something."""
-    rest = mapped[slot * ENTRY.size :]
+    rest = mapped[slot * ENTRY.size : end]
     return rest != bytes(len(rest))

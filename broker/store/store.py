@@ -67,8 +67,11 @@ class MessageStore:
         self._instance = os.urandom(4).hex().encode()
         try:
             self.recovery = self._open()
-        except BaseException:
+        except BaseException as exc:
             self._release()
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFullError(f"store {self.path} cannot be opened: the disk is full ({exc}); "
+                                    "it opens once space is freed") from exc
             raise
         self._recent = RecentRecords(self.config.recent_bytes)
         self._batch_writer = BatchWriter(self._log, self._queues, self._index, self._instance,

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -145,5 +147,38 @@ def test_a_checkpoint_cut_short_by_a_nearly_full_disk_leaves_the_store_openable(
     reopened = MessageStore(small_disk / "store", config)  # before: CorruptStoreError, a 4096-byte checkpoint
     try:
         assert sorted(m.message_id for m in read_all(reopened)) == sorted(f"m{n}" for n in range(400))
+    finally:
+        reopened.close()
+
+
+REOPEN = """
+import sys
+from broker.errors import DiskFullError
+from broker.store import MessageStore
+from tests.broker.storetools import small_config
+try:
+    MessageStore(sys.argv[1], small_config(disk_usage=lambda path: 0.0, queue_file_entries=300_000)).close()
+except DiskFullError as exc:
+    print(exc)
+"""
+
+
+def test_a_store_opens_on_a_full_disk_without_a_bus_error(small_disk: Path) -> None:
+    config = small_config(disk_usage=lambda path: 0.0, queue_file_entries=300_000)  # sparse 4.8 MB queue files
+    store = MessageStore(small_disk / "store", config)
+    store.append(batch("before", 40, 100))
+    store.close()
+    ballast = fill(small_disk)
+    assert ballast.hit_enospc
+    # in a process of its own: a read of a file's hole through a shared map allocates it on
+    # tmpfs, which on a full disk is a SIGBUS that kills the process
+    opened = subprocess.run([sys.executable, "-c", REOPEN, str(small_disk / "store")], capture_output=True,
+                            text=True, timeout=60, cwd=Path(__file__).parents[2])
+    assert opened.returncode == 0, f"exit {opened.returncode}: {opened.stderr[-2000:]}"
+    assert "cannot be opened: the disk is full" in opened.stdout, opened.stdout  # it cannot mark itself open
+    ballast.free()
+    reopened = MessageStore(small_disk / "store", config)
+    try:
+        assert len(read_all(reopened)) == 40
     finally:
         reopened.close()
