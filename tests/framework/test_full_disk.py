@@ -159,22 +159,42 @@ def test_a_worker_on_a_full_broker_disk_keeps_its_group_and_does_not_spin(small_
 ROOM = 512 * 1024  # left free on the store's disk: a dead-letter record fits, the handler's write does not
 
 
-def test_a_handler_write_refused_by_a_full_disk_is_deferred_not_dead_lettered(small_disk: Path,
-                                                                               tmp_path: Path) -> None:
+@pytest.mark.parametrize("shape", ["sync", "async", "batch"])
+def test_a_handler_write_refused_by_a_full_disk_is_deferred_not_dead_lettered(small_disk: Path, tmp_path: Path,
+                                                                               shape: str) -> None:
     clock = SpaceComesBack()
     app = test_app(small_disk, clock=clock, transport=f"embedded://{tmp_path / 'broker'}",
                    settings={"RELIABLE_RETRY__MAX_REDELIVERIES": "2"})
     with app.store.transaction() as tx:
         tx.execute(text("create table documents (token text, body blob)"))
     refusals: list[str] = []
+    insert = text("insert into documents values (:t, :b)")  # larger than SQLite's page cache: written
+    document = b"\x01" * 3_000_000                          # out during the statement, refused there
 
-    @app.handler("documents", token="body.id")
-    def store_document(msg, tx):
-        try:  # larger than SQLite's page cache: written out during the statement, refused there
-            tx.execute(text("insert into documents values (:t, :b)"), {"t": msg.body["id"], "b": b"\x01" * 3_000_000})
-        except Exception as exc:
-            refusals.append(str(exc))
-            raise
+    if shape == "sync":
+        @app.handler("documents", token="body.id")
+        def store_document(msg, tx):
+            try:
+                tx.execute(insert, {"t": msg.body["id"], "b": document})
+            except Exception as exc:
+                refusals.append(str(exc))
+                raise
+    elif shape == "async":
+        @app.handler("documents", token="body.id")
+        async def store_document(msg, tx):
+            try:
+                await tx.execute(insert, {"t": msg.body["id"], "b": document})
+            except Exception as exc:
+                refusals.append(str(exc))
+                raise
+    else:
+        @app.handler("documents", token="body.id", batch=10)
+        def store_document(messages, tx):
+            try:
+                tx.execute(insert, [{"t": msg.body["id"], "b": document} for msg in messages])
+            except Exception as exc:
+                refusals.append(str(exc))
+                raise
 
     try:
         app.publish("documents", {"id": "d1"})
