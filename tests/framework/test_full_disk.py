@@ -156,6 +156,32 @@ def test_a_worker_on_a_full_broker_disk_keeps_its_group_and_does_not_spin(small_
         clock.ballast.free() if clock.ballast is not None else None
         app.close()
 
+
+def test_a_worker_started_on_a_full_disk_begins_once_space_is_back(small_disk: Path) -> None:
+    first = embedded_app(small_disk, FakeClock())
+    first.publish("orders", {"id": 1})
+    first.close()  # the broker's store and the SQLite store have files on the disk, then it fills
+    clock = SpaceComesBack()
+    clock.fill(small_disk)
+    assert clock.ballast is not None and clock.ballast.hit_enospc
+    app = test_app(small_disk, clock=clock, transport=f"embedded://{small_disk / 'broker'}")
+
+    @app.handler("orders", token="body.id")
+    def order(msg, tx):
+        tx.execute(text("insert into effects (token, attempt) values (:t, :a)"),
+                   {"t": f"order-{msg.body['id']}", "a": msg.attempt})
+
+    try:
+        with capture_logs() as logs:
+            app.run(until_idle=True)
+        assert not clock.ballast.path.exists(), "space never came back"
+        refusals = [e["error"] for e in logs if e["event"] == "transport_disk_full"]
+        assert refusals and "cannot be opened: the disk is full" in refusals[0], refusals[:1]
+        assert effects(app) == ["order-1"]
+    finally:
+        clock.ballast.free()
+        app.close()
+
 ROOM = 512 * 1024  # left free on the store's disk: a dead-letter record fits, the handler's write does not
 
 
