@@ -11,7 +11,10 @@ appends, on its own file: an ack appends no record to the log).
 
 At start the journal is replayed over ``offsets.json`` (`replay`): a fact is
 idempotent, so an old one over newer offsets changes nothing, and a torn last
-line (its ack was never confirmed) is ignored and cut. The journal is compacted
+line (its ack was never confirmed) is ignored and cut. A write a full disk
+refuses is cut back to the last whole line and tried again at the next pass
+(its ackers hear of the refusal); any other failed write fails every later
+ack until the broker is reopened. The journal is compacted
 (`compact`) once it passes ``COMPACT_BYTES``: the offsets file is written
 first, then a new journal holding only the done offsets above each committed
 offset replaces the old one atomically.
@@ -19,6 +22,7 @@ offset replaces the old one atomically.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -129,14 +133,29 @@ class AckJournal:
         with self._file:
             data = b"".join(lines)
             try:
-                os.write(self._fd, data)
+                written = 0
+                while written < len(data):  # a nearly full disk takes part of a write
+                    written += os.write(self._fd, data[written:])
                 os.fdatasync(self._fd)
-            except OSError as exc:  # every acker from now on hears of it; the acks stay done in memory
+            except OSError as exc:
                 log.error("delivery.ack_journal_failed", path=str(self.path), error=str(exc))
-                self._error = exc
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT) and self._cut_back():
+                    with self._state:  # this pass's ackers hear of it; the next pass writes the lines
+                        self._queued[:0] = lines
+                else:  # every acker from now on hears of it; the acks stay done in memory
+                    self._error = exc
                 raise
             self.size += len(data)
             self._durable = max(self._durable, upto)
+
+    def _cut_back(self) -> bool:
+        """Cut a write the disk refused back to the last whole line (a later line must not join a
+        torn one); False if even that fails."""
+        try:
+            os.ftruncate(self._fd, self.size)
+        except OSError:
+            return False
+        return True
 
     def compact(self, acked: Acked) -> None:
         """Replace the journal by ``acked`` (every done offset above the committed ones, taken

@@ -182,3 +182,32 @@ def test_a_store_opens_on_a_full_disk_without_a_bus_error(small_disk: Path) -> N
         assert len(read_all(reopened)) == 40
     finally:
         reopened.close()
+
+
+def test_acks_journaled_under_sync_flush_go_on_once_space_is_back(small_disk: Path) -> None:
+    broker_dir, config = small_disk / "broker", DeliveryConfig(queues=1, offset_flush_interval=60.0)
+    store_config = small_config(flush="sync", disk_usage=lambda path: 0.0)
+    broker = Broker(broker_dir, config, store_config=store_config)
+    broker.publish("orders", [OutgoingMessage(f"m{n}".encode(), message_id=f"m{n}") for n in range(600)])
+    member = broker.join("g", ["orders"])
+    deliveries = broker.fetch(member, 600, 0)
+    ballast = fill(small_disk)
+    assert ballast.hit_enospc
+    refused = None
+    for n in range(500):  # one journal line each: the journal soon needs a page the disk has not
+        try:
+            broker.ack(member, [deliveries[n].receipt])
+        except OSError as exc:
+            refused = n, exc
+            break
+    assert refused is not None and "No space left" in str(refused[1])
+    ballast.free()
+    broker.ack(member, [d.receipt for d in deliveries[refused[0] + 1 :]])  # before: refused from then on
+    broker.abandon()  # a crash: what the journal holds is all there is
+    reopened = Broker(broker_dir, config, store_config=store_config)
+    try:
+        member = reopened.join("g", ["orders"])
+        again = [d.message_id for d in reopened.fetch(member, 600, 0)]
+        assert again == [], again  # the refused ack's line was written with the next ones
+    finally:
+        reopened.close()
