@@ -8,9 +8,11 @@ outcomes as numbers for ``App.stats()``. Tests capture events with
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from typing import TextIO
 
 import structlog
@@ -45,10 +47,51 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | N
         structlog.configure(
             processors=_processors(_use_console(fmt, out)),
             wrapper_class=structlog.make_filtering_bound_logger(level_number),
-            logger_factory=structlog.PrintLoggerFactory(file=out),
+            logger_factory=_NeverRaising(out),
             cache_logger_on_first_use=False,  # so capture_logs() works in users' tests
         )
         _configured = key
+
+
+class _NeverRaising:
+    """Loggers printing to ``stream`` that never raise into the code that logs.
+
+    A log file on a full disk (``reliable run ... 2>> worker.log``) made every log call
+    raise ENOSPC, and the first one in the worker's loop ended ``run()``. A write that
+    fails is counted instead, like the standard library's ``Handler.handleError``, and
+    once writing works again one ``log_write_failed`` line says how many failed.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self._failed = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: object) -> structlog.PrintLogger:
+        return _Printer(self.stream, self)
+
+    def print(self, emit: Callable[[str], None], line: str) -> None:
+        try:
+            if self._failed:
+                with self._lock:
+                    failed, self._failed = self._failed, 0
+                emit(json.dumps({"event": "log_write_failed", "failures": failed, "level": "warning",
+                                 "reason": "log lines could not be written (a full disk?)"}))
+            emit(line)
+        except OSError:
+            with self._lock:
+                self._failed += 1
+
+
+class _Printer(structlog.PrintLogger):
+    def __init__(self, stream: TextIO, lines: _NeverRaising) -> None:
+        super().__init__(stream)
+        self._lines = lines
+
+    def msg(self, message: str) -> None:
+        self._lines.print(super().msg, message)
+
+    log = debug = info = warn = warning = fatal = failure = err = error = critical = exception = msg
 
 
 def get_logger(name: str) -> FilteringBoundLogger:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -287,3 +288,15 @@ def test_the_cli_on_a_full_disk_says_the_disk_is_full(small_disk: Path) -> None:
             assert f"the disk holding {small_disk} is full" in said, said
     finally:
         ballast.free()
+
+
+def test_a_worker_whose_log_file_is_on_the_full_disk_goes_on(small_disk: Path) -> None:
+    log_file = small_disk / "worker.log"
+    with open(log_file, "w") as log:  # as `reliable run app:app 2>> worker.log` would
+        done = subprocess.run([sys.executable, "-m", "tests.framework.full_disk_worker", str(small_disk)],
+                              stdout=subprocess.PIPE, stderr=log, text=True, timeout=120,
+                              cwd=Path(__file__).parents[2])
+    written = log_file.read_text()
+    assert done.returncode == 0, written[-3000:]  # before: run() raised OSError ENOSPC from a log call
+    assert done.stdout.split() == ["effects", *sorted(f"order-{n}" for n in range(10))]
+    assert '"event": "log_write_failed"' in written  # the disk really refused the log, and it says so
