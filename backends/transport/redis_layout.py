@@ -4,7 +4,8 @@ Each script is one atomic step on the server.
 
 Key layout under a namespace ``ns`` (``%s`` below is ``<group>:<topic>``):
 ``ns:queues:<topic>`` queue count; ``ns:stream:<topic>:<queue>`` the queue
-(entry id ``0-<offset + 1>``, so offsets are contiguous from 0);
+(entry id ``0-<offset + 1>``, so offsets are contiguous from 0; an entry
+another program appended above it is adopted: `redis_adoption`);
 ``ns:head:<topic>:<queue>`` messages appended; ``ns:delayed:<topic>`` (sorted
 set of sequence numbers by due time) with one hash per delayed message;
 ``ns:inflight:%s`` leases and ``ns:scheduled:%s`` redeliveries (sorted sets
@@ -22,29 +23,29 @@ from collections.abc import Mapping
 from typing import Any
 
 from backends.transport.base import dead_letter_queue_name
+from backends.transport.redis_adoption import ADOPT
 from backends.types import Message
 
 # ARGV: ns, topic, then per message: queue, id, key ("-" none, "+key"), headers, payload, published_at
-PUBLISH = """
-local ns, topic, heads = ARGV[1], ARGV[2], {}
+# Returns what it adopted (`redis_adoption.ADOPT`).
+PUBLISH = ADOPT + """
+local ns, topic = ARGV[1], ARGV[2]
 for i = 3, #ARGV, 6 do
-  local q = ARGV[i]
-  if not heads[q] then heads[q] = tonumber(redis.call('GET', ns .. ':head:' .. topic .. ':' .. q) or '0') end
-  heads[q] = heads[q] + 1
   local fields = {'id', ARGV[i + 1], 'headers', ARGV[i + 3], 'payload', ARGV[i + 4],
                   'published_at', ARGV[i + 5]}
   if string.sub(ARGV[i + 2], 1, 1) == '+' then
     table.insert(fields, 'key'); table.insert(fields, string.sub(ARGV[i + 2], 2))
   end
-  redis.call('XADD', ns .. ':stream:' .. topic .. ':' .. q, '0-' .. heads[q], unpack(fields))
+  append(ns, topic, ARGV[i], fields)
 end
-for q, head in pairs(heads) do redis.call('SET', ns .. ':head:' .. topic .. ':' .. q, head) end
-return 1
+for key, head in pairs(moved) do redis.call('SET', head, heads[key]) end
+return adopted
 """
 
 # ARGV: ns, group, topic, queues, now, lease_until, max_messages, first queue
-# Returns {member, kind, stored state or false, entry fields, redeliveries} per claimed message.
-CLAIM = """
+# Returns {claimed, adopted}: {member, kind, stored state or false, entry fields, redeliveries}
+# per claimed message, and what it adopted. A queue is adopted before it is read.
+CLAIM = ADOPT + """
 local ns, group, topic = ARGV[1], ARGV[2], ARGV[3]
 local queues, now, lease = tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local limit, start = tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -61,11 +62,11 @@ for _, seq in ipairs(redis.call('ZRANGEBYSCORE', delayed, '-inf', now)) do
     if flat[j] == 'queue' then q = flat[j + 1]
     else table.insert(fields, flat[j]); table.insert(fields, flat[j + 1]) end
   end
-  local n = redis.call('INCR', ns .. ':head:' .. topic .. ':' .. q)
-  redis.call('XADD', stream(q), '0-' .. n, unpack(fields))
+  append(ns, topic, q, fields)
   redis.call('DEL', body)
   redis.call('ZREM', delayed, seq)
 end
+for key, head in pairs(moved) do redis.call('SET', head, heads[key]) end
 
 local claimed = {}
 for _, source in ipairs({scheduled, inflight}) do
@@ -86,11 +87,12 @@ end
 for pass = 1, 2 do
   for i = 0, queues - 1 do
     local remaining = limit - #claimed
-    if remaining <= 0 then return claimed end
+    if remaining <= 0 then return {claimed, adopted} end
     local q = (start + i) % queues
     local share = remaining
     if pass == 1 then share = math.ceil(remaining / (queues - i)) end
     redis.pcall('XGROUP', 'CREATE', stream(q), group, '0', 'MKSTREAM')
+    adopt(ns, topic, q)
     local read = redis.call('XREADGROUP', 'GROUP', group, 'reliable', 'COUNT', share, 'NOACK',
                             'STREAMS', stream(q), '>')
     if read then
@@ -105,7 +107,7 @@ for pass = 1, 2 do
     end
   end
 end
-return claimed
+return {claimed, adopted}
 """
 
 # ARGV: ns, group, topic, member, due_at, state JSON (kept from the first nack).

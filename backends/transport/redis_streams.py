@@ -5,7 +5,9 @@ cursor is a Redis consumer group read with ``XREADGROUP ... NOACK``. Leases
 and scheduled redeliveries live in sorted sets scored by the injected clock,
 not in the stream's pending list: the visibility timeout then follows the
 same clock as delays (and tests), which ``XAUTOCLAIM``'s server-side idle
-time cannot. Every step that must be atomic is one Lua script (`redis_layout`).
+time cannot. Every step that must be atomic is one Lua script (`redis_layout`);
+those that append to or read a queue first adopt what another program appended
+with ids of its own (`redis_adoption`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import structlog
 
 from backends.clock import SYSTEM_CLOCK, Clock
 from backends.errors import BackendUnavailableError, TransportError
+from backends.transport import redis_adoption as adoption
 from backends.transport import redis_layout as layout
 from backends.transport.leasing import (
     DEFAULT_QUEUES,
@@ -133,18 +136,20 @@ class RedisStreamsTransport(LeasingTransport):
             for queue in range(queues):
                 pipe.get(self._keys.head(topic, queue))
                 pipe.xinfo_groups(self._keys.stream(topic, queue))
+                pipe.xrevrange(self._keys.stream(topic, queue), count=1)
             for kind in OUTSTANDING:
                 pipe.zcard(self._keys.group(kind, group, topic))
             pipe.zcard(self._keys.delayed(topic))
             replies = pipe.execute(raise_on_error=False)
         unread = 0
-        for head, groups in zip(replies[0 : 2 * queues : 2], replies[1 : 2 * queues : 2]):
+        for at in range(0, 3 * queues, 3):
+            head, groups, top = int(replies[at] or 0), replies[at + 1], replies[at + 2]
             groups = groups if isinstance(groups, list) else []  # no stream yet: an error reply
             ours = [g for g in groups if g["name"] == group.encode()]
-            unread += int(head or 0) - (
-                layout.offset_of(ours[0]["last-delivered-id"]) + 1 if ours else 0
-            )
-        return unread + sum(replies[2 * queues :])
+            unread += head - (layout.offset_of(ours[0]["last-delivered-id"]) + 1 if ours else 0)
+            # entries another program appended above the head: the next fetch adopts them
+            unread += adoption.foreign_on_top(top, head)
+        return unread + sum(replies[3 * queues :])
 
     def _next_due(self, group: str, topic: str) -> float | None:
         return self._earliest(group, topic, ("scheduled",))
@@ -221,7 +226,7 @@ class RedisStreamsTransport(LeasingTransport):
                     ]
             pipe.execute()
             if len(ready) > 2:
-                self._scripts["PUBLISH"](args=ready)
+                adoption.log_adopted(topic, self._scripts["PUBLISH"](args=ready))
         self._signal()
 
     def _claim(
@@ -242,7 +247,8 @@ class RedisStreamsTransport(LeasingTransport):
             next(self._rotation) % queues,
         ]
         with self._errors():
-            claimed = self._scripts["CLAIM"](args=args)
+            claimed, adopted = self._scripts["CLAIM"](args=args)
+        adoption.log_adopted(topic, adopted)
         messages = []
         for name, kind, state, flat, redeliveries in claimed:
             queue, offset = layout.position(name)

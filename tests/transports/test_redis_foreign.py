@@ -1,8 +1,10 @@
 """Redis Streams entries written by another program (redis-py ``XADD``), not by `reliable`.
 
 A field left out, or bytes that are not text, make one message a dead letter
-naming what was wrong; its neighbours are processed. Real Redis, and the store
-on SQLite and on PostgreSQL (which refuses what it cannot hold).
+naming what was wrong; its neighbours are processed, whether the program wrote
+at the transport's next id or let Redis choose one (``XADD *``: adopted, see
+`test_redis_adoption.py`). Real Redis, and the store on SQLite and on
+PostgreSQL (which refuses what it cannot hold).
 """
 
 from __future__ import annotations
@@ -27,18 +29,22 @@ FOREIGN = {
 READABLE = {"no_fields_but_payload", "field_name_not_utf8"}
 
 
-def _append_foreign(url: str, namespace: str, topic: str, fields: dict) -> None:
-    """XADD ``fields`` to queue 0 of ``topic`` as a program of its own would, at the next id."""
+def _append_foreign(url: str, namespace: str, topic: str, fields: dict, auto_id: bool) -> None:
+    """XADD ``fields`` to queue 0 of ``topic`` as a program of its own would: with an id of
+    Redis's choosing (``*``), or at the next id, moving the transport's head."""
     client = redis.Redis.from_url(url)
-    head = int(client.get(f"{namespace}:head:{topic}:0") or 0) + 1
-    client.xadd(f"{namespace}:stream:{topic}:0", fields, id=f"0-{head}")
-    client.set(f"{namespace}:head:{topic}:0", head)
+    if auto_id:
+        client.xadd(f"{namespace}:stream:{topic}:0", fields)
+    else:
+        head = int(client.get(f"{namespace}:head:{topic}:0") or 0) + 1
+        client.xadd(f"{namespace}:stream:{topic}:0", fields, id=f"0-{head}")
+        client.set(f"{namespace}:head:{topic}:0", head)
     client.close()
 
 
-@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+@pytest.mark.parametrize(("store", "auto_id"), [("sqlite", False), ("postgresql", False), ("sqlite", True)])
 def test_foreign_entries_are_processed_or_dead_lettered_and_neighbours_go_on(
-    tmp_path: Path, redis_url: str, postgres_url: str, unique: str, store: str
+    tmp_path: Path, redis_url: str, postgres_url: str, unique: str, store: str, auto_id: bool
 ) -> None:
     app = test_app(
         tmp_path,
@@ -54,7 +60,7 @@ def test_foreign_entries_are_processed_or_dead_lettered_and_neighbours_go_on(
 
     app.publish("orders", {"id": "before"})
     for fields in FOREIGN.values():
-        _append_foreign(redis_url, unique, "orders", fields)
+        _append_foreign(redis_url, unique, "orders", fields, auto_id)
     app.publish("orders", {"id": "after"})
     app.run(until_idle=True)
 
