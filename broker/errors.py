@@ -6,6 +6,8 @@ The broker does not import the framework, so it has its own hierarchy;
 
 from __future__ import annotations
 
+import errno
+
 
 class BrokerError(Exception):
     """Raised for every situation the broker itself detects."""
@@ -41,6 +43,15 @@ class RecordTooLargeError(StoreError):
 
 class DiskFullError(StoreError):
     """Raised when disk usage has reached the refuse-writes threshold."""
+
+
+def disk_full(exc: BaseException) -> DiskFullError | None:
+    """``exc`` as the `DiskFullError` it means when it is a write refused for want of space (ENOSPC,
+    EDQUOT) in one of the engine's own files, else None: what a client is told instead of a bare
+    ``OSError``, so it waits for space rather than giving up."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFullError(f"the broker cannot write: the disk is full ({exc})")
+    return None
 
 
 class CorruptStoreError(StoreError):

@@ -28,7 +28,7 @@ from typing import Any
 import structlog
 
 from broker.delivery.api import BrokerApi
-from broker.errors import BrokerError
+from broker.errors import BrokerError, disk_full
 from broker.local_client import LocalClient, receive_frame, send_frame, socket_path
 from broker.protocol.operations import OPERATIONS
 
@@ -66,6 +66,8 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         except BrokerError as exc:
             return [False, [type(exc).__name__, str(exc)]]
         except Exception as exc:  # reported to the caller; the server goes on
+            if (full := disk_full(exc)) is not None:
+                return [False, [type(full).__name__, str(full)]]
             log.exception("local.call_failed", op=name)
             return [False, ["BrokerError", f"{type(exc).__name__}: {exc}"]]
 

@@ -74,7 +74,11 @@ class Membership:
                                   frozenset(tags) if tags else None)
         self._members[member.ident] = member
         self._leases.open_window(member.ident)
-        self._rebalance(found, from_end, from_time)
+        try:
+            self._rebalance(found, from_end, from_time)
+        except BaseException:  # a topic it needs could not be recorded (a full disk): no ghost stays
+            self._drop(member, "delivery.member_join_failed")
+            raise
         log.info("delivery.member_joined", group=group, member=member.ident, topics=list(topics),
                  queues=len(member.queues))
         return member.ident

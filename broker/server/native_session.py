@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from broker.errors import BrokerError
+from broker.errors import BrokerError, disk_full
 from broker.protocol import codec as native_codec
 from broker.protocol.codec import FrameDecoder, decode_body
 from broker.protocol.errors import (
@@ -187,7 +187,10 @@ class NativeSession:
                            native_ops.serve(ctx, operation, request))
         except BrokerError as error:
             await self._reply_error(request_id, error)
-        except Exception as error:  # the engine's bug must not end the server
+        except Exception as error:  # the engine's bug (or a full disk) must not end the server
+            if (full := disk_full(error)) is not None:
+                await self._reply_error(request_id, full)
+                return
             self.conn.log.exception("request_failed", op=request.get("op"))
             await self._reply_error(request_id, error)
         else:
