@@ -32,12 +32,13 @@ from broker.console.config import ConsoleConfig
 from broker.console.history import History, plot
 from broker.console.session import Sessions
 from broker.console.sources import Backlog, BrokerView, Counters, Letter, LetterBook
-from broker.console.throttle import LoginThrottle, client_address, retry_after
+from broker.console.throttle import LoginThrottle, retry_after
 from broker.delivery.values import GroupInfo
 from broker.errors import BrokerError, BrokerUnavailableError
 from broker.protocol.errors import PermissionDeniedError
 from broker.protocol.operations import OPERATIONS
 from broker.server.auth import Authenticator, Principal
+from broker.server.throttle import client_address
 from broker.store.clock import SYSTEM_CLOCK, Clock
 
 HERE = Path(__file__).parent

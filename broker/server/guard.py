@@ -19,7 +19,7 @@ costs the server, and each answer is what it gains. So, as mature brokers do:
   (`broker.server.turns`), so a flood from one address delays a client from
   another by one check.
 
-The addresses are kept by `broker.console.throttle.Throttle` (an IPv6 client
+The addresses are kept by `broker.server.throttle.Throttle` (an IPv6 client
 counts as its /64; at most ``auth_tracked`` of them). Some are never locked,
 only delayed and bounded: ``auth_shared_addresses`` (a load balancer or NAT
 gateway many clients come through: locking it would lock them all out), and
@@ -34,12 +34,12 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
-from broker.console.throttle import Throttle, client_address
 from broker.protocol.errors import AuthenticationError
 from broker.server.auth import Authenticator, Principal
 from broker.server.config import Limits
 from broker.server.connection import Connection
 from broker.server.metrics import ServerMetrics
+from broker.server.throttle import Throttle, client_address
 from broker.server.turns import Turns
 from broker.store.clock import SYSTEM_CLOCK, Clock
 
@@ -52,7 +52,7 @@ class AuthGuard:
         self.authenticator, self.metrics, self.clock = authenticator, metrics, clock
         self.delay = limits.auth_failure_delay
         self.addresses = Throttle("address", limits.auth_max_failures, limits.auth_window, limits.auth_lockout,
-                                  limits.auth_max_lockout, limits.auth_tracked, clock, event=None)
+                                  limits.auth_max_lockout, limits.auth_tracked, clock)
         self.shared = limits.shared_networks
         self.turns = Turns(limits.auth_concurrency)
         self._threads = ThreadPoolExecutor(limits.auth_concurrency, thread_name_prefix="broker-auth")

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from backends.clock import FakeClock
-from broker.console.throttle import LoginThrottle, Throttle, client_address
+from broker.console.throttle import LoginThrottle
 from broker.server.auth import Authenticator, Principal, load_users
+from broker.server.throttle import Throttle, client_address
 from tests.console.deployment import PASSWORDS, USERS, Deployment, start
 from tests.console.http import Visitor
 from tests.waiting import wait_until
