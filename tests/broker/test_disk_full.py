@@ -14,8 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,7 @@ from broker.errors import DiskFullError
 from broker.store import MessageStore, Record
 from tests.broker.storetools import read_all, small_config
 from tests.disk import fill
+from tests.waiting import wait_until
 
 ROOM = 100 * 1024  # what is left free: the first records of a failed batch are written, then cut back
 
@@ -80,15 +79,6 @@ def committed(broker_dir: Path) -> int | None:
     return next((e["offset"] for e in entries if e["group"] == "g" and e["topic"] == "orders"), None)
 
 
-def settles(check: Callable[[], bool], within: float = 3.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return check()
-
-
 def test_offsets_acked_on_a_full_disk_are_written_once_space_is_back(small_disk: Path) -> None:
     broker_dir = small_disk / "broker"
     broker = Broker(broker_dir, DeliveryConfig(queues=1, offset_flush_interval=0.05),
@@ -98,14 +88,16 @@ def test_offsets_acked_on_a_full_disk_are_written_once_space_is_back(small_disk:
         member = broker.join("g", ["orders"])
         deliveries = broker.fetch(member, 10, 0)
         broker.ack(member, [d.receipt for d in deliveries[:5]])
-        assert settles(lambda: committed(broker_dir) == 5)
+        wait_until(lambda: committed(broker_dir) == 5, "the first acks written")
         ballast = fill(small_disk)
         assert ballast.hit_enospc
-        broker.ack(member, [d.receipt for d in deliveries[5:]])
-        time.sleep(0.3)  # a few flushes, each refused by the full disk
+        with capture_logs() as logs:
+            broker.ack(member, [d.receipt for d in deliveries[5:]])
+            wait_until(lambda: any(e["event"] == "delivery.offsets_not_saved" for e in logs),
+                       "a flush refused by the full disk")
         assert committed(broker_dir) == 5
         ballast.free()
-        assert settles(lambda: committed(broker_dir) == 10), "the acks of the full disk were never written"
+        wait_until(lambda: committed(broker_dir) == 10, "the acks of the full disk written once space is back")
     finally:
         broker.close()
 
