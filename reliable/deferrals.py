@@ -39,6 +39,8 @@ class Deferrals:
 
     def settled(self, messages: Iterable[Message]) -> None:
         """``messages`` are done for the group: nothing more to count."""
+        if not self._counts:  # the common case, no outage: nothing to look up
+            return
         with self._lock:
             for message in messages:
                 self._counts.pop(message.id, None)
