@@ -21,7 +21,8 @@ from broker.protocol.codec import DEFAULT_MAX_FRAME_SIZE
 from broker.server.auth import Authenticator, User, load_users
 
 #: keys of the ``[broker]`` table that configure the engine, not the server
-ENGINE_KEYS = frozenset({"data_dir", "flush", "selection", "max_deliveries"})
+ENGINE_KEYS = frozenset({"data_dir", "flush", "selection", "max_deliveries",
+                         "retention", "clean_at", "force_at", "refuse_at"})
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 ``python -m broker serve [--settings reliable.toml] [--data-dir DIR] [--host H] [--port P]``
 and ``reliable broker serve --settings reliable.toml`` both end here. The
 ``[broker]`` table of the settings file configures it (``data_dir``,
-``flush``, ``selection``, ``max_deliveries``, ``host``, ``port``, ``stomp_port``, ``metrics_port``, users, TLS,
+``flush``, ``retention``, ``clean_at``, ``force_at``, ``refuse_at``, ``selection``,
+``max_deliveries``, ``host``, ``port``, ``stomp_port``, ``metrics_port``, users, TLS,
 limits); flags override it. SIGTERM or SIGINT stops it gracefully: the
 listeners close, every session's members leave, offsets are written and the
 store is checkpointed; the next start recovers from whatever a crash left.
@@ -55,8 +56,7 @@ def run(table: dict[str, Any], *, data_dir: str | None = None, host: str | None 
     config = ServerConfig.from_mapping({**table, **{k: v for k, v in given.items() if v is not None}})
     directory = data_dir or table.get("data_dir", DEFAULT_DATA_DIR)
     delivery = DeliveryConfig(**{key: table[key] for key in ("selection", "max_deliveries") if key in table})
-    broker = Broker(directory, delivery,
-                    store_config=StoreConfig(flush=table.get("flush", "sync")))
+    broker = Broker(directory, delivery, store_config=store_config(table))
     engine = Engine(broker)
     tune_garbage_collector()
     log.info("broker.serving", data_dir=str(directory), host=config.host, port=config.port)
@@ -68,6 +68,16 @@ def run(table: dict[str, Any], *, data_dir: str | None = None, host: str | None 
             console.stop()
         engine.close()
         broker.close()
+
+
+def store_config(table: dict[str, Any]) -> StoreConfig:
+    """The store's settings from the ``[broker]`` table: ``flush`` (``sync`` unless told otherwise),
+    ``retention`` in seconds and the disk thresholds; a bad value raises `BrokerConfigError`."""
+    given = {key: table[key] for key in ("retention", "clean_at", "force_at", "refuse_at") if key in table}
+    for key, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise BrokerConfigError(f"broker.{key} = {value!r}: must be a number")
+    return StoreConfig(flush=table.get("flush", "sync"), **given)
 
 
 def _console(config: ServerConfig, broker: Broker, letters: LetterBook | None,

@@ -46,7 +46,7 @@ class StoreConfig:
     retention: float = 72 * 3600.0
     retention_interval: float = 10.0
     clean_at: float = 0.75
-    force_at: float = 0.85
+    force_at: float | None = None  # off: what a group still needs is kept, appends refused instead
     refuse_at: float = 0.90
     skip_corrupt: bool = False
     read_chunk: int = 1024 * 1024
@@ -73,10 +73,12 @@ class StoreConfig:
                      "retention_interval"):
             if getattr(self, name) < 0:
                 raise BrokerConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
-        if not 0 < self.clean_at <= self.force_at <= self.refuse_at <= 1:
+        force = self.refuse_at if self.force_at is None else self.force_at
+        if not 0 < self.clean_at <= force <= self.refuse_at <= 1:
             raise BrokerConfigError(
                 f"disk thresholds clean_at={self.clean_at}, force_at={self.force_at}, "
-                f"refuse_at={self.refuse_at} must satisfy 0 < clean <= force <= refuse <= 1"
+                f"refuse_at={self.refuse_at} must satisfy 0 < clean <= force <= refuse <= 1 "
+                f"(force_at may be None: never delete what a group still needs)"
             )
 
 

@@ -2,9 +2,11 @@
 
 A segment goes when its newest record is older than the retention time, or
 when the disk is filling: at ``clean_at`` only segments no consumer group still
-needs, at ``force_at`` even those. Deleting what a group still needs is logged
-as a warning naming the queues that lose messages. Appends are refused at
-``refuse_at`` (see `MessageStore.append`). The active segment is never deleted.
+needs; at ``force_at``, if set (off by default), even those. Deleting what a
+group still needs is logged as a warning naming the queues that lose messages.
+Appends are refused at ``refuse_at`` (see `MessageStore.append`), so by default
+a disk filled by messages groups still need stops producers, never loses those
+messages. The active segment is never deleted.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def select(commit_log: CommitLog, config: StoreConfig, directory: Path, needed: 
         losing = sorted(f"{t}/{q}" for (t, q), offset in needed.items() if offset < oldest.end)
         if config.retention and newest is not None and now - newest > config.retention:
             reason = "expired"
-        elif usage >= config.force_at:
+        elif config.force_at is not None and usage >= config.force_at:
             reason = "disk_force"
         elif usage >= config.clean_at and not losing:
             reason = "disk_clean"

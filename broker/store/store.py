@@ -195,8 +195,8 @@ class MessageStore:
             self._maintenance.due()
             raise DiskFullError(
                 f"disk holding {self.path} is {usage:.1%} full, at or above "
-                f"refuse_at={self.config.refuse_at:.0%}: appends are refused until retention "
-                "or an operator frees space"
+                f"refuse_at={self.config.refuse_at:.0%}: appends are refused until retention frees "
+                "space (consumer groups catching up, or messages expiring) or an operator does"
             )
         if usage >= self.config.clean_at:
             self._maintenance.due()

@@ -8,8 +8,8 @@ import pytest
 from storetools import read_all, record_for, segments, small_config
 from structlog.testing import capture_logs
 
-from broker.errors import DiskFullError
-from broker.store import FakeClock, MessageStore
+from broker.errors import BrokerConfigError, DiskFullError
+from broker.store import FakeClock, MessageStore, StoreConfig
 
 
 class Disk:
@@ -53,7 +53,7 @@ def test_expired_segments_are_deleted_but_never_the_active_one(tmp_path: Path) -
 
 def test_disk_thresholds_respect_what_groups_need_until_forced(tmp_path: Path) -> None:
     disk = Disk()
-    config = small_config(disk_usage=disk, retention=0)
+    config = small_config(disk_usage=disk, retention=0, force_at=0.85)
     with MessageStore(tmp_path / "s", config) as store:
         fill(store)
         store.set_retention_guard(lambda: {("orders", 0): 0})  # a group still at offset 0
@@ -73,6 +73,40 @@ def test_disk_thresholds_respect_what_groups_need_until_forced(tmp_path: Path) -
         warning = [e for e in logs if e["event"] == "store.needed_messages_deleted"]
         assert warning and warning[0]["queues"] == ["orders/1"]
         assert len(segments(tmp_path / "s")) == 1
+
+
+def test_by_default_a_full_disk_refuses_appends_and_keeps_what_groups_need(tmp_path: Path) -> None:
+    """No forced deletion unless asked: producers stop, no group loses a message, and once the
+    group has read on, retention frees the space and appends go on."""
+    disk = Disk()
+    with MessageStore(tmp_path / "s", small_config(disk_usage=disk, retention=0)) as store:
+        fill(store)
+        store.set_retention_guard(lambda: {("orders", 0): 0, ("orders", 1): 0})
+        before = segments(tmp_path / "s")
+        disk.usage = 0.99
+        with capture_logs() as logs:
+            assert store.clean() == []
+            with pytest.raises(DiskFullError, match="consumer groups catching up"):
+                store.append([record_for("refused")])
+        assert segments(tmp_path / "s") == before
+        assert not [e for e in logs if e["event"] == "store.needed_messages_deleted"]
+        assert {f"m{i}" for i in range(60)} <= {m.message_id for m in read_all(store)}
+        store.set_retention_guard(lambda: {(topic, queue): store.max_offset(topic, queue)
+                                           for topic, queue in (("orders", 0), ("orders", 1))})
+        cleaned = store.clean()
+        assert cleaned and {d.reason for d in cleaned} == {"disk_clean"}
+        disk.usage = 0.5  # what the deleted segments held is free again
+        store.append([record_for("accepted")])
+        assert store.lookup_id("accepted") is not None
+
+
+def test_force_at_may_be_off_but_never_out_of_order() -> None:
+    assert StoreConfig().force_at is None
+    assert StoreConfig(force_at=0.85).force_at == 0.85
+    with pytest.raises(BrokerConfigError, match=r"force_at=0\.95.*never delete what a group"):
+        StoreConfig(force_at=0.95)  # above refuse_at=0.90
+    with pytest.raises(BrokerConfigError, match=r"clean_at=0\.95"):
+        StoreConfig(clean_at=0.95)  # above refuse_at, force_at off
 
 
 @pytest.mark.parametrize("policy", ["none", "sync"])  # sync checks once per generation

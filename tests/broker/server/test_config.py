@@ -14,6 +14,7 @@ import pytest
 
 from broker.errors import BrokerConfigError
 from broker.server.config import ServerConfig
+from broker.server.run import store_config
 from tests.broker.server.serving import ROOT
 
 BAD_VALUES: list[tuple[str, Any]] = [
@@ -50,7 +51,8 @@ def test_the_good_values_pass() -> None:
 
 
 @pytest.mark.parametrize(("key", "value"), [("idle_timeout", '"abc"'), ("flush", '"sometimes"'),
-                                            ("max_deliveries", '"often"')])
+                                            ("max_deliveries", '"often"'), ("retention", '"3d"'),
+                                            ("force_at", "0.95")])
 def test_a_server_with_a_bad_value_does_not_start(tmp_path, key: str, value: str) -> None:
     settings = tmp_path / "reliable.toml"
     settings.write_text(f"[broker]\n{key} = {value}\n")
@@ -59,3 +61,12 @@ def test_a_server_with_a_bad_value_does_not_start(tmp_path, key: str, value: str
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode != 0
     assert "BrokerConfigError" in run.stderr and key in run.stderr.splitlines()[-1]
+
+
+def test_the_store_keys_reach_the_store() -> None:
+    """Retention and the disk thresholds come from the table; forced deletion stays off unless set."""
+    assert store_config({}).force_at is None and store_config({}).flush.value == "sync"
+    config = store_config({"retention": 3600, "clean_at": 0.6, "force_at": 0.8, "refuse_at": 0.85,
+                           "flush": "async"})
+    assert (config.retention, config.clean_at, config.force_at, config.refuse_at) == (3600, 0.6, 0.8, 0.85)
+    assert config.flush.value == "async"
