@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,6 +145,28 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         if IN_CI:
             pytest.fail(str(exc))
         pytest.skip(str(exc))
+
+
+@pytest.fixture
+def small_postgres(postgres_url: str, unique: str) -> Iterator[Any]:
+    """A PostgreSQL database (`tests.disk.SmallDatabase`) whose tables all live on a small disk
+    (`tests.disk.SIZE` of tmpfs); skipped without root locally, failed under CI=true."""
+    from sqlalchemy import create_engine
+
+    from tests.disk import SmallDatabase, mounted, postgres_on, server_user
+
+    admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    mount = Path(tempfile.mkdtemp(prefix="reliable-pg-disk-"))  # the server's user cannot enter tmp_path
+    try:
+        with mounted(mount, owner=server_user(admin)) as disk, postgres_on(disk, admin, unique) as url:
+            yield SmallDatabase(url, disk)
+    except PermissionError as exc:
+        if IN_CI:
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+    finally:
+        admin.dispose()
+        mount.rmdir()
 
 
 @pytest.fixture

@@ -3,16 +3,22 @@
 ``small_disk`` (the fixture, in ``tests/conftest.py``) mounts a `SIZE` tmpfs
 under the test's ``tmp_path``; `fill` writes a ballast file until the kernel
 answers ENOSPC, and says so, so a test can show the disk really was full.
+``small_postgres`` mounts one owned by the PostgreSQL server's OS user and
+makes a database whose tablespace is on it (`postgres_on`).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import pwd
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+
+from sqlalchemy import Engine, text
 
 SIZE = 24 * 1024 * 1024
 
@@ -54,11 +60,15 @@ def fill(disk: Path, name: str = "ballast") -> Ballast:
 
 
 @contextmanager
-def mounted(mount: Path, size: int = SIZE) -> Iterator[Path]:
-    """A tmpfs of ``size`` bytes at ``mount``; raises `PermissionError` with the reason when it
-    cannot be mounted."""
+def mounted(mount: Path, size: int = SIZE, owner: str | None = None) -> Iterator[Path]:
+    """A tmpfs of ``size`` bytes at ``mount`` (its root owned by the OS user ``owner``, private to
+    it, when given); raises `PermissionError` with the reason when it cannot be mounted."""
     mount.mkdir(exist_ok=True)
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
+    options = f"size={size}"
+    if owner is not None:
+        user = pwd.getpwnam(owner)
+        options += f",uid={user.pw_uid},gid={user.pw_gid},mode=0700"
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)],
                           capture_output=True, text=True)
     if made.returncode != 0:
         raise PermissionError(f"cannot mount a tmpfs (root is needed): {made.stderr.strip()}")
@@ -66,3 +76,39 @@ def mounted(mount: Path, size: int = SIZE) -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+@dataclass(frozen=True)
+class SmallDatabase:
+    """A PostgreSQL database whose every table lives on ``disk``, a small tmpfs."""
+
+    url: str
+    disk: Path
+
+
+def server_user(admin: Engine) -> str:
+    """The OS user the (local) PostgreSQL server runs as: the owner of its data directory."""
+    with admin.connect() as connection:
+        data_directory = connection.execute(text("show data_directory")).scalar_one()
+    return pwd.getpwuid(os.stat(data_directory).st_uid).pw_name
+
+
+@contextmanager
+def postgres_on(disk: Path, admin: Engine, name: str) -> Iterator[str]:
+    """A database ``name`` whose default tablespace (named ``name`` too) is on ``disk``: the tables
+    created in it, their indexes and TOAST land there; the WAL stays in the server's data
+    directory. Yields the database's URL; drops both afterwards, whatever happened."""
+    location = disk / "tablespace"
+    location.mkdir()
+    owner = disk.stat()
+    os.chown(location, owner.st_uid, owner.st_gid)  # PostgreSQL wants its location its own
+    with admin.connect() as connection:
+        connection.execute(text(f"create tablespace {name} location '{location}'"))
+        try:
+            connection.execute(text(f"create database {name} tablespace {name}"))
+            try:
+                yield admin.url.set(database=name).render_as_string(hide_password=False)
+            finally:
+                connection.execute(text(f"drop database if exists {name} with (force)"))
+        finally:
+            connection.execute(text(f"drop tablespace if exists {name}"))
