@@ -24,6 +24,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 from broker.client import (
     CONNECT_TIMEOUT,
     PUBLISH,
+    closed_by,
     parse_address,
     publish_fields,
     result,
@@ -125,6 +126,7 @@ class AsyncClient(AsyncCalls):
 
     async def _read(self, link: _Link) -> None:
         decoder = FrameDecoder(1 << 30)
+        refusal = ""  # the server's error for no request, sent before it closes (an RST may follow)
         try:
             while data := await link[0].read(1 << 20):
                 for payload in decoder.feed(data):
@@ -134,8 +136,10 @@ class AsyncClient(AsyncCalls):
                         waiting.set_result(reply)
                     elif not reply.get("ok", True):  # an error for no request: the server ends
                         log.warning("client.refused", error=reply.get("error"))
+                        refusal = closed_by(reply)
             raise ConnectionError("the broker closed the connection")
         except Exception as exc:  # noqa: BLE001 - every waiter learns the connection is gone
+            exc = ConnectionError(refusal) if refusal else exc
             self._drop(link, exc)
 
     def _drop(self, link: _Link, exc: BaseException) -> None:

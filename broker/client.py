@@ -180,6 +180,7 @@ class Client(SyncCalls):
 
     def _read(self, sock: Connection) -> None:
         decoder = FrameDecoder(1 << 30)
+        refusal = ""  # the server's error for no request, sent before it closes (an RST may follow)
         try:
             while data := sock.recv(1 << 20):
                 for payload in decoder.feed(data):
@@ -189,8 +190,10 @@ class Client(SyncCalls):
                         waiting.set_result(reply)
                     elif not reply.get("ok", True):  # an error for no request: the server ends
                         log.warning("client.refused", error=reply.get("error"))
+                        refusal = closed_by(reply)
             raise ConnectionError("the broker closed the connection")
         except Exception as exc:  # noqa: BLE001 - every waiter learns the connection is gone
+            exc = ConnectionError(refusal) if refusal else exc
             self._lost(sock, exc)
 
     def _lost(self, sock: Connection, exc: BaseException) -> None:
@@ -230,6 +233,13 @@ def message_ids(messages: Sequence[OutgoingMessage]) -> list[str]:
         return fresh
     fresh.reverse()
     return [message_id or fresh.pop() for message_id in given]
+
+
+def closed_by(reply: dict[str, Any]) -> str:
+    """What a connection ended with, from the error the server sent for no request before closing
+    it (a connection limit, a broken stream)."""
+    error = reply.get("error") or {}
+    return f"the broker closed the connection: {error.get('code')}: {error.get('message')}"
 
 
 def result(reply: dict[str, Any]) -> dict[str, Any]:

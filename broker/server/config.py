@@ -20,6 +20,7 @@ from broker.errors import BrokerConfigError
 from broker.protocol.codec import DEFAULT_MAX_FRAME_SIZE
 from broker.server.auth import Authenticator, User, load_users
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 #: keys of the ``[broker]`` table that configure the engine, not the server
 ENGINE_KEYS = frozenset({"data_dir", "flush", "selection", "max_deliveries",
                          "retention", "clean_at", "force_at", "refuse_at"})
@@ -31,6 +32,9 @@ class Limits:
 
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_connections: int = 1024
+    max_connections_per_address: int = 128  # both listeners together (`broker.server.admission`)
+    # networks (CIDR) or addresses, each with a cap of its own for every address in it (a load balancer)
+    max_connections_per_address_overrides: Mapping[str, int] = field(default_factory=dict)
     idle_timeout: float = 120.0
     slow_client_timeout: float = 30.0
     handshake_timeout: float = 10.0
@@ -53,8 +57,8 @@ class Limits:
     auth_shared_addresses: tuple[str, ...] = ()  # never locked out: a load balancer, a NAT gateway
 
     def __post_init__(self) -> None:
-        for name in ("max_frame_size", "max_connections", "stomp_prefetch", "max_transactions",
-                     "max_transaction_bytes"):
+        for name in ("max_frame_size", "max_connections", "max_connections_per_address", "stomp_prefetch",
+                     "max_transactions", "max_transaction_bytes"):
             _require(f"broker.{name}", getattr(self, name), int, 1)
         for name in ("idle_timeout", "slow_client_timeout", "handshake_timeout", "max_fetch_wait"):
             _require(f"broker.{name}", getattr(self, name), (int, float), 0.001)
@@ -70,9 +74,17 @@ class Limits:
         _require("broker.auth_concurrency", self.auth_concurrency, int, 1, 64)
         object.__setattr__(self, "auth_shared_addresses", _networks("broker.auth_shared_addresses",
                                                                     self.auth_shared_addresses))
+        _overrides("broker.max_connections_per_address_overrides", self.max_connections_per_address_overrides)
 
     @property
-    def shared_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    def address_overrides(self) -> tuple[tuple[Network, int], ...]:
+        """The ``max_connections_per_address_overrides``, parsed, the most specific network first."""
+        parsed = [(ipaddress.ip_network(net, strict=False), cap)
+                  for net, cap in self.max_connections_per_address_overrides.items()]
+        return tuple(sorted(parsed, key=lambda pair: -pair[0].prefixlen))
+
+    @property
+    def shared_networks(self) -> tuple[Network, ...]:
         """The ``auth_shared_addresses``, parsed."""
         return tuple(ipaddress.ip_network(net, strict=False) for net in self.auth_shared_addresses)
 
@@ -196,6 +208,17 @@ def _networks(key: str, value: Any) -> tuple[str, ...]:
         except (TypeError, ValueError):
             raise BrokerConfigError(f"{key} = {value!r}: {item!r} is not an address or a network (CIDR)") from None
     return tuple(value)
+
+
+def _overrides(key: str, value: Any) -> None:
+    """A table of addresses or networks (CIDR), each with a number of connections."""
+    if not isinstance(value, Mapping):
+        raise BrokerConfigError(f"{key} = {value!r}: must be a table of address or network (CIDR) = "
+                                'connections, e.g. { "10.0.0.5" = 1024 }')
+    _networks(key, list(value))
+    for network, cap in value.items():
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise BrokerConfigError(f"{key} = {value!r}: the connections of {network!r} must be a number >= 1")
 
 
 def _is_loopback(host: str) -> bool:

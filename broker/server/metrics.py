@@ -26,8 +26,9 @@ class ServerMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.connections = Counter("broker_connections", "Connections accepted", ["listener"], registry=r)
-        self.refused = Counter("broker_connections_refused", "Connections refused (limit reached)",
-                               ["listener"], registry=r)
+        self.refused = Counter("broker_connections_refused", "Connections refused unread: max_connections "
+                               "or the address's max_connections_per_address reached", ["listener", "reason"],
+                               registry=r)
         self.open = Gauge("broker_connections_open", "Connections open now", ["listener"], registry=r)
         self.frames = Counter("broker_frames", "Frames received", ["listener", "command"], registry=r)
         self.errors = Counter("broker_protocol_errors", "Errors reported to clients",

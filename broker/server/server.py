@@ -1,7 +1,8 @@
 """The broker server: the native and STOMP listeners (and metrics) in front of one `Engine`.
 
-Both listeners share one connection limit; a connection over it is told why
-(a native error frame or a STOMP ERROR) and closed. `BrokerServer.stop`
+Both listeners share the connection limits of `broker.server.admission` (in all,
+and per client address); a connection over one is told why (a native error
+frame or a STOMP ERROR) before a byte of it is read, and closed. `BrokerServer.stop`
 stops accepting, ends every session (their members leave the engine, so
 what they held is redelivered) and returns once all are closed. `serve`
 runs a server until SIGINT or SIGTERM.
@@ -22,6 +23,7 @@ import structlog
 from broker.errors import BrokerConfigError
 from broker.protocol import codec as native_codec
 from broker.protocol.errors import ConnectionLimitError
+from broker.server.admission import Admission
 from broker.server.config import ServerConfig
 from broker.server.connection import Connection
 from broker.server.engine import Engine
@@ -41,12 +43,14 @@ class BrokerServer:
 
     def __init__(self, engine: Engine, config: ServerConfig | None = None,
                  metrics: ServerMetrics | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
-        """``clock``: the time of address lock-outs (`broker.server.guard`)."""
+        """``clock``: the time of address lock-outs (`broker.server.guard`) and of the log lines
+        about refused connections (`broker.server.admission`)."""
         self.engine = engine
         self.config = config or ServerConfig()
         self.metrics = metrics or ServerMetrics()
         self.authenticator = self.config.authenticator()
         self.guard = AuthGuard(self.authenticator, self.config.limits, self.metrics, clock)
+        self.admission = Admission(self.config.limits, self.metrics, clock)
         self._servers: dict[str, asyncio.Server] = {}
         self._sessions: set[asyncio.Task[None]] = set()
 
@@ -111,8 +115,9 @@ class BrokerServer:
             [asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
         async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             conn = Connection(listener, reader, writer, self.config.limits, self.metrics)
-            if len(self._sessions) >= self.config.limits.max_connections:
-                await self._refuse(conn)
+            refusal = self.admission.admit(listener, conn.host)
+            if refusal is not None:
+                await self._refuse(conn, refusal)
                 return
             task = asyncio.current_task()
             assert task is not None
@@ -128,6 +133,7 @@ class BrokerServer:
                 conn.abort()
             finally:
                 self._sessions.discard(task)
+                self.admission.release(conn.host)
                 self.metrics.open.labels(listener).dec()
 
         return accepted
@@ -138,11 +144,8 @@ class BrokerServer:
     async def _stomp(self, conn: Connection) -> None:
         await StompSession(conn, self.engine, self.guard).run()
 
-    async def _refuse(self, conn: Connection) -> None:
-        self.metrics.refused.labels(conn.listener).inc()
-        error = ConnectionLimitError(
-            f"the broker already holds max_connections={self.config.limits.max_connections}")
-        conn.log.warning("connection_refused", reason=error.code)
+    async def _refuse(self, conn: Connection, error: ConnectionLimitError) -> None:
+        """Tell a client over a connection cap why, unread (counted and logged by the admission)."""
         if conn.listener == "native":
             frame = native_codec.encode({"id": 0, "ok": False, "fatal": True,
                                          "error": {"code": error.code, "message": str(error)}})

@@ -7,12 +7,10 @@ password checks are counted by wrapping the real `Authenticator.authenticate` (s
 
 from __future__ import annotations
 
-import asyncio
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,32 +20,17 @@ import stomp
 from stomp.exception import ConnectFailedException
 from structlog.testing import capture_logs
 
-from broker.client import CONNECT_TIMEOUT, Client
-from broker.delivery.engine import Broker
 from broker.protocol.errors import AuthenticationError
-from broker.server.auth import Authenticator, Principal, hash_password, load_users
-from broker.server.config import Limits, ServerConfig
-from broker.server.engine import Engine
+from broker.server.auth import Authenticator, Principal, hash_password
 from broker.server.server import BrokerServer
 from broker.store.clock import FakeClock
+from tests.broker.server import threaded
+from tests.broker.server.threaded import ClientFrom, native
 from tests.waiting import wait_until
 
 PASSWORD = "s3cret"
 USERS = {"app": {"password_hash": hash_password(PASSWORD), "admin": True}}
 LOCKED = "too many failed authentications from"
-
-
-class ClientFrom(Client):
-    """The project's client, connecting from ``source`` (one of this machine's 127.x.x.x)."""
-
-    def __init__(self, address: str, source: str, **options: Any) -> None:
-        super().__init__(address, **options)
-        self.source = source
-
-    def _open(self) -> socket.socket:
-        sock = socket.create_connection(self.address, CONNECT_TIMEOUT, source_address=(self.source, 0))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
 
 
 class Checks:
@@ -84,29 +67,8 @@ def clock() -> FakeClock:
 @contextmanager
 def serving(tmp_path: Path, clock: FakeClock, **limits: Any) -> Iterator[BrokerServer]:
     """A server with user ``app`` on free native and STOMP ports, its loop on a thread of its own."""
-    broker, loop = Broker(tmp_path / "broker"), asyncio.new_event_loop()
-    started: Future[BrokerServer] = Future()
-    stopping = asyncio.Event()
-    config = ServerConfig(port=0, stomp_port=0, users=load_users(USERS), limits=Limits(**limits))
-
-    async def serve() -> None:
-        async with BrokerServer(Engine(broker), config, clock=clock) as server:
-            started.set_result(server)
-            await stopping.wait()
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),))
-    thread.start()
-    try:
-        yield started.result(timeout=30)
-    finally:
-        loop.call_soon_threadsafe(stopping.set)
-        thread.join(30)
-        loop.close()
-        broker.close()
-
-
-def native(server: BrokerServer) -> str:
-    return f"127.0.0.1:{server.port('native')}"
+    with threaded.serving(tmp_path, clock, USERS, **limits) as server:
+        yield server
 
 
 def log_in(server: BrokerServer, source: str, password: str) -> tuple[float, str]:

@@ -15,6 +15,7 @@ import pytest
 from broker.errors import BrokerConfigError
 from broker.server.config import ServerConfig
 from broker.server.run import store_config
+from broker.server.server import load_config
 from tests.broker.server.serving import ROOT
 
 BAD_VALUES: list[tuple[str, Any]] = [
@@ -27,7 +28,11 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("data_dir", 1), ("tls_require_client_cert", "no"), ("auth_failure_delay", -0.1),
     ("auth_max_failures", 0), ("auth_window", "5m"), ("auth_lockout", 0), ("auth_max_lockout", 10),
     ("auth_tracked", 10), ("auth_concurrency", 0), ("auth_shared_addresses", "10.0.0.0/8"),
-    ("auth_shared_addresses", ["10.0.0.0/33"]),
+    ("auth_shared_addresses", ["10.0.0.0/33"]), ("max_connections_per_address", 0),
+    ("max_connections_per_address_overrides", ["10.0.0.5"]),
+    ("max_connections_per_address_overrides", {"10.0.0.300": 5}),
+    ("max_connections_per_address_overrides", {"10.0.0.5": 0}),
+    ("max_connections_per_address_overrides", {"10.0.0.0/8": "many"}),
 ]
 
 
@@ -48,6 +53,16 @@ def test_the_good_values_pass() -> None:
     assert config.limits.idle_timeout == 5 and config.limits.max_transactions == 4
     assert config.limits.auth_failure_delay == 0.5 and config.limits.auth_concurrency == 4
     assert config.limits.auth_max_failures == 10 and len(config.limits.shared_networks) == 2
+
+
+def test_the_connection_caps_come_from_the_settings_file_the_most_specific_override_first(tmp_path) -> None:
+    settings = tmp_path / "reliable.toml"
+    settings.write_text('[broker]\nmax_connections_per_address = 32\n'
+                        'max_connections_per_address_overrides = { "10.0.0.0/8" = 256, "10.0.0.5" = 1024 }\n')
+    limits = load_config(settings).limits
+    assert limits.max_connections_per_address == 32
+    assert [(str(net), cap) for net, cap in limits.address_overrides] == [("10.0.0.5/32", 1024), ("10.0.0.0/8", 256)]
+    assert ServerConfig().limits.max_connections_per_address == 128  # a default below max_connections
 
 
 @pytest.mark.parametrize(("key", "value"), [("idle_timeout", '"abc"'), ("flush", '"sometimes"'),
