@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import ssl
 import tomllib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -72,10 +73,10 @@ class BrokerServer:
         tls = self.config.tls.context() if self.config.tls else None
         host = self.config.host
         self._servers["native"] = await asyncio.start_server(
-            self._accept("native", self._native), host, self.config.port, ssl=tls)
+            self._accept("native", self._native, tls), host, self.config.port)
         if self.config.stomp_port is not None:
             self._servers["stomp"] = await asyncio.start_server(
-                self._accept("stomp", self._stomp), host, self.config.stomp_port, ssl=tls)
+                self._accept("stomp", self._stomp, tls), host, self.config.stomp_port)
         if self.config.metrics_port is not None:
             self._servers["metrics"] = await asyncio.start_server(
                 self.metrics.serve_http, host, self.config.metrics_port)
@@ -111,13 +112,16 @@ class BrokerServer:
                         trace: TracebackType | None) -> None:
         await self.stop()
 
-    def _accept(self, listener: str, session: Session) -> Callable[
+    def _accept(self, listener: str, session: Session, tls: ssl.SSLContext | None = None) -> Callable[
             [asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+        """The listener's handler of an accepted connection. With ``tls`` the connection is admitted
+        before its TLS handshake, which must end within ``handshake_timeout`` (asyncio's
+        ``ssl=`` would admit it after a handshake allowed 60 s, holding it uncounted meanwhile)."""
         async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             conn = Connection(listener, reader, writer, self.config.limits, self.metrics)
             refusal = self.admission.admit(listener, conn.host)
             if refusal is not None:
-                await self._refuse(conn, refusal)
+                await (self._refuse(conn, refusal) if tls is None else conn.close())  # TLS: no error unencrypted
                 return
             task = asyncio.current_task()
             assert task is not None
@@ -125,6 +129,8 @@ class BrokerServer:
             self.metrics.connections.labels(listener).inc()
             self.metrics.open.labels(listener).inc()
             try:
+                if tls is not None and not await self._handshake(conn, writer, tls):
+                    return
                 await session(conn)
             except asyncio.CancelledError:
                 await conn.close()
@@ -137,6 +143,20 @@ class BrokerServer:
                 self.metrics.open.labels(listener).dec()
 
         return accepted
+
+    async def _handshake(self, conn: Connection, writer: asyncio.StreamWriter, tls: ssl.SSLContext) -> bool:
+        """The TLS handshake of an admitted connection; False (the connection dropped) if it failed
+        or did not end within ``handshake_timeout``."""
+        try:
+            async with asyncio.timeout(self.config.limits.handshake_timeout):
+                await writer.start_tls(tls)
+            return True
+        except (OSError, ssl.SSLError, TimeoutError) as error:
+            if isinstance(error, TimeoutError):
+                self.metrics.timeouts.labels(conn.listener, "handshake").inc()
+            conn.log.info("tls_handshake_failed", error=str(error)[:200] or type(error).__name__)
+            conn.abort()
+            return False
 
     async def _native(self, conn: Connection) -> None:
         await NativeSession(conn, self.engine, self.guard).run()

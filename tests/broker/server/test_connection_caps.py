@@ -8,6 +8,7 @@ Real sockets and real clients (the project's and stomp.py) from distinct client 
 from __future__ import annotations
 
 import socket
+import ssl
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -15,16 +16,20 @@ from typing import Any
 
 import pytest
 import stomp
+from prometheus_client import Counter
 from stomp.exception import StompException
 from structlog.testing import capture_logs
 
+from broker.client import Client
 from broker.errors import BrokerUnavailableError
 from broker.protocol.codec import FrameDecoder, decode_body
 from broker.server.admission import REFUSALS_LOGGED_EVERY
 from broker.server.auth import hash_password
+from broker.server.config import TlsConfig
 from broker.server.server import BrokerServer
 from broker.store.clock import FakeClock
 from tests.broker.server import threaded
+from tests.broker.server.certificates import self_signed
 from tests.broker.server.threaded import ClientFrom, native
 from tests.waiting import wait_until
 
@@ -48,9 +53,14 @@ def open_count(server: BrokerServer) -> int:
     return int(server.metrics.totals()["connections_open"])
 
 
+def counted(counter: Counter, **labels: str) -> float:
+    """The sum of ``counter``'s series with these labels."""
+    return sum(sample.value for family in counter.collect() for sample in family.samples
+               if sample.name.endswith("_total") and labels.items() <= sample.labels.items())
+
+
 def refused(server: BrokerServer, reason: str) -> float:
-    return sum(sample.value for family in server.metrics.refused.collect() for sample in family.samples
-               if sample.name.endswith("_total") and sample.labels["reason"] == reason)
+    return counted(server.metrics.refused, reason=reason)
 
 
 def connect(server: BrokerServer, listener: str, source: str) -> socket.socket:
@@ -75,8 +85,11 @@ def held(server: BrokerServer, listeners: list[str], source: str) -> Iterator[li
 def received(sock: socket.socket) -> bytes:
     """Everything the server sends until it closes the connection."""
     chunks = []
-    while chunk := sock.recv(65536):
-        chunks.append(chunk)
+    try:
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    except ConnectionResetError:
+        pass
     return b"".join(chunks)
 
 
@@ -178,3 +191,23 @@ def test_refusals_are_logged_once_per_address_per_interval_and_all_counted(tmp_p
     lines = [(e["address"], e["reason"], e["refused"]) for e in logs if e["event"] == "connection_refused"]
     assert lines == [("127.0.0.2", "per_address", 1), ("127.0.0.3", "per_address", 1),
                      ("127.0.0.2", "per_address", 20), ("*", "max_connections", 1)]
+
+
+def test_tls_connections_are_capped_before_their_handshake_and_must_finish_it_in_time(tmp_path, clock) -> None:
+    """asyncio hands a TLS connection over once its handshake is done, and allows a handshake 60 s:
+    connections that never sent a ClientHello were counted by no cap, and held for a minute."""
+    cert, key = self_signed(tmp_path)
+    tls = TlsConfig(str(cert), str(key))
+    with serving(tmp_path, clock, tls=tls, max_connections_per_address=3, handshake_timeout=1.0) as server:
+        with held(server, ["native", "stomp", "native"], "127.0.0.2"):  # no ClientHello: counted already
+            for listener in ("native", "stomp"):
+                with connect(server, listener, "127.0.0.2") as sock:
+                    assert received(sock) == b""  # closed unread: an error needs a handshake first
+            client = Client(native(server), user="app", password=PASSWORD,
+                            tls=ssl.create_default_context(cafile=str(cert)))
+            assert isinstance(client.topics(), list)  # another address is served over TLS
+            client.close()
+        assert refused(server, "per_address") == 2
+        with connect(server, "native", "127.0.0.2") as sock:  # silent: cut at handshake_timeout
+            assert received(sock) == b""
+        assert counted(server.metrics.timeouts, listener="native", reason="handshake") == 1

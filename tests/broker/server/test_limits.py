@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import ssl
-import subprocess
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,16 +15,9 @@ from broker.delivery.values import OutgoingMessage
 from broker.errors import BrokerUnavailableError
 from broker.protocol import codec as native_codec
 from broker.server.config import TlsConfig
+from tests.broker.server.certificates import self_signed
 from tests.broker.server.serving import ServerProcess
 from tests.waiting import wait_until
-
-
-def self_signed(folder: Path) -> tuple[Path, Path]:
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
-    return cert, key
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from typing import Any
 from broker.client import CONNECT_TIMEOUT, Client
 from broker.delivery.engine import Broker
 from broker.server.auth import load_users
-from broker.server.config import Limits, ServerConfig
+from broker.server.config import Limits, ServerConfig, TlsConfig
 from broker.server.engine import Engine
 from broker.server.server import BrokerServer
 from broker.store.clock import Clock
@@ -36,12 +36,14 @@ class ClientFrom(Client):
 
 
 @contextmanager
-def serving(tmp_path: Path, clock: Clock, users: Mapping[str, Any], **limits: Any) -> Iterator[BrokerServer]:
+def serving(tmp_path: Path, clock: Clock, users: Mapping[str, Any], tls: TlsConfig | None = None,
+            **limits: Any) -> Iterator[BrokerServer]:
     """A server with ``users`` on free native and STOMP ports, its loop on a thread of its own."""
     broker, loop = Broker(tmp_path / "broker"), asyncio.new_event_loop()
     started: Future[BrokerServer] = Future()
     stopping = asyncio.Event()
-    config = ServerConfig(port=0, stomp_port=0, users=load_users(users), limits=Limits(**limits))
+    config = ServerConfig(port=0, stomp_port=0, users=load_users(users), limits=Limits(**limits),
+                          tls=tls)
 
     async def serve() -> None:
         async with BrokerServer(Engine(broker), config, clock=clock) as server:
