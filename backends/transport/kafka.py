@@ -32,6 +32,7 @@ from typing import Any, cast
 import structlog
 
 from backends.clock import SYSTEM_CLOCK, Clock
+from backends.errors import ConfigurationError
 from backends.transport.base import (
     ORIGIN_TOPIC_HEADER,
     SubscribeOptions,
@@ -63,7 +64,9 @@ class KafkaTransport(Transport):
     Options: ``visibility_timeout`` (Kafka leases partitions, not messages: the
     session timeout, seconds without a heartbeat before a member is presumed
     dead and its partitions move, default 30; the cluster bounds it, 6 s to
-    30 min by default), ``request_timeout``
+    30 min by default), ``max_poll_interval`` (seconds a fetched batch may stay in the handler
+    before the member is presumed stuck and leaves its group, default 300, Kafka's: its partitions
+    move and its later commits are refused), ``request_timeout``
     (seconds a produce, commit or metadata request may take before the cluster
     counts as unreachable, default 30), ``replicas`` (when set, a topic
     with another replication factor is refused when first used), ``servers`` (more ``host:port`` of the
@@ -80,6 +83,7 @@ class KafkaTransport(Transport):
         *,
         visibility_timeout: float | str = 30.0,
         request_timeout: float | str = 30.0,
+        max_poll_interval: float | str = 300.0,
         replicas: int | str | None = None,
         servers: Sequence[str] | str = (),
     ) -> None:
@@ -87,6 +91,12 @@ class KafkaTransport(Transport):
         self._clock = clock
         self._session_timeout = seconds("visibility_timeout", visibility_timeout)
         self._request_timeout = seconds("request_timeout", request_timeout)
+        self._max_poll_interval = seconds("max_poll_interval", max_poll_interval)
+        if self._max_poll_interval < self._session_timeout:
+            raise ConfigurationError(
+                f"kafka: max_poll_interval {self._max_poll_interval!r} is below visibility_timeout "
+                f"{self._session_timeout!r} (Kafka's session timeout); expected at least that"
+            )
         wanted = None if replicas is None else count("replicas", replicas)
         self._publisher = Publisher(self._servers, {}, self._request_timeout, wanted)
         self._subscriptions: list[KafkaSubscription] = []
@@ -149,6 +159,7 @@ class KafkaTransport(Transport):
         session_ms = int(self._session_timeout * 1000)
         return {
             "session.timeout.ms": session_ms,
+            "max.poll.interval.ms": int(self._max_poll_interval * 1000),
             "heartbeat.interval.ms": max(session_ms // 3, 100),
             "socket.timeout.ms": int(self._request_timeout * 1000),
         }

@@ -46,6 +46,19 @@ log = structlog.get_logger(__name__)
 HELD_POLL = 0.05
 """Seconds a fetch waits at most per round while a held-back copy may fall due."""
 
+NOT_A_MEMBER = frozenset(
+    {
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError.FENCED_INSTANCE_ID,
+        KafkaError.STALE_MEMBER_EPOCH,
+        KafkaError._ASSIGNMENT_LOST,
+    }
+)
+"""Commit refusals saying this member no longer owns its partitions (a poll interval or session
+expired, a rebalance moved them): the group's new owners read them from the last commit."""
+
 
 class KafkaSubscription(Subscription):
     """A member of a Kafka consumer group (see `backends.transport.kafka`)."""
@@ -147,19 +160,27 @@ class KafkaSubscription(Subscription):
             log.warning("transport.commit_skipped", group=self.group, queues=[str(ref) for ref in lost])
         self._commit(mine)
 
-    def _commit(self, offsets: Mapping[QueueRef, int]) -> None:
+    def _commit(self, offsets: Mapping[QueueRef, int]) -> bool:
+        """Commit ``offsets``; False when the group refused them because this member is not theirs
+        any more (a zombie's commit would move the new owner's position: it is logged, not raised)."""
         if not offsets:
-            return
+            return True
         try:
             self._consumer.commit(
                 offsets=[TopicPartition(ref.topic, ref.queue, offset) for ref, offset in offsets.items()],
                 asynchronous=False,
             )
         except KafkaException as exc:
-            raise raised(exc, f"commit of group {self.group!r}") from exc
+            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if error is None or error.code() not in NOT_A_MEMBER:
+                raise raised(exc, f"commit of group {self.group!r}") from exc
+            log.warning("transport.commit_refused", group=self.group, error=error.str(), code=error.name(),
+                        offsets={str(ref): offset for ref, offset in sorted(offsets.items())})
+            return False
         with self._lock:
             for ref, offset in offsets.items():
                 self._committed[ref] = max(self._committed.get(ref, -1), offset)
+        return True
 
     def _uncommitted(self, refs: Sequence[QueueRef]) -> dict[QueueRef, int]:
         """The done prefix of ``refs`` where it moved past the last commit."""
@@ -252,17 +273,29 @@ class KafkaSubscription(Subscription):
         if self.options.on_revoke:
             self.options.on_revoke(refs)
         try:
-            for message in self._done.in_flight(refs):
-                self.nack(message, 0.0)
-            self._commit(self._uncommitted(refs))
+            self._hand_back(refs)
         except (BackendUnavailableError, TransportError) as exc:  # re-read, uncounted, by the next owner
             log.warning("transport.hand_back_failed", group=self.group, error=str(exc))
         self._forget(consumer, refs)
+
+    def _hand_back(self, refs: Sequence[QueueRef]) -> None:
+        """Nack the messages of ``refs`` not done and commit the done prefix, once the group took a
+        commit of the prefix first: a member it refuses (its poll interval expired while a handler
+        held a batch) owns nothing, the new owner reads those messages already, and a copy would
+        deliver them twice."""
+        held = self._done.in_flight(refs)
+        if held and not self._commit(self._done.committable(refs)):
+            return
+        for message in held:
+            self.nack(message, 0.0)
+        self._commit(self._uncommitted(refs))
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """The partitions are gone already (the session expired): nothing can be committed."""
         refs = [QueueRef(p.topic, p.partition) for p in partitions]
         log.warning("transport.partitions_lost", group=self.group, queues=len(refs))
+        with self._lock:
+            self._assigned.difference_update(refs)  # the worker's last acks commit nothing of them
         if self.options.on_revoke:
             self.options.on_revoke(refs)
         self._forget(consumer, refs)

@@ -1,0 +1,152 @@
+"""`kafka://` where Kafka consumers classically go wrong: a member that lost its partitions while a
+handler held their messages (a zombie), offsets the log no longer has, topics deleted under a member.
+
+Against librdkafka's mock cluster (`MockCluster`, a process of its own, for the module); fresh topic
+and group names per test.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from backends.errors import ConfigurationError
+from backends.transport import open_transport
+from backends.transport.base import SubscribeOptions, Subscription
+from backends.transport.kafka import KafkaTransport
+from backends.transport.kafka_layout import retry_topic
+from backends.transport.kafka_mock import MockCluster
+from backends.types import OutgoingMessage, QueueRef
+from reliable import App, Message, Settings
+from tests.transports.test_kafka import ROUNDS, fetch_until, outgoing
+
+SESSION_TIMEOUT = 3.0
+MAX_POLL_INTERVAL = 4.0
+"""Seconds a batch may stay in a handler before its member leaves the group: short, so a test's
+"slow handler" (a member that does not fetch) outlives it."""
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[MockCluster]:
+    with MockCluster(brokers=3) as started:
+        yield started
+
+
+@pytest.fixture
+def transport(cluster: MockCluster) -> Iterator[KafkaTransport]:
+    opened = open_transport(cluster.url, visibility_timeout=SESSION_TIMEOUT, max_poll_interval=MAX_POLL_INTERVAL)
+    assert isinstance(opened, KafkaTransport)
+    yield opened
+    opened.close()
+
+
+def committed(cluster: MockCluster, group: str, queue: QueueRef) -> int:
+    """The offset ``group`` committed in Kafka for ``queue`` (negative: none)."""
+    consumer = Consumer({"bootstrap.servers": cluster.url.removeprefix("kafka://"), "group.id": group})
+    try:
+        (found,) = consumer.committed([TopicPartition(queue.topic, queue.queue)], timeout=10)
+    finally:
+        consumer.close()
+    return found.offset
+
+
+def records_in(cluster: MockCluster, topic: str, partitions: int = 4) -> int:
+    """How many records ``topic`` ever received (the sum of its partitions' high watermarks)."""
+    consumer = Consumer({"bootstrap.servers": cluster.url.removeprefix("kafka://"), "group.id": "watermarks"})
+    try:
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions))
+    finally:
+        consumer.close()
+
+
+def fetch_until_revoked(subscription: Subscription, revoked: list[QueueRef]) -> None:
+    """Fetch until the member's ``on_revoke`` (appending to ``revoked``) ran: it runs in a fetch."""
+    for _ in range(ROUNDS):
+        if revoked:
+            return
+        subscription.fetch(10, 0.5)
+    raise AssertionError("the member was never told it lost its partitions")
+
+
+def test_a_poll_interval_below_the_session_timeout_is_refused(cluster: MockCluster) -> None:
+    with pytest.raises(ConfigurationError, match="max_poll_interval 5.0 is below visibility_timeout 10.0"):
+        open_transport(f"{cluster.url}?max_poll_interval=5", visibility_timeout=10)
+
+
+def test_a_member_past_its_poll_interval_commits_nothing_and_hands_nothing_back(
+    cluster: MockCluster, transport: KafkaTransport, unique: str
+) -> None:
+    """A handler slower than ``max_poll_interval`` makes its member leave the group; the next owner
+    reads on from the last commit. What the zombie does with the batch it held must change nothing:
+    its commit is refused by the group (logged, not raised into the worker: that ended `App.run`),
+    and its revocation copies nothing to the retry topic (each copy a second delivery)."""
+    transport.publish(unique, outgoing(20, key="one"))
+    queue = QueueRef(unique, zlib.crc32(b"one") % 4)
+    revoked: list[QueueRef] = []
+    zombie = transport.subscribe("g", [unique], SubscribeOptions(on_revoke=revoked.extend))
+    held = fetch_until(zombie, 20)
+    zombie.ack(held[:5])
+    zombie.commit({queue: 5})
+    with transport.subscribe("g", [unique]) as owner:  # the zombie's handler is busy: it never fetches
+        taken = fetch_until(owner, 15)  # the zombie left the group when its poll interval expired
+        assert [m.offset for m in taken] == list(range(5, 20))
+        owner.ack(taken)
+        owner.commit({queue: 20})
+        zombie.ack(held[5:10])  # the slow handler is done with five more
+        zombie.commit({queue: 10})
+        assert committed(cluster, "g", queue) == 20
+        fetch_until_revoked(zombie, revoked)  # the zombie learns it lost the partitions when it fetches again
+        zombie.close()
+        assert committed(cluster, "g", queue) == 20
+    assert records_in(cluster, retry_topic(unique, "g", 0)) == 0  # its ten unfinished: not copied again
+
+
+def test_a_worker_whose_handler_outlived_its_poll_interval_keeps_running(
+    cluster: MockCluster, transport: KafkaTransport, tmp_path: Path, unique: str
+) -> None:
+    """The worker's ack of the batch its slow handler finished is a commit the group refuses;
+    `App.run` went down with it (a `TransportError`): a supervisor's restart, the same slow handler,
+    the same end, a crash loop. Now the worker logs it, rejoins, and the group's position stays."""
+    transport.publish(unique, [OutgoingMessage(json.dumps({"token": f"t{n}"}).encode(), key="one")
+                               for n in range(20)])
+    queue = QueueRef(unique, zlib.crc32(b"one") % 4)
+    app = App(Settings.load(None, env={
+        "RELIABLE_TRANSPORT__URL": f"{cluster.url}?max_poll_interval={MAX_POLL_INTERVAL}",
+        "RELIABLE_TRANSPORT__VISIBILITY_TIMEOUT": str(SESSION_TIMEOUT),
+        "RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}", "RELIABLE_CACHE__URL": "memory://",
+        "RELIABLE_WORKER__PREFETCH": "5", "RELIABLE_LOG__LEVEL": "warning"}))
+    started, released = threading.Event(), threading.Event()
+
+    @app.handler(unique, group=unique, token="body.token")
+    def handle(message: Message, tx) -> None:
+        started.set()
+        released.wait(60)  # slower than the poll interval: its member leaves the group meanwhile
+
+    runner = threading.Thread(target=app.run)
+    runner.start()
+    revoked: list[QueueRef] = []
+    try:
+        assert started.wait(60)
+        with transport.subscribe(unique, [unique], SubscribeOptions(on_revoke=revoked.extend)) as owner:
+            taken = fetch_until(owner, 20)  # nothing was committed: the new owner reads it all
+            owner.ack(taken)
+            owner.commit({queue: 20})
+            released.set()
+            for _ in range(ROUNDS):  # until the worker rejoins (its owner is revoked) or its run ends
+                if revoked or not runner.is_alive():
+                    break
+                owner.fetch(10, 0.5)
+            assert runner.is_alive(), "the worker's run ended on its refused commit"
+            assert revoked
+    finally:
+        released.set()
+        app.stop()
+        runner.join()
+        app.close()
+    assert committed(cluster, unique, queue) == 20
