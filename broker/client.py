@@ -252,4 +252,4 @@ def result(reply: dict[str, Any]) -> dict[str, Any]:
         raise kind(message)
     code = str(error.get("code", "server_error"))
     wire = WIRE_ERRORS.get(code)
-    raise wire(message) if wire is not None else ClientError(code, message)
+    raise wire.from_wire(message, error) if wire is not None else ClientError(code, message)

@@ -7,6 +7,9 @@ client can map a refusal back to the same class.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from broker.errors import BrokerError
 
 
@@ -14,6 +17,11 @@ class ServerError(BrokerError):
     """Raised for a situation the server or client detects; ``code`` names it on the wire."""
 
     code = "server_error"
+
+    @classmethod
+    def from_wire(cls, message: str, error: Mapping[str, Any]) -> ServerError:
+        """The error a client raises for the ``error`` of a reply (its ``message`` given)."""
+        return cls(message)
 
 
 class ProtocolError(ServerError):
@@ -70,6 +78,25 @@ class AuthenticationError(ServerError):
     code = "unauthenticated"
 
 
+class LockedOutError(AuthenticationError):
+    """Raised when the client's address is locked out for failed authentications (whatever the
+    credentials); ``retry_after``: the seconds the lock-out still lasts.
+
+    A client that does not know the code ``locked_out`` takes it for what it was before it had a
+    code of its own: an authentication refused (``unauthenticated``), fatal."""
+
+    code = "locked_out"
+
+    def __init__(self, message: str, retry_after: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    @classmethod
+    def from_wire(cls, message: str, error: Mapping[str, Any]) -> ServerError:
+        retry_after = error.get("retry_after")
+        return cls(message, float(retry_after) if isinstance(retry_after, int | float) else 0.0)
+
+
 class PermissionDeniedError(ServerError):
     """Raised when an authenticated user may not produce to or consume from a topic."""
 
@@ -107,6 +134,6 @@ WIRE_ERRORS: dict[str, type[ServerError]] = {
     for cls in (
         ProtocolError, FrameTooLargeError, UnsupportedVersionError, MalformedFrameError,
         BrokenStreamError, UnknownOperationError, LimitExceededError, AuthenticationError,
-        PermissionDeniedError, RequestError, ConnectionLimitError,
+        LockedOutError, PermissionDeniedError, RequestError, ConnectionLimitError,
     )
 }

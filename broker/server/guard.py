@@ -34,7 +34,7 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
-from broker.protocol.errors import AuthenticationError
+from broker.protocol.errors import AuthenticationError, LockedOutError
 from broker.server.auth import Authenticator, Principal
 from broker.server.config import Limits
 from broker.server.connection import Connection
@@ -116,8 +116,9 @@ class AuthGuard:
         conn.log.warning("authentication_refused", reason="locked_out", address=address,
                          user=(login or "")[:100], seconds=round(seconds, 3))
         until = datetime.fromtimestamp(self.clock.time() + seconds, UTC).strftime("%H:%M:%S UTC")
-        raise AuthenticationError(f"too many failed authentications from {address}: refused for "
-                                  f"{math.ceil(seconds)} s more (until {until}), whatever the credentials")
+        raise LockedOutError(f"too many failed authentications from {address}: refused for "
+                             f"{math.ceil(seconds)} s more (until {until}), whatever the credentials",
+                             retry_after=seconds)
 
     def _failed(self, conn: Connection, address: str | None, login: str | None) -> None:
         self.metrics.auth_failures.labels(conn.listener).inc()

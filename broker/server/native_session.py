@@ -20,6 +20,7 @@ from broker.protocol import codec as native_codec
 from broker.protocol.codec import FrameDecoder, decode_body
 from broker.protocol.errors import (
     AuthenticationError,
+    LockedOutError,
     MalformedFrameError,
     ProtocolError,
     ServerError,
@@ -213,8 +214,11 @@ class NativeSession:
         """The error reply for ``request_id`` (counted)."""
         code = _code(error)
         self.conn.metrics.errors.labels("native", code).inc()
+        described: dict[str, Any] = {"code": code, "type": type(error).__name__, "message": str(error)}
+        if isinstance(error, LockedOutError):
+            described["retry_after"] = round(error.retry_after, 3)
         return {"id": request_id, "ok": False, "fatal": fatal or getattr(error, "fatal", False),
-                "error": {"code": code, "type": type(error).__name__, "message": str(error)}}
+                "error": described}
 
     async def _send(self, body: Mapping[str, Any]) -> None:
         await self.conn.send(native_codec.encode(body))

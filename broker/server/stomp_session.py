@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from typing import Any
 
 from broker.errors import BrokerError
-from broker.protocol.errors import MalformedFrameError, ProtocolError
+from broker.protocol.errors import LockedOutError, MalformedFrameError, ProtocolError
 from broker.server.auth import Principal
 from broker.server.connection import Connection, ConnectionTimedOut
 from broker.server.engine import Engine
@@ -157,6 +158,8 @@ class StompSession:
                    "content-type": "text/plain"}
         if receipt:
             headers["receipt-id"] = receipt
+        if isinstance(error, LockedOutError):
+            headers["retry-after"] = str(math.ceil(error.retry_after))  # seconds, as HTTP's
         if code == "unsupported_version" or "versions" in str(error):
             headers["version"] = ",".join(SUPPORTED[1:])
         try:

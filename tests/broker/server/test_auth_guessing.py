@@ -7,6 +7,7 @@ password checks are counted by wrapping the real `Authenticator.authenticate` (s
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +21,9 @@ import stomp
 from stomp.exception import ConnectFailedException
 from structlog.testing import capture_logs
 
-from broker.protocol.errors import AuthenticationError
+from broker.protocol import codec as native_codec
+from broker.protocol.codec import FrameDecoder, decode_body
+from broker.protocol.errors import AuthenticationError, LockedOutError
 from broker.server.auth import Authenticator, Principal, hash_password
 from broker.server.server import BrokerServer
 from broker.store.clock import FakeClock
@@ -188,3 +191,37 @@ def test_a_shared_address_is_never_locked_out_only_delayed(tmp_path, clock) -> N
         assert all(seconds >= 0.2 and "wrong user name" in refusal for seconds, refusal in guesses)
         assert log_in(server, "127.0.0.3", PASSWORD)[1] == ""
         assert LOCKED in [log_in(server, "127.0.0.4", "guess") for _ in range(3)][-1][1]  # not shared
+
+
+def test_a_locked_out_address_is_told_so_with_a_code_of_its_own_and_the_seconds_left(
+        tmp_path, clock, checks) -> None:
+    """``locked_out``, not the ``unauthenticated`` of a wrong password: a client can tell "wait" from
+    "your credentials are wrong". `LockedOutError` is an `AuthenticationError`, so code that caught
+    the refusal before catches it still."""
+    with serving(tmp_path, clock, auth_failure_delay=0, auth_max_failures=2, auth_lockout=30) as server:
+        assert all("wrong user name" in log_in(server, "127.0.0.2", "guess")[1] for _ in range(2))
+        clock.advance(10)
+        client = ClientFrom(native(server), "127.0.0.2", user="app", password=PASSWORD)
+        with pytest.raises(LockedOutError, match="refused for 20 s more") as refused:
+            client.topics()
+        client.close()
+        assert refused.value.code == "locked_out" and refused.value.retry_after == 20.0
+        assert isinstance(refused.value, AuthenticationError)
+        with socket.create_connection(("127.0.0.1", server.port("native")), 30, ("127.0.0.2", 0)) as sock:
+            sock.sendall(native_codec.encode({"id": 1, "op": "hello", "user": "app", "password": PASSWORD}))
+            [frame] = FrameDecoder(1 << 20).feed(sock.recv(65536))
+        reply = decode_body(frame)
+        assert (reply["ok"], reply["fatal"], reply["error"]["code"], reply["error"]["retry_after"]) == (
+            False, True, "locked_out", 20.0)
+        connection = stomp.Connection12([("127.0.0.1", server.port("stomp"))], bind_host_port=("127.0.0.2", 0),
+                                        reconnect_attempts_max=1)
+        errors: list[dict[str, str]] = []
+        connection.set_listener("errors", type("Errors", (stomp.ConnectionListener,), {
+            "on_error": lambda self, frame: errors.append(frame.headers)})())
+        with pytest.raises(ConnectFailedException):
+            connection.connect("app", PASSWORD, wait=True)
+        headers = wait_until(lambda: errors, "the ERROR frame")[0]
+        assert headers["message"].startswith("locked_out: too many failed authentications from 127.0.0.2: "
+                                             "refused for 20 s more")
+        assert headers["retry-after"] == "20"
+        assert checks.made == 2  # none of the refused attempts was checked
