@@ -16,12 +16,14 @@ operator's decision).
 
 from __future__ import annotations
 
+import re
 import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from backends.errors import (
@@ -31,6 +33,8 @@ from backends.errors import (
     TransportError,
 )
 from backends.types import text_bytes
+
+log = structlog.get_logger(__name__)
 
 Record = tuple[str | None, bytes, list[tuple[str, str | bytes | None]], int]
 """A record to produce: key, value, headers, timestamp in milliseconds."""
@@ -74,6 +78,41 @@ def raised(exc: KafkaException, doing: str) -> ReliableError:
     if error is None:
         return TransportError(f"kafka: {doing}: {exc}")
     return translate(error, doing)
+
+
+_OFFSET_RESET = re.compile(
+    r"(?P<topic>\S+) \[(?P<queue>\d+)\]: offset reset \(at offset (?P<at>\S+)"
+    r".*?\) to (?:cached )?(?:\w+ offset )?offset (?P<to>\S+)"
+)
+
+
+class LibrdkafkaLog:
+    """librdkafka's own log lines (confluent-kafka's ``logger``) as structlog events of a group.
+
+    An offset reset is ``transport.offset_reset`` naming the partition and both
+    offsets: the offset the member was to read was out of range (retention
+    deleted the records below it, or the topic was deleted and created again),
+    so reading goes on from the partition's earliest offset; records between
+    the two were never delivered. Any other line is ``transport.librdkafka``.
+    """
+
+    def __init__(self, group: str) -> None:
+        self._group = group
+
+    def log(self, level: int, template: str, *args: object) -> None:
+        """What confluent-kafka calls with ``("%s [%s] %s", facility, client name, text)``."""
+        facility, text = (str(args[0]), str(args[-1])) if len(args) == 3 else ("", template % args)
+        reset = _OFFSET_RESET.search(text)
+        if reset is None:
+            log.log(level, "transport.librdkafka", group=self._group, facility=facility, text=text)
+            return
+        log.warning("transport.offset_reset", group=self._group, topic=reset["topic"], queue=int(reset["queue"]),
+                    from_offset=_offset(reset["at"]), to_offset=_offset(reset["to"]), text=text)
+
+
+def _offset(text: str) -> int | str:
+    """An offset as librdkafka writes it: a number, or a logical one (``BEGINNING``, ``END``)."""
+    return int(text) if text.lstrip("-").isdigit() else text
 
 
 @dataclass(frozen=True)

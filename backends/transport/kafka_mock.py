@@ -13,7 +13,10 @@ ships: a line ``down 2`` on standard input takes broker 2 down (its
 connections closed, new ones refused), ``up 2`` brings it back, ``leader
 TOPIC PARTITION 3`` makes broker 3 the partition's leader (an election, as
 the controller would hold one), ``coordinator GROUP 1`` makes broker 1 the
-group's coordinator. Each command is answered by a line ``ok``.
+group's coordinator, ``delete-records TOPIC PARTITION OFFSET`` deletes the
+records below the offset (as retention does), ``delete-topic TOPIC`` and
+``create-topic TOPIC PARTITIONS`` delete and create a topic. Each command is
+answered by a line ``ok`` (or ``refused`` and the error's name).
 """
 
 from __future__ import annotations
@@ -58,6 +61,11 @@ def _librdkafka() -> ctypes.CDLL:
     lib.rd_kafka_mock_set_controller_id.argtypes = [ctypes.c_void_p, ctypes.c_int32]
     lib.rd_kafka_mock_partition_set_leader.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32,
                                                        ctypes.c_int32]
+    lib.rd_kafka_mock_partition_delete_records.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32,
+                                                           ctypes.c_int64]
+    lib.rd_kafka_mock_topic_delete.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.rd_kafka_mock_topic_create.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+    lib.rd_kafka_err2name.restype = ctypes.c_char_p
     return lib
 
 
@@ -75,6 +83,7 @@ def serve(brokers: int) -> None:
     print(f"kafka://{lib.rd_kafka_mock_cluster_bootstraps(cluster).decode()}", flush=True)
     for line in sys.stdin:  # ends at end of file: the parent is done, or gone
         command, *args = line.split()
+        code = 0
         if command == "down":
             lib.rd_kafka_mock_broker_set_down(cluster, int(args[0]))
         elif command == "up":
@@ -83,7 +92,13 @@ def serve(brokers: int) -> None:
             lib.rd_kafka_mock_coordinator_set(cluster, b"group", args[0].encode(), int(args[1]))
         elif command == "leader":
             lib.rd_kafka_mock_partition_set_leader(cluster, args[0].encode(), int(args[1]), int(args[2]))
-        print("ok", flush=True)
+        elif command == "delete-records":
+            code = lib.rd_kafka_mock_partition_delete_records(cluster, args[0].encode(), int(args[1]), int(args[2]))
+        elif command == "delete-topic":
+            code = lib.rd_kafka_mock_topic_delete(cluster, args[0].encode())
+        elif command == "create-topic":
+            code = lib.rd_kafka_mock_topic_create(cluster, args[0].encode(), int(args[1]), 1)
+        print("ok" if code == 0 else f"refused {lib.rd_kafka_err2name(code).decode()}", flush=True)
 
 
 class MockCluster:
@@ -119,6 +134,18 @@ class MockCluster:
     def set_coordinator(self, group: str, broker: int) -> None:
         """Make ``broker`` the coordinator of consumer group ``group``."""
         self._command(f"coordinator {group} {broker}")
+
+    def delete_records(self, topic: str, partition: int, before: int) -> None:
+        """Delete the records of ``topic``'s ``partition`` below offset ``before`` (retention)."""
+        self._command(f"delete-records {topic} {partition} {before}")
+
+    def delete_topic(self, topic: str) -> None:
+        """Delete ``topic`` with its records (a member still reading it gets an unknown topic)."""
+        self._command(f"delete-topic {topic}")
+
+    def create_topic(self, topic: str, partitions: int) -> None:
+        """Create ``topic`` with ``partitions`` partitions (one replica)."""
+        self._command(f"create-topic {topic} {partitions}")
 
     def _command(self, line: str) -> None:
         assert self._process.stdin is not None and self._process.stdout is not None

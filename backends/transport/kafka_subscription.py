@@ -20,7 +20,7 @@ from confluent_kafka import Message as KafkaRecord
 from backends.clock import Clock
 from backends.errors import BackendUnavailableError, TransportError
 from backends.transport.base import Capabilities, SubscribeOptions, Subscription, origin_topic
-from backends.transport.kafka_client import Publisher, Servers, raised, translate
+from backends.transport.kafka_client import LibrdkafkaLog, Publisher, Servers, raised, translate
 from backends.transport.kafka_layout import (
     CAPABILITIES,
     DELIVERY_COUNT_HEADER,
@@ -100,6 +100,7 @@ class KafkaSubscription(Subscription):
                 "auto.offset.reset": "earliest",
                 "partition.assignment.strategy": "roundrobin",
                 "error_cb": self._on_error,
+                "logger": LibrdkafkaLog(group),
                 **settings,
             }
         )

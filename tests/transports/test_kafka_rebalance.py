@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from structlog.testing import capture_logs
 
 from backends.errors import ConfigurationError
 from backends.transport import open_transport
@@ -150,3 +151,31 @@ def test_a_worker_whose_handler_outlived_its_poll_interval_keeps_running(
         runner.join()
         app.close()
     assert committed(cluster, unique, queue) == 20
+
+
+# offsets the log no longer has
+
+
+def commit_as_a_dead_member(cluster: MockCluster, group: str, queue: QueueRef, offset: int) -> None:
+    """What a member killed after committing ``offset`` leaves behind: the commit alone."""
+    consumer = Consumer({"bootstrap.servers": cluster.url.removeprefix("kafka://"), "group.id": group})
+    try:
+        consumer.commit(offsets=[TopicPartition(queue.topic, queue.queue, offset)], asynchronous=False)
+    finally:
+        consumer.close()
+
+
+def test_a_committed_offset_retention_deleted_is_reset_with_a_log_line_naming_both_offsets(
+    cluster: MockCluster, transport: KafkaTransport, unique: str
+) -> None:
+    """Retention deleted offsets 5-14 before the group read them: they are gone, and reading goes on
+    at 15. That was said only by librdkafka's own line on stderr, outside the structured log."""
+    transport.publish(unique, outgoing(20, key="one"))
+    queue = QueueRef(unique, zlib.crc32(b"one") % 4)
+    commit_as_a_dead_member(cluster, unique, queue, 5)
+    cluster.delete_records(unique, queue.queue, 15)
+    with capture_logs() as logs, transport.subscribe(unique, [unique]) as member:
+        assert [m.offset for m in fetch_until(member, 5)] == [15, 16, 17, 18, 19]
+    resets = [(e["topic"], e["queue"], e["from_offset"], e["to_offset"])
+              for e in logs if e["event"] == "transport.offset_reset"]
+    assert resets == [(unique, queue.queue, 5, 15)]
