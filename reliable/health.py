@@ -4,8 +4,10 @@ Spring Boot Actuator's split, for an orchestrator:
 * **alive** (``/healthz``): the app's run loop is running and has gone round
   within `LIVENESS_SECONDS` (a worker stuck forever is not alive);
 * **ready** (``/readyz``): alive, no worker is waiting out a transport outage,
-  and the store answers a read. A cache that is down is reported but keeps the
-  app ready: the pipeline degrades to the store alone.
+  the store answers a read, and its disk is not refusing writes (a full disk:
+  every message would be deferred; ``store_refusal`` says why, until a write
+  commits again). A cache that is down is reported but keeps the app ready:
+  the pipeline degrades to the store alone.
 Both answer 200 or 503 with a JSON body saying which check failed; any other
 path is 404.
 """
@@ -68,20 +70,29 @@ class RunState:
             return all(w.transport_reachable() for w in self._workers)
 
 
+REPORTED = frozenset({"cache_degraded", "store_refusal"})
+"""Keys of the readiness body that inform and are not checks."""
+
+
 def readiness(app: App) -> dict[str, Any]:
-    """The readiness checks of ``app``: alive, transport and store reachable (the cache only reported)."""
+    """The readiness checks of ``app``: alive, transport and store reachable, the store's disk
+    taking writes (the cache only reported)."""
     checks: dict[str, Any] = {**app.run_state.alive(), "transport": app.run_state.transports_reachable()}
     try:
         app.store.ping()
         checks["store"] = True
     except ReliableError:
         checks["store"] = False
+    refusal = app.store.write_refusal()
+    checks["store_writes"] = refusal is None
+    if refusal is not None:
+        checks["store_refusal"] = refusal
     checks["cache_degraded"] = app.stats().get("cache_degraded", 0)
     return checks
 
 
 def _ok(checks: dict[str, Any]) -> bool:
-    return all(v for k, v in checks.items() if k != "cache_degraded")
+    return all(v for k, v in checks.items() if k not in REPORTED)
 
 
 def serve_probes(app: App, port: int, host: str = "127.0.0.1",

@@ -30,6 +30,7 @@ from backends.store import tokens as records
 from backends.store.dialect import Dialect
 from backends.store.engine import is_unavailable
 from backends.store.outbox import OutboxWriter, Outgoing, Wakeup
+from backends.store.refusals import WriteRefusals
 from backends.types import JSON, DeadLetter, QueueRef
 
 log = structlog.get_logger(__name__)
@@ -133,9 +134,10 @@ class AsyncSqlStore:
     """Async transactions on a store's database, for one event loop (see the module)."""
 
     def __init__(self, engine: AsyncEngine, dialect: Dialect, clock: Clock, name: str, outbox: OutboxWriter,
-                 wakeup: Wakeup) -> None:
+                 wakeup: Wakeup, writes: WriteRefusals) -> None:
         self.engine, self._dialect, self._clock, self._name = engine, dialect, clock, name
         self._outbox, self._wakeup = outbox, wakeup
+        self._writes = writes  # the sync store's: one state of the disk for both
 
     def __repr__(self) -> str:
         return f"AsyncSqlStore({self._name})"
@@ -146,17 +148,20 @@ class AsyncSqlStore:
         try:
             connection = await self.engine.connect()
         except DBAPIError as exc:
-            _raise(exc, "connect")
+            self._failed(exc, "connect")
         try:
             try:
                 await connection.begin()
             except DBAPIError as exc:
-                _raise(exc, "begin")
+                self._failed(exc, "begin")
             tx = AsyncSqlTransaction(connection, self._dialect, self._clock, self._outbox)
+            before = await self._written(connection)
             try:
                 yield tx
                 await tx.write_outbox()
-            except BaseException:
+                wrote = before is not None and await self._written(connection) not in (None, before)
+            except BaseException as exc:
+                self._writes.failed(exc)
                 tx.rolled_back()
                 await self._rollback_quietly(connection)
                 raise
@@ -164,11 +169,26 @@ class AsyncSqlStore:
                 await connection.commit()
             except DBAPIError as exc:
                 await self._rollback_quietly(connection)
-                _raise(exc, "commit")
+                self._failed(exc, "commit")
         finally:
             await connection.close()
+        if wrote:
+            self._writes.committed()
         if tx.published:
             self._wakeup.notify()  # the relays of this process
+
+    async def _written(self, connection: AsyncConnection) -> Any:
+        """See `SqlStore._written`."""
+        if self._writes.refusal is None:
+            return None
+        try:
+            return (await connection.execute(self._dialect.written)).scalar()
+        except DBAPIError:
+            return None
+
+    def _failed(self, exc: DBAPIError, step: str) -> NoReturn:
+        self._writes.failed(exc)
+        _raise(exc, step)
 
     async def _rollback_quietly(self, connection: AsyncConnection) -> None:
         try:

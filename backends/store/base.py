@@ -192,6 +192,11 @@ class Store(ABC):
         """One read, so a probe knows the store answers; `StoreUnavailableError` when it does not."""
         self.known("%ping", ["%ping"])
 
+    def write_refusal(self) -> str | None:
+        """Why the store's disk refuses writes right now (a full disk: the database's error), or
+        None; readiness reports it (`reliable.health`). A store that cannot tell says None."""
+        return None
+
     def iter_dead_letters(self, group: str, page: int = 500) -> Iterator[DeadLetter]:
         """Every dead letter of ``group``, paged."""
         after = 0

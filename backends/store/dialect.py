@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Select, Table
+from sqlalchemy import ColumnElement, Connection, Engine, Select, Table, TextClause
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -30,6 +30,9 @@ class Dialect(ABC):
     locks_rows: bool = False
     """Whether transactions lock rows (``skip_locked`` skips those others hold); where they do
     not, a write transaction holds the whole database."""
+    written: TextClause
+    """A query whose answer changes once the open transaction writes a row: a transaction
+    that committed proves the disk takes writes only if it wrote (`backends.store.refusals`)."""
 
     def __init__(self) -> None:
         self.claim: ClaimPath = self.claim_paths()

@@ -30,6 +30,7 @@ from sqlalchemy import (
     func,
     literal,
     select,
+    text,
 )
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL
@@ -126,6 +127,7 @@ class _CopyFirst(ClaimPath):
 class PostgreSQL(Dialect):
     chunk = CHUNK
     locks_rows = True
+    written = text("select txid_current_if_assigned() is not null")  # an id is drawn at the first write
 
     def engine(self, url: URL) -> Engine:
         # No pre-ping: it would cost a round trip per transaction. A connection that died

@@ -35,6 +35,7 @@ from backends.store.dialect import Dialect
 from backends.store.engine import is_unavailable, parse_store_url
 from backends.store.outbox import Deferred, OutboxWriter, Outgoing, PublishHook, SqlOutbox
 from backends.store.postgresql import AsyncPostgreSQL, PostgreSQL
+from backends.store.refusals import WriteRefusals
 from backends.store.schema import metadata
 from backends.store.sqlite import SQLite
 from backends.types import JSON, DeadLetter, QueueRef
@@ -157,6 +158,7 @@ class SqlStore(Store):
         self.outbox = SqlOutbox(outbox, self.url, self.dialect, clock, self._unit, lambda: self._unit(read_only=True))
         self._tables_ready = False
         self._tables_lock = threading.Lock()
+        self._writes = WriteRefusals(repr(self), lambda: self.dialect.full_disk(self.url))
 
     def __repr__(self) -> str:
         return f"SqlStore({redact(self.url.render_as_string(hide_password=False))!r})"
@@ -170,10 +172,13 @@ class SqlStore(Store):
     def transaction(self) -> Iterator[SqlTransaction]:
         connection = self._begin()
         tx = SqlTransaction(connection, self.dialect, self._clock, self._outbox_writer)
+        before = self._written(connection)
         try:
             yield tx
             tx.write_outbox()
-        except BaseException:
+            wrote = before is not None and self._written(connection) not in (None, before)
+        except BaseException as exc:
+            self._writes.failed(exc)
             tx.rolled_back()
             self._rollback_quietly(connection)
             connection.close()
@@ -185,8 +190,20 @@ class SqlStore(Store):
             self._raise(exc, "commit")
         finally:
             connection.close()
+        if wrote:
+            self._writes.committed()
         if tx.published:
             self.outbox.wakeup.notify()
+
+    def _written(self, connection: Connection) -> Any:
+        """The dialect's mark of what the transaction on ``connection`` wrote so far, asked only
+        while writes are refused (`backends.store.refusals`); else None, with no query."""
+        if self._writes.refusal is None:
+            return None
+        try:
+            return connection.execute(self.dialect.written).scalar()
+        except DBAPIError:  # a transaction the handler's own failure aborted: it does not commit
+            return None
 
     def _begin(self, read_only: bool = False) -> Connection:
         self._ensure_tables()
@@ -237,6 +254,7 @@ class SqlStore(Store):
         the disk holding the database is full, whatever words the database chose)."""
         if not is_unavailable(exc):
             raise exc
+        self._writes.failed(exc)
         full = self.dialect.full_disk(self.url)
         error = f"{exc.orig}; the disk holding {full} is full" if full else str(exc.orig)
         log.warning("store.unavailable", store=repr(self), step=step, error=error)
@@ -266,7 +284,7 @@ class SqlStore(Store):
         self._ensure_tables()
         dialect = ASYNC_DIALECTS[self.url.get_backend_name()]()
         return AsyncSqlStore(dialect.async_engine(self.url, connections), dialect, self._clock, repr(self),
-                             self._outbox_writer, self.outbox.wakeup)
+                             self._outbox_writer, self.outbox.wakeup, self._writes)
 
     # -- operations in a short transaction of their own --------------------------------
 
@@ -347,6 +365,9 @@ class SqlStore(Store):
             return 0
         with self._unit() as connection:
             return deadletters.mark_replayed(connection, self.dialect, list(ids))
+
+    def write_refusal(self) -> str | None:
+        return self._writes.refusal
 
     def close(self) -> None:
         self.engine.dispose()

@@ -28,6 +28,7 @@ from sqlalchemy import (
     event,
     func,
     select,
+    text,
     true,
 )
 from sqlalchemy.dialects import sqlite
@@ -84,6 +85,8 @@ class SQLite(Dialect):
         event.listen(engine, "connect", _on_connect)
         event.listen(engine, "begin", _on_begin)
         return engine
+
+    written = text("select total_changes()")  # rows this connection changed, ever
 
     def full_disk(self, url: URL) -> str | None:
         # a full disk is not always SQLITE_FULL: the WAL index (-shm) that cannot grow is an I/O error
