@@ -87,10 +87,15 @@ class SmallDatabase:
 
 
 def server_user(admin: Engine) -> str:
-    """The OS user the (local) PostgreSQL server runs as: the owner of its data directory."""
+    """The OS user the (local) PostgreSQL server runs as: the owner of its data directory.
+    `PermissionError` when the server is not on this machine (its tablespace could not be)."""
     with admin.connect() as connection:
         data_directory = connection.execute(text("show data_directory")).scalar_one()
-    return pwd.getpwuid(os.stat(data_directory).st_uid).pw_name
+    try:
+        return pwd.getpwuid(os.stat(data_directory).st_uid).pw_name
+    except OSError as exc:
+        raise PermissionError(f"PostgreSQL's data directory is not on this machine ({exc}): "
+                              "a tablespace on a small local disk needs a local server") from exc
 
 
 @contextmanager
