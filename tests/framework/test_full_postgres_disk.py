@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError
 from structlog.testing import capture_logs
 
+from backends.store.refusals import database_errors
 from reliable import App
 from reliable.testing import test_app
 from tests.disk import SmallDatabase
@@ -36,18 +35,12 @@ MAX_REDELIVERIES = 2
 DOCUMENT = 16_000  # random bytes: out of line in the TOAST table, which must grow for each one
 
 
-def causes(exc: BaseException | None) -> Iterator[BaseException]:
-    while exc is not None:
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
 def refusals(logs: list[dict[str, Any]]) -> list[tuple[str | None, str]]:
     """(SQLSTATE, statement) of the database error behind each deferred message."""
     found = []
     for entry in logs:
         if entry["event"] == "message_deferred":
-            error = next((e for e in causes(entry["exc_info"]) if isinstance(e, DBAPIError)), None)
+            error = next(database_errors(entry["exc_info"]), None)
             assert error is not None, entry["error"]  # a deferral without a database error behind it
             found.append((getattr(error.orig, "sqlstate", None), " ".join(str(error.statement).split())[:40]))
     return found
