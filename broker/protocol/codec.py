@@ -13,7 +13,7 @@ oversized frame's body is never buffered.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgpack
@@ -55,10 +55,12 @@ class FrameDecoder:
     longer be trusted: the decoder stays broken and the connection must close.
     """
 
-    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, limit_name: str = "max_frame_size") -> None:
+        """``limit_name``: what a `FrameTooLargeError` calls the limit (both may change between feeds)."""
         if max_frame_size < 1:
             raise ValueError(f"max_frame_size must be at least 1, got {max_frame_size}")
         self.max_frame_size = max_frame_size
+        self.limit_name = limit_name
         self._buffer = bytearray()
         self._broken: Exception | None = None
 
@@ -67,11 +69,13 @@ class FrameDecoder:
         """Bytes received but not yet part of a complete frame."""
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes, stop: Callable[[bytes], bool] | None = None) -> list[bytes]:
         """Add ``data``; return the payloads (body bytes) of every frame now complete.
 
         Frames that ``data`` holds whole are cut from it directly (one copy each); only a
         frame split across chunks waits in the buffer, which is read once it is complete.
+        With ``stop``, the frames end with the first payload it accepts: what follows waits,
+        unchecked, for the next call (``feed(b"")``), which may come with another limit.
         """
         if self._broken is not None:
             raise self._broken
@@ -91,6 +95,9 @@ class FrameDecoder:
                 break
             frames.append(bytes(source[position + PREFIX.size:end]))  # a slice of bytes is bytes already
             position = end
+            if stop is not None and stop(frames[-1]):
+                self._buffer += source[position:]
+                return frames
         if position < size:
             self._buffer += source[position:]
             self._complete(self._buffer)  # a length prefix alone is checked already
@@ -116,7 +123,7 @@ class FrameDecoder:
     def _check_length(self, length: int) -> None:
         if length > self.max_frame_size:
             self._fail(FrameTooLargeError(
-                f"frame of {length} bytes exceeds max_frame_size {self.max_frame_size}"))
+                f"frame of {length} bytes exceeds {self.limit_name} {self.max_frame_size}"))
         if length < 1:
             self._fail(BrokenStreamError("frame length 0 leaves no room for the version byte"))
 

@@ -31,6 +31,7 @@ class Limits:
     """What one client may cost the server; seconds for the timeouts."""
 
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    max_handshake_frame_size: int = 64 * 1024  # before authentication (native: up to hello; STOMP: CONNECT)
     max_connections: int = 1024
     max_connections_per_address: int = 128  # both listeners together (`broker.server.admission`)
     # networks (CIDR) or addresses, each with a cap of its own for every address in it (a load balancer)
@@ -57,8 +58,8 @@ class Limits:
     auth_shared_addresses: tuple[str, ...] = ()  # never locked out: a load balancer, a NAT gateway
 
     def __post_init__(self) -> None:
-        for name in ("max_frame_size", "max_connections", "max_connections_per_address", "stomp_prefetch",
-                     "max_transactions", "max_transaction_bytes"):
+        for name in ("max_frame_size", "max_handshake_frame_size", "max_connections", "max_connections_per_address",
+                     "stomp_prefetch", "max_transactions", "max_transaction_bytes"):
             _require(f"broker.{name}", getattr(self, name), int, 1)
         for name in ("idle_timeout", "slow_client_timeout", "handshake_timeout", "max_fetch_wait"):
             _require(f"broker.{name}", getattr(self, name), (int, float), 0.001)
@@ -87,6 +88,11 @@ class Limits:
     def shared_networks(self) -> tuple[Network, ...]:
         """The ``auth_shared_addresses``, parsed."""
         return tuple(ipaddress.ip_network(net, strict=False) for net in self.auth_shared_addresses)
+
+    @property
+    def handshake_frame_size(self) -> int:
+        """The largest frame before authentication: ``max_handshake_frame_size``, within ``max_frame_size``."""
+        return min(self.max_handshake_frame_size, self.max_frame_size)
 
     def stomp_nack_delay(self, delivery_count: int) -> float:
         """Seconds before a NACKed message comes back, after its ``delivery_count``-th delivery."""

@@ -76,8 +76,16 @@ class NativeSession:
             await self._end()
 
     async def _read(self) -> None:
-        """Frames into the inbox until the client closes its side (then the inbox closes)."""
-        decoder = FrameDecoder(self.conn.limits.max_frame_size)
+        """Frames into the inbox until the client closes its side (then the inbox closes).
+
+        Until a hello passes, frames may be only ``max_handshake_frame_size`` bytes and nothing is
+        read past a hello while it is checked: an unauthenticated client cannot make the server
+        buffer ``max_frame_size``. What a client sent behind its hello is read once it passed."""
+        limits = self.conn.limits
+        decoder = FrameDecoder(limits.max_frame_size)
+        if self.guard.required:
+            decoder.max_frame_size = limits.handshake_frame_size
+            decoder.limit_name = "max_handshake_frame_size"
         loop = asyncio.get_running_loop()
         handshake_ends = loop.time() + self.conn.limits.handshake_timeout
         while True:
@@ -93,9 +101,22 @@ class NativeSession:
             if not data:
                 self._inbox.close()
                 return
-            for payload in decoder.feed(data):
-                self._inbox.put(_pending(payload))
+            read = [_pending(payload) for payload in decoder.feed(data, _is_hello if waiting else None)]
+            for pending in read:
+                self._inbox.put(pending)
+            if waiting and read and read[-1].op == "hello":
+                await self._authenticated(decoder)
             await self._inbox.room()
+
+    async def _authenticated(self, decoder: FrameDecoder) -> None:
+        """Wait for the hello read to be checked; if it passed, the frames that followed it, read
+        with the full ``max_frame_size``."""
+        await self._inbox.settled()
+        if self.ctx is None:
+            return  # refused: the connection is closing
+        decoder.max_frame_size, decoder.limit_name = self.conn.limits.max_frame_size, "max_frame_size"
+        for payload in decoder.feed(b""):
+            self._inbox.put(_pending(payload))
 
     async def _serve(self) -> None:
         """Run the inbox's requests in order, until it closes."""
@@ -258,6 +279,13 @@ def _pending(payload: bytes) -> Pending:
         return Pending(native_ops.need(request, "request", "id", int), request, len(payload))
     except ServerError as error:
         return Pending(0, request, len(payload), error)
+
+
+def _is_hello(payload: bytes) -> bool:
+    try:
+        return decode_body(payload).get("op") == "hello"
+    except ServerError:
+        return False
 
 
 def _joining(together: native_runs.Together, first: Pending) -> Callable[[Pending], bool]:

@@ -111,8 +111,10 @@ def _unescape(text: str, version: str) -> str:
 class StompDecoder:
     """Turns a byte stream into `StompFrame`s; ``version`` is set once CONNECT has negotiated it."""
 
-    def __init__(self, max_frame_size: int, version: str = "1.2") -> None:
+    def __init__(self, max_frame_size: int, version: str = "1.2", limit_name: str = "max_frame_size") -> None:
+        """``limit_name``: what a `FrameTooLargeError` calls the limit (both may change between frames)."""
         self.max_frame_size = max_frame_size
+        self.limit_name = limit_name
         self.version = version
         self._buffer = bytearray()
         self._scanned = 0
@@ -206,4 +208,4 @@ class StompDecoder:
         if size > self.max_frame_size:
             self._buffer.clear()
             raise FrameTooLargeError(
-                f"STOMP frame of at least {size} bytes exceeds max_frame_size {self.max_frame_size}")
+                f"STOMP frame of at least {size} bytes exceeds {self.limit_name} {self.max_frame_size}")

@@ -38,7 +38,9 @@ class StompSession:
         self.guard = guard
         self.version = "1.2"
         self.session_id = f"session-{next(self._ids)}"
-        self.decoder = StompDecoder(conn.limits.max_frame_size)
+        # until CONNECT passes, frames are small: an unauthenticated client cannot make the server
+        # buffer max_frame_size (CONNECT is handled before the next frame is parsed)
+        self.decoder = StompDecoder(conn.limits.handshake_frame_size, limit_name="max_handshake_frame_size")
         self.handlers: StompHandlers | None = None
         self._read_timeout = conn.limits.idle_timeout
         self._handshake_ends = 0.0
@@ -127,6 +129,7 @@ class StompSession:
         idle = self.conn.limits.idle_timeout  # bounds silence whatever beats a client promises
         self._read_timeout = min(2 * expect_every / 1000, idle) if expect_every else idle
         self.handlers = StompHandlers(self, principal)
+        self.decoder.max_frame_size, self.decoder.limit_name = self.conn.limits.max_frame_size, "max_frame_size"
         await self.send(StompFrame("CONNECTED", {
             "version": self.version, "heart-beat": f"{SERVER_HEARTBEAT[0]},{SERVER_HEARTBEAT[1]}",
             "server": SERVER, "session": self.session_id}))

@@ -100,3 +100,13 @@ def test_a_body_that_is_not_a_map_is_malformed_but_not_fatal(payload, reason) ->
 def test_bytes_and_text_keep_their_types() -> None:
     [payload] = FrameDecoder().feed(encode({"body": b"\x00\xff", "key": "ключ"}))
     assert decode_body(payload) == {"body": b"\x00\xff", "key": "ключ"}
+
+
+def test_a_feed_told_to_stop_leaves_what_follows_unchecked_until_the_next_feed() -> None:
+    """The server stops at a hello, before authentication: the frame behind it is checked against
+    the limit that holds once the hello passed."""
+    decoder = FrameDecoder(max_frame_size=64)
+    small, large = encode({"op": "hello"}), encode({"body": b"x" * 200})
+    assert [decode_body(p) for p in decoder.feed(small + large, stop=lambda payload: True)] == [{"op": "hello"}]
+    decoder.max_frame_size = 1024
+    assert decode_body(decoder.feed(b"")[0]) == {"body": b"x" * 200}
