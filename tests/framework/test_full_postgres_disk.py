@@ -22,6 +22,7 @@ import pytest
 from sqlalchemy import text
 from structlog.testing import capture_logs
 
+from backends.store.postgresql import COPY_CLAIM_MIN
 from backends.store.refusals import database_errors
 from reliable import App
 from reliable.testing import test_app
@@ -46,9 +47,10 @@ def refusals(logs: list[dict[str, Any]]) -> list[tuple[str | None, str]]:
     return found
 
 
-def postgres_app(database: SmallDatabase, tmp_path, clock: SpaceComesBack) -> App:
+def postgres_app(database: SmallDatabase, tmp_path, clock: SpaceComesBack,
+                 settings: dict[str, str] | None = None) -> App:
     app = test_app(tmp_path, clock=clock, store=database.url, transport=f"embedded://{tmp_path / 'broker'}",
-                   settings={"RELIABLE_RETRY__MAX_REDELIVERIES": str(MAX_REDELIVERIES)})
+                   settings={"RELIABLE_RETRY__MAX_REDELIVERIES": str(MAX_REDELIVERIES), **(settings or {})})
     create_effects(app, "effects")
     with app.store.transaction() as tx:
         tx.execute(text("create table documents (token text, body bytea)"))
@@ -157,6 +159,35 @@ def test_a_dead_letter_or_outbox_row_refused_by_a_full_postgresql_disk_waits_for
         assert effects(app) == ["shipped-1"]
         with app.store.transaction() as tx:
             assert tx.execute(text("select count(*) from reliable_outbox where sent_at is null")).scalar() == 0
+    finally:
+        if clock.ballast is not None:
+            clock.ballast.free()
+        app.close()
+
+
+def test_a_batch_claimed_with_copy_on_a_full_postgresql_disk_is_deferred(small_postgres: SmallDatabase,
+                                                                         tmp_path) -> None:
+    """A batch this large claims its tokens with ``COPY`` (`claim_by_copy`), whose psycopg error
+    the store wraps itself: PostgreSQL's refusal there is an outage too."""
+    clock = SpaceComesBack()
+    app = postgres_app(small_postgres, tmp_path, clock, {"RELIABLE_RETRY__INITIAL_DELAY": "20",
+                                                         "RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1"})
+    handled: Counter[int] = Counter()
+
+    @app.handler("events", token="body.id", batch=COPY_CLAIM_MIN)
+    def record(messages, tx):
+        handled.update(msg.body["id"] for msg in messages)
+
+    try:
+        app.publish_many("events", [{"id": n} for n in range(COPY_CLAIM_MIN)])
+        clock.fill(small_postgres.disk)
+        with capture_logs() as logs:
+            app.run(until_idle=True)
+        refused = Counter(refusals(logs))
+        assert {statement for _, statement in refused} == {"COPY reliable_tokens (namespace, token, "}, refused
+        assert {state for state, _ in refused} == {"53100"}, refused
+        assert set(handled) == set(range(COPY_CLAIM_MIN)) and set(handled.values()) == {1}  # once space is back
+        assert app.dead_letters("record") == []
     finally:
         if clock.ballast is not None:
             clock.ballast.free()
