@@ -178,42 +178,80 @@ class Publisher:
         """Produce ``records`` to ``topic`` and wait until the cluster acknowledged them."""
         self.send_all({topic: records})
 
-    def send_all(self, records: Mapping[str, Sequence[Record]]) -> None:
-        """Produce the records of each topic, then wait until the cluster acknowledged all."""
-        failures: list[KafkaError] = []
+    def send_all(self, records: Mapping[str, Sequence[Record]], again: bool = False) -> None:
+        """Produce the records of each topic, then wait until the cluster acknowledged all.
 
-        def delivered(error: KafkaError | None, _: Message) -> None:
-            if error is not None:
-                failures.append(error)
+        Records refused for a partition their topic no longer has (it was deleted
+        and created with fewer) are sent once more, placed on the partitions it has now.
+        """
+        failures: list[tuple[KafkaError, str, Record]] = []
+
+        def delivery(topic: str, record: Record) -> Callable[[KafkaError | None, Message], None]:
+            def delivered(error: KafkaError | None, _: Message) -> None:
+                if error is not None:
+                    failures.append((error, topic, record))
+            return delivered
 
         for topic, batch in records.items():
-            self._produce(topic, batch, delivered)
+            self._produce(topic, batch, delivery)
         doing = f"produce to {', '.join(repr(topic) for topic in records)}"
         left = self._producer.flush(self._timeout)
-        if failures:
-            raise translate(failures[0], doing)
         if left:
             raise BackendUnavailableError(f"kafka: {doing}: {left} record(s) unacknowledged")
+        refused = {} if again else self._placed_anew(failures)
+        if sum(map(len, refused.values())) < len(failures):
+            raise translate(next(error for error, topic, record in failures if record not in refused.get(topic, [])),
+                            doing)
+        if refused:
+            self.send_all(refused, again=True)
 
-    def _produce(self, topic: str, records: Sequence[Record], delivered: Callable[..., None]) -> None:
-        partitions = self.partitions(topic)
+    def _placed_anew(self, failures: Sequence[tuple[KafkaError, str, Record]]) -> dict[str, list[Record]]:
+        """The records of ``failures`` refused for an unknown partition, of topics whose partition
+        count changed since they were placed."""
+        unknown: dict[str, list[Record]] = {}
+        for error, topic, record in failures:
+            if error.code() == KafkaError._UNKNOWN_PARTITION:
+                unknown.setdefault(topic, []).append(record)
+        return {topic: batch for topic, batch in unknown.items() if self._changed(topic, self._known(topic))}
+
+    def _produce(self, topic: str, records: Sequence[Record], delivery: Callable[[str, Record], Callable[..., None]]
+                 ) -> None:
         try:
-            for key, value, headers, timestamp in records:
-                raw_key = None if key is None else text_bytes(key)  # a binary key's own bytes
-                self._producer.produce(
-                    topic,
-                    value,
-                    raw_key,
-                    partition=self._partition_for(topic, raw_key, partitions),
-                    headers=headers,
-                    timestamp=timestamp,
-                    on_delivery=delivered,
-                )
+            for record in records:
+                self._produce_one(topic, record, delivery(topic, record))
                 self._producer.poll(0)
         except BufferError as exc:
             raise BackendUnavailableError(f"kafka: produce to {topic!r}: {exc}") from exc
         except KafkaException as exc:
             raise raised(exc, f"produce to {topic!r}") from exc
+
+    def _produce_one(self, topic: str, record: Record, delivered: Callable[..., None]) -> None:
+        key, value, headers, timestamp = record
+        raw_key = None if key is None else text_bytes(key)  # a binary key's own bytes
+        while True:
+            partitions = self.partitions(topic)
+            try:
+                self._producer.produce(topic, value, raw_key, partition=self._partition_for(topic, raw_key, partitions),
+                                       headers=headers, timestamp=timestamp, on_delivery=delivered)
+                return
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                if error is None or error.code() != KafkaError._UNKNOWN_PARTITION or not self._changed(topic, partitions):
+                    raise
+
+    def _known(self, topic: str) -> int:
+        with self._lock:
+            return self._partitions.get(topic, 0)
+
+    def _changed(self, topic: str, known: int) -> bool:
+        """Whether ``topic`` has other than ``known`` partitions now: Kafka never takes partitions
+        away, so fewer means the topic was deleted and created again (keys map anew)."""
+        with self._lock:
+            self._partitions.pop(topic, None)
+        now = self.partitions(topic)
+        if now != known:
+            log.warning("transport.partitions_changed", topic=topic, partitions_before=known, partitions=now)
+        return now != known
 
     def partitions(self, topic: str) -> int:
         """How many partitions ``topic`` has; asking creates it where the cluster auto-creates."""

@@ -179,3 +179,26 @@ def test_a_committed_offset_retention_deleted_is_reset_with_a_log_line_naming_bo
     resets = [(e["topic"], e["queue"], e["from_offset"], e["to_offset"])
               for e in logs if e["event"] == "transport.offset_reset"]
     assert resets == [(unique, queue.queue, 5, 15)]
+
+
+# topics deleted and created again
+
+
+def test_a_topic_created_again_with_fewer_partitions_takes_publishes(
+    cluster: MockCluster, transport: KafkaTransport, unique: str
+) -> None:
+    """The publisher knew 4 partitions; keys of partitions 2 and 3 were refused (`TransportError`,
+    unknown partition) on every publish until the process restarted."""
+    keys = [f"k{n}" for n in range(20)]
+    assert {zlib.crc32(k.encode()) % 4 for k in keys} == {0, 1, 2, 3}
+    transport.publish(unique, [OutgoingMessage(b"{}", key=k, message_id=f"before-{k}") for k in keys])
+    cluster.delete_topic(unique)
+    cluster.create_topic(unique, 2)
+    with capture_logs() as logs:
+        transport.publish(unique, [OutgoingMessage(b"{}", key=k, message_id=f"after-{k}") for k in keys])
+    assert [(e["partitions_before"], e["partitions"]) for e in logs
+            if e["event"] == "transport.partitions_changed"] == [(4, 2)]
+    with transport.subscribe(unique, [unique]) as member:
+        got = fetch_until(member, 20)
+    assert sorted(m.id for m in got) == sorted(f"after-{k}" for k in keys)
+    assert {(m.key, m.queue) for m in got} == {(k, zlib.crc32(k.encode()) % 2) for k in keys}
