@@ -25,8 +25,10 @@ from broker.client import (
     CONNECT_TIMEOUT,
     PUBLISH,
     closed_by,
+    fitting,
+    frame_limit,
     parse_address,
-    publish_fields,
+    publish_requests,
     result,
     unix_path,
     where,
@@ -35,7 +37,7 @@ from broker.delivery.values import Delivery, OutgoingMessage, Placement
 from broker.errors import BrokerError, BrokerUnavailableError, UnknownMemberError
 from broker.protocol import codec as native_codec
 from broker.protocol.calls import AsyncCalls
-from broker.protocol.codec import FrameDecoder, decode_body
+from broker.protocol.codec import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, decode_body
 from broker.protocol.operations import Operation
 
 log = structlog.get_logger("broker.client")
@@ -59,17 +61,27 @@ class AsyncClient(AsyncCalls):
         self._connecting = asyncio.Lock()
         self._reader_task: asyncio.Task[None] | None = None
         self._closed = False
+        self._max_frame_size = DEFAULT_MAX_FRAME_SIZE  # the server's, told at every connect's hello
 
 
     async def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
         """`broker.client.Client.publish`, awaited: resent with backoff under the same ids."""
-        fields = publish_fields(topic, messages)  # made once: a resend keeps the ids or batch id
-        async for attempt in AsyncRetrying(retry=retry_if_exception_type(BrokerUnavailableError),
-                                           wait=wait_exponential(multiplier=0.05, max=2.0),
-                                           stop=stop_after_delay(self._retry_seconds), reraise=True):
+        async for attempt in self._resending():
             with attempt:
-                reply = await self._request(PUBLISH, fields)
-        return list(PUBLISH.result(reply))
+                await self._connected()  # the server's frame limit is known from here on
+        placements: list[Placement] = []
+        for fields in publish_requests(topic, messages, self._max_frame_size):  # made once: a resend keeps them
+            async for attempt in self._resending():
+                with attempt:
+                    reply = await self._request(PUBLISH, fields)
+            placements += PUBLISH.result(reply)
+        return placements
+
+    def _resending(self) -> AsyncRetrying:
+        """Tries of one publish step, with backoff over reconnects for ``publish_retry_seconds``."""
+        return AsyncRetrying(retry=retry_if_exception_type(BrokerUnavailableError),
+                             wait=wait_exponential(multiplier=0.05, max=2.0),
+                             stop=stop_after_delay(self._retry_seconds), reraise=True)
 
     async def close(self) -> None:
         self._closed = True
@@ -92,11 +104,12 @@ class AsyncClient(AsyncCalls):
 
     async def _send(self, link: _Link, op: str, fields: Mapping[str, Any]) -> dict[str, Any]:
         request_id = next(self._ids)
+        given = {k: v for k, v in fields.items() if v is not None}  # absent: the server's default
+        frame = fitting(native_codec.encode({"id": request_id, "op": op, **given}), op, self._max_frame_size)
         waiting = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = waiting
-        given = {k: v for k, v in fields.items() if v is not None}  # absent: the server's default
         try:
-            link[1].write(native_codec.encode({"id": request_id, "op": op, **given}))
+            link[1].write(frame)
             await link[1].drain()
         except OSError as exc:
             self._drop(link, exc)
@@ -119,9 +132,9 @@ class AsyncClient(AsyncCalls):
                 raise BrokerUnavailableError(f"broker {self._name} unreachable: {exc}") from exc
             self._link = link
             self._reader_task = asyncio.create_task(self._read(link), name="broker-client-reader")
-            user, password = self._credentials
-            if user is not None:
-                await self._send(link, "hello", {"user": user, "password": password})
+            user, password = self._credentials  # a hello even without a user: it tells the frame limit
+            hello = await self._send(link, "hello", {"user": user, "password": password})
+            self._max_frame_size = frame_limit(hello)
             return link
 
     async def _read(self, link: _Link) -> None:

@@ -29,11 +29,11 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 
 from broker import errors
 from broker.delivery.values import OutgoingMessage, Placement
-from broker.errors import BrokerError, BrokerUnavailableError
+from broker.errors import BrokerError, BrokerUnavailableError, RecordTooLargeError
 from broker.protocol import codec as native_codec
 from broker.protocol.calls import SyncCalls
-from broker.protocol.codec import FrameDecoder, decode_body
-from broker.protocol.errors import WIRE_ERRORS, ClientError
+from broker.protocol.codec import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, decode_body
+from broker.protocol.errors import WIRE_ERRORS, ClientError, FrameTooLargeError
 from broker.protocol.operations import OPERATIONS, Operation
 from broker.protocol.tables import outgoing_table
 from broker.tls_socket import TlsSocket
@@ -44,6 +44,8 @@ Connection = socket.socket | TlsSocket
 log = structlog.get_logger("broker.client")
 PUBLISH = OPERATIONS["publish"]
 CONNECT_TIMEOUT = 5.0
+FRAME_RESERVE = 256
+"""Bytes of a publish frame besides its messages: prefix, request id, operation, topic, batch id."""
 
 
 def unix_path(address: str) -> str | None:
@@ -82,11 +84,13 @@ class Client(SyncCalls):
         self._retry_seconds = publish_retry_seconds
         self._name = where(address)
         self._lock = threading.Lock()
+        self._connecting = threading.Lock()  # held from a connect through its hello
         self._send_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._waiting: dict[int, Future[dict[str, Any]]] = {}
         self._sock: Connection | None = None
         self._closed = False
+        self._max_frame_size = DEFAULT_MAX_FRAME_SIZE  # the server's, told at every connect's hello
 
     # -- BrokerApi: one method per operation (SyncCalls), publish resent over reconnects ------
 
@@ -94,13 +98,22 @@ class Client(SyncCalls):
     def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
         """Append ``messages`` to ``topic``; resent with backoff over reconnects, under the same
         ids or batch id, so a resend whose first copy reached the store is dropped."""
-        fields = publish_fields(topic, messages)  # made once: a resend keeps the ids or batch id
-        for attempt in Retrying(retry=retry_if_exception_type(BrokerUnavailableError),
-                                wait=wait_exponential(multiplier=0.05, max=2.0),
-                                stop=stop_after_delay(self._retry_seconds), reraise=True):
+        for attempt in self._resending():
             with attempt:
-                return list(PUBLISH.result(self._request(PUBLISH, fields)))
-        raise AssertionError("unreachable")
+                self._connected()  # the server's frame limit is known from here on
+        placements: list[Placement] = []
+        for fields in publish_requests(topic, messages, self._max_frame_size):  # made once: a resend keeps them
+            for attempt in self._resending():
+                with attempt:
+                    reply = self._request(PUBLISH, fields)
+            placements += PUBLISH.result(reply)
+        return placements
+
+    def _resending(self) -> Retrying:
+        """Tries of one publish step, with backoff over reconnects for ``publish_retry_seconds``."""
+        return Retrying(retry=retry_if_exception_type(BrokerUnavailableError),
+                        wait=wait_exponential(multiplier=0.05, max=2.0),
+                        stop=stop_after_delay(self._retry_seconds), reraise=True)
 
     def close(self) -> None:
         """End the connection now: the server sees it end and releases what this client held.
@@ -126,14 +139,18 @@ class Client(SyncCalls):
         return self._call(op.name, **fields)
 
     def _call(self, op: str, **fields: Any) -> dict[str, Any]:
-        sock = self._connected()
+        return self._exchange(self._connected(), op, fields)
+
+    def _exchange(self, sock: Connection, op: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+        """Send one request on ``sock`` and wait for its reply."""
         request_id = next(self._ids)
+        given = {k: v for k, v in fields.items() if v is not None}  # absent: the default
+        frame = fitting(native_codec.encode({"id": request_id, "op": op, **given}), op, self._max_frame_size)
         waiting: Future[dict[str, Any]] = Future()
         self._waiting[request_id] = waiting
         try:
             with self._send_lock:
-                given = {k: v for k, v in fields.items() if v is not None}  # absent: the default
-                sock.sendall(native_codec.encode({"id": request_id, "op": op, **given}))
+                sock.sendall(frame)
         except OSError as exc:
             self._waiting.pop(request_id, None)
             self._lost(sock, exc)
@@ -141,22 +158,25 @@ class Client(SyncCalls):
         return result(waiting.result())
 
     def _connected(self) -> Connection:
-        with self._lock:
-            if self._closed:
-                raise BrokerError("this broker client is closed")
-            if self._sock is not None:
-                return self._sock
-            try:
-                sock = self._open()
-            except OSError as exc:
-                raise BrokerUnavailableError(f"broker {self._where()} unreachable: {exc}") from exc
-            sock.settimeout(None)
-            self._sock = sock
-            threading.Thread(target=self._read, args=(sock,), name="broker-client", daemon=True).start()
-        user, password = self._credentials
-        if user is not None:
-            self._call("hello", user=user, password=password)
-        return sock
+        """The connection, made and greeted first if there is none: calls of other threads wait
+        for its hello, so none reaches the server before it."""
+        with self._connecting:
+            with self._lock:
+                if self._closed:
+                    raise BrokerError("this broker client is closed")
+                if self._sock is not None:
+                    return self._sock
+                try:
+                    sock = self._open()
+                except OSError as exc:
+                    raise BrokerUnavailableError(f"broker {self._where()} unreachable: {exc}") from exc
+                sock.settimeout(None)
+                self._sock = sock
+                threading.Thread(target=self._read, args=(sock,), name="broker-client", daemon=True).start()
+            user, password = self._credentials  # a hello even without a user: it tells the frame limit
+            hello = self._exchange(sock, "hello", {"user": user, "password": password})
+            self._max_frame_size = frame_limit(hello)
+            return sock
 
     def _open(self) -> Connection:
         if self.path is not None:
@@ -219,6 +239,47 @@ def publish_fields(topic: str, messages: Sequence[OutgoingMessage]) -> dict[str,
     if any(message.message_id for message in messages):
         return {"topic": topic, "messages": outgoing_table(messages, message_ids(messages))}
     return {"topic": topic, "messages": outgoing_table(messages, None), "batch": os.urandom(16).hex()}
+
+
+def publish_requests(topic: str, messages: Sequence[OutgoingMessage], max_frame_size: int) -> list[dict[str, Any]]:
+    """The fields of one publish request per run of ``messages`` (in order) that fits in a frame
+    of ``max_frame_size`` bytes: the server closes the connection on a larger one, which would
+    look like an outage and be resent forever. A message too large for any frame is refused."""
+    runs: list[list[OutgoingMessage]] = [[]]
+    size = 0
+    for message in messages:
+        need = framed_size(message)
+        if need + FRAME_RESERVE > max_frame_size:
+            raise RecordTooLargeError(
+                f"message {message.message_id or '(no id)'} of {len(message.body)} bytes takes about {need} "
+                f"bytes framed, above the broker server's max_frame_size={max_frame_size}")
+        if runs[-1] and size + need + FRAME_RESERVE > max_frame_size:
+            runs.append([])
+            size = 0
+        runs[-1].append(message)
+        size += need
+    return [publish_fields(topic, run) for run in runs]
+
+
+def framed_size(message: OutgoingMessage) -> int:
+    """At most the bytes ``message`` adds to a publish frame: msgpack gives each value a prefix
+    of at most 5 bytes, and a column its message's share of the field names."""
+    texts = [message.key, message.tag, message.message_id, *message.headers, *message.headers.values()]
+    return len(message.body) + sum(len(t.encode("utf-8", "surrogatepass")) + 5 for t in texts) + 64
+
+
+def fitting(frame: bytes, op: str, max_frame_size: int) -> bytes:
+    """``frame``, unless it is larger than the server takes (it would close the connection)."""
+    if len(frame) > max_frame_size:
+        raise FrameTooLargeError(f"{op} request of {len(frame)} bytes is above the broker server's "
+                                 f"max_frame_size={max_frame_size}")
+    return frame
+
+
+def frame_limit(hello: Mapping[str, Any]) -> int:
+    """The frame limit a server's hello reply tells (servers before it: the default)."""
+    limit = hello.get("max_frame_size")
+    return limit if isinstance(limit, int) and limit > 0 else DEFAULT_MAX_FRAME_SIZE
 
 
 def message_ids(messages: Sequence[OutgoingMessage]) -> list[str]:

@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 
 import pika
 import pika.exceptions
+import pika.frame
 import structlog
 from pika.adapters.blocking_connection import BlockingChannel
 
@@ -123,6 +124,19 @@ def unroutable(doing: str, returned: Sequence[str]) -> TransportError:
     )
 
 
+def check_frames(messages: Sequence[Publish], frame_max: int, doing: str) -> None:
+    """A `TransportError` for a message whose properties (its headers) need a content-header frame
+    larger than the connection's ``frame_max``: RabbitMQ would close the connection for it
+    (``FRAME_ERROR``), which looks like an outage and would be retried for ever."""
+    for message in messages:
+        size = len(pika.frame.Header(1, len(message.body), message.properties).marshal())
+        if size > frame_max:
+            raise TransportError(
+                f"amqp: {doing}: message {message.properties.message_id!r}: its headers take {size} bytes, above "
+                f"the connection's frame_max={frame_max} (AMQP carries headers in one frame; send large "
+                "values in the body)")
+
+
 FAILURES = (pika.exceptions.AMQPError, OSError, AssertionError)
 """What pika raises when a call cannot finish (AssertionError: a call on a connection pika closed)."""
 
@@ -174,6 +188,7 @@ class Connection:
         go, `BackendUnavailableError` if one was not confirmed (the caller publishes them again)."""
         returned: list[str] = []
         with self.using(doing):
+            check_frames(messages, self._connection._impl.params.frame_max, doing)  # negotiated at connect
             publisher = self._publishing_channel()
             for message in messages:
                 try:

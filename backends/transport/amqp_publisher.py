@@ -31,7 +31,7 @@ from pika.channel import Channel
 from pika.frame import Method
 
 from backends.errors import BackendUnavailableError, ReliableError
-from backends.transport.amqp_client import FAILURES, Publish, translate, unroutable
+from backends.transport.amqp_client import FAILURES, Publish, check_frames, translate, unroutable
 
 log = structlog.get_logger(__name__)
 
@@ -120,8 +120,9 @@ class Publisher:
         confirms = Confirms(doing)
         with self._lock:
             with self._state:
-                if self._failure is not None:
+                if self._failure is not None or self._connection is None:
                     raise BackendUnavailableError(f"amqp: {doing}: the connection ({self.name}) is closed")
+                check_frames(messages, self._connection.params.frame_max, doing)  # negotiated at connect
                 self._confirms = confirms
                 self._ioloop.add_callback_threadsafe(partial(self._publish, messages, confirms))
             confirms.done.wait()

@@ -50,6 +50,35 @@ def check_nats_name(kind: str, name: str) -> None:
         )
 
 
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+"""A header name nats-py sends (RFC 7230's token characters)."""
+MAX_HEADER_BYTES = 64 * 1024
+"""JetStream refuses a message whose header block is larger (error 10097)."""
+
+
+def check_nats_message(headers: Mapping[str, str], payload: int, max_payload: int) -> None:
+    """A `TransportError` for a message NATS would refuse or change in silence: a header name
+    nats-py refuses or skips (empty), a value it would trim or whose line breaks it would turn
+    into spaces, more headers than JetStream takes (it answers with no ack: a timeout), or headers
+    and ``payload`` bytes together above the server's ``max_payload`` (it closes the connection).
+    Both of the last would be taken for an outage and retried for ever."""
+    size = len(b"NATS/1.0\r\n\r\n")
+    for name, value in headers.items():
+        if not _TOKEN.fullmatch(name):
+            raise TransportError(f"header name {name!r}: nats:// carries names of ASCII letters, digits and "
+                                 "!#$%&'*+-.^_`|~ only")
+        if value != value.strip() or "\r" in value or "\n" in value:
+            raise TransportError(f"header {name!r} value {value[:60]!r}: nats:// cannot carry spaces at either "
+                                 "end or line breaks (nats-py would trim them or turn them into spaces)")
+        size += len(name) + len(value.encode("utf-8", "surrogateescape")) + 4
+    if size > MAX_HEADER_BYTES:
+        raise TransportError(f"headers of {size} bytes: JetStream takes at most {MAX_HEADER_BYTES} bytes of "
+                             "headers per message; send large values in the body")
+    if size + payload > max_payload:
+        raise TransportError(f"message of {payload} bytes with {size} bytes of headers: above the NATS "
+                             f"server's max_payload={max_payload}")
+
+
 def check_namespace(namespace: str) -> str:
     if not isinstance(namespace, str) or not _LEGAL.fullmatch(namespace):
         raise ConfigurationError(

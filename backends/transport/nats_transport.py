@@ -38,6 +38,7 @@ from backends.transport.nats_layout import (
     KEY_HEADER,
     MSG_ID_HEADER,
     Layout,
+    check_nats_message,
     check_nats_name,
 )
 from backends.transport.nats_streams import Streams
@@ -153,6 +154,7 @@ class NatsTransport(Transport):
                 headers[DUE_HEADER] = repr(now + message.delay)
             if dedupe:
                 headers[MSG_ID_HEADER] = headers[ID_HEADER]
+            check_nats_message(headers, len(message.payload), self._connection.client.max_payload)
             prepared.append((message.payload, headers))
 
         timeout = self._connection.request_timeout

@@ -7,6 +7,7 @@ capabilities are tested where a transport declares them.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.errors import TransportError
+from backends.errors import BackendUnavailableError, TransportError
 from backends.transport import open_transport
 from backends.transport.base import SubscribeOptions, Subscription, Transport
 from backends.types import Failure, Message, OutgoingMessage, text_bytes, text_from_bytes
@@ -232,3 +233,58 @@ def test_binary_keys_and_header_values_go_out_exactly_or_are_refused_by_name(
     for fields in ({"key": "\ud800"}, {"headers": {"h": "\ud800"}}):  # stands for no byte: refused everywhere
         with pytest.raises(TransportError, match="lone surrogate"):
             transport.publish(unique, outgoing(1, **fields))
+
+
+AWKWARD_HEADERS = {"line": "one\ntwo", "crlf": "a\r\nb", "padded": " x ", "": "an empty name",
+                   "größe": "ü", "a b": "v", "a:b": "v"}
+
+
+def test_headers_arrive_as_given_or_are_refused_by_name(transport: Transport, members, unique: str) -> None:
+    """Never changed or dropped in silence: nats-py trims values, turns their line breaks into
+    spaces and skips an empty name; nats:// refuses those, naming the header."""
+    g = members("g", unique)
+    sent = {}
+    for n, (name, value) in enumerate(AWKWARD_HEADERS.items()):
+        try:
+            transport.publish(unique, [OutgoingMessage(b"x", headers={name: value}, message_id=f"h{n}")])
+        except BackendUnavailableError:  # an outage: what a caller retries for ever
+            raise
+        except TransportError as exc:
+            assert repr(name) in str(exc)
+        else:
+            sent[f"h{n}"] = (name, value)
+    for message in receive(g, len(sent)):
+        name, value = sent.pop(message.id)
+        assert message.headers.get(name) == value
+    assert sent == {}
+
+
+def test_a_message_too_large_for_the_wire_is_refused_and_publishing_goes_on(
+    transport: Transport, members, unique: str
+) -> None:
+    """A header beyond AMQP's frame_max or JetStream's 64 KiB, a body beyond the broker server's
+    frame or NATS's max_payload: each closed the connection or went unanswered, an outage that a
+    caller (the outbox relay) retries for ever. Now refused naming the limit, and the next publish
+    goes through."""
+    g = members("g", unique)
+    accepted = ["after"]
+    for message in (OutgoingMessage(b"x", headers={"big": "x" * 1_000_000}, message_id="big-header"),
+                    OutgoingMessage(b"x" * 20_000_000, message_id="big-body")):
+        try:
+            transport.publish(unique, [message])
+        except BackendUnavailableError:
+            raise
+        except TransportError as exc:
+            assert re.search(r"max|limit|large", str(exc)), exc
+        else:
+            accepted.append(message.message_id)
+    transport.publish(unique, [OutgoingMessage(b"x", message_id="after")])
+    assert sorted(m.id for m in receive(g, len(accepted))) == sorted(accepted)
+
+
+def test_a_batch_larger_than_any_frame_is_published_whole(transport: Transport, members, unique: str) -> None:
+    """9 MB in one call (450 messages of 20 KB, the outbox relay's batch): above the broker server's
+    8 MiB frame, so reliable:// sends it in several frames (it lost the connection every time)."""
+    g = members("g", unique)
+    transport.publish(unique, [OutgoingMessage(b"x" * 20_000, message_id=f"m{n}") for n in range(450)])
+    assert sorted(m.id for m in receive(g, 450)) == sorted(f"m{n}" for n in range(450))
