@@ -72,6 +72,13 @@ class LimitExceededError(ProtocolError):
     fatal = True
 
 
+class SubscriptionLimitError(LimitExceededError):
+    """Raised when a connection would hold more than ``max_subscriptions`` members (STOMP
+    subscriptions); the subscribe is refused, and a native connection serves on."""
+
+    fatal = False
+
+
 class AuthenticationError(ServerError):
     """Raised when credentials are missing or wrong."""
 

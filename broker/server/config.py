@@ -44,6 +44,7 @@ class Limits:
     stomp_max_redeliveries: int = 6  # ActiveMQ's maximumRedeliveries; then %DLQ%<group>
     stomp_redelivery_delay: float = 1.0  # ActiveMQ's initialRedeliveryDelay, seconds
     stomp_redelivery_multiplier: float = 1.0  # ActiveMQ's backOffMultiplier (1: a constant delay)
+    max_subscriptions: int = 1000  # per connection: native members, STOMP subscriptions (ActiveMQ's default)
     max_transactions: int = 16  # open STOMP transactions per connection
     max_transaction_bytes: int = 16 * 1024 * 1024  # what they may hold together, per connection
     # failed authentications (`broker.server.guard`): answered after a delay; past a number per
@@ -59,7 +60,7 @@ class Limits:
 
     def __post_init__(self) -> None:
         for name in ("max_frame_size", "max_handshake_frame_size", "max_connections", "max_connections_per_address",
-                     "stomp_prefetch", "max_transactions", "max_transaction_bytes"):
+                     "stomp_prefetch", "max_subscriptions", "max_transactions", "max_transaction_bytes"):
             _require(f"broker.{name}", getattr(self, name), int, 1)
         for name in ("idle_timeout", "slow_client_timeout", "handshake_timeout", "max_fetch_wait"):
             _require(f"broker.{name}", getattr(self, name), (int, float), 0.001)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.errors import UnknownMemberError
-from broker.protocol.errors import MalformedFrameError
+from broker.protocol.errors import MalformedFrameError, SubscriptionLimitError
 from broker.protocol.operations import OPERATIONS, Operation
 from broker.protocol.tables import Table, column_table
 from broker.server.auth import Principal
@@ -35,6 +35,7 @@ class Context:
     principal: Principal
     metrics: ServerMetrics
     max_fetch_wait: float
+    max_subscriptions: int = 1000
     members: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def member(self, member: str, op: str) -> str:
@@ -92,6 +93,9 @@ Step = Callable[[Context, Operation, dict[str, Any]], Awaitable[Reply]]
 async def _subscribe(ctx: Context, op: Operation, args: dict[str, Any]) -> Reply:
     if not args["group"] or not args["topics"]:
         raise MalformedFrameError("subscribe: group and topics must not be empty")
+    if len(ctx.members) >= ctx.max_subscriptions:  # each member costs the group a rebalance
+        raise SubscriptionLimitError(f"subscribe: this connection holds {len(ctx.members)} members, "
+                                     f"max_subscriptions={ctx.max_subscriptions}; unsubscribe some first")
     member = await ctx.engine.call(op, args)
     ctx.members[member] = tuple(args["topics"])
     return op.answer(member)

@@ -184,7 +184,7 @@ class NativeSession:
 
     def _new_context(self, principal: Principal) -> native_ops.Context:
         return native_ops.Context(self.engine, principal, self.conn.metrics,
-                                  self.conn.limits.max_fetch_wait)
+                                  self.conn.limits.max_fetch_wait, self.conn.limits.max_subscriptions)
 
     async def _hello(self, request_id: int, request: Mapping[str, Any]) -> None:
         if self.ctx is not None:

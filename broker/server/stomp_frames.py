@@ -11,7 +11,12 @@ import itertools
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from broker.protocol.errors import MalformedFrameError, RequestError, UnknownOperationError
+from broker.protocol.errors import (
+    MalformedFrameError,
+    RequestError,
+    SubscriptionLimitError,
+    UnknownOperationError,
+)
 from broker.protocol.operations import OPERATIONS
 from broker.server.auth import Principal
 from broker.server.connection import Connection
@@ -105,6 +110,10 @@ class StompHandlers:
             raise MalformedFrameError("SUBSCRIBE needs an id header")
         if sub_id in self.subscriptions:
             raise MalformedFrameError(f"subscription id {sub_id!r} is already in use")
+        limit = self.session.conn.limits.max_subscriptions
+        if len(self.subscriptions) >= limit:  # each one is a member of a group and a task fetching for it
+            raise SubscriptionLimitError(f"this connection holds {len(self.subscriptions)} subscriptions, "
+                                         f"max_subscriptions={limit}")
         ack_mode = frame.get("ack", "auto")
         if ack_mode not in ACK_MODES:
             raise MalformedFrameError(f"ack mode {ack_mode!r} is not one of {', '.join(ACK_MODES)}")
