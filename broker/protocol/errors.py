@@ -72,9 +72,10 @@ class LimitExceededError(ProtocolError):
     fatal = True
 
 
-class SubscriptionLimitError(LimitExceededError):
-    """Raised when a connection would hold more than ``max_subscriptions`` members (STOMP
-    subscriptions); the subscribe is refused, and a native connection serves on."""
+class RequestLimitError(LimitExceededError):
+    """Raised when a request would take a connection past a bound on what it holds at once
+    (``max_subscriptions``, ``max_waiting_requests``): that request is refused, and a native
+    connection serves on."""
 
     fatal = False
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.errors import UnknownMemberError
-from broker.protocol.errors import MalformedFrameError, SubscriptionLimitError
+from broker.protocol.errors import MalformedFrameError, RequestLimitError
 from broker.protocol.operations import OPERATIONS, Operation
 from broker.protocol.tables import Table, column_table
 from broker.server.auth import Principal
@@ -36,6 +36,7 @@ class Context:
     metrics: ServerMetrics
     max_fetch_wait: float
     max_subscriptions: int = 1000
+    max_fetch_messages: int = 10_000
     members: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def member(self, member: str, op: str) -> str:
@@ -72,6 +73,8 @@ async def serve(ctx: Context, op: Operation, request: Mapping[str, Any]) -> Repl
     """Parse, authorise and run one request of ``op``; its reply's fields."""
     args = op.parse(request)
     ctx.authorise(op, args)
+    for name in COUNTS.intersection(args):  # "up to": a client asking for more gets this many
+        args[name] = min(args[name], ctx.max_fetch_messages)
     step = STEPS.get(op.name)
     if step is not None:
         return await step(ctx, op, args)
@@ -87,6 +90,9 @@ def _shown(ctx: Context, op: Operation, result: Any) -> Any:
     return result if op.access.visible(ctx.principal, [result]) else None
 
 
+COUNTS = frozenset({"max_messages", "limit"})
+"""The fields that say how many messages a reply may hold (fetch, read, dlq_list, lookup_key): each
+is read into memory and encoded whole, so one request must not ask for a whole topic."""
 Step = Callable[[Context, Operation, dict[str, Any]], Awaitable[Reply]]
 
 
@@ -94,7 +100,7 @@ async def _subscribe(ctx: Context, op: Operation, args: dict[str, Any]) -> Reply
     if not args["group"] or not args["topics"]:
         raise MalformedFrameError("subscribe: group and topics must not be empty")
     if len(ctx.members) >= ctx.max_subscriptions:  # each member costs the group a rebalance
-        raise SubscriptionLimitError(f"subscribe: this connection holds {len(ctx.members)} members, "
+        raise RequestLimitError(f"subscribe: this connection holds {len(ctx.members)} members, "
                                      f"max_subscriptions={ctx.max_subscriptions}; unsubscribe some first")
     member = await ctx.engine.call(op, args)
     ctx.members[member] = tuple(args["topics"])

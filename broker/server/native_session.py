@@ -23,6 +23,7 @@ from broker.protocol.errors import (
     LockedOutError,
     MalformedFrameError,
     ProtocolError,
+    RequestLimitError,
     ServerError,
     UnknownOperationError,
 )
@@ -144,6 +145,8 @@ class NativeSession:
             operation = OPERATIONS.get(op)
             if operation is None:
                 raise UnknownOperationError(f"unknown operation {op[:40]!r}; known: {sorted(_KNOWN)}")
+            if operation.waits:
+                self._room_to_wait(op)
         except ServerError as error:
             if await self._reply_error(request_id, error):
                 raise _Close from error
@@ -154,6 +157,15 @@ class NativeSession:
             task.add_done_callback(self._tasks.discard)
         else:
             await self._run(request_id, operation, ctx, request)
+
+    def _room_to_wait(self, op: str) -> None:
+        """`RequestLimitError` if ``max_waiting_requests`` already run beside the others: each holds
+        its reply until the client reads it, so a client that pipelines thousands and never reads
+        would make the server hold them all."""
+        limit = self.conn.limits.max_waiting_requests
+        if len(self._tasks) >= limit:
+            raise RequestLimitError(f"{op}: {len(self._tasks)} requests that wait (fetch, read, dlq_replay, "
+                                    f"...) are in flight on this connection, max_waiting_requests={limit}")
 
     async def _run_together(self, together: native_runs.Together, run: list[Pending]) -> None:
         """Requests that share one engine call; their replies go out in one write."""
@@ -184,7 +196,8 @@ class NativeSession:
 
     def _new_context(self, principal: Principal) -> native_ops.Context:
         return native_ops.Context(self.engine, principal, self.conn.metrics,
-                                  self.conn.limits.max_fetch_wait, self.conn.limits.max_subscriptions)
+                                  self.conn.limits.max_fetch_wait, self.conn.limits.max_subscriptions,
+                                  self.conn.limits.max_fetch_messages)
 
     async def _hello(self, request_id: int, request: Mapping[str, Any]) -> None:
         if self.ctx is not None:

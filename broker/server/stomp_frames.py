@@ -14,7 +14,7 @@ from typing import Protocol
 from broker.protocol.errors import (
     MalformedFrameError,
     RequestError,
-    SubscriptionLimitError,
+    RequestLimitError,
     UnknownOperationError,
 )
 from broker.protocol.operations import OPERATIONS
@@ -110,14 +110,14 @@ class StompHandlers:
             raise MalformedFrameError("SUBSCRIBE needs an id header")
         if sub_id in self.subscriptions:
             raise MalformedFrameError(f"subscription id {sub_id!r} is already in use")
-        limit = self.session.conn.limits.max_subscriptions
-        if len(self.subscriptions) >= limit:  # each one is a member of a group and a task fetching for it
-            raise SubscriptionLimitError(f"this connection holds {len(self.subscriptions)} subscriptions, "
-                                         f"max_subscriptions={limit}")
+        limits = self.session.conn.limits
+        if len(self.subscriptions) >= limits.max_subscriptions:  # each is a group's member, and a task
+            raise RequestLimitError(f"this connection holds {len(self.subscriptions)} subscriptions, "
+                                    f"max_subscriptions={limits.max_subscriptions}")
         ack_mode = frame.get("ack", "auto")
         if ack_mode not in ACK_MODES:
             raise MalformedFrameError(f"ack mode {ack_mode!r} is not one of {', '.join(ACK_MODES)}")
-        prefetch = _prefetch(frame.get("activemq.prefetchSize"), self.session.conn.limits.stomp_prefetch)
+        prefetch = min(_prefetch(frame.get("activemq.prefetchSize"), limits.stomp_prefetch), limits.max_fetch_messages)
         if destination.kind == "queue":  # the group NAME over topic NAME, as a native subscribe
             QUEUE_ACCESS.check(self.principal, {"group": destination.topic, "topics": [destination.topic]})
         else:  # a broadcasting member of its own: reading the topic, as a native read

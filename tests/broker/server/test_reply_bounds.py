@@ -1,0 +1,81 @@
+"""What one native request or connection makes the server hold for its replies is bounded.
+
+* A reply holds at most ``max_fetch_messages``: a ``read`` (``fetch``, ``dlq_list``,
+  ``lookup_key``) asking for a billion messages read the whole queue into memory and encoded it
+  as one frame.
+* A connection runs at most ``max_waiting_requests`` requests that wait (fetch, read, ...) beside
+  its others; past that a request is refused at once, and the connection serves on. Each such
+  request holds its reply until the client has read it: a client that pipelined thousands of reads
+  and never read a reply made the server hold every reply at once (the requests are small, so the
+  read-ahead bound let thousands in), until ``slow_client_timeout`` cut it off.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.client import Client
+from broker.delivery.values import OutgoingMessage
+from broker.protocol import codec as native_codec
+from broker.protocol.codec import FrameDecoder, decode_body
+from broker.server.server import BrokerServer
+from broker.store.clock import FakeClock
+from tests.broker.server import threaded
+
+LIMIT = 4
+POLL = 2.0  # seconds each long poll waits for a message that never comes
+MAX_FETCH = 10
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[BrokerServer]:
+    with threaded.serving(tmp_path, FakeClock(), {}, max_waiting_requests=LIMIT,
+                          max_fetch_messages=MAX_FETCH) as started:
+        yield started
+
+
+def replies(sock: socket.socket, count: int) -> list[dict[str, Any]]:
+    decoder, found = FrameDecoder(1 << 24), []
+    while len(found) < count and (data := sock.recv(1 << 20)):
+        found += [decode_body(payload) for payload in decoder.feed(data)]
+    return found
+
+
+def test_long_polls_past_the_limit_are_refused_at_once_and_the_others_still_answered(server, unique) -> None:
+    with socket.create_connection(("127.0.0.1", server.port("native")), timeout=30) as sock:
+        sock.sendall(native_codec.encode({"id": 1, "op": "subscribe", "group": unique, "topics": [unique]}))
+        [joined] = replies(sock, 1)
+        polls = [native_codec.encode({"id": n, "op": "fetch", "member": joined["member"], "timeout": POLL})
+                 for n in range(2, LIMIT + 5)]
+        sock.sendall(b"".join(polls) + native_codec.encode({"id": 99, "op": "ping"}))
+        answered = replies(sock, len(polls) + 1)
+    refused = [(r["id"], r["error"]["code"], r["fatal"]) for r in answered if not r["ok"]]
+    assert refused == [(n, "limit_exceeded", False) for n in range(LIMIT + 2, LIMIT + 5)]
+    assert answered[:len(refused) + 1] == [*(r for r in answered if not r["ok"]), {"id": 99, "ok": True}]
+    assert sorted(r["id"] for r in answered if r["ok"] and r["id"] != 99) == list(range(2, LIMIT + 2))
+    assert "max_waiting_requests=4" in answered[0]["error"]["message"]
+
+
+def test_a_client_polling_within_the_limit_is_served_as_before(server, unique) -> None:
+    client = Client(threaded.native(server))
+    member = client.join(unique, [unique])
+    assert client.fetch(member, 10, 0.1) == []
+    client.close()
+
+
+def test_a_reply_holds_at_most_max_fetch_messages_however_many_are_asked_for(server, unique) -> None:
+    client = Client(threaded.native(server))
+    client.publish(unique, [OutgoingMessage(f"m{n}".encode(), queue=0) for n in range(3 * MAX_FETCH)])
+    assert len(client.read(unique, 0, 0, 1_000_000_000)) == MAX_FETCH
+    assert len(client.read_columns(unique, 0, MAX_FETCH, 1_000_000_000).column("offset")) == MAX_FETCH
+    member = client.join(unique, [unique], prefetch=1_000_000_000)
+    taken = client.fetch(member, 1_000_000_000, 0.0)
+    assert len(taken) == MAX_FETCH  # the rest is fetched next, as with any "up to"
+    client.ack(member, [d.receipt for d in taken])
+    assert len(client.fetch(member, 1_000_000_000, 0.0)) == MAX_FETCH
+    client.close()
