@@ -12,7 +12,9 @@ another member may hold them (a leasing transport gives every member every
 queue). A transport that reads each queue in order, alone (Kafka's
 partitions), says so with ``reads_in_order``: the offsets it skipped hold
 nothing to hand out (transaction markers, compacted records, records deleted
-by retention) and count as done.
+by retention) and count as done; and an offset below the position there is
+not a message coming back but a new log (the topic was deleted and created
+again, offsets start over): the queue starts again at it, nothing above done.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ class OffsetWatermark:
             for m in messages:
                 queue = self._queues.get(m.ref)
                 if queue is None:
+                    queue = self._queues[m.ref] = _Queue(m.offset, m.offset, m.offset)
+                elif m.offset < queue.position and self.reads_in_order:  # the log was replaced
                     queue = self._queues[m.ref] = _Queue(m.offset, m.offset, m.offset)
                 elif m.offset < queue.position:  # fetched again: only it is not done any more
                     queue.position, behind = m.offset, queue.position

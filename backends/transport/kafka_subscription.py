@@ -14,7 +14,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
-from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from confluent_kafka import Message as KafkaRecord
 
 from backends.clock import Clock
@@ -87,7 +94,9 @@ class KafkaSubscription(Subscription):
         self._done = OffsetWatermark(reads_in_order=True)  # a partition is read in order, by one member
         self._committed: dict[QueueRef, int] = {}
         self._down: KafkaError | None = None
+        self._vanished = False  # librdkafka reported a partition it no longer knows
         self._closed = False
+        self._request_timeout = settings.get("socket.timeout.ms", 30_000) / 1000
         read = [name for topic in self.topics for name in topics_read(group, topic)]
         for name in read:
             publisher.partitions(name)  # the topics exist before the group asks for them
@@ -208,6 +217,9 @@ class KafkaSubscription(Subscription):
             raise raised(exc, f"fetch for group {self.group!r}") from exc
         except RuntimeError as exc:  # the consumer was closed under us
             raise TransportError(f"kafka: fetch for group {self.group!r}: {exc}") from exc
+        if self._vanished:
+            self._vanished = False
+            self._find_recreated()
         delivered: list[Message] = []
         for record in records:
             message = self._accept(record)
@@ -241,6 +253,43 @@ class KafkaSubscription(Subscription):
                 self._consumer.pause([TopicPartition(topic, queue)])
                 return None
         return message
+
+    def _find_recreated(self) -> None:
+        """After an unknown partition: the topics read whose partitions this member holds one of
+        no more. Kafka never takes a partition away: such a topic was deleted and created again."""
+        try:
+            metadata = self._consumer.list_topics(timeout=self._request_timeout)
+        except KafkaException as exc:
+            raise raised(exc, f"metadata for group {self.group!r}") from exc
+        with self._lock:
+            assigned = set(self._assigned)
+        for topic in sorted({ref.topic for ref in assigned}):
+            found = metadata.topics.get(topic)
+            if found is not None and found.error is None and found.partitions:  # not deleted only
+                gone = sorted(ref for ref in assigned if ref.topic == topic and ref.queue not in found.partitions)
+                if gone:
+                    self._read_again(topic, gone)
+
+    def _read_again(self, topic: str, gone: list[QueueRef]) -> None:
+        """``topic`` was created again without ``gone``: this member's positions on its other
+        partitions are offsets of the old log and would skip the new one's first records. Those
+        are read from the beginning (the tokens skip what is read twice); ``gone`` is dropped."""
+        with self._lock:
+            self._assigned.difference_update(gone)
+            others = sorted(ref for ref in self._assigned if ref.topic == topic)
+            held = [ref for ref in others if self._held.pop(ref, None) is not None]
+        positions = self._done.committable([*gone, *others])
+        self._forget_progress([*gone, *others])
+        try:
+            if held:
+                self._consumer.resume([TopicPartition(ref.topic, ref.queue) for ref in held])
+            for ref in others:
+                self._consumer.seek(TopicPartition(ref.topic, ref.queue, OFFSET_BEGINNING))
+        except KafkaException as exc:
+            raise raised(exc, f"reading {topic!r} again for group {self.group!r}") from exc
+        log.warning("transport.topic_recreated", group=self.group, topic=topic,
+                    gone=[ref.queue for ref in gone], read_again=[ref.queue for ref in others],
+                    positions={str(ref): offset for ref, offset in sorted(positions.items())})
 
     def _release_due(self) -> list[Message]:
         """Held-back copies now due, their partitions resumed after them."""
@@ -320,6 +369,8 @@ class KafkaSubscription(Subscription):
     def _on_error(self, error: KafkaError) -> None:
         if error.code() == KafkaError._ALL_BROKERS_DOWN:
             self._down = error
+        if error.code() == KafkaError._UNKNOWN_PARTITION:
+            self._vanished = True  # looked into after consume(): librdkafka aborts on metadata asked in here
         if error.fatal():
             raise translate(error, f"consumer of group {self.group!r}")
         log.warning("transport.kafka_error", group=self.group, error=error.str(), code=error.name())

@@ -25,7 +25,7 @@ from backends.transport.kafka_layout import retry_topic
 from backends.transport.kafka_mock import MockCluster
 from backends.types import OutgoingMessage, QueueRef
 from reliable import App, Message, Settings
-from tests.transports.test_kafka import ROUNDS, fetch_until, outgoing
+from tests.transports.test_kafka import ROUNDS, fetch_until, next_offsets, outgoing
 
 SESSION_TIMEOUT = 3.0
 MAX_POLL_INTERVAL = 4.0
@@ -202,3 +202,22 @@ def test_a_topic_created_again_with_fewer_partitions_takes_publishes(
         got = fetch_until(member, 20)
     assert sorted(m.id for m in got) == sorted(f"after-{k}" for k in keys)
     assert {(m.key, m.queue) for m in got} == {(k, zlib.crc32(k.encode()) % 2) for k in keys}
+
+
+def test_a_member_reading_a_topic_created_again_reads_the_new_log_from_its_start(
+    cluster: MockCluster, transport: KafkaTransport, unique: str
+) -> None:
+    """The member held positions 4-6 of the old log's partitions; the new log's first records there
+    were skipped without a word (30 of 40 delivered)."""
+    transport.publish(unique, outgoing(20, prefix="old", key=None))
+    with capture_logs() as logs, transport.subscribe(unique, [unique]) as member:
+        old = fetch_until(member, 20)
+        member.ack(old)
+        member.commit(next_offsets(old))
+        cluster.delete_topic(unique)
+        cluster.create_topic(unique, 2)
+        transport.publish(unique, outgoing(40, prefix="new", key=None))
+        new = fetch_until(member, 40)
+    assert sorted(m.id for m in new) == sorted(f"new{n}" for n in range(40))
+    recreated = [(e["topic"], e["gone"], e["read_again"]) for e in logs if e["event"] == "transport.topic_recreated"]
+    assert recreated == [(unique, [2, 3], [0, 1])]

@@ -75,3 +75,16 @@ def test_forgotten_queues_are_not_ours() -> None:
     mark.fetched(messages(0))
     mark.forget([REF])
     assert mark.mark_done(messages(0)) == {} and mark.committable() == {} and mark.in_flight([REF]) == []
+
+
+def test_an_offset_below_the_position_of_a_queue_read_in_order_starts_it_again() -> None:
+    """Kafka never gives an offset twice in one assignment: a lower one is a new log (the topic was
+    deleted and created again). Its offsets above are new records, not the old ones that were done:
+    counting them done moved the committed offset past records not processed yet."""
+    mark = OffsetWatermark(reads_in_order=True)
+    mark.fetched(messages(*range(20)))
+    assert mark.mark_done(messages(*range(20))) == {REF: 20}
+    mark.fetched(messages(*range(10)))  # offsets 0-9 of the new log
+    assert mark.mark_done(messages(0)) == {REF: 1}
+    assert mark.committable() == {REF: 1}
+    assert [m.offset for m in mark.in_flight([REF])] == list(range(1, 10))
