@@ -18,6 +18,8 @@ _UNDECODED = object()
 _UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))  # version and variant bits
 _UUID4_SET = (0x4000 << 64) | (0x8000 << 48)  # version 4, RFC 4122 variant
 CONTENT_TYPE = "content-type"
+SUMMARY_LIMIT = 8192
+"""Characters of a failure's message and of its traceback a transport's dead-letter copy keeps."""
 JSON = "application/json"
 MSGPACK = "application/msgpack"
 
@@ -150,6 +152,18 @@ class Failure:
     attempts: int
     first_failure_at: float
     last_failure_at: float
+
+    def summary(self, limit: int = SUMMARY_LIMIT) -> Failure:
+        """This failure with its message (its start) and traceback (its end: where the error was
+        raised) cut to ``limit`` characters each, saying how much was cut: what a transport's
+        dead-letter copy carries in its headers, which every wire bounds (AMQP's frame_max,
+        JetStream's 64 KiB). The store's dead-letter record keeps the whole failure."""
+        message, trace = self.error_message, self.traceback
+        if len(message) > limit:
+            message = f"{message[:limit]}... [{len(message) - limit} characters cut]"
+        if len(trace) > limit:
+            trace = f"[{len(trace) - limit} characters cut] ...{trace[-limit:]}"
+        return replace(self, error_message=message, traceback=trace)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Any
 
 import structlog
 
-from backends.errors import BackendUnavailableError, DiskFullError
+from backends.errors import BackendUnavailableError, DiskFullError, TransportError
 from backends.transport.base import SubscribeOptions, Subscription
 from backends.types import Message, QueueRef
 from reliable import metrics
@@ -230,7 +230,12 @@ class Worker:
         if result.outcome is Outcome.REDELIVERED or result.outcome is Outcome.DEFERRED:
             return self._settling(lambda s: s.nack(message, result.delay)) is not FAILED
         if result.outcome is Outcome.DEAD_LETTERED and failure is not None:
-            return self._settling(lambda s: s.dead_letter(message, failure)) is not FAILED
+            try:  # the transport's copy carries the failure cut short: every wire bounds headers
+                return self._settling(lambda s: s.dead_letter(message, failure.summary())) is not FAILED
+            except TransportError as exc:  # refused, not an outage: the store's record is the letter
+                log.error("dead_letter_copy_refused", handler=self.handler.name, topic=message.topic,
+                          offset=message.offset, error=str(exc))
+                return self._settling(lambda s: s.ack([message])) is not FAILED
         return False
 
     def _in_progress(self, messages: Sequence[Message]) -> None:

@@ -79,6 +79,12 @@ def check_nats_message(headers: Mapping[str, str], payload: int, max_payload: in
                              f"server's max_payload={max_payload}")
 
 
+def one_line(headers: Mapping[str, str]) -> dict[str, str]:
+    """``headers`` as nats-py sends them (values trimmed, line breaks turned into spaces), said
+    here: a dead letter's traceback is read as one line."""
+    return {name: value.strip().replace("\r", " ").replace("\n", " ") for name, value in headers.items()}
+
+
 def check_namespace(namespace: str) -> str:
     if not isinstance(namespace, str) or not _LEGAL.fullmatch(namespace):
         raise ConfigurationError(

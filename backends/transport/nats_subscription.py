@@ -39,8 +39,10 @@ from backends.transport.nats_layout import (
     INTERNAL_HEADERS,
     KEY_HEADER,
     Layout,
+    check_nats_message,
     check_nats_name,
     due_at,
+    one_line,
     to_message,
 )
 from backends.types import Failure, Message
@@ -139,10 +141,11 @@ class NatsSubscription(Subscription):
     def dead_letter(self, message: Message, failure: Failure) -> None:
         """POISON: the message with its failure to the group's dead-letter stream, then ``+TERM``."""
         receipt = self._receipt(message)
-        headers = {**message.headers, **failure_headers(failure, message), ID_HEADER: message.id,
+        headers = {**message.headers, **one_line(failure_headers(failure, message)), ID_HEADER: message.id,
                    ORIGIN_TOPIC_HEADER: origin_topic(message)}
         if message.key is not None:
             headers[KEY_HEADER] = message.key
+        check_nats_message(headers, len(message.payload), self._connection.client.max_payload)
         subject = self._layout.dead_letter_subject(self.group)
         self._connection.guarded(
             lambda: self._connection.js.publish(subject, message.payload, headers=headers),

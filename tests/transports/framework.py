@@ -103,6 +103,8 @@ class FrameworkSuite:
         def handle(message: Message, tx) -> None:
             if message.body["token"] == "poison":
                 raise Poison("never")
+            if message.body["token"] == "huge-poison":  # more than any wire carries in headers
+                raise Poison("x" * 300_000)
             if message.body["token"] == "flaky":
                 flaky_attempts.append(message.attempt)
                 if len(flaky_attempts) == 1:
@@ -111,19 +113,23 @@ class FrameworkSuite:
 
         tokens = [f"t{n}" for n in range(100)]
         # published before any worker runs: the app declares its handler's group first
-        app.publish_many(unique, [{"token": t} for t in tokens * 2 + ["flaky", "poison"]])
+        app.publish_many(unique, [{"token": t} for t in tokens * 2 + ["flaky", "poison", "huge-poison"]])
         runner = threading.Thread(target=app.run)
         runner.start()
         try:
             wait_until(lambda: len(effect_counts(postgres_url, effects)) == 101
-                       and dead_letter_counts(postgres_url, unique) == {"poison": 1}, runner.is_alive)
+                       and dead_letter_counts(postgres_url, unique) == {"poison": 1, "huge-poison": 1},
+                       runner.is_alive)
         finally:
             app.stop()
             runner.join()
         assert effect_counts(postgres_url, effects) == {t: 1 for t in [*tokens, "flaky"]}
         self.check_acked(server, app, unique, flaky_attempts)
-        ((payload, headers),) = self.dead_letters(server, unique)
-        assert b"poison" in payload and headers["x-reliable-error-message"] == "never"
+        letters = {json.loads(payload)["token"]: headers for payload, headers in self.dead_letters(server, unique)}
+        assert letters.keys() == {"poison", "huge-poison"}, letters.keys()
+        assert letters["poison"]["x-reliable-error-message"] == "never"
+        assert letters["huge-poison"]["x-reliable-error-message"].startswith("x" * 1000)  # cut: see Failure.summary
+        assert len(letters["huge-poison"]["x-reliable-error-message"]) < 300_000
         app.close()
 
     @pytest.mark.parametrize(

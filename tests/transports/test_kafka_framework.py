@@ -58,13 +58,13 @@ class TestKafkaFramework(FrameworkSuite):
 
     def check_acked(self, server: MockCluster, app: App, group: str, flaky_attempts: list[int]) -> None:
         assert flaky_attempts[0] == 1
-        assert sum(committed_offsets(server.url, group, group).values()) == 202  # every message done
+        assert sum(committed_offsets(server.url, group, group).values()) == 203  # every message done
         saved = app.runtime.store.load_offsets(group)
         assert any(ref.topic == group for ref in saved)  # saved in the handler's transactions
         assert any(ref.topic.startswith(f"{group}-retry-{group}-") for ref in saved)  # the retry came back
 
     def dead_letters(self, server: MockCluster, group: str) -> DeadLetters:
-        return read_topic(server, f"{group}-dlt-{group}", 1)
+        return read_topic(server, f"{group}-dlt-{group}", 2)  # the suite dead-letters two messages
 
 
 def test_the_worker_commits_past_transaction_markers(cluster: MockCluster, tmp_path: Path, unique: str) -> None:

@@ -11,11 +11,14 @@ from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 import pytest
+from structlog.testing import capture_logs
 
 from backends.transport.nats_transport import NatsTransport
-from reliable import App
+from reliable import App, Message
+from reliable.settings import Settings
 from tests.tcp_proxy import TcpProxy
-from tests.transports.framework import CutSuite, DeadLetters, assert_nothing_pending
+from tests.transports.effects import dead_letter_counts
+from tests.transports.framework import CutSuite, DeadLetters, Poison, assert_nothing_pending
 from tests.transports.test_nats import read_dead_letters
 
 
@@ -45,7 +48,7 @@ class TestNatsFramework(CutSuite):
             assert_nothing_pending(transport, group)  # every message acked or terminated
 
     def dead_letters(self, server: str, group: str) -> DeadLetters:
-        return read_dead_letters(server, group, group, 1)
+        return read_dead_letters(server, group, group, 2)  # the suite dead-letters two messages
 
     def open(self, server: str, namespace: str) -> NatsTransport:
         return NatsTransport(server, namespace=namespace)
@@ -70,3 +73,30 @@ class TestNatsFramework(CutSuite):
 
     def check_reconnected(self, app: App) -> None:
         assert nats_transport(app).reconnects >= 1
+
+
+def test_a_dead_letter_copy_jetstream_cannot_carry_is_refused_and_the_record_kept(
+    nats_url: str, postgres_url: str, redis_url: str, unique: str
+) -> None:
+    """A message with 60 KB of headers (JetStream takes 64 KiB) fails for good: its dead-letter
+    copy, with the failure's headers too, is over 64 KiB, which JetStream leaves unanswered (a
+    timeout, taken for an outage: the worker left its group and got the message again, for ever).
+    Now the copy is refused by name, the message is settled, and the store's record is its letter."""
+    place = f"{nats_url}?namespace={unique}"
+    suite = TestNatsFramework()
+    app = App(Settings.load(None, env=suite.settings_env(place, postgres_url, redis_url)))
+
+    @app.handler(unique, group=unique, token="body.token", fatal=[Poison])
+    def handle(message: Message, tx) -> None:
+        raise Poison("y" * 20_000)  # the copy carries 8 KB of it, and 8 KB of the traceback
+
+    app.publish(unique, {"token": "big"}, headers={"padding": "x" * 60_000})
+    with capture_logs() as logs:
+        app.run(until_idle=True)
+    assert dead_letter_counts(postgres_url, unique) == {"big": 1}
+    (refused,) = [e for e in logs if e["event"] == "dead_letter_copy_refused"]
+    assert "JetStream takes at most 65536 bytes of headers" in refused["error"]
+    with suite.open(nats_url, unique) as transport:
+        assert_nothing_pending(transport, unique)
+        transport.purge()
+    app.close()
