@@ -43,6 +43,7 @@ class StompSession:
         self.decoder = StompDecoder(conn.limits.handshake_frame_size, limit_name="max_handshake_frame_size")
         self.handlers: StompHandlers | None = None
         self._read_timeout = conn.limits.idle_timeout
+        self._beats_expected = False
         self._handshake_ends = 0.0
         self._heartbeat: asyncio.Task[None] | None = None
         self._failure: asyncio.Future[BaseException] | None = None
@@ -99,7 +100,16 @@ class StompSession:
         except ConnectionTimedOut:
             if self.handlers is None:
                 raise ConnectionTimedOut("handshake") from None
+            if self._listening:
+                return await self._read()
             raise
+
+    @property
+    def _listening(self) -> bool:
+        """Whether the client may be silent however long: it subscribed and promised no heart-beats,
+        so it waits for MESSAGE frames (as a native long poll in flight); a peer that vanished is
+        found by TCP keepalive (`broker.server.connection.KEEPALIVE`)."""
+        return self.handlers is not None and bool(self.handlers.subscriptions) and not self._beats_expected
 
     async def _dispatch(self, frame: StompFrame) -> None:
         try:
@@ -128,6 +138,7 @@ class StompSession:
         expect_every = max(SERVER_HEARTBEAT[1], client_send) if client_send else 0
         idle = self.conn.limits.idle_timeout  # bounds silence whatever beats a client promises
         self._read_timeout = min(2 * expect_every / 1000, idle) if expect_every else idle
+        self._beats_expected = bool(expect_every)
         self.handlers = StompHandlers(self, principal)
         self.decoder.max_frame_size, self.decoder.limit_name = self.conn.limits.max_frame_size, "max_frame_size"
         await self.send(StompFrame("CONNECTED", {
