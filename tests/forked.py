@@ -25,6 +25,7 @@ from typing import Any
 
 PRELOAD = [
     "tests.transports.chaos_worker",
+    "tests.transports.keyed_worker",
     "tests.transports.outbox_chain_worker",
     "tests.framework.offsets_worker",
     "reliable.cli",

@@ -8,9 +8,12 @@ and group names per test.
 from __future__ import annotations
 
 import json
+import random
+import signal
 import threading
 import zlib
 from collections.abc import Iterator
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import pytest
@@ -25,7 +28,11 @@ from backends.transport.kafka_layout import retry_topic
 from backends.transport.kafka_mock import MockCluster
 from backends.types import OutgoingMessage, QueueRef
 from reliable import App, Message, Settings
-from tests.transports.test_kafka import ROUNDS, fetch_until, next_offsets, outgoing
+from tests import forked
+from tests.transports import keyed_worker
+from tests.transports.effects import query, wait_until
+from tests.transports.framework import without_reliable_variables
+from tests.transports.test_kafka import ROOT, ROUNDS, fetch_until, next_offsets, outgoing
 
 SESSION_TIMEOUT = 3.0
 MAX_POLL_INTERVAL = 4.0
@@ -221,3 +228,72 @@ def test_a_member_reading_a_topic_created_again_reads_the_new_log_from_its_start
     assert sorted(m.id for m in new) == sorted(f"new{n}" for n in range(40))
     recreated = [(e["topic"], e["gone"], e["read_again"]) for e in logs if e["event"] == "transport.topic_recreated"]
     assert recreated == [(unique, [2, 3], [0, 1])]
+
+
+# two members, one killed again and again
+
+
+KEYS = 40
+
+
+def keyed_effects(postgres_url: str, table: str) -> dict[str, list[int]]:
+    """Each key's numbers in the order their effects were written."""
+    effects: dict[str, list[int]] = {}
+    for key, n in query(postgres_url, f"select key, n from {table} order by id"):
+        effects.setdefault(key, []).append(n)
+    return effects
+
+
+@pytest.mark.parametrize("strategy", ["per_message", "transactional"])
+def test_two_members_one_killed_at_random_each_effect_once_in_key_order(
+    cluster: MockCluster, postgres_url: str, unique: str, strategy: str
+) -> None:
+    """2,000 keyed messages published while two workers of one group consume them and one of
+    them, either, is killed (SIGKILL) and started again, eight times: its partitions move to
+    the other and back (eager rebalances, the done prefix committed by lanes finishing out of
+    order). Every effect once; each key's effects in the order of its messages (Kafka keeps a
+    key in one partition, read in order by one member)."""
+    query(postgres_url, f"create table {unique} (id bigserial primary key, token text unique, key text, n int)")
+    env = {**without_reliable_variables(), "PYTHONPATH": str(ROOT),
+           "RELIABLE_TRANSPORT__URL": cluster.url, "RELIABLE_TRANSPORT__VISIBILITY_TIMEOUT": str(SESSION_TIMEOUT),
+           "RELIABLE_STORE__URL": postgres_url, "RELIABLE_CACHE__URL": "memory://",
+           "RELIABLE_COMMIT__STRATEGY": strategy, "RELIABLE_LOG__LEVEL": "warning"}
+    per_key = 2_000 // KEYS
+    messages = [OutgoingMessage(json.dumps({"token": f"k{k}-{n}", "n": n}).encode(), key=f"k{k}")
+                for n in range(per_key) for k in range(KEYS)]
+    producer = open_transport(cluster.url)
+    sending = threading.Thread(target=lambda: [producer.publish(unique, messages[i:i + 100])
+                                               for i in range(0, len(messages), 100)])
+
+    def start() -> BaseProcess:
+        return forked.start(keyed_worker.main, (unique, unique, unique), env, ROOT)
+
+    def done() -> int:
+        return int(query(postgres_url, f"select count(*) from {unique}")[0][0])
+
+    rng, mid_work = random.Random(), 0
+    workers = [start(), start()]
+    sending.start()
+    try:
+        for _ in range(8):
+            target = done() + rng.randint(1, 200)
+            wait_until(lambda: done() >= min(target, len(messages)), lambda: all(w.is_alive() for w in workers))  # noqa: B023
+            victim = rng.randrange(2)
+            mid_work += done() < len(messages)
+            workers[victim].kill()
+            workers[victim].join(timeout=30)
+            assert workers[victim].exitcode == -signal.SIGKILL
+            workers[victim] = start()
+        sending.join()
+        wait_until(lambda: done() >= len(messages), lambda: all(w.is_alive() for w in workers))
+    finally:
+        sending.join()
+        producer.close()
+        for worker in workers:
+            worker.kill()
+            worker.join(timeout=30)
+        effects = keyed_effects(postgres_url, unique)
+        query(postgres_url, f"drop table {unique}")
+    assert mid_work >= 6  # the kills landed while messages were being processed
+    assert sorted(effects) == sorted(f"k{k}" for k in range(KEYS))
+    assert {key: numbers for key, numbers in effects.items() if numbers != list(range(per_key))} == {}
