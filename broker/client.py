@@ -90,6 +90,7 @@ class Client(SyncCalls):
         self._waiting: dict[int, Future[dict[str, Any]]] = {}
         self._sock: Connection | None = None
         self._closed = False
+        self._refused = ""  # what the server said when it refused the connection last open
         self._max_frame_size = DEFAULT_MAX_FRAME_SIZE  # the server's, told at every connect's hello
 
     # -- BrokerApi: one method per operation (SyncCalls), publish resent over reconnects ------
@@ -151,10 +152,10 @@ class Client(SyncCalls):
         try:
             with self._send_lock:
                 sock.sendall(frame)
-        except OSError as exc:
+        except OSError as exc:  # closed under it by the reader, which may have read why first
             self._waiting.pop(request_id, None)
             self._lost(sock, exc)
-            raise BrokerUnavailableError(f"broker {self._where()} unreachable: {exc}") from exc
+            raise BrokerUnavailableError(f"broker {self._where()} unreachable: {self._refused or exc}") from exc
         return result(waiting.result())
 
     def _connected(self) -> Connection:
@@ -171,7 +172,7 @@ class Client(SyncCalls):
                 except OSError as exc:
                     raise BrokerUnavailableError(f"broker {self._where()} unreachable: {exc}") from exc
                 sock.settimeout(None)
-                self._sock = sock
+                self._sock, self._refused = sock, ""
                 threading.Thread(target=self._read, args=(sock,), name="broker-client", daemon=True).start()
             user, password = self._credentials  # a hello even without a user: it tells the frame limit
             hello = self._exchange(sock, "hello", {"user": user, "password": password})
@@ -210,7 +211,7 @@ class Client(SyncCalls):
                         waiting.set_result(reply)
                     elif not reply.get("ok", True):  # an error for no request: the server ends
                         log.warning("client.refused", error=reply.get("error"))
-                        refusal = closed_by(reply)
+                        refusal = self._refused = closed_by(reply)
             raise ConnectionError("the broker closed the connection")
         except Exception as exc:  # noqa: BLE001 - every waiter learns the connection is gone
             exc = ConnectionError(refusal) if refusal else exc
