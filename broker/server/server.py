@@ -25,7 +25,7 @@ from broker.errors import BrokerConfigError
 from broker.protocol import codec as native_codec
 from broker.protocol.errors import ConnectionLimitError
 from broker.server.admission import Admission
-from broker.server.config import ServerConfig
+from broker.server.config import Limits, ServerConfig
 from broker.server.connection import Connection
 from broker.server.engine import Engine
 from broker.server.guard import AuthGuard
@@ -36,6 +36,9 @@ from broker.server.stomp_session import StompSession
 from broker.store.clock import SYSTEM_CLOCK, Clock
 
 log = structlog.get_logger("broker.server")
+METRICS_CONNECTIONS, METRICS_PER_ADDRESS = 32, 4
+"""Connections the metrics listener holds at once, in all and from one address: a scraper needs
+one; each waits up to 10 s for its request, so uncapped they were file descriptors for the taking."""
 Session = Callable[[Connection], Awaitable[None]]
 
 
@@ -52,8 +55,11 @@ class BrokerServer:
         self.authenticator = self.config.authenticator()
         self.guard = AuthGuard(self.authenticator, self.config.limits, self.metrics, clock)
         self.admission = Admission(self.config.limits, self.metrics, clock)
+        self.scrapes = Admission(Limits(max_connections=METRICS_CONNECTIONS,
+                                        max_connections_per_address=METRICS_PER_ADDRESS), self.metrics, clock)
         self._servers: dict[str, asyncio.Server] = {}
         self._sessions: set[asyncio.Task[None]] = set()
+        self._scraping: set[asyncio.Task[None]] = set()  # requests to the metrics listener
 
     def port(self, listener: str) -> int:
         """The port ``native``, ``stomp`` or ``metrics`` is bound to (useful with port 0)."""
@@ -78,8 +84,7 @@ class BrokerServer:
             self._servers["stomp"] = await asyncio.start_server(
                 self._accept("stomp", self._stomp, tls), host, self.config.stomp_port)
         if self.config.metrics_port is not None:
-            self._servers["metrics"] = await asyncio.start_server(
-                self.metrics.serve_http, host, self.config.metrics_port)
+            self._servers["metrics"] = await asyncio.start_server(self._scrape, host, self.config.metrics_port)
         if self.config.unix_socket is not None:
             self._servers["unix"] = await self._unix_listener(self.config.unix_socket)
         log.info("server_started", host=host, tls=tls is not None, auth=self.authenticator.required,
@@ -96,9 +101,9 @@ class BrokerServer:
     async def stop(self) -> None:
         for server in self._servers.values():
             server.close()
-        for task in list(self._sessions):
+        for task in [*self._sessions, *self._scraping]:
             task.cancel()
-        await asyncio.gather(*self._sessions, return_exceptions=True)
+        await asyncio.gather(*self._sessions, *self._scraping, return_exceptions=True)
         for server in self._servers.values():
             await server.wait_closed()
         self.guard.close()
@@ -157,6 +162,22 @@ class BrokerServer:
             conn.log.info("tls_handshake_failed", error=str(error)[:200] or type(error).__name__)
             conn.abort()
             return False
+
+    async def _scrape(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection to the metrics listener, within its own small caps (closed unread past them)."""
+        peer = writer.get_extra_info("peername")
+        host = peer[0] if isinstance(peer, tuple) else None
+        if self.scrapes.admit("metrics", host) is not None:
+            writer.transport.abort()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._scraping.add(task)
+        try:
+            await self.metrics.serve_http(reader, writer)
+        finally:
+            self._scraping.discard(task)
+            self.scrapes.release(host)
 
     async def _native(self, conn: Connection) -> None:
         await NativeSession(conn, self.engine, self.guard).run()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -26,7 +27,7 @@ from broker.protocol.codec import FrameDecoder, decode_body
 from broker.server.admission import REFUSALS_LOGGED_EVERY
 from broker.server.auth import hash_password
 from broker.server.config import TlsConfig
-from broker.server.server import BrokerServer
+from broker.server.server import METRICS_CONNECTIONS, METRICS_PER_ADDRESS, BrokerServer
 from broker.store.clock import FakeClock
 from tests.broker.server import threaded
 from tests.broker.server.certificates import self_signed
@@ -211,3 +212,24 @@ def test_tls_connections_are_capped_before_their_handshake_and_must_finish_it_in
         with connect(server, "native", "127.0.0.2") as sock:  # silent: cut at handshake_timeout
             assert received(sock) == b""
         assert counted(server.metrics.timeouts, listener="native", reason="handshake") == 1
+
+
+def test_the_metrics_listener_holds_a_few_connections_however_many_are_opened(tmp_path, clock) -> None:
+    """Each connection to /metrics waited 10 s for its request, and nothing capped them: one client
+    could hold file descriptors by the thousand, in the broker's own process."""
+    with serving(tmp_path, clock) as server, ExitStack() as stack:
+        for _ in range(3 * METRICS_CONNECTIONS):
+            stack.enter_context(connect(server, "metrics", "127.0.0.2"))  # silent: no request
+        with connect(server, "metrics", "127.0.0.3") as sock:  # another address still scrapes
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: broker\r\n\r\n")
+            assert received(sock).startswith(b"HTTP/1.1 200 OK")
+        assert counted(server.metrics.refused, listener="metrics") == 3 * METRICS_CONNECTIONS - METRICS_PER_ADDRESS
+        wait_until(lambda: held_by(server.port("metrics")) <= METRICS_PER_ADDRESS,
+                   "the refused connections to be closed")
+
+
+def held_by(port: int) -> int:
+    """The connections the server side of ``port`` holds open (``ss``)."""
+    listing = subprocess.run(["ss", "-tnH", "state", "established", f"( sport = :{port} )"],
+                             capture_output=True, text=True, check=True).stdout
+    return len(listing.splitlines())

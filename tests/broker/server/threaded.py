@@ -42,8 +42,8 @@ def serving(tmp_path: Path, clock: Clock, users: Mapping[str, Any], tls: TlsConf
     broker, loop = Broker(tmp_path / "broker"), asyncio.new_event_loop()
     started: Future[BrokerServer] = Future()
     stopping = asyncio.Event()
-    config = ServerConfig(port=0, stomp_port=0, users=load_users(users), limits=Limits(**limits),
-                          tls=tls)
+    config = ServerConfig(port=0, stomp_port=0, metrics_port=0, users=load_users(users),
+                          limits=Limits(**limits), tls=tls)
 
     async def serve() -> None:
         async with BrokerServer(Engine(broker), config, clock=clock) as server:
