@@ -98,6 +98,8 @@ class NativeSession:
                     if waiting:  # past the handshake's end: see whether its hello passes first
                         await self._inbox.settled()
                     continue
+                if waiting:
+                    raise ConnectionTimedOut("handshake") from None
                 raise
             if not data:
                 self._inbox.close()

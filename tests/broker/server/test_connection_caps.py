@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import stomp
-from prometheus_client import Counter
 from stomp.exception import StompException
 from structlog.testing import capture_logs
 
@@ -31,7 +30,7 @@ from broker.server.server import METRICS_CONNECTIONS, METRICS_PER_ADDRESS, Broke
 from broker.store.clock import FakeClock
 from tests.broker.server import threaded
 from tests.broker.server.certificates import self_signed
-from tests.broker.server.threaded import ClientFrom, native
+from tests.broker.server.threaded import ClientFrom, counted, native
 from tests.waiting import wait_until
 
 PASSWORD = "s3cret"
@@ -52,12 +51,6 @@ def serving(tmp_path: Path, clock: FakeClock, **limits: Any) -> Iterator[BrokerS
 
 def open_count(server: BrokerServer) -> int:
     return int(server.metrics.totals()["connections_open"])
-
-
-def counted(counter: Counter, **labels: str) -> float:
-    """The sum of ``counter``'s series with these labels."""
-    return sum(sample.value for family in counter.collect() for sample in family.samples
-               if sample.name.endswith("_total") and labels.items() <= sample.labels.items())
 
 
 def refused(server: BrokerServer, reason: str) -> float:

@@ -9,6 +9,7 @@ CONNECT and then large frames at once, without waiting for the answer, still wor
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from broker.server.auth import hash_password
 from broker.server.server import BrokerServer
 from broker.store.clock import FakeClock
 from tests.broker.server import threaded
+from tests.broker.server.threaded import counted
 from tests.waiting import wait_until
 
 PASSWORD = "s3cret"
@@ -112,3 +114,24 @@ def test_after_connect_a_stomp_client_sends_large_frames(server, unique) -> None
     connection.send(f"/queue/{unique}", b"b" * BIG, headers={"receipt": "r1"})
     wait_until(lambda: receipts == ["r1"], "the receipt of the large SEND")
     connection.disconnect()
+
+
+def test_a_hello_trickled_a_byte_at_a_time_is_cut_at_the_handshake_deadline(tmp_path) -> None:
+    """Each byte came well within idle_timeout; the deadline counts from the accept anyway, and the
+    cut is counted as a handshake timeout (it was counted as idle)."""
+    with threaded.serving(tmp_path, FakeClock(), USERS, handshake_timeout=0.5, idle_timeout=30) as server:
+        trickled = hello()
+        with native_socket(server) as sock:
+            sock.settimeout(0.05)
+            sent = 0
+            with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                while sent < len(trickled):
+                    try:
+                        if sock.recv(1024) == b"":
+                            break  # cut
+                    except TimeoutError:
+                        sock.sendall(trickled[sent:sent + 1])
+                        sent += 1
+        assert sent < len(trickled)  # cut before the hello was whole: 20 bytes a second take longer
+        wait_until(lambda: counted(server.metrics.timeouts, listener="native", reason="handshake") == 1,
+                   "the cut counted as a handshake timeout")

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import Counter
+
 from broker.client import CONNECT_TIMEOUT, Client
 from broker.delivery.engine import Broker
 from broker.server.auth import load_users
@@ -63,3 +65,9 @@ def serving(tmp_path: Path, clock: Clock, users: Mapping[str, Any], tls: TlsConf
 
 def native(server: BrokerServer) -> str:
     return f"127.0.0.1:{server.port('native')}"
+
+
+def counted(counter: Counter, **labels: str) -> float:
+    """The sum of ``counter``'s series with these labels (a server metric, read in process)."""
+    return sum(sample.value for family in counter.collect() for sample in family.samples
+               if sample.name.endswith("_total") and labels.items() <= sample.labels.items())
