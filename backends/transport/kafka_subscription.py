@@ -318,27 +318,17 @@ class KafkaSubscription(Subscription):
         log.info("transport.assigned", group=self.group, queues=len(refs), seeked=len(saved))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Before the partitions move: hand back what is not done, counted, and commit."""
+        """Before the partitions move: commit their done prefix, and only it. What was fetched and
+        not finished is read again by the next owner from there, in partition order, so a key's
+        messages keep their order (a copy through the retry topic came after the key's later ones)."""
         refs = [QueueRef(p.topic, p.partition) for p in partitions]
         if self.options.on_revoke:
             self.options.on_revoke(refs)
         try:
-            self._hand_back(refs)
-        except (BackendUnavailableError, TransportError) as exc:  # re-read, uncounted, by the next owner
-            log.warning("transport.hand_back_failed", group=self.group, error=str(exc))
+            self._commit(self._uncommitted(refs))
+        except (BackendUnavailableError, TransportError) as exc:  # read again from the last commit
+            log.warning("transport.revoke_commit_failed", group=self.group, error=str(exc))
         self._forget(consumer, refs)
-
-    def _hand_back(self, refs: Sequence[QueueRef]) -> None:
-        """Nack the messages of ``refs`` not done and commit the done prefix, once the group took a
-        commit of the prefix first: a member it refuses (its poll interval expired while a handler
-        held a batch) owns nothing, the new owner reads those messages already, and a copy would
-        deliver them twice."""
-        held = self._done.in_flight(refs)
-        if held and not self._commit(self._done.committable(refs)):
-            return
-        for message in held:
-            self.nack(message, 0.0)
-        self._commit(self._uncommitted(refs))
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """The partitions are gone already (the session expired): nothing can be committed."""

@@ -253,16 +253,22 @@ def test_commit_markers_between_records_do_not_hold_the_committed_offset_back(
         fetch_nothing(taking_over, rounds=2)  # committed on leaving past marker 3, to 7
 
 
-def test_a_leaving_member_hands_back_what_is_not_done_counted(transport: KafkaTransport, unique: str) -> None:
+def test_a_leaving_member_commits_its_done_prefix_and_the_next_reads_on_in_key_order(
+    transport: KafkaTransport, unique: str
+) -> None:
+    """What the leaving member fetched and did not finish is read again from the partition, before
+    the key's later messages. Handed back through the retry topic (counted), the next owner got
+    them after messages 20-29 of the same key."""
     transport.publish(unique, outgoing(20, key="one"))
     with transport.subscribe("g", [unique]) as leaving:
         got = fetch_until(leaving, 20)
         leaving.ack(got[:5])
+    transport.publish(unique, outgoing(10, prefix="later", key="one"))
     with transport.subscribe("g", [unique]) as taking_over:
-        again = fetch_until(taking_over, 15)
+        again = fetch_until(taking_over, 25)
         fetch_nothing(taking_over, rounds=2)  # the acked five were committed on leaving
-    assert [m.id for m in again] == [m.id for m in got[5:]]
-    assert {(m.attempt, m.topic) for m in again} == {(2, retry_topic(unique, "g", 0))}
+    assert [m.id for m in again] == [m.id for m in got[5:]] + [f"later{n}" for n in range(10)]
+    assert {(m.attempt, m.topic) for m in again} == {(1, unique)}  # read again, not copied
 
 
 def test_a_killed_member_s_uncommitted_messages_are_read_again(
