@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import random
 import signal
+import subprocess
+import sys
 import threading
 import zlib
 from collections.abc import Iterator
@@ -297,3 +299,33 @@ def test_two_members_one_killed_at_random_each_effect_once_in_key_order(
     assert mid_work >= 6  # the kills landed while messages were being processed
     assert sorted(effects) == sorted(f"k{k}" for k in range(KEYS))
     assert {key: numbers for key, numbers in effects.items() if numbers != list(range(per_key))} == {}
+
+
+def test_a_member_frozen_past_its_session_commits_nothing_once_thawed(
+    cluster: MockCluster, transport: KafkaTransport, unique: str
+) -> None:
+    """A process stopped longer than its session (a GC pause, a frozen VM) holds a batch whose
+    partitions moved meanwhile. Thawed, its commit is refused by the group: returned (logged), not
+    raised into its worker, and the new owner's committed offset stays."""
+    transport.publish(unique, outgoing(20, key="one"))
+    queue = QueueRef(unique, zlib.crc32(b"one") % 4)
+    child = subprocess.Popen([sys.executable, "-m", "tests.transports.kafka_frozen_member", cluster.url, unique,
+                              unique, "20"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        assert json.loads(next(line for line in child.stdout if line.startswith("{"))) == {"fetched": 20}
+        child.send_signal(signal.SIGSTOP)
+        with transport.subscribe(unique, [unique]) as owner:
+            taken = fetch_until(owner, 20)  # the frozen member's session expired: nothing was committed
+            owner.ack(taken)
+            owner.commit({queue: 20})
+            child.send_signal(signal.SIGCONT)
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            thawed = json.loads(next(line for line in child.stdout if line.startswith("{")))
+    finally:
+        child.send_signal(signal.SIGCONT)
+        child.kill()
+        child.wait()
+    assert thawed == {"commit": "returned", "told": True}
+    assert committed(cluster, unique, queue) == 20
