@@ -42,6 +42,9 @@ class DeliveryConfig:
     ack (a nack, its lease expiring, its member leaving); -1: the consumer decides."""
     read_batch: int = 256
     """Messages read from the store per queue at a time (paging: nothing more is held)."""
+    max_fetch_bytes: int = 16 * 1024 * 1024
+    """Bytes of messages (their stored records) one fetch or read hands out at most, whatever the
+    count asked for; at least one message, however large (Kafka's ``fetch.max.bytes``)."""
     offset_flush_interval: float = 1.0
     """Seconds between writes of the groups' committed offsets to disk."""
     allocation: str = "averagely"

@@ -265,9 +265,9 @@ class Consuming:
         """What ``member`` is handed now, one part per queue read (and per queue's messages ready again)."""
         group = self.membership.group_of(member)
         room = min(max_messages, self.leases.room(member))
-        taken = _Taken()
+        taken = _Taken(self._config.max_fetch_bytes)
         for cursor in group.cursors_of(member):
-            if len(taken) >= room:
+            if len(taken) >= room or taken.full:
                 break
             if any(lease.member != member.ident for lease in cursor.leases):
                 continue  # the queue moved here; its previous holder still finishes what it has
@@ -278,7 +278,8 @@ class Consuming:
             if cursor.ready:
                 again = [cursor.ready.pop(offset) for offset in sorted(cursor.ready)[: room - len(taken)]]
                 taken.add(self.leases.hand_again(member, cursor, again, now))
-            while len(taken) < room and self._read(group, member, cursor, room - len(taken), now, taken):
+            while len(taken) < room and not taken.full and self._read(group, member, cursor,
+                                                                      room - len(taken), now, taken):
                 pass
         return taken.parts
 
@@ -300,10 +301,12 @@ class Consuming:
               now: float, taken: _Taken) -> bool:
         """Read up to ``count`` new messages of ``cursor``'s queue; False when there are none."""
         batch = self._store.read_batch(cursor.topic, cursor.queue, cursor.next,
-                                        max_count=min(count, self._config.read_batch))
+                                        max_count=min(count, self._config.read_batch),
+                                        max_bytes=taken.max_bytes - taken.bytes_read, or_one=not taken.bytes_read)
         offsets = batch.queue_offsets
         if not offsets:
             return False
+        taken.bytes_read += sum(map(len, batch.bodies))
         if offsets[0] > cursor.next:
             skipped = cursor.skip_to(offsets[0])
             if skipped:
@@ -318,11 +321,17 @@ class Consuming:
 
 
 class _Taken:
-    """The parts a fetch hands out, and how many deliveries they hold."""
+    """The parts a fetch hands out, how many deliveries they hold, and the bytes of messages it may
+    still read from the store (``max_fetch_bytes``, of which the first read takes one at least)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int) -> None:
         self.parts: list[DeliveryColumns] = []
         self.count = 0
+        self.max_bytes, self.bytes_read = max_bytes, 0
+
+    @property
+    def full(self) -> bool:
+        return self.bytes_read >= self.max_bytes
 
     def add(self, part: DeliveryColumns) -> None:
         if part.count:

@@ -29,8 +29,10 @@ class Positions:
 
     def __init__(self, store: MessageStore, queues: Callable[[str], int], offsets: OffsetBook,
                  lock: AbstractContextManager[Any], has_members: Callable[[str], bool],
-                 save: Callable[[], None]) -> None:
+                 save: Callable[[], None], max_bytes: int | None = None) -> None:
+        """``max_bytes``: of messages one read hands out at most (at least one)."""
         self._store = store
+        self._max_bytes = max_bytes
         self._queues = queues
         self._offsets = offsets
         self._lock = lock
@@ -48,7 +50,7 @@ class Positions:
         if offset < 0 or max_messages < 1:
             raise DeliveryError(f"read of {topic}/{queue}: offset {offset} must be >= 0 and "
                                 f"max_messages {max_messages} >= 1")
-        batch = self._store.read_batch(topic, queue, offset, max_messages)
+        batch = self._store.read_batch(topic, queue, offset, max_messages, self._max_bytes)
         count = len(batch.queue_offsets)
         return DeliveryColumns(count, {"receipt": "", "topic": topic, "queue": queue}, {
             "offset": list(batch.queue_offsets), "message_id": batch.message_ids, "body": batch.bodies,

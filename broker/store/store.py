@@ -12,7 +12,9 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from pathlib import Path
 from typing import Self
 
@@ -211,8 +213,11 @@ class MessageStore:
         """
         return self.read_batch(topic, queue, queue_offset, max_count).messages()
 
-    def read_batch(self, topic: str, queue: int, queue_offset: int, max_count: int = 32) -> StoredBatch:
-        """`read`, column-wise: one list per field (the delivery engine's read)."""
+    def read_batch(self, topic: str, queue: int, queue_offset: int, max_count: int = 32,
+                   max_bytes: int | None = None, or_one: bool = True) -> StoredBatch:
+        """`read`, column-wise: one list per field (the delivery engine's read); with ``max_bytes``,
+        only the messages whose records fit in that many bytes together, cut from the consume
+        queue's sizes before a record is read (``or_one``: the first one even if it alone does not)."""
         self._check_open()
         if queue_offset < 0 or max_count < 0:
             raise InvalidRequestError(
@@ -230,6 +235,9 @@ class MessageStore:
             if first > queue_offset:
                 queue_offset = first
                 log_offsets, sizes = consume_queue.span(queue_offset, max_count)
+        if max_bytes is not None and sizes:
+            fitting = max(int(or_one), bisect_right(list(accumulate(sizes)), max_bytes))
+            log_offsets, sizes = log_offsets[:fitting], sizes[:fitting]
         return read_span(self._log, (topic, queue), queue_offset, log_offsets, sizes,
                          self._visible_end(), self.config.read_chunk, self.config.skip_corrupt,
                          self._recent)

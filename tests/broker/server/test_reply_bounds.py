@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from broker.client import Client
+from broker.delivery.config import DeliveryConfig
 from broker.delivery.values import OutgoingMessage
 from broker.protocol import codec as native_codec
 from broker.protocol.codec import FrameDecoder, decode_body
@@ -79,3 +80,26 @@ def test_a_reply_holds_at_most_max_fetch_messages_however_many_are_asked_for(ser
     client.ack(member, [d.receipt for d in taken])
     assert len(client.fetch(member, 1_000_000_000, 0.0)) == MAX_FETCH
     client.close()
+
+
+def test_a_reply_holds_at_most_max_fetch_bytes_of_messages_and_at_least_one(tmp_path, unique) -> None:
+    """Ten thousand messages of 1 MiB were one 10 GiB reply; Kafka cuts a fetch at fetch.max.bytes."""
+    body = 100_000
+    with threaded.serving(tmp_path, FakeClock(), {}, delivery=DeliveryConfig(max_fetch_bytes=int(2.5 * body))) as server:
+        client = Client(threaded.native(server))
+        client.publish(unique, [OutgoingMessage(bytes([n]) * body, queue=0) for n in range(7)])
+        assert [d.offset for d in client.read(unique, 0, 0, 1000)] == [0, 1]  # a third would pass the bytes
+        assert client.read_columns(unique, 0, 2, 1000).column("offset") == [2, 3]
+        member = client.join(unique, [unique])
+        taken = client.fetch(member, 1000, 0.0)
+        assert [d.body[0] for d in taken] == [0, 1]
+        client.ack(member, [d.receipt for d in taken])
+        assert [d.body[0] for d in client.fetch(member, 1000, 0.0)] == [2, 3]
+        client.close()
+    with threaded.serving(tmp_path / "small", FakeClock(), {}, delivery=DeliveryConfig(max_fetch_bytes=10)) as server:
+        client = Client(threaded.native(server))  # every message is larger than the bound: one at a time
+        client.publish(unique, [OutgoingMessage(b"x" * 100, queue=0) for _ in range(3)])
+        assert len(client.read(unique, 0, 0, 1000)) == 1
+        member = client.join(unique, [unique])
+        assert len(client.fetch(member, 1000, 0.0)) == 1
+        client.close()

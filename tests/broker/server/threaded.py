@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from broker.client import CONNECT_TIMEOUT, Client
+from broker.delivery.config import DeliveryConfig
 from broker.delivery.engine import Broker
 from broker.server.auth import load_users
 from broker.server.config import Limits, ServerConfig, TlsConfig
@@ -39,9 +40,9 @@ class ClientFrom(Client):
 
 @contextmanager
 def serving(tmp_path: Path, clock: Clock, users: Mapping[str, Any], tls: TlsConfig | None = None,
-            **limits: Any) -> Iterator[BrokerServer]:
+            delivery: DeliveryConfig | None = None, **limits: Any) -> Iterator[BrokerServer]:
     """A server with ``users`` on free native and STOMP ports, its loop on a thread of its own."""
-    broker, loop = Broker(tmp_path / "broker"), asyncio.new_event_loop()
+    broker, loop = Broker(tmp_path / "broker", delivery), asyncio.new_event_loop()
     started: Future[BrokerServer] = Future()
     stopping = asyncio.Event()
     config = ServerConfig(port=0, stomp_port=0, metrics_port=0, users=load_users(users),
