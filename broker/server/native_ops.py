@@ -74,7 +74,8 @@ async def serve(ctx: Context, op: Operation, request: Mapping[str, Any]) -> Repl
     args = op.parse(request)
     ctx.authorise(op, args)
     for name in COUNTS.intersection(args):  # "up to": a client asking for more gets this many
-        args[name] = min(args[name], ctx.max_fetch_messages)
+        if args[name] is not None:
+            args[name] = min(args[name], ctx.max_fetch_messages)
     step = STEPS.get(op.name)
     if step is not None:
         return await step(ctx, op, args)
@@ -90,9 +91,10 @@ def _shown(ctx: Context, op: Operation, result: Any) -> Any:
     return result if op.access.visible(ctx.principal, [result]) else None
 
 
-COUNTS = frozenset({"max_messages", "limit"})
-"""The fields that say how many messages a reply may hold (fetch, read, dlq_list, lookup_key): each
-is read into memory and encoded whole, so one request must not ask for a whole topic."""
+COUNTS = frozenset({"max_messages", "limit", "prefetch"})
+"""The fields that say how many messages a reply may hold (fetch, read, dlq_list, lookup_key) or a
+member holds unacknowledged (subscribe's prefetch: the engine keeps each until its ack): each is
+held in memory, so one request must not ask for a whole topic."""
 Step = Callable[[Context, Operation, dict[str, Any]], Awaitable[Reply]]
 
 

@@ -77,6 +77,7 @@ def test_a_reply_holds_at_most_max_fetch_messages_however_many_are_asked_for(ser
     member = client.join(unique, [unique], prefetch=1_000_000_000)
     taken = client.fetch(member, 1_000_000_000, 0.0)
     assert len(taken) == MAX_FETCH  # the rest is fetched next, as with any "up to"
+    assert client.fetch(member, 1_000_000_000, 0.0) == []  # the prefetch window is MAX_FETCH too
     client.ack(member, [d.receipt for d in taken])
     assert len(client.fetch(member, 1_000_000_000, 0.0)) == MAX_FETCH
     client.close()
