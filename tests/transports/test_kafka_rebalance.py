@@ -162,6 +162,24 @@ def test_a_worker_whose_handler_outlived_its_poll_interval_keeps_running(
     assert committed(cluster, unique, queue) == 20
 
 
+
+def test_offsets_done_out_of_order_commit_only_the_watermark_when_the_member_leaves(
+    cluster: MockCluster, transport: KafkaTransport, unique: str
+) -> None:
+    """Lanes finish a partition's messages out of order: 9 down to 1 done, 0 still running when the
+    member leaves. It commits exactly the watermark, 0 (the handed-back 0 once let it commit 10), and
+    the next owner reads 0-9 again from the partition, in order."""
+    transport.publish(unique, outgoing(10, key="one"))
+    queue = QueueRef(unique, zlib.crc32(b"one") % 4)
+    with transport.subscribe(unique, [unique]) as leaving:
+        got = fetch_until(leaving, 10)
+        for message in reversed(got[1:]):
+            leaving.ack([message])
+    assert committed(cluster, unique, queue) == 0
+    with transport.subscribe(unique, [unique]) as taking_over:
+        assert [(m.topic, m.offset) for m in fetch_until(taking_over, 10)] == [(unique, n) for n in range(10)]
+
+
 # offsets the log no longer has
 
 
