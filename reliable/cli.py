@@ -133,7 +133,7 @@ def dlq_show(letter_id: int, settings_path: str | None) -> None:
 def dlq_replay(group: str, ids: tuple[int, ...], max_replays: int, force: bool, settings_path: str | None) -> None:
     """Publish dead letters of GROUP back to GROUP only (a progress bar in a terminal)."""
     letters = _app(settings_path).dead_letter_queue
-    with progress_bar(len(ids) or letters.count(group), f"replaying dead letters of {group}") as bar:
+    with progress_bar(len(set(ids)) or letters.count(group), f"replaying dead letters of {group}") as bar:
         count = letters.replay(group, list(ids) or None, max_replays=max_replays, force=force,
                                progress=lambda done: bar.advance(bar.task_ids[0], done))
     click.echo(f"replayed {count} dead letter(s) of {group}")
@@ -149,7 +149,7 @@ def dlq_purge(group: str, ids: tuple[int, ...], yes: bool, settings_path: str | 
     if not yes:
         click.confirm(f"delete {'the chosen' if ids else 'all'} dead letters of {group}?", abort=True)
     letters = _app(settings_path).dead_letter_queue
-    with progress_bar(len(ids) or letters.count(group), f"purging dead letters of {group}") as bar:
+    with progress_bar(len(set(ids)) or letters.count(group), f"purging dead letters of {group}") as bar:
         count = letters.purge(group, list(ids) or None, progress=lambda done: bar.advance(bar.task_ids[0], done))
     click.echo(f"purged {count} dead letter(s) of {group}")
 

@@ -15,6 +15,10 @@ or a retry topic; never every group of the topic) with the replay count in a
 header (its token was never claimed, since the failed
 transaction rolled back, so the replay runs the handler again); a message replayed ``max_replays`` times is
 refused (`ReplayLoopError`) unless forced, so a poison message cannot loop.
+A replay holds the letters of the chunk it sends in a store transaction and
+deletes them as the transport confirms them: operators replaying and purging
+at once never send a letter twice or send a purged one, and a letter the
+transport refuses stays where it was (`ReplayRefusedError` names it).
 """
 
 from __future__ import annotations
@@ -24,16 +28,17 @@ from dataclasses import replace
 
 import structlog
 
+from backends.errors import BackendUnavailableError, TransportError
 from backends.store.base import Store
 from backends.transport.base import ORIGIN_TOPIC_HEADER, Transport, origin_topic
 from backends.types import DeadLetter, OutgoingMessage
-from reliable.errors import DeadLetterNotFoundError, ReplayLoopError
+from reliable.errors import DeadLetterNotFoundError, ReplayLoopError, ReplayRefusedError
 from reliable.message import REPLAYS_HEADER
 from reliable.middleware import Middlewares
 
 log = structlog.get_logger("reliable.deadletter")
 CHUNK = 100
-"""Letters published (or deleted) per step: a crash replays at most this many twice."""
+"""Letters taken, published and deleted per store transaction: a crash sends at most this many again."""
 Progress = Callable[[int], object]
 """Told how many more letters are done, after each chunk (a progress bar's ``advance``)."""
 
@@ -60,27 +65,73 @@ class DeadLetters:
                progress: Progress | None = None) -> int:
         """Publish the chosen dead letters (all of ``group`` by default) back; return how many.
 
-        Letters go in chunks of `CHUNK`: each chunk is published to the group,
-        then deleted, then counted to ``progress``; one summary line is logged.
-        Each publish runs the app's ``before_publish`` / ``after_publish`` hooks
-        (`Publish.replay` set), whose headers are added to the letters' own.
+        The choice is made once, as ids: letters dead-lettered while the replay
+        runs (a replayed one failing again among them) wait for the next replay.
+        Each chunk of `CHUNK` is taken in a store transaction
+        (`Store.take_dead_letters`), published to the group, deleted as far as
+        the transport confirmed it, then committed: two replays at once send
+        each letter once (one skips what the other holds), a purged letter is
+        not sent, and a replay cut short (kill -9, the transport down) leaves
+        its open chunk in place for the next replay, whose copies the
+        consumer's token (the kept message id by default) makes duplicates.
+        A letter the transport refuses for good stays as it was, and
+        `ReplayRefusedError` names it once the rest went. Each publish runs the
+        app's ``before_publish`` / ``after_publish`` hooks (`Publish.replay` set).
         """
-        letters = self._select(group, ids)
-        looping = [letter for letter in letters if letter.replays >= max_replays]
-        if looping and not force:
-            raise ReplayLoopError(
-                f"dead letters {', '.join(str(letter.id) for letter in looping)} of group {group!r} were replayed "
-                f"{max_replays} times already; fix the cause, or replay with force"
-            )
-        for start in range(0, len(letters), CHUNK):
-            chunk = letters[start:start + CHUNK]
-            for topic, messages in _by_origin_topic(chunk).items():
-                self._publish(group, topic, messages)
-            self.store.delete_dead_letters([letter.id for letter in chunk if letter.id is not None])
+        chosen = self._choose(group, ids)
+        if not force:
+            self._refuse_loops(group, chosen, max_replays)
+        run = _Run()
+        for start in range(0, len(chosen), CHUNK):
+            part = chosen[start:start + CHUNK]
+            with self.store.take_dead_letters(group, part) as taken:
+                sent = self._send(group, taken.letters, run)
+                taken.remove(sent)
+            run.replayed += len(sent)
             if progress is not None:
-                progress(len(chunk))
-        log.info("dead_letters_replayed", group=group, count=len(letters))
-        return len(letters)
+                progress(len(part))
+            if run.outage is not None:
+                raise run.outage
+        log.info("dead_letters_replayed", group=group, count=run.replayed, refused=len(run.refused))
+        if run.refused:
+            raise ReplayRefusedError(
+                f"replayed {run.replayed} dead letter(s) of group {group!r}; the transport refused "
+                + "; ".join(f"dead letter {letter_id}: {why}" for letter_id, why in list(run.refused.items())[:10])
+                + (f"; and {len(run.refused) - 10} more" if len(run.refused) > 10 else "")
+                + " (left in place)", run.replayed, run.refused)
+        return run.replayed
+
+    def _send(self, group: str, letters: Sequence[DeadLetter], run: _Run) -> list[int]:
+        """Publish ``letters`` by origin topic; the ids the transport took. A topic's letters it
+        refuses together go again one by one, so only the letter at fault stays behind."""
+        sent: list[int] = []
+        for topic, batch in _by_origin_topic(letters).items():
+            try:
+                self._publish(group, topic, [message for _, message in batch])
+            except BackendUnavailableError as exc:
+                run.outage = exc
+            except TransportError:
+                sent += self._send_alone(group, topic, batch, run)
+            else:
+                sent += [letter_id for letter_id, _ in batch]
+            if run.outage is not None:
+                break
+        return sent
+
+    def _send_alone(self, group: str, topic: str, batch: list[tuple[int, OutgoingMessage]], run: _Run) -> list[int]:
+        sent: list[int] = []
+        for letter_id, message in batch:
+            try:
+                self._publish(group, topic, [message])
+            except BackendUnavailableError as exc:
+                run.outage = exc
+                break
+            except TransportError as exc:
+                run.refused[letter_id] = str(exc)
+                log.error("dead_letter_replay_refused", group=group, letter=letter_id, topic=topic, error=str(exc))
+            else:
+                sent.append(letter_id)
+        return sent
 
     def _publish(self, group: str, topic: str, messages: list[OutgoingMessage]) -> None:
         with self.middleware.publishing(topic, None, len(messages), replayed=[m.headers for m in messages]) as added:
@@ -90,36 +141,60 @@ class DeadLetters:
 
     def purge(self, group: str, ids: Sequence[int] | None = None, *, progress: Progress | None = None) -> int:
         """Delete the chosen dead letters (all of ``group`` by default) in chunks; return how many."""
-        letters = self._select(group, ids)
+        chosen = self._choose(group, ids)
         deleted = 0
-        for start in range(0, len(letters), CHUNK):
-            chunk = letters[start:start + CHUNK]
-            deleted += self.store.delete_dead_letters([letter.id for letter in chunk if letter.id is not None])
+        for start in range(0, len(chosen), CHUNK):
+            part = chosen[start:start + CHUNK]
+            deleted += self.store.delete_dead_letters(part)
             if progress is not None:
-                progress(len(chunk))
+                progress(len(part))
         log.info("dead_letters_purged", group=group, count=deleted)
         return deleted
 
-    def _select(self, group: str, ids: Sequence[int] | None) -> list[DeadLetter]:
+    def _choose(self, group: str, ids: Sequence[int] | None) -> list[int]:
+        """The ids of the letters to act on, oldest first, each once; `DeadLetterNotFoundError`
+        naming every id asked for that is not ``group``'s, before anything changes."""
         if ids is None:
-            return list(self.store.iter_dead_letters(group))
-        letters = []
-        for letter_id in ids:
-            letter = self.store.get_dead_letter(letter_id)
-            if letter is None or letter.group != group:
-                raise DeadLetterNotFoundError(f"no dead letter {letter_id} in group {group!r}")
-            letters.append(letter)
-        return letters
+            return self.store.dead_letter_ids(group)
+        wanted = sorted(set(ids))
+        found = set(self.store.dead_letter_ids(group, wanted))
+        missing = [letter_id for letter_id in wanted if letter_id not in found]
+        if missing:
+            raise DeadLetterNotFoundError(f"no dead letter {_named(missing)} in group {group!r}")
+        return wanted
+
+    def _refuse_loops(self, group: str, chosen: Sequence[int], max_replays: int) -> None:
+        looping = self.store.dead_letter_ids(group, chosen, min_replays=max_replays) if chosen else []
+        if looping:
+            raise ReplayLoopError(
+                f"dead letters {_named(looping)} of group {group!r} were replayed "
+                f"{max_replays} times already; fix the cause, or replay with force"
+            )
 
 
+class _Run:
+    """What one replay did so far: letters replayed, refused (id: why), the outage that stopped it."""
 
-def _by_origin_topic(letters: Sequence[DeadLetter]) -> dict[str, list[OutgoingMessage]]:
-    """The letters' original messages, each with its replay count, by the topic they came from."""
-    by_topic: dict[str, list[OutgoingMessage]] = {}
+    def __init__(self) -> None:
+        self.replayed = 0
+        self.refused: dict[int, str] = {}
+        self.outage: BackendUnavailableError | None = None
+
+
+def _named(ids: Sequence[int], shown: int = 20) -> str:
+    """``ids`` as a list a person reads: the first ``shown``, then how many more."""
+    more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
+    return ", ".join(str(letter_id) for letter_id in ids[:shown]) + more
+
+
+def _by_origin_topic(letters: Sequence[DeadLetter]) -> dict[str, list[tuple[int, OutgoingMessage]]]:
+    """The letters' ids with their original messages, each with its replay count, by the topic
+    they came from."""
+    by_topic: dict[str, list[tuple[int, OutgoingMessage]]] = {}
     for letter in letters:
         m = letter.message
         headers = {k: v for k, v in m.headers.items() if k != ORIGIN_TOPIC_HEADER}
         headers[REPLAYS_HEADER] = str(letter.replays + 1)
         outgoing = OutgoingMessage(m.payload, key=m.key, headers=headers, message_id=m.id)
-        by_topic.setdefault(origin_topic(m), []).append(outgoing)
+        by_topic.setdefault(origin_topic(m), []).append((letter.id or 0, outgoing))
     return by_topic

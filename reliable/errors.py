@@ -38,6 +38,7 @@ __all__ = [
     "OutboxMessageError",
     "ReliableError",
     "ReplayLoopError",
+    "ReplayRefusedError",
     "StoreUnavailableError",
     "TokenInvalidError",
     "TokenMissingError",
@@ -77,6 +78,16 @@ class UnknownHandlerError(ConfigurationError):
 
 class ReplayLoopError(ReliableError):
     """Raised when a dead letter was already replayed as often as allowed."""
+
+
+class ReplayRefusedError(ReliableError):
+    """Raised after a replay when the transport refused some of its dead letters for good (a
+    message too large, a topic name it does not take): those stay, unchanged; the rest were replayed.
+    ``replayed`` says how many were, ``refused`` maps each refused letter's id to the reason."""
+
+    def __init__(self, message: str, replayed: int, refused: dict[int, str]) -> None:
+        super().__init__(message)
+        self.replayed, self.refused = replayed, refused
 
 
 class LeaseHeldError(ReliableError):

@@ -18,6 +18,7 @@ from backends.errors import ConfigurationError
 from backends.types import JSON, DeadLetter, QueueRef
 
 if TYPE_CHECKING:  # the outbox's module imports the store's primitives, which import this one
+    from backends.store.deadletters import Taken
     from backends.store.outbox import Deferred, PublishHook, SqlOutbox
 
 
@@ -148,6 +149,17 @@ class Store(ABC):
     @abstractmethod
     def delete_dead_letters(self, ids: Sequence[int]) -> int:
         """Delete dead letters by id; return how many."""
+
+    @abstractmethod
+    def dead_letter_ids(self, group: str, ids: Sequence[int] | None = None, *, min_replays: int = 0) -> list[int]:
+        """The ids of ``group``'s dead letters (of ``ids`` only, when given) replayed at least
+        ``min_replays`` times, in order."""
+
+    @abstractmethod
+    def take_dead_letters(self, group: str, ids: Sequence[int]) -> AbstractContextManager[Taken]:
+        """A write transaction holding those of ``ids`` that are ``group``'s dead letters, less
+        those another transaction holds; the ones the block removes are gone when it commits, and
+        all stay when it raises (or the process dies): a replay publishes while it holds them."""
 
     @abstractmethod
     def count_dead_letters(self, group: str) -> int:

@@ -124,6 +124,33 @@ def get(connection: Connection, letter_id: int) -> DeadLetter | None:
     return None if row is None else _from_row(row)
 
 
+def ids_of(connection: Connection, dialect: Dialect, group: str, ids: Sequence[int] | None,
+           min_replays: int) -> list[int]:
+    """The ids of ``group``'s dead letters (of ``ids`` only, when given) replayed at least
+    ``min_replays`` times, in order: ids only, so a selection of many letters stays small."""
+    statement = select(dead_letters.c.id).where(dead_letters.c.group == group)
+    if ids is not None:
+        statement = statement.where(dialect.among(dead_letters.c.id, list(ids)))
+    if min_replays > 0:
+        statement = statement.where(dead_letters.c.replays >= min_replays)
+    return [int(letter_id) for letter_id in connection.execute(statement.order_by(dead_letters.c.id)).scalars()]
+
+
+class Taken:
+    """Dead letters held by one open write transaction (a replay's chunk): another replay
+    skips them, and a purge of them waits; those `remove` is told of go when it commits."""
+
+    def __init__(self, connection: Connection, dialect: Dialect, group: str, ids: Sequence[int]) -> None:
+        self._connection, self._dialect = connection, dialect
+        statement = select(dead_letters).where(
+            dead_letters.c.group == group, dialect.among(dead_letters.c.id, list(ids))).order_by(dead_letters.c.id)
+        self.letters = [_from_row(row) for row in connection.execute(dialect.skip_locked(statement))]
+
+    def remove(self, ids: Sequence[int]) -> int:
+        """Delete these of the held letters when the transaction commits; return how many."""
+        return remove(self._connection, self._dialect, ids)
+
+
 def remove(connection: Connection, dialect: Dialect, ids: Sequence[int]) -> int:
     """Delete dead letters by id; return how many existed."""
     deleted = 0

@@ -351,6 +351,15 @@ class SqlStore(Store):
         with self._unit() as connection:
             return deadletters.remove(connection, self.dialect, list(ids))
 
+    def dead_letter_ids(self, group: str, ids: Sequence[int] | None = None, *, min_replays: int = 0) -> list[int]:
+        with self._unit(read_only=True) as connection:
+            return deadletters.ids_of(connection, self.dialect, group, ids, min_replays)
+
+    @contextmanager
+    def take_dead_letters(self, group: str, ids: Sequence[int]) -> Iterator[deadletters.Taken]:
+        with self._unit() as connection:
+            yield deadletters.Taken(connection, self.dialect, group, ids)
+
     def count_dead_letters(self, group: str) -> int:
         with self._unit(read_only=True) as connection:
             return deadletters.count(connection, group)

@@ -1,0 +1,220 @@
+"""Dead-letter replay under the hands of several operators and a hostile transport.
+
+Replays run in processes of their own against a real PostgreSQL store and the
+broker server (``reliable://``), and meet where it hurts: a middleware hook
+makes each one wait, inside its replay, for the other side to be under way
+too, so the race happens on every run. Deliveries are counted by a handler
+without a token (each delivery is processed), or with the default token (the
+message id) to show a copy sent again is a duplicate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from backends.store.sqlalchemy import SqlStore
+from backends.types import DeadLetter, Failure, Message
+from reliable import App
+from reliable.deadletter import CHUNK
+from reliable.errors import DeadLetterNotFoundError, ReplayLoopError, ReplayRefusedError
+from reliable.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+REPLAYER = """
+import os, sys
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+import reliable
+from reliable.settings import Settings
+from tests.waiting import wait_until
+
+store, transport, group, here, there, kill_after = sys.argv[1:7]
+
+class Meet(reliable.Middleware):
+    '''Before its first send, say so (``here``) and wait for ``there``; SIGKILL itself once
+    ``kill_after`` sends went (0: never).'''
+    sends = 0
+    def before_publish(self, publish):
+        if publish.replay and self.sends == 0:
+            Path(here).touch()
+            wait_until(lambda: Path(there).exists(), "the other side of the race")
+    def after_publish(self, publish, error):
+        if publish.replay:
+            self.sends += 1
+            if self.sends == int(kill_after):
+                os.kill(os.getpid(), 9)
+
+app = reliable.App(Settings.load(None, env={{"RELIABLE_STORE__URL": store, "RELIABLE_TRANSPORT__URL": transport,
+                                             "RELIABLE_LOG__LEVEL": "warning"}}), middleware=[Meet()])
+print(app.replay_dead_letters(group), flush=True)
+app.close()
+"""
+
+
+def seed(store_url: str, group: str, count: int, topic: str = "payments", size: int = 10, first: int = 0) -> list[int]:
+    """``count`` dead letters of ``group`` from ``topic``, numbered from ``first``, each with a token
+    and a message id of its own."""
+    store, now = SqlStore(store_url), time.time()
+    with store.transaction() as tx:
+        ids = [tx.add_dead_letter(DeadLetter(
+            group=group, token=f"{group}-{i}",
+            message=Message(id=f"{group}-m{i}", topic=topic, queue=0, offset=i, published_at=now,
+                            payload=json.dumps({"id": f"{group}-{i}", "pad": "x" * size}).encode()),
+            failure=Failure("builtins.ValueError", "amount must be positive", "Traceback", 1, now, now),
+        )) for i in range(first, first + count)]
+    store.close()
+    return [letter_id for letter_id in ids if letter_id is not None]
+
+
+def replayer(tmp_path: Path, store: str, transport: str, group: str, here: str, there: str,
+             kill_after: int = 0) -> subprocess.Popen[str]:
+    script = tmp_path / "replayer.py"
+    script.write_text(REPLAYER.format(repo=str(REPO)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
+    return subprocess.Popen([sys.executable, str(script), store, transport, group, str(tmp_path / here),
+                             str(tmp_path / there), str(kill_after)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def finished(process: subprocess.Popen[str]) -> str:
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    return out
+
+
+def deliveries(store: str, transport: str, group: str, token: str | None = None) -> dict[str, int]:
+    """Run ``group``'s handler until nothing is left; its counters."""
+    app = App(Settings.load(None, env={"RELIABLE_STORE__URL": store, "RELIABLE_TRANSPORT__URL": transport,
+                                       "RELIABLE_LOG__LEVEL": "warning"}))
+    app.handler("payments", group=group, token=token)(lambda msg, tx: None)
+    app.run(until_idle=True)
+    stats = app.stats()
+    app.close()
+    return stats
+
+
+@pytest.fixture
+def broker_url(reliable_server) -> str:  # type: ignore[no-untyped-def]
+    return str(reliable_server.url)
+
+
+def test_two_replays_at_once_send_each_dead_letter_once(tmp_path, postgres_url, broker_url, unique) -> None:
+    """Both replays used to read every letter first, then send them all: 3 chunks sent twice."""
+    total = 3 * CHUNK
+    seed(postgres_url, unique, total)
+    first = replayer(tmp_path, postgres_url, broker_url, unique, "first", "second")
+    second = replayer(tmp_path, postgres_url, broker_url, unique, "second", "first")
+    counts = [int(finished(first)), int(finished(second))]
+    assert (tmp_path / "first").exists() and (tmp_path / "second").exists()  # each sent while the other ran
+    assert sum(counts) == total and min(counts) > 0, counts  # they shared the letters
+    stats = deliveries(postgres_url, broker_url, unique)
+    assert stats["processed"] == total
+    assert SqlStore(postgres_url).count_dead_letters(unique) == 0
+
+
+def test_letters_purged_while_a_replay_runs_are_not_replayed(tmp_path, postgres_url, broker_url, unique) -> None:
+    """The replay used to send the letters it had listed before the purge deleted them."""
+    ids = seed(postgres_url, unique, 3 * CHUNK)
+    replay = replayer(tmp_path, postgres_url, broker_url, unique, "replaying", "purged")
+    from tests.waiting import wait_until
+
+    wait_until(lambda: (tmp_path / "replaying").exists(), "the replay to send its first chunk")
+    app = App(Settings.load(None, env={"RELIABLE_STORE__URL": postgres_url, "RELIABLE_TRANSPORT__URL": broker_url}))
+    assert app.purge_dead_letters(unique, ids[CHUNK:]) == 2 * CHUNK  # the chunks the replay has not reached
+    app.close()
+    (tmp_path / "purged").touch()
+    assert int(finished(replay)) == CHUNK
+    assert deliveries(postgres_url, broker_url, unique)["processed"] == CHUNK
+    assert SqlStore(postgres_url).count_dead_letters(unique) == 0
+
+
+def test_a_replay_killed_mid_chunk_leaves_the_chunk_and_its_resend_is_a_duplicate(
+    tmp_path, postgres_url, broker_url, unique
+) -> None:
+    """kill -9 after the second chunk was sent, before it was deleted: the chunk stays a dead
+    letter; the next replay sends it again, with the same message ids, so the consumer's default
+    token (the message id) takes each letter once."""
+    total = 3 * CHUNK
+    seed(postgres_url, unique, total)
+    (tmp_path / "go").touch()
+    killed = replayer(tmp_path, postgres_url, broker_url, unique, "replaying", "go", kill_after=2)
+    killed.communicate(timeout=120)
+    assert killed.returncode == -9
+    store = SqlStore(postgres_url)
+    assert store.count_dead_letters(unique) == 2 * CHUNK  # the first chunk went; the cut one stayed
+    again = replayer(tmp_path, postgres_url, broker_url, unique, "again", "go")
+    assert int(finished(again)) == 2 * CHUNK
+    stats = deliveries(postgres_url, broker_url, unique, token="id")
+    assert (stats["processed"], stats["duplicate"]) == (total, CHUNK)
+    assert store.count_dead_letters(unique) == 0
+
+
+def embedded_app(tmp_path: Path) -> App:
+    return App(Settings.load(None, env={"RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}",
+                                        "RELIABLE_TRANSPORT__URL": f"embedded://{tmp_path / 'broker'}",
+                                        "RELIABLE_LOG__LEVEL": "warning"}))
+
+
+def test_letters_the_transport_refuses_are_named_and_stay_while_the_rest_are_replayed(tmp_path, unique) -> None:
+    """A letter from a topic the broker does not take and one too large for its records used to
+    stop the replay with the broker's words only: the rest of its chunk and every later chunk
+    stayed behind, and nothing said which letter was at fault."""
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    ids = seed(store, unique, 2 * CHUNK + 50)
+    [bad_topic] = seed(store, unique, 1, topic="bad topic", first=1000)
+    [too_large] = seed(store, unique, 1, size=5 * 1024 * 1024, first=1001)
+    ids += seed(store, unique, 10, first=1002)
+    app = embedded_app(tmp_path)
+    with pytest.raises(ReplayRefusedError) as refused:
+        app.replay_dead_letters(unique)
+    assert set(refused.value.refused) == {bad_topic, too_large}
+    assert f"dead letter {bad_topic}: " in str(refused.value) and "topic name 'bad topic'" in str(refused.value)
+    assert f"dead letter {too_large}: " in str(refused.value) and "max_record_size" in str(refused.value)
+    assert refused.value.replayed == len(ids)
+    assert sorted(app.store.dead_letter_ids(unique)) == sorted([bad_topic, too_large])
+    assert all(letter.replays == 0 for letter in app.dead_letters(unique))
+    app.handler("payments", group=unique, token=None)(lambda msg, tx: None)
+    app.run(until_idle=True)
+    assert app.stats()["processed"] == len(ids)  # each once: none sent with a refused letter's neighbours twice
+    app.close()
+
+
+def test_an_id_given_twice_is_replayed_once_and_unknown_ids_are_all_named_before_any_change(
+    tmp_path, unique
+) -> None:
+    """``--id 7 --id 7`` used to send letter 7 twice; of several unknown ids only the first was named."""
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    first, second = seed(store, unique, 2)
+    app = embedded_app(tmp_path)
+    with pytest.raises(DeadLetterNotFoundError, match=rf"no dead letter 999998, 999999 in group '{unique}'"):
+        app.replay_dead_letters(unique, [first, 999999, 999998])
+    with pytest.raises(DeadLetterNotFoundError, match="999999"):
+        app.purge_dead_letters(unique, [first, 999999])
+    assert app.store.dead_letter_ids(unique) == [first, second]  # nothing changed
+    assert app.replay_dead_letters(unique, [first, first]) == 1
+    app.handler("payments", group=unique, token=None)(lambda msg, tx: None)
+    app.run(until_idle=True)
+    assert app.stats()["processed"] == 1
+    app.close()
+
+
+def test_the_loop_guard_names_a_few_letters_changes_nothing_and_force_replays_them(tmp_path, unique) -> None:
+    """A group of many looping letters used to be named in full: one line of every id."""
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    ids = seed(store, unique, 30)
+    app = embedded_app(tmp_path)
+    app.store.mark_replayed(ids)  # type: ignore[attr-defined]
+    with pytest.raises(ReplayLoopError) as looping:
+        app.replay_dead_letters(unique, max_replays=1)
+    assert str(looping.value).startswith(f"dead letters {', '.join(map(str, ids[:20]))} and 10 more of group")
+    assert app.store.dead_letter_ids(unique) == ids
+    assert app.replay_dead_letters(unique, max_replays=1, force=True) == 30
+    app.close()
