@@ -17,6 +17,8 @@ from broker.server.metrics import ServerMetrics
 
 log = structlog.get_logger("broker.server")
 READ_CHUNK = 64 * 1024
+LINGER = 2.0
+"""Seconds a connection reads on (and drops) after a fatal error, so the client reads the error."""
 KEEPALIVE = {"TCP_KEEPIDLE": 60, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 6}
 """TCP keepalive of every client connection: probes after 60 s of silence, every 10 s; six
 unanswered and the kernel ends the connection. A peer that vanished without a FIN (a cut cable,
@@ -43,6 +45,7 @@ class Connection:
         self._reader = reader
         self._writer = writer
         self._write_lock = asyncio.Lock()
+        self._linger = False
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.host: str | None = peer[0] if isinstance(peer, tuple) else None  # None: a unix socket
@@ -72,13 +75,32 @@ class Connection:
                 self.abort()
                 raise ConnectionTimedOut("slow_client") from None
 
+    async def _drain_client(self) -> None:
+        """Half-close, then drop what the client still sends until it closes its side, for `LINGER`
+        seconds at most. Closed with its bytes unread, the kernel sends a reset instead of a FIN,
+        and a reset can destroy the error frame before the client has read it."""
+        try:
+            if self._writer.can_write_eof():
+                self._writer.write_eof()
+            async with asyncio.timeout(LINGER):
+                while await self._reader.read(READ_CHUNK):
+                    pass
+        except (OSError, TimeoutError):
+            pass
+
     def abort(self) -> None:
         """Drop the connection now, without flushing (for a client that stopped reading)."""
         self._writer.transport.abort()
 
+    def told_fatal(self) -> None:
+        """The client was sent an error after which the connection ends: `close` lets it read it."""
+        self._linger = True
+
     async def close(self) -> None:
         if self._writer.is_closing():
             return
+        if self._linger:
+            await self._drain_client()
         self._writer.close()
         try:
             await asyncio.wait_for(self._writer.wait_closed(), 1.0)

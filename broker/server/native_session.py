@@ -244,6 +244,8 @@ class NativeSession:
         except (ConnectionError, ConnectionTimedOut):
             self.conn.abort()
             return True
+        if reply["fatal"]:
+            self.conn.told_fatal()
         return bool(reply["fatal"])
 
     def _error(self, request_id: int, error: Exception, fatal: bool = False) -> dict[str, Any]:

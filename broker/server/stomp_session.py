@@ -178,6 +178,7 @@ class StompSession:
             headers["version"] = ",".join(SUPPORTED[1:])
         try:
             await self.send(StompFrame("ERROR", headers, str(error).encode()))
+            self.conn.told_fatal()  # STOMP closes after every ERROR
         except (ConnectionError, ConnectionTimedOut):
             self.conn.abort()
 
