@@ -4,9 +4,10 @@ Requests run in the order they arrive, except long waits (``fetch``), which
 run beside the others, so one connection pipelines many requests and reads
 replies by id. The session reads ahead while a request runs (up to its
 inbox's bound), and publishes to one topic (acks of one member) that queued up
-meanwhile run as one engine call: one fsync covers them. Until a ``hello`` with good credentials, a server with users
-answers every request with ``unauthenticated``; a wrong password, or no hello
-within ``handshake_timeout``, closes the connection.
+meanwhile run as one engine call: one fsync covers them. A server with users
+answers a request before a ``hello`` with good credentials ``unauthenticated``
+and closes the connection, as it does on a wrong password or no hello within
+``handshake_timeout``.
 """
 
 from __future__ import annotations
@@ -149,6 +150,9 @@ class NativeSession:
                 raise UnknownOperationError(f"unknown operation {op[:40]!r}; known: {sorted(_KNOWN)}")
             if operation.waits:
                 self._room_to_wait(op)
+        except AuthenticationError as error:  # anything but hello first: closed, as Kafka does
+            await self._reply_error(request_id, error, fatal=True)
+            raise _Close from error
         except ServerError as error:
             if await self._reply_error(request_id, error):
                 raise _Close from error

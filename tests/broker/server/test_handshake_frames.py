@@ -135,3 +135,14 @@ def test_a_hello_trickled_a_byte_at_a_time_is_cut_at_the_handshake_deadline(tmp_
         assert sent < len(trickled)  # cut before the hello was whole: 20 bytes a second take longer
         wait_until(lambda: counted(server.metrics.timeouts, listener="native", reason="handshake") == 1,
                    "the cut counted as a handshake timeout")
+
+
+def test_a_request_before_hello_is_refused_and_the_connection_closed(server) -> None:
+    """Each request before hello was answered and the next one read, for handshake_timeout: a client
+    that never logs in had the server decode and answer requests at full speed meanwhile. Kafka too
+    disconnects a client that sends anything but its authentication first."""
+    pings = b"".join(native_codec.encode({"id": n, "op": "ping"}) for n in range(1, 1001))
+    with native_socket(server) as sock:
+        sock.sendall(pings)
+        answered = replies(sock, 1000)
+    assert [(r["id"], r["fatal"], r["error"]["code"]) for r in answered] == [(1, True, "unauthenticated")]
