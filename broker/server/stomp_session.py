@@ -81,8 +81,17 @@ class StompSession:
         """The next chunk, or the failure a subscription's delivery task reported.
 
         Until CONNECT is served, reads end at the handshake deadline, however
-        many bytes (heart-beats, a frame in pieces) arrive before it.
+        many bytes (heart-beats, a frame in pieces) arrive before it. A silent
+        subscriber (`_listening`) is read from again, however long it stays silent.
         """
+        while True:
+            try:
+                return await self._read_once()
+            except ConnectionTimedOut as timeout:
+                if timeout.reason == "handshake" or not self._listening:
+                    raise
+
+    async def _read_once(self) -> bytes:
         assert self._failure is not None
         timeout = self._read_timeout
         if self.handlers is None:
@@ -100,8 +109,6 @@ class StompSession:
         except ConnectionTimedOut:
             if self.handlers is None:
                 raise ConnectionTimedOut("handshake") from None
-            if self._listening:
-                return await self._read()
             raise
 
     @property

@@ -92,3 +92,19 @@ def _sockets(port: int) -> str:
     """``ss``'s view of the server's side of connections on ``port``, with their timers."""
     return subprocess.run(["ss", "-tno", "state", "established", f"( sport = :{port} )"],
                           capture_output=True, text=True, check=True).stdout
+
+
+def test_a_subscriber_silent_for_thousands_of_idle_timeouts_stays(tmp_path, unique) -> None:
+    """Each idle timeout of a silent subscriber reads on; that must not nest (a read within a read
+    per timeout ran out of stack: the session failed)."""
+    with threaded.serving(tmp_path, FakeClock(), {}, idle_timeout=0.001) as server:
+        subscriber, inbox = connected(server)
+        subscriber.subscribe(f"/queue/{unique}", id="1", ack="auto")
+        _, witness = connected(server)
+        producer = Client(threaded.native(server))
+        for n in range(300):  # each round trip outlasts several 1 ms idle timeouts
+            producer.publish(unique, [OutgoingMessage(f"m{n}".encode())])
+            wait_until(lambda: len(inbox.bodies) > n or inbox.disconnected, f"message {n}")  # noqa: B023
+        producer.close()
+        assert witness.disconnected and not inbox.disconnected and len(inbox.bodies) == 300
+        subscriber.disconnect()
