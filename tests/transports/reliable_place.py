@@ -13,7 +13,12 @@ from tests.broker.server.serving import ServerProcess
 
 @pytest.fixture(scope="session")
 def reliable_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    server = ServerProcess(tmp_path_factory.mktemp("reliable-server") / "data").start()
+    """Every client of the worker's tests comes from 127.0.0.1, as through a load balancer: that
+    address gets ``max_connections`` whole, as it had before the per-address cap (128)."""
+    folder = tmp_path_factory.mktemp("reliable-server")
+    settings = folder / "reliable.toml"
+    settings.write_text('[broker]\nmax_connections_per_address_overrides = { "127.0.0.1" = 1024 }\n')
+    server = ServerProcess(folder / "data", "--settings", str(settings)).start()
     yield server
     server.stop()
 
