@@ -23,9 +23,10 @@ from structlog.testing import capture_logs
 from broker.client import Client
 from broker.errors import BrokerUnavailableError
 from broker.protocol.codec import FrameDecoder, decode_body
-from broker.server.admission import REFUSALS_LOGGED_EVERY
+from broker.server.admission import REFUSALS_LOGGED_EVERY, Admission
 from broker.server.auth import hash_password
-from broker.server.config import TlsConfig
+from broker.server.config import Limits, TlsConfig
+from broker.server.metrics import ServerMetrics
 from broker.server.server import METRICS_CONNECTIONS, METRICS_PER_ADDRESS, BrokerServer
 from broker.store.clock import FakeClock
 from tests.broker.server import threaded
@@ -226,3 +227,16 @@ def held_by(port: int) -> int:
     listing = subprocess.run(["ss", "-tnH", "state", "established", f"( sport = :{port} )"],
                              capture_output=True, text=True, check=True).stdout
     return len(listing.splitlines())
+
+
+def test_an_ipv6_client_counts_as_its_64_and_a_mapped_ipv4_as_its_ipv4(clock) -> None:
+    """One client usually holds a whole IPv6 /64: counted by address, it could open a connection
+    from each of 2**64. (Only ::1 is this machine's, so this one runs on the admission alone.)"""
+    admission = Admission(Limits(max_connections_per_address=2), ServerMetrics(), clock)
+    assert [admission.admit("native", host) is None for host in (
+        "2001:db8::1", "2001:db8::2", "2001:db8::ffff:3", "2001:db8:0:1::1")] == [True, True, False, True]
+    assert [admission.admit("stomp", host) is None for host in (
+        "10.0.0.1", "::ffff:10.0.0.1", "10.0.0.1", "fe80::1%eth0", "fe80::2%eth1")] == [True, True, False, True, True]
+    assert all(admission.admit("native", None) is None for _ in range(10))  # a unix socket's: no address
+    admission.release("2001:db8::1")
+    assert admission.admit("native", "2001:db8::99") is None
