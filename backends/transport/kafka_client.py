@@ -65,6 +65,26 @@ _UNREACHABLE = frozenset(
 )
 
 
+NOT_A_MEMBER = frozenset(
+    {
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError.FENCED_INSTANCE_ID,
+        KafkaError.STALE_MEMBER_EPOCH,
+        KafkaError._ASSIGNMENT_LOST,
+    }
+)
+"""Commit refusals saying this member no longer owns its partitions (a poll interval or session
+expired, a rebalance moved them): the group's new owners read them from the last commit."""
+
+
+def not_a_member(exc: KafkaException) -> KafkaError | None:
+    """The error of ``exc`` if it is one of `NOT_A_MEMBER`, else None."""
+    error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    return error if error is not None and error.code() in NOT_A_MEMBER else None
+
+
 def translate(error: KafkaError, doing: str) -> ReliableError:
     """Our error for a librdkafka ``error`` met while ``doing`` something."""
     text = f"kafka: {doing}: {error.str()} ({error.name()})"

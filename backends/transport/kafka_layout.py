@@ -20,8 +20,9 @@ at most by the bucket's width.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from backends.errors import TransportError
 from backends.transport.base import (
@@ -31,7 +32,7 @@ from backends.transport.base import (
     PUBLISHED_HEADER,
     Capabilities,
 )
-from backends.types import Failure, Message, text_bytes, text_from_bytes
+from backends.types import Failure, Message, QueueRef, text_bytes, text_from_bytes
 
 CAPABILITIES = Capabilities(
     consumer_offsets=True, drain=False, native_delay=False, dead_letter_queue=True, reads_in_order=True
@@ -123,6 +124,41 @@ class Receipt:
             ) from None
 
 
+@dataclass(frozen=True)
+class Delivered:
+    """A partition's offsets below ``end`` were delivered ``times`` more than their headers count.
+
+    A member that leaves with messages fetched and not finished commits its done
+    prefix only, so the next owner reads those again from the partition, in
+    order; this note, the commit's metadata, has them counted (``attempt``).
+    """
+
+    end: int
+    times: int
+
+    PREFIX = "reliable-delivered:"
+
+    def encode(self) -> str:
+        return f"{self.PREFIX}{self.end}:{self.times}"
+
+    @classmethod
+    def decode(cls, metadata: str | None) -> Delivered | None:
+        """The note in a commit's ``metadata``; None for none (or another program's)."""
+        end, _, times = (metadata or "").removeprefix(cls.PREFIX).partition(":")
+        if not (metadata or "").startswith(cls.PREFIX) or not end.isdigit() or not times.isdigit():
+            return None
+        return cls(int(end), int(times))
+
+    def count(self, offset: int) -> int:
+        return self.times if offset < self.end else 0
+
+    @classmethod
+    def after(cls, before: Delivered | None, unfinished: Sequence[int]) -> Delivered:
+        """The note once the messages at ``unfinished`` offsets were delivered once more."""
+        times = 1 + max((before.count(offset) for offset in unfinished), default=0) if before else 1
+        return cls(max(max(unfinished) + 1, before.end if before else 0), times)
+
+
 RawHeaders = Mapping[str, str | bytes | None] | Sequence[tuple[str, str | bytes | None]] | None
 
 
@@ -187,9 +223,9 @@ def copy_headers(message: Message, origin: str, extra: Mapping[str, str]) -> dic
 
 
 def to_message(topic: str, queue: int, offset: int, key: bytes | None, value: bytes | None,
-               headers: dict[str, str], timestamp_ms: int) -> Message:
+               headers: dict[str, str], timestamp_ms: int, delivered: Delivered | None = None) -> Message:
     """A delivered `Message` from a Kafka record; internal headers become its fields."""
-    attempt = 1 + int(headers.get(DELIVERY_COUNT_HEADER, 0) or 0)
+    attempt = 1 + int(headers.get(DELIVERY_COUNT_HEADER, 0) or 0) + (delivered.count(offset) if delivered else 0)
     first_failure = headers.get(FIRST_FAILURE_HEADER)
     published = headers.get(PUBLISHED_HEADER)
     return Message(
@@ -205,3 +241,14 @@ def to_message(topic: str, queue: int, offset: int, key: bytes | None, value: by
         first_failure_at=float(first_failure) if first_failure else None,
         receipt=Receipt(topic, queue, offset, attempt).encode(),
     )
+
+
+def vanished(assigned: Iterable[QueueRef], topics: Mapping[str, Any]) -> dict[str, list[QueueRef]]:
+    """Per topic, the ``assigned`` partitions its metadata in ``topics`` no longer lists (a topic
+    only deleted, not created again, lists none and is left out)."""
+    gone: dict[str, list[QueueRef]] = {}
+    for ref in sorted(assigned):
+        found = topics.get(ref.topic)
+        if found is not None and found.error is None and found.partitions and ref.queue not in found.partitions:
+            gone.setdefault(ref.topic, []).append(ref)
+    return gone

@@ -27,11 +27,19 @@ from confluent_kafka import Message as KafkaRecord
 from backends.clock import Clock
 from backends.errors import BackendUnavailableError, TransportError
 from backends.transport.base import Capabilities, SubscribeOptions, Subscription, origin_topic
-from backends.transport.kafka_client import LibrdkafkaLog, Publisher, Servers, raised, translate
+from backends.transport.kafka_client import (
+    LibrdkafkaLog,
+    Publisher,
+    Servers,
+    not_a_member,
+    raised,
+    translate,
+)
 from backends.transport.kafka_layout import (
     CAPABILITIES,
     DELIVERY_COUNT_HEADER,
     DUE_HEADER,
+    Delivered,
     Receipt,
     bucket_ms,
     check_kafka_name,
@@ -44,6 +52,7 @@ from backends.transport.kafka_layout import (
     retry_topic,
     to_message,
     topics_read,
+    vanished,
 )
 from backends.types import Failure, Message, QueueRef
 from backends.watermark import OffsetWatermark
@@ -53,18 +62,6 @@ log = structlog.get_logger(__name__)
 HELD_POLL = 0.05
 """Seconds a fetch waits at most per round while a held-back copy may fall due."""
 
-NOT_A_MEMBER = frozenset(
-    {
-        KafkaError.UNKNOWN_MEMBER_ID,
-        KafkaError.ILLEGAL_GENERATION,
-        KafkaError.REBALANCE_IN_PROGRESS,
-        KafkaError.FENCED_INSTANCE_ID,
-        KafkaError.STALE_MEMBER_EPOCH,
-        KafkaError._ASSIGNMENT_LOST,
-    }
-)
-"""Commit refusals saying this member no longer owns its partitions (a poll interval or session
-expired, a rebalance moved them): the group's new owners read them from the last commit."""
 
 
 class KafkaSubscription(Subscription):
@@ -93,6 +90,8 @@ class KafkaSubscription(Subscription):
         self._held: dict[QueueRef, tuple[float, Message]] = {}
         self._done = OffsetWatermark(reads_in_order=True)  # a partition is read in order, by one member
         self._committed: dict[QueueRef, int] = {}
+        self._delivered: dict[QueueRef, Delivered] = {}  # notes of earlier owners' unfinished messages
+        self._unread: set[QueueRef] = set()  # assigned, their commit's note not read yet
         self._down: KafkaError | None = None
         self._vanished = False  # librdkafka reported a partition it no longer knows
         self._closed = False
@@ -170,19 +169,21 @@ class KafkaSubscription(Subscription):
             log.warning("transport.commit_skipped", group=self.group, queues=[str(ref) for ref in lost])
         self._commit(mine)
 
-    def _commit(self, offsets: Mapping[QueueRef, int]) -> bool:
-        """Commit ``offsets``; False when the group refused them because this member is not theirs
-        any more (a zombie's commit would move the new owner's position: it is logged, not raised)."""
+    def _commit(self, offsets: Mapping[QueueRef, int], notes: Mapping[QueueRef, Delivered] | None = None) -> bool:
+        """Commit ``offsets`` (with the `Delivered` note of each partition that has one below its
+        offset); False when the group refused them because this member is not theirs any more (a
+        zombie's commit would move the new owner's position: it is logged, not raised)."""
         if not offsets:
             return True
+        with self._lock:
+            notes = {**self._delivered, **(notes or {})}
+        partitions = [TopicPartition(ref.topic, ref.queue, offset, notes[ref].encode())
+                      if ref in notes and offset < notes[ref].end else TopicPartition(ref.topic, ref.queue, offset)
+                      for ref, offset in offsets.items()]
         try:
-            self._consumer.commit(
-                offsets=[TopicPartition(ref.topic, ref.queue, offset) for ref, offset in offsets.items()],
-                asynchronous=False,
-            )
+            self._consumer.commit(offsets=partitions, asynchronous=False)
         except KafkaException as exc:
-            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            if error is None or error.code() not in NOT_A_MEMBER:
+            if (error := not_a_member(exc)) is None:
                 raise raised(exc, f"commit of group {self.group!r}") from exc
             log.warning("transport.commit_refused", group=self.group, error=error.str(), code=error.name(),
                         offsets={str(ref): offset for ref, offset in sorted(offsets.items())})
@@ -220,6 +221,8 @@ class KafkaSubscription(Subscription):
         if self._vanished:
             self._vanished = False
             self._find_recreated()
+        if self._unread:
+            self._read_notes()
         delivered: list[Message] = []
         for record in records:
             message = self._accept(record)
@@ -232,6 +235,22 @@ class KafkaSubscription(Subscription):
             raise translate(self._down, f"fetch for group {self.group!r}")
         return delivered
 
+    def _read_notes(self) -> None:
+        """The `Delivered` notes committed with the partitions assigned since the last fetch (asked
+        here, not in the assignment callback, where librdkafka must not be called back)."""
+        with self._lock:
+            refs, self._unread = sorted(self._unread), set()
+        try:
+            found = self._consumer.committed([TopicPartition(ref.topic, ref.queue) for ref in refs],
+                                             timeout=self._request_timeout)
+        except KafkaException as exc:
+            with self._lock:
+                self._unread.update(refs)
+            raise raised(exc, f"committed offsets of group {self.group!r}") from exc
+        notes = {QueueRef(p.topic, p.partition): Delivered.decode(p.metadata) for p in found}
+        with self._lock:
+            self._delivered.update({ref: note for ref, note in notes.items() if note and ref in self._assigned})
+
     def _accept(self, record: KafkaRecord) -> Message | None:
         """The record as a deliverable message; None for errors, stale or held-back records."""
         error = record.error()
@@ -243,7 +262,7 @@ class KafkaSubscription(Subscription):
         ref = QueueRef(topic, queue)
         headers = decode_headers(record.headers())
         message = to_message(topic, queue, offset, record.key(), record.value(), headers,
-                             record.timestamp()[1])
+                             record.timestamp()[1], self._delivered.get(ref))
         due = due_at(headers)
         with self._lock:
             if ref in self._held or ref not in self._assigned:
@@ -263,12 +282,8 @@ class KafkaSubscription(Subscription):
             raise raised(exc, f"metadata for group {self.group!r}") from exc
         with self._lock:
             assigned = set(self._assigned)
-        for topic in sorted({ref.topic for ref in assigned}):
-            found = metadata.topics.get(topic)
-            if found is not None and found.error is None and found.partitions:  # not deleted only
-                gone = sorted(ref for ref in assigned if ref.topic == topic and ref.queue not in found.partitions)
-                if gone:
-                    self._read_again(topic, gone)
+        for topic, gone in vanished(assigned, metadata.topics).items():
+            self._read_again(topic, gone)
 
     def _read_again(self, topic: str, gone: list[QueueRef]) -> None:
         """``topic`` was created again without ``gone``: this member's positions on its other
@@ -314,18 +329,25 @@ class KafkaSubscription(Subscription):
         self._forget_progress(refs)
         with self._lock:
             self._assigned.update(refs)
+            self._unread.update(refs)
         consumer.assign(partitions)
         log.info("transport.assigned", group=self.group, queues=len(refs), seeked=len(saved))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Before the partitions move: commit their done prefix, and only it. What was fetched and
         not finished is read again by the next owner from there, in partition order, so a key's
-        messages keep their order (a copy through the retry topic came after the key's later ones)."""
+        messages keep their order (a copy through the retry topic came after the key's later ones),
+        counted by the commit's `Delivered` note."""
         refs = [QueueRef(p.topic, p.partition) for p in partitions]
         if self.options.on_revoke:
             self.options.on_revoke(refs)
+        unfinished: dict[QueueRef, list[int]] = {}
+        for message in self._done.in_flight(refs):
+            unfinished.setdefault(message.ref, []).append(message.offset)
+        with self._lock:
+            notes = {ref: Delivered.after(self._delivered.get(ref), offsets) for ref, offsets in unfinished.items()}
         try:
-            self._commit(self._uncommitted(refs))
+            self._commit({**self._uncommitted(refs), **self._done.committable(list(notes))}, notes)
         except (BackendUnavailableError, TransportError) as exc:  # read again from the last commit
             log.warning("transport.revoke_commit_failed", group=self.group, error=str(exc))
         self._forget(consumer, refs)
@@ -355,6 +377,8 @@ class KafkaSubscription(Subscription):
         with self._lock:
             for ref in refs:
                 self._committed.pop(ref, None)
+                self._delivered.pop(ref, None)
+            self._unread.difference_update(refs)
 
     def _on_error(self, error: KafkaError) -> None:
         if error.code() == KafkaError._ALL_BROKERS_DOWN:

@@ -180,6 +180,19 @@ def test_offsets_done_out_of_order_commit_only_the_watermark_when_the_member_lea
         assert [(m.topic, m.offset) for m in fetch_until(taking_over, 10)] == [(unique, n) for n in range(10)]
 
 
+
+def test_messages_left_unfinished_twice_are_read_again_counted_twice(transport: KafkaTransport, unique: str) -> None:
+    """Each leaving member commits a note with its done prefix (the commit's metadata): the offsets
+    it left unfinished were delivered once more. Notes add up across owners."""
+    transport.publish(unique, outgoing(6, key="one"))
+    for finished in (2, 1):  # the first finishes 0-1, the second 2 only
+        with transport.subscribe(unique, [unique]) as leaving:
+            got = fetch_until(leaving, 6 - (2 if finished == 1 else 0))
+            leaving.ack(got[:finished])
+    with transport.subscribe(unique, [unique]) as last:
+        assert [(m.offset, m.attempt) for m in fetch_until(last, 3)] == [(3, 3), (4, 3), (5, 3)]
+
+
 # offsets the log no longer has
 
 
