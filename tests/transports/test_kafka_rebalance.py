@@ -8,6 +8,7 @@ and group names per test.
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -267,6 +268,8 @@ def test_a_member_reading_a_topic_created_again_reads_the_new_log_from_its_start
 
 
 KEYS = 40
+STOPS = (signal.SIGKILL, signal.SIGTERM)
+"""How a worker is stopped, in turn: killed, or asked to stop (it leaves its batch's rest unfinished)."""
 
 
 def keyed_effects(postgres_url: str, table: str) -> dict[str, list[int]]:
@@ -282,10 +285,11 @@ def test_two_members_one_killed_at_random_each_effect_once_in_key_order(
     cluster: MockCluster, postgres_url: str, unique: str, strategy: str
 ) -> None:
     """2,000 keyed messages published while two workers of one group consume them and one of
-    them, either, is killed (SIGKILL) and started again, eight times: its partitions move to
-    the other and back (eager rebalances, the done prefix committed by lanes finishing out of
-    order). Every effect once; each key's effects in the order of its messages (Kafka keeps a
-    key in one partition, read in order by one member)."""
+    them, either, is killed (SIGKILL) or stopped (SIGTERM: the rest of its batch left unfinished)
+    and started again, eight times: its partitions move to the other and back (eager rebalances,
+    the done prefix committed by lanes finishing out of order). Every effect once; each key's
+    effects in the order of its messages (Kafka keeps a key in one partition, read in order by
+    one member)."""
     query(postgres_url, f"create table {unique} (id bigserial primary key, token text unique, key text, n int)")
     env = {**without_reliable_variables(), "PYTHONPATH": str(ROOT),
            "RELIABLE_TRANSPORT__URL": cluster.url, "RELIABLE_TRANSPORT__VISIBILITY_TIMEOUT": str(SESSION_TIMEOUT),
@@ -308,14 +312,14 @@ def test_two_members_one_killed_at_random_each_effect_once_in_key_order(
     workers = [start(), start()]
     sending.start()
     try:
-        for _ in range(8):
+        for round in range(8):
             target = done() + rng.randint(1, 200)
             wait_until(lambda: done() >= min(target, len(messages)), lambda: all(w.is_alive() for w in workers))  # noqa: B023
-            victim = rng.randrange(2)
+            victim, stop = rng.randrange(2), STOPS[round % 2]
             mid_work += done() < len(messages)
-            workers[victim].kill()
-            workers[victim].join(timeout=30)
-            assert workers[victim].exitcode == -signal.SIGKILL
+            os.kill(workers[victim].pid or 0, stop)
+            workers[victim].join(timeout=60)
+            assert workers[victim].exitcode == (-signal.SIGKILL if stop == signal.SIGKILL else 0)
             workers[victim] = start()
         sending.join()
         wait_until(lambda: done() >= len(messages), lambda: all(w.is_alive() for w in workers))
