@@ -9,6 +9,9 @@ their purge marks, kept in the offset book under the pseudo-group
 Letters replayed or purged one by one (`DeadLetters.settle`) may lie above
 letters still waiting: their offsets are kept in ``dlq-settled.json`` until
 the mark passes them, so a listing skips them and the count leaves them out.
+A replay settles its letters 500 at a time, each taken (in memory) before it
+is sent and settled only once sent, so no two operators send one letter and
+a purge never has its mark moved back.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class DeadLetters:
         self._settled: dict[str, set[int]] = (
             {group: set(found) for group, found in json.loads(settled.read_text()).items()}
             if settled.exists() else {})
+        self._taken: dict[str, set[int]] = {}  # being sent back now: a concurrent call skips them
 
     def _mark(self, group: str) -> int:
         saved = self._offsets.get((ADMIN, dlq_topic(group), 0))
@@ -88,7 +92,7 @@ class DeadLetters:
         letters: list[Delivery] = []
         with self._lock:
             at, end = self._mark(group), self._store.max_offset(dlq_topic(group), 0)
-            settled = self._settled.get(group, set())
+            settled = self._settled.get(group, set()) | self._taken.get(group, set())
             while len(letters) < limit and at < end:
                 stored = self._store.read(dlq_topic(group), 0, at, max_count=limit - len(letters) + len(settled))
                 if not stored:
@@ -98,10 +102,11 @@ class DeadLetters:
         return letters[:limit]
 
     def waiting(self, group: str) -> int:
-        """How many dead letters of ``group`` are neither purged nor replayed."""
+        """How many dead letters of ``group`` are neither purged nor replayed, nor being replayed."""
         with self._lock:
             mark = self._mark(group)
-            settled = sum(1 for offset in self._settled.get(group, ()) if offset >= mark)
+            busy = self._settled.get(group, set()) | self._taken.get(group, set())
+            settled = sum(1 for offset in busy if offset >= mark)
             return max(0, self._store.max_offset(dlq_topic(group), 0) - mark - settled)
 
     def purge(self, group: str) -> int:
@@ -112,38 +117,46 @@ class DeadLetters:
         return purged
 
     def replay(self, group: str) -> int:
-        """Publish every dead letter back to ``group`` only (its original topic named), then purge."""
+        """Publish every dead letter back to ``group`` only (its original topic named), 500 at a
+        time, each taken first (`settle`): replays, and purges, at once never send one twice."""
         replayed = 0
         while letters := self.list(group, 500):
-            self._send_back(group, letters)
-            with self._lock:
-                self._offsets.put((ADMIN, dlq_topic(group), 0), letters[-1].offset + 1)
-            replayed += len(letters)
-        self._save(group)
+            replayed += self.settle(group, [letter.offset for letter in letters], replay=True)
         return replayed
 
     def settle(self, group: str, offsets: Iterable[int], *, replay: bool) -> int:
         """Replay (to ``group`` only, as `replay` does) or purge the letters at ``offsets`` of
-        ``%DLQ%<group>``, leaving the others waiting; how many were still waiting."""
+        ``%DLQ%<group>``, leaving the others waiting; how many were still waiting.
+
+        The letters are taken first (a concurrent call skips them) and count as settled, and
+        written down so, only once they were sent: a failed send leaves them waiting.
+        """
         chosen = sorted(set(offsets))
         if any(offset < 0 for offset in chosen):
             raise InvalidRequestError(f"dead letters of {group!r}: offsets must be >= 0, got {chosen}")
         with self._lock:
-            mark, settled = self._mark(group), self._settled.get(group, set())
-            letters = [m for offset in chosen if offset >= mark and offset not in settled
+            mark = self._mark(group)
+            busy = self._settled.get(group, set()) | self._taken.get(group, set())
+            letters = [m for offset in chosen if offset >= mark and offset not in busy
                        for m in self._store.read(dlq_topic(group), 0, offset, 1)[:1]
                        if m.queue_offset == offset]
-            taken = {m.queue_offset for m in letters}  # taken now: a concurrent call skips them
-            self._settled.setdefault(group, set()).update(taken)
+            taken = {m.queue_offset for m in letters}
+            self._taken.setdefault(group, set()).update(taken)
         try:
             if replay and letters:
                 self._send_back(group, [_letter(m) for m in letters])
         except BaseException:
-            with self._lock:
-                self._settled.get(group, set()).difference_update(taken)
+            self._release(group, taken, settled=False)
             raise
+        self._release(group, taken, settled=True)
         self._save(group)
         return len(letters)
+
+    def _release(self, group: str, taken: set[int], *, settled: bool) -> None:
+        with self._lock:
+            self._taken.get(group, set()).difference_update(taken)
+            if settled:
+                self._settled.setdefault(group, set()).update(taken)
 
     def _send_back(self, group: str, letters: Sequence[Delivery]) -> None:
         """Publish ``letters`` to ``group`` only, each to its original topic, without x-dlq-*."""
