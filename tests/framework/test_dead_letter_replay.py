@@ -36,14 +36,14 @@ import reliable
 from reliable.settings import Settings
 from tests.waiting import wait_until
 
-store, transport, group, here, there, kill_after = sys.argv[1:7]
+store, transport, group, here, there, kill_after, meet_at = sys.argv[1:8]
 
 class Meet(reliable.Middleware):
-    '''Before its first send, say so (``here``) and wait for ``there``; SIGKILL itself once
-    ``kill_after`` sends went (0: never).'''
+    '''Before send number ``meet_at``, say so (``here``) and wait for ``there``; SIGKILL itself
+    once ``kill_after`` sends went (0: never).'''
     sends = 0
     def before_publish(self, publish):
-        if publish.replay and self.sends == 0:
+        if publish.replay and self.sends == int(meet_at) - 1:
             Path(here).touch()
             wait_until(lambda: Path(there).exists(), "the other side of the race")
     def after_publish(self, publish, error):
@@ -75,12 +75,12 @@ def seed(store_url: str, group: str, count: int, topic: str = "payments", size: 
 
 
 def replayer(tmp_path: Path, store: str, transport: str, group: str, here: str, there: str,
-             kill_after: int = 0) -> subprocess.Popen[str]:
+             kill_after: int = 0, meet_at: int = 1) -> subprocess.Popen[str]:
     script = tmp_path / "replayer.py"
     script.write_text(REPLAYER.format(repo=str(REPO)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
     return subprocess.Popen([sys.executable, str(script), store, transport, group, str(tmp_path / here),
-                             str(tmp_path / there), str(kill_after)], stdout=subprocess.PIPE,
+                             str(tmp_path / there), str(kill_after), str(meet_at)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -155,6 +155,36 @@ def test_a_replay_killed_mid_chunk_leaves_the_chunk_and_its_resend_is_a_duplicat
     stats = deliveries(postgres_url, broker_url, unique, token="id")
     assert (stats["processed"], stats["duplicate"]) == (total, CHUNK)
     assert store.count_dead_letters(unique) == 0
+
+
+def test_letters_a_worker_dead_letters_again_during_a_replay_wait_for_the_next_one(
+    tmp_path, postgres_url, broker_url, unique
+) -> None:
+    """The replay's first chunk fails again in a running worker and is dead-lettered anew (new
+    ids) before the replay sends its second: the replay sends each letter it chose once, and not
+    the new records, which a paging replay would reach and send again."""
+    total = 3 * CHUNK
+    seed(postgres_url, unique, total)
+    replay = replayer(tmp_path, postgres_url, broker_url, unique, "second chunk", "failed again", meet_at=2)
+    app = App(Settings.load(None, env={"RELIABLE_STORE__URL": postgres_url, "RELIABLE_TRANSPORT__URL": broker_url,
+                                       "RELIABLE_LOG__LEVEL": "warning"}))
+
+    @app.handler("payments", group=unique, token="body.id", fatal=(ValueError,))
+    def charge(msg, tx):  # type: ignore[no-untyped-def]
+        raise ValueError("amount must be positive")
+
+    from tests.waiting import wait_until
+
+    wait_until(lambda: (tmp_path / "second chunk").exists(), "the replay to reach its second chunk")
+    wait_until(lambda: app.run(until_idle=True) or len(app.store.dead_letter_ids(unique, min_replays=1)) == CHUNK,
+               "the worker to dead-letter the first chunk again")
+    (tmp_path / "failed again").touch()
+    assert int(finished(replay)) == total
+    app.run(until_idle=True)
+    letters = app.store.dead_letter_ids(unique)
+    assert len(letters) == total and app.store.dead_letter_ids(unique, min_replays=2) == []
+    assert len(app.store.dead_letter_ids(unique, min_replays=1)) == total  # each replayed once
+    app.close()
 
 
 def embedded_app(tmp_path: Path) -> App:
