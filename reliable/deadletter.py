@@ -91,7 +91,7 @@ class DeadLetters:
             if progress is not None:
                 progress(len(part))
             if run.outage is not None:
-                raise run.outage
+                raise _stopped(run.outage, group, run.replayed, len(chosen))
         log.info("dead_letters_replayed", group=group, count=run.replayed, refused=len(run.refused))
         if run.refused:
             raise ReplayRefusedError(
@@ -179,6 +179,16 @@ class _Run:
         self.replayed = 0
         self.refused: dict[int, str] = {}
         self.outage: BackendUnavailableError | None = None
+
+
+def _stopped(outage: BackendUnavailableError, group: str, replayed: int, chosen: int) -> BackendUnavailableError:
+    """``outage`` (of its own type, so callers catch it as before) saying what the replay did
+    before it and what an operator does next."""
+    log.warning("dead_letter_replay_stopped", group=group, replayed=replayed, chosen=chosen, error=str(outage))
+    stopped = type(outage)(f"{outage}; replayed {replayed} of {chosen} dead letter(s) of group {group!r} "
+                           f"before that, the others stay: replay again once it is back")
+    stopped.__cause__ = outage
+    return stopped
 
 
 def _named(ids: Sequence[int], shown: int = 20) -> str:

@@ -248,3 +248,41 @@ def test_the_loop_guard_names_a_few_letters_changes_nothing_and_force_replays_th
     assert app.store.dead_letter_ids(unique) == ids
     assert app.replay_dead_letters(unique, max_replays=1, force=True) == 30
     app.close()
+
+
+def test_a_replay_cut_by_the_broker_going_down_says_what_it_did_and_the_rest_follow_later(
+    tmp_path, postgres_url, unique
+) -> None:
+    """The error used to be the broker's words alone: nothing said how many letters went, or that
+    the others were still there to replay."""
+    from backends.errors import BackendUnavailableError
+    from reliable import Middleware
+    from tests.broker.server.serving import ServerProcess
+
+    server = ServerProcess(tmp_path / "broker").start()
+
+    class CutAfterFirstChunk(Middleware):
+        def after_publish(self, publish, error) -> None:  # type: ignore[no-untyped-def]
+            if publish.replay and server.running:
+                server.kill()
+
+    total = 3 * CHUNK
+    seed(postgres_url, unique, total)
+    env = {"RELIABLE_STORE__URL": postgres_url, "RELIABLE_TRANSPORT__URL": server.url, "RELIABLE_LOG__LEVEL": "warning"}
+    app = App(Settings.load(None, env=env), middleware=[CutAfterFirstChunk()])
+    with pytest.raises(BackendUnavailableError) as cut:
+        app.replay_dead_letters(unique)
+    assert f"replayed {CHUNK} of {total} dead letter(s) of group '{unique}'" in str(cut.value)
+    assert "the others stay: replay again" in str(cut.value)
+    app.close()
+    assert len(SqlStore(postgres_url).dead_letter_ids(unique)) == total - CHUNK
+    server.log.unlink()  # start() waits for the restarted server's own "listening" line
+    server.start()
+    try:
+        app = App(Settings.load(None, env=env))
+        assert app.replay_dead_letters(unique) == total - CHUNK
+        app.close()
+        stats = deliveries(postgres_url, server.url, unique, token="id")
+        assert (stats["processed"], stats["duplicate"]) == (total, 0)
+    finally:
+        server.stop()
