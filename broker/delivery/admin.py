@@ -164,7 +164,8 @@ class DeadLetters:
         for letter in letters:
             topic = letter.headers.get(ORIGIN_TOPIC, letter.topic)
             headers = {k: v for k, v in letter.headers.items() if not k.startswith("x-dlq-")}
-            by_topic.setdefault(topic, []).append(OutgoingMessage(letter.body, letter.key, letter.tag, headers))
+            by_topic.setdefault(topic, []).append(OutgoingMessage(letter.body, letter.key, letter.tag, headers,
+                                                             message_id=letter.message_id))
         for topic, messages in by_topic.items():
             self._publish_to_group(group, topic, messages)
 
