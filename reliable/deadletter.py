@@ -94,11 +94,7 @@ class DeadLetters:
                 raise _stopped(run.outage, group, run.replayed, len(chosen))
         log.info("dead_letters_replayed", group=group, count=run.replayed, refused=len(run.refused))
         if run.refused:
-            raise ReplayRefusedError(
-                f"replayed {run.replayed} dead letter(s) of group {group!r}; the transport refused "
-                + "; ".join(f"dead letter {letter_id}: {why}" for letter_id, why in list(run.refused.items())[:10])
-                + (f"; and {len(run.refused) - 10} more" if len(run.refused) > 10 else "")
-                + " (left in place)", run.replayed, run.refused)
+            raise _refused(group, run)
         return run.replayed
 
     def _send(self, group: str, letters: Sequence[DeadLetter], run: _Run) -> list[int]:
@@ -179,6 +175,14 @@ class _Run:
         self.replayed = 0
         self.refused: dict[int, str] = {}
         self.outage: BackendUnavailableError | None = None
+
+
+def _refused(group: str, run: _Run, shown: int = 10) -> ReplayRefusedError:
+    """What the replay did, naming the first ``shown`` letters the transport refused, and why."""
+    named = "; ".join(f"dead letter {letter_id}: {why}" for letter_id, why in list(run.refused.items())[:shown])
+    more = f"; and {len(run.refused) - shown} more" if len(run.refused) > shown else ""
+    return ReplayRefusedError(f"replayed {run.replayed} dead letter(s) of group {group!r}; the transport refused "
+                              f"{named}{more} (left in place)", run.replayed, run.refused)
 
 
 def _stopped(outage: BackendUnavailableError, group: str, replayed: int, chosen: int) -> BackendUnavailableError:
