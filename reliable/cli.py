@@ -99,14 +99,23 @@ def _summary(letter: DeadLetter) -> dict[str, Any]:
     }
 
 
+LIST_PAGE = 500
+"""Letters read per query by `dlq list`: a long listing is printed as it is read, never held whole."""
+
+
 @dlq.command("list")
 @click.argument("group")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--after", "after_id", type=click.IntRange(min=0), default=0,
+              help="only letters with a larger id (the last id of the previous listing)")
 @_settings_option
-def dlq_list(group: str, limit: int, settings_path: str | None) -> None:
-    """List the dead letters of GROUP, one JSON object a line."""
-    for letter in _app(settings_path).dead_letters(group, limit=limit):
-        click.echo(json.dumps(_summary(letter)))
+def dlq_list(group: str, limit: int, after_id: int, settings_path: str | None) -> None:
+    """List the dead letters of GROUP, oldest first, one JSON object a line."""
+    letters = _app(settings_path).dead_letter_queue
+    while limit > 0 and (page := letters.page(group, min(limit, LIST_PAGE), after_id)):
+        for letter in page:
+            click.echo(json.dumps(_summary(letter)))
+        limit, after_id = limit - len(page), page[-1].id or after_id
 
 
 @dlq.command("show")

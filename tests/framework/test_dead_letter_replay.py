@@ -286,3 +286,26 @@ def test_a_replay_cut_by_the_broker_going_down_says_what_it_did_and_the_rest_fol
         assert (stats["processed"], stats["duplicate"]) == (total, 0)
     finally:
         server.stop()
+
+
+def test_dlq_list_pages_through_a_long_queue_with_after(tmp_path, unique) -> None:
+    """`dlq list` showed the first --limit letters only, read in one query: past them no listing
+    reached, and a large --limit held every letter before printing one."""
+    from click.testing import CliRunner
+
+    from reliable.cli import cli
+
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    ids = seed(store, unique, 1_200)
+    (tmp_path / "reliable.toml").write_text(f'[store]\nurl = "{store}"\n[transport]\nurl = "memory://"\n')
+
+    def listed(*args: str) -> list[int]:
+        result = CliRunner().invoke(cli, ["dlq", "list", unique, "--settings", str(tmp_path / "reliable.toml"),
+                                          *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return [json.loads(line)["id"] for line in result.stdout.splitlines()]
+
+    first = listed("--limit", "1100", "--after", str(ids[49]))
+    assert first == ids[50:1150]
+    assert listed("--after", str(first[-1])) == ids[1150:]
+    assert listed("--limit", "3") == ids[:3]
