@@ -59,14 +59,16 @@ app.close()
 """
 
 
-def seed(store_url: str, group: str, count: int, topic: str = "payments", size: int = 10, first: int = 0) -> list[int]:
-    """``count`` dead letters of ``group`` from ``topic``, numbered from ``first``, each with a token
-    and a message id of its own."""
+def seed(store_url: str, group: str, count: int, topic: str | None = None, size: int = 10,
+         first: int = 0) -> list[int]:
+    """``count`` dead letters of ``group`` from ``topic`` (by default the topic named as the group:
+    no other test's messages on a shared server), numbered from ``first``, each with a token and
+    a message id of its own."""
     store, now = SqlStore(store_url), time.time()
     with store.transaction() as tx:
         ids = [tx.add_dead_letter(DeadLetter(
             group=group, token=f"{group}-{i}",
-            message=Message(id=f"{group}-m{i}", topic=topic, queue=0, offset=i, published_at=now,
+            message=Message(id=f"{group}-m{i}", topic=topic or group, queue=0, offset=i, published_at=now,
                             payload=json.dumps({"id": f"{group}-{i}", "pad": "x" * size}).encode()),
             failure=Failure("builtins.ValueError", "amount must be positive", "Traceback", 1, now, now),
         )) for i in range(first, first + count)]
@@ -94,7 +96,7 @@ def deliveries(store: str, transport: str, group: str, token: str | None = None)
     """Run ``group``'s handler until nothing is left; its counters."""
     app = App(Settings.load(None, env={"RELIABLE_STORE__URL": store, "RELIABLE_TRANSPORT__URL": transport,
                                        "RELIABLE_LOG__LEVEL": "warning"}))
-    app.handler("payments", group=group, token=token)(lambda msg, tx: None)
+    app.handler(group, group=group, token=token)(lambda msg, tx: None)
     app.run(until_idle=True)
     stats = app.stats()
     app.close()
@@ -169,7 +171,7 @@ def test_letters_a_worker_dead_letters_again_during_a_replay_wait_for_the_next_o
     app = App(Settings.load(None, env={"RELIABLE_STORE__URL": postgres_url, "RELIABLE_TRANSPORT__URL": broker_url,
                                        "RELIABLE_LOG__LEVEL": "warning"}))
 
-    @app.handler("payments", group=unique, token="body.id", fatal=(ValueError,))
+    @app.handler(unique, group=unique, token="body.id", fatal=(ValueError,))
     def charge(msg, tx):  # type: ignore[no-untyped-def]
         raise ValueError("amount must be positive")
 
@@ -211,7 +213,7 @@ def test_letters_the_transport_refuses_are_named_and_stay_while_the_rest_are_rep
     assert refused.value.replayed == len(ids)
     assert sorted(app.store.dead_letter_ids(unique)) == sorted([bad_topic, too_large])
     assert all(letter.replays == 0 for letter in app.dead_letters(unique))
-    app.handler("payments", group=unique, token=None)(lambda msg, tx: None)
+    app.handler(unique, group=unique, token=None)(lambda msg, tx: None)
     app.run(until_idle=True)
     assert app.stats()["processed"] == len(ids)  # each once: none sent with a refused letter's neighbours twice
     app.close()
@@ -230,7 +232,7 @@ def test_an_id_given_twice_is_replayed_once_and_unknown_ids_are_all_named_before
         app.purge_dead_letters(unique, [first, 999999])
     assert app.store.dead_letter_ids(unique) == [first, second]  # nothing changed
     assert app.replay_dead_letters(unique, [first, first]) == 1
-    app.handler("payments", group=unique, token=None)(lambda msg, tx: None)
+    app.handler(unique, group=unique, token=None)(lambda msg, tx: None)
     app.run(until_idle=True)
     assert app.stats()["processed"] == 1
     app.close()
