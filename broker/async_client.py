@@ -23,6 +23,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from broker.client import (
     CONNECT_TIMEOUT,
+    DEFAULT_MAX_WAITING,
     PUBLISH,
     closed_by,
     fitting,
@@ -31,6 +32,7 @@ from broker.client import (
     publish_requests,
     result,
     unix_path,
+    waiting_limit,
     where,
 )
 from broker.delivery.values import Delivery, OutgoingMessage, Placement
@@ -62,6 +64,7 @@ class AsyncClient(AsyncCalls):
         self._reader_task: asyncio.Task[None] | None = None
         self._closed = False
         self._max_frame_size = DEFAULT_MAX_FRAME_SIZE  # the server's, told at every connect's hello
+        self._waiting_slots = asyncio.BoundedSemaphore(DEFAULT_MAX_WAITING)  # likewise
 
 
     async def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
@@ -100,7 +103,10 @@ class AsyncClient(AsyncCalls):
 
     async def _request(self, op: Operation, fields: Mapping[str, Any]) -> dict[str, Any]:
         link = await self._connected()
-        return await self._send(link, op.name, fields)
+        if not op.waits:
+            return await self._send(link, op.name, fields)
+        async with self._waiting_slots:  # `broker.client.waiting_limit`: the rest wait here
+            return await self._send(link, op.name, fields)
 
     async def _send(self, link: _Link, op: str, fields: Mapping[str, Any]) -> dict[str, Any]:
         request_id = next(self._ids)
@@ -135,6 +141,7 @@ class AsyncClient(AsyncCalls):
             user, password = self._credentials  # a hello even without a user: it tells the frame limit
             hello = await self._send(link, "hello", {"user": user, "password": password})
             self._max_frame_size = frame_limit(hello)
+            self._waiting_slots = asyncio.BoundedSemaphore(waiting_limit(hello))
             return link
 
     async def _read(self, link: _Link) -> None:

@@ -44,6 +44,8 @@ Connection = socket.socket | TlsSocket
 log = structlog.get_logger("broker.client")
 PUBLISH = OPERATIONS["publish"]
 CONNECT_TIMEOUT = 5.0
+DEFAULT_MAX_WAITING = 64
+"""The server's ``max_waiting_requests`` when its hello does not tell it."""
 FRAME_RESERVE = 256
 """Bytes of a publish frame besides its messages: prefix, request id, operation, topic, batch id."""
 
@@ -92,6 +94,7 @@ class Client(SyncCalls):
         self._closed = False
         self._refused = ""  # what the server said when it refused the connection last open
         self._max_frame_size = DEFAULT_MAX_FRAME_SIZE  # the server's, told at every connect's hello
+        self._waiting_slots = threading.BoundedSemaphore(DEFAULT_MAX_WAITING)  # likewise
 
     # -- BrokerApi: one method per operation (SyncCalls), publish resent over reconnects ------
 
@@ -137,7 +140,11 @@ class Client(SyncCalls):
     # -- the connection ------------------------------------------------------------
 
     def _request(self, op: Operation, fields: Mapping[str, Any]) -> dict[str, Any]:
-        return self._call(op.name, **fields)
+        if not op.waits:
+            return self._call(op.name, **fields)
+        self._connected()  # the server's limit is known from here on
+        with self._waiting_slots:  # more would be refused (limit_exceeded): the rest wait here
+            return self._call(op.name, **fields)
 
     def _call(self, op: str, **fields: Any) -> dict[str, Any]:
         return self._exchange(self._connected(), op, fields)
@@ -177,6 +184,7 @@ class Client(SyncCalls):
             user, password = self._credentials  # a hello even without a user: it tells the frame limit
             hello = self._exchange(sock, "hello", {"user": user, "password": password})
             self._max_frame_size = frame_limit(hello)
+            self._waiting_slots = threading.BoundedSemaphore(waiting_limit(hello))
             return sock
 
     def _open(self) -> Connection:
@@ -281,6 +289,15 @@ def frame_limit(hello: Mapping[str, Any]) -> int:
     """The frame limit a server's hello reply tells (servers before it: the default)."""
     limit = hello.get("max_frame_size")
     return limit if isinstance(limit, int) and limit > 0 else DEFAULT_MAX_FRAME_SIZE
+
+
+def waiting_limit(hello: Mapping[str, Any]) -> int:
+    """How many requests that wait (fetch, read, ...) the server runs at once per connection, as
+    its hello reply tells (servers before it: their default). A client sends no more at once:
+    the server refuses one more (`limit_exceeded`), so a process with more members than that
+    (a worker with many handlers) would see fetches fail instead of taking turns."""
+    limit = hello.get("max_waiting_requests")
+    return limit if isinstance(limit, int) and limit > 0 else DEFAULT_MAX_WAITING
 
 
 def message_ids(messages: Sequence[OutgoingMessage]) -> list[str]:

@@ -218,7 +218,8 @@ class NativeSession:
         self.ctx = self._new_context(principal)
         await self._send({"id": request_id, "ok": True, "server": SERVER_NAME,
                           "protocol": native_codec.VERSION, "user": principal.name,
-                          "max_frame_size": self.conn.limits.max_frame_size})
+                          "max_frame_size": self.conn.limits.max_frame_size,
+                          "max_waiting_requests": self.conn.limits.max_waiting_requests})
 
     async def _run(self, request_id: int, operation: Operation,
                    ctx: native_ops.Context, request: Mapping[str, Any]) -> None:

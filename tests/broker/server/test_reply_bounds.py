@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -104,3 +105,27 @@ def test_a_reply_holds_at_most_max_fetch_bytes_of_messages_and_at_least_one(tmp_
         member = client.join(unique, [unique])
         assert len(client.fetch(member, 1000, 0.0)) == 1
         client.close()
+
+
+def test_a_client_with_more_members_polling_than_the_limit_takes_turns_instead_of_failing(server, unique) -> None:
+    """A process whose members poll at once past ``max_waiting_requests`` on one connection (a
+    worker with many handlers on ``reliable://``): its polls were refused (``limit_exceeded``, a
+    `TransportError` out of the worker's fetch). The client learns the limit at hello, and the
+    polls past it wait their turn in the client."""
+    client = Client(threaded.native(server))
+    members = [client.join(f"{unique}-{n}", [unique]) for n in range(3 * LIMIT)]
+    failures: list[Exception] = []
+
+    def poll(member: str) -> None:
+        try:
+            client.fetch(member, 1, 1.0)  # all start within the second: more than LIMIT wait at once
+        except Exception as exc:  # noqa: BLE001 - every failure is the finding
+            failures.append(exc)
+
+    polling = [threading.Thread(target=poll, args=(member,)) for member in members]
+    for thread in polling:
+        thread.start()
+    for thread in polling:
+        thread.join()
+    client.close()
+    assert failures == []
