@@ -26,6 +26,7 @@ from backends.transport import open_transport
 from backends.transport.base import Transport
 from backends.types import JSON, DeadLetter, OutgoingMessage, encode_body
 from backends.urls import redact
+from reliable import metrics
 from reliable.commit import CommitStrategy, commit_strategy
 from reliable.deadletter import DeadLetters
 from reliable.errors import HandlerOptionError, StoreUnavailableError, UnknownHandlerError
@@ -126,8 +127,10 @@ class App:
             return self._runtime
 
     def _opened(self, runtime: Runtime) -> None:
-        """Route the store's ``tx.publish`` calls through the middleware, and tell it the app is open."""
+        """Route the store's ``tx.publish`` calls through the middleware, watch its disk
+        (`metrics.watch_store`), and tell the middleware the app is open."""
         runtime.store.hook_publish(self.middleware.outbox_hook)
+        metrics.watch_store(runtime.store.write_refusal)
         self.middleware.emit("on_open", self)
 
     @property

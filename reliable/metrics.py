@@ -12,12 +12,16 @@
   ``reliable_outbox_oldest_unsent_seconds{outbox}``: the rows a relay has still
   to send (FAILED ones included in the age), refreshed by every running relay;
   ``reliable_outbox_rows_total{outbox, state}``: rows a relay marked ``sent``
-  or ``failed``.
+  or ``failed``;
+* ``reliable_store_writes_refused``: 1 while the store's disk refuses writes
+  (a full disk: every message is deferred, ``/readyz`` says not ready), else 0;
+  read from the store when scraped.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import (
@@ -38,6 +42,8 @@ OUTBOX_BACKLOG = Gauge("reliable_outbox_backlog", "Outbox rows waiting for a rel
 OUTBOX_OLDEST = Gauge("reliable_outbox_oldest_unsent_seconds", "Age of the oldest unsent outbox row",
                       ["outbox"])
 OUTBOX_ROWS = Counter("reliable_outbox_rows", "Outbox rows a relay marked sent or failed", ["outbox", "state"])
+STORE_WRITES_REFUSED = Gauge("reliable_store_writes_refused", "1 while the store's disk refuses writes "
+                             "(a full disk: every message is deferred), else 0")
 
 
 def count(handler: str, outcome: str, n: int = 1) -> None:
@@ -72,3 +78,8 @@ def outbox_backlog(outbox: str, backlog: int, oldest_unsent_seconds: float) -> N
 def outbox_rows(outbox: str, state: str, n: int) -> None:
     if n:
         OUTBOX_ROWS.labels(outbox, state).inc(n)
+
+
+def watch_store(refusal: Callable[[], str | None]) -> None:
+    """``reliable_store_writes_refused`` follows ``refusal`` (`Store.write_refusal`), read when scraped."""
+    STORE_WRITES_REFUSED.set_function(lambda: 0.0 if refusal() is None else 1.0)

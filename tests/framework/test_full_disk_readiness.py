@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import text
 from structlog.testing import capture_logs
 
@@ -44,11 +45,13 @@ class ReadinessSeen(Middleware):
         self.clock = clock
         self.port = 0
         self.seen: list[tuple[bool, int, dict[str, Any], list[Outcome]]] = []
+        self.gauge: list[float | None] = []  # reliable_store_writes_refused, as a scrape reads it
 
     def after_messages(self, handler: Any, outcomes: Sequence[tuple[Any, Result | None]]) -> None:
         status, body = get(self.port, "/readyz")
         full = self.clock.ballast is not None and self.clock.ballast.path.exists()
         self.seen.append((full, status, json.loads(body), [r.outcome for _, r in outcomes if r is not None]))
+        self.gauge.append(REGISTRY.get_sample_value("reliable_store_writes_refused"))
 
 
 @pytest.mark.parametrize("shape", ["sync", "async"])
@@ -101,19 +104,21 @@ def test_readyz_is_503_naming_the_full_disk_while_the_store_refuses_writes(
             app.run(until_idle=True)
         assert clock.ballast is not None and clock.ballast.hit_enospc and not clock.ballast.path.exists()
         assert effects(app) == sorted(f"order-{n}" for n in range(ORDERS))
-        before = [status for full, status, _, _ in probe.seen[: FILL_AT] if not full]
-        during = [(status, body) for full, status, body, outcomes in probe.seen
+        before = [(status, gauge) for (full, status, _, _), gauge in zip(probe.seen[: FILL_AT], probe.gauge)
+                  if not full]
+        during = [(status, body, gauge) for (full, status, body, outcomes), gauge in zip(probe.seen, probe.gauge)
                   if full and outcomes == [Outcome.DEFERRED]]
-        assert before and set(before) == {200}, probe.seen
+        assert before and set(before) == {(200, 0.0)}, probe.seen
         assert during, probe.seen  # deferred for the full disk, seen on the probe
-        for status, body in during:
-            assert status == 503 and body["store_writes"] is False, body
+        for status, body, gauge in during:
+            assert status == 503 and body["store_writes"] is False and gauge == 1.0, (body, gauge)
             assert REFUSED[database] in body["store_refusal"], body
             assert body["running"] and body["transport"], body  # alive and reachable: the disk alone
         turns = [e["event"] for e in logs if e["event"].startswith("store.writes_")]
         assert turns == ["store.writes_refused", "store.writes_accepted"], Counter(turns)  # no flapping
         full, status, body, outcomes = probe.seen[-1]
         assert not full and outcomes == [Outcome.PROCESSED] and status == 200, probe.seen[-1]
+        assert probe.gauge[-1] == 0.0
         assert body["store_writes"] is True and "store_refusal" not in body, body
     finally:
         server.shutdown()
