@@ -13,18 +13,16 @@ import contextlib
 import socket
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import stomp
 
 from broker.protocol import codec as native_codec
-from broker.protocol.codec import FrameDecoder, decode_body
 from broker.server.auth import hash_password
 from broker.server.server import BrokerServer
 from broker.store.clock import FakeClock
 from tests.broker.server import threaded
-from tests.broker.server.threaded import counted
+from tests.broker.server.threaded import counted, replies
 from tests.waiting import wait_until
 
 PASSWORD = "s3cret"
@@ -38,14 +36,6 @@ def server(tmp_path: Path) -> Iterator[BrokerServer]:
     with threaded.serving(tmp_path, FakeClock(), USERS, max_handshake_frame_size=HANDSHAKE_FRAME,
                           handshake_timeout=20) as started:
         yield started
-
-
-def replies(sock: socket.socket, count: int) -> list[dict[str, Any]]:
-    """The next ``count`` native replies (or fewer, if the server closes first)."""
-    decoder, found = FrameDecoder(1 << 24), []
-    while len(found) < count and (data := sock.recv(1 << 20)):
-        found += [decode_body(payload) for payload in decoder.feed(data)]
-    return found
 
 
 def native_socket(server: BrokerServer) -> socket.socket:

@@ -16,7 +16,6 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,10 +23,10 @@ from broker.client import Client
 from broker.delivery.config import DeliveryConfig
 from broker.delivery.values import OutgoingMessage
 from broker.protocol import codec as native_codec
-from broker.protocol.codec import FrameDecoder, decode_body
 from broker.server.server import BrokerServer
 from broker.store.clock import FakeClock
 from tests.broker.server import threaded
+from tests.broker.server.threaded import replies
 
 LIMIT = 4
 POLL = 2.0  # seconds each long poll waits for a message that never comes
@@ -39,13 +38,6 @@ def server(tmp_path: Path) -> Iterator[BrokerServer]:
     with threaded.serving(tmp_path, FakeClock(), {}, max_waiting_requests=LIMIT,
                           max_fetch_messages=MAX_FETCH) as started:
         yield started
-
-
-def replies(sock: socket.socket, count: int) -> list[dict[str, Any]]:
-    decoder, found = FrameDecoder(1 << 24), []
-    while len(found) < count and (data := sock.recv(1 << 20)):
-        found += [decode_body(payload) for payload in decoder.feed(data)]
-    return found
 
 
 def test_long_polls_past_the_limit_are_refused_at_once_and_the_others_still_answered(server, unique) -> None:

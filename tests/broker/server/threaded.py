@@ -18,6 +18,7 @@ from prometheus_client import Counter
 from broker.client import CONNECT_TIMEOUT, Client
 from broker.delivery.config import DeliveryConfig
 from broker.delivery.engine import Broker
+from broker.protocol.codec import FrameDecoder, decode_body
 from broker.server.auth import load_users
 from broker.server.config import Limits, ServerConfig, TlsConfig
 from broker.server.engine import Engine
@@ -72,3 +73,11 @@ def counted(counter: Counter, **labels: str) -> float:
     """The sum of ``counter``'s series with these labels (a server metric, read in process)."""
     return sum(sample.value for family in counter.collect() for sample in family.samples
                if sample.name.endswith("_total") and labels.items() <= sample.labels.items())
+
+
+def replies(sock: socket.socket, count: int) -> list[dict[str, Any]]:
+    """The next ``count`` native replies (or fewer, if the server closes first)."""
+    decoder, found = FrameDecoder(1 << 24), []
+    while len(found) < count and (data := sock.recv(1 << 20)):
+        found += [decode_body(payload) for payload in decoder.feed(data)]
+    return found
