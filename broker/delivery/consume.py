@@ -112,8 +112,16 @@ class Consuming:
             return self.membership.assignment(member)
 
     def has_members(self, group: str) -> bool:
+        """Whether ``group`` has live members: those silent past the session timeout leave first."""
         with self.lock:
+            if self.membership.expire(self._clock.time()):
+                self._wakes.notify()
             return self.membership.has_members(group)
+
+    def forward(self, group: str, topic: str, offsets: Sequence[int]) -> None:
+        """The cursors of ``group``, which has no member, move forward to ``offsets`` of ``topic``."""
+        with self.lock:
+            self.membership.forward(group, topic, offsets)
 
     def commit(self, member: str, offsets: Mapping[tuple[str, int], int]) -> None:
         """Seek the queues ``member`` holds to the given next offsets (offsets kept by the consumer)."""

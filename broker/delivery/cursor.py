@@ -199,6 +199,18 @@ class QueueCursor:
         self.next = max(self.next, offset)
         return skipped
 
+    def forward(self, offset: int) -> None:
+        """A position reader committed up to ``offset`` while no member held the queue: what lies
+        below is done (no longer ready or parked); what was acked above stays done."""
+        if offset <= self.committed:
+            return
+        self.skip_to(offset)
+        self.acked_ahead = {o for o in self.acked_ahead if o >= offset}
+        self.ready = {o: message for o, message in self.ready.items() if o >= offset}
+        self.parked = [entry for entry in self.parked if entry[1] >= offset]
+        heapq.heapify(self.parked)
+        self._advance()
+
     def seek(self, offset: int) -> None:
         """Start again at ``offset``: everything held, ready, parked or done is forgotten."""
         for lease in self.leases:

@@ -112,7 +112,21 @@ class Membership:
         return list(self.member(member).queues)
 
     def has_members(self, group: str) -> bool:
-        return group in self.group_table
+        """Whether ``group`` has members now (one silent past the session timeout has left)."""
+        found = self.group_table.get(group)
+        return found is not None and bool(found.members)
+
+    def forward(self, group: str, topic: str, offsets: Sequence[int]) -> None:
+        """A position reader committed ``offsets`` of ``topic`` for ``group``, which has no member:
+        its cursors move forward to them (never back), so a member joining later starts there,
+        and what was acked above them stays done."""
+        found = self.group_table.get(group)
+        if found is None or found.broadcast:
+            return
+        for queue, offset in enumerate(offsets):
+            cursor = found.cursors.get((topic, queue))
+            if cursor is not None:
+                cursor.forward(int(offset))
 
     def journal(self, member: Member) -> AckJournal | None:
         """Where ``member``'s acks are recorded: the ack journal, for a clustering group under

@@ -23,12 +23,14 @@ from broker.store import MessageStore
 
 class Positions:
     """Reads by position and a stream processor's offsets; ``has_members(group)``: whether the
-    group was joined by members since the broker started (its offsets are then the broker's,
-    kept in memory with what its members hold, even after the last one left); ``saved()``: write the offsets;
-    ``queues(topic)``: a topic's queue count (the publishing component's topic table)."""
+    group has live members now (its offsets are then the broker's, moved by their acks);
+    ``forward(group, topic, offsets)``: the in-memory cursors of a group whose members all left
+    move forward with a commit; ``save()``: write the offsets; ``queues(topic)``: a topic's
+    queue count (the publishing component's topic table)."""
 
     def __init__(self, store: MessageStore, queues: Callable[[str], int], offsets: OffsetBook,
                  lock: AbstractContextManager[Any], has_members: Callable[[str], bool],
+                 forward: Callable[[str, str, Sequence[int]], None],
                  save: Callable[[], None], max_bytes: int | None = None) -> None:
         """``max_bytes``: of messages one read hands out at most (at least one)."""
         self._store = store
@@ -37,6 +39,7 @@ class Positions:
         self._offsets = offsets
         self._lock = lock
         self._has_members = has_members
+        self._forward = forward
         self._save = save
 
     def read(self, topic: str, queue: int, offset: int, max_messages: int) -> list[Delivery]:
@@ -73,15 +76,17 @@ class Positions:
 
     def commit_group(self, group: str, topic: str, offsets: Sequence[int]) -> None:
         """Record ``offsets`` (the next offset per queue) as ``group``'s; never moves one back, and
-        never past a queue's end."""
+        never past a queue's end. Refused while the group has live members; once they all left
+        (or were silent past the session timeout) the group's cursors move forward too, so a
+        member joining later starts there, and what it acked above stays done."""
         check_name("group", group)
         with self._lock:
             if len(offsets) != self._queues(topic):
                 raise DeliveryError(f"commit_group {group!r}: {len(offsets)} offsets for "
                                     f"{self._queues(topic)} queues of {topic!r}")
             if self._has_members(group):
-                raise DeliveryError(f"group {group!r} was joined by members since the broker started: its "
-                                    "offsets are the broker's; commit_group is for groups that read by position")
+                raise DeliveryError(f"group {group!r} has live members: its offsets are the broker's "
+                                    "(their acks move them); commit_group is for groups that read by position")
             ends = [self._store.max_offset(topic, queue) for queue in range(len(offsets))]
             beyond = [(q, o, end) for q, (o, end) in enumerate(zip(offsets, ends)) if not 0 <= o <= end]
             if beyond:  # past the end, the group would skip every message written up to there
@@ -90,6 +95,7 @@ class Positions:
             for queue, offset in enumerate(offsets):
                 saved = self._offsets.get((group, topic, queue))
                 self._offsets.put((group, topic, queue), max(int(offset), saved or 0))
+            self._forward(group, topic, offsets)
         self._save()
 
 

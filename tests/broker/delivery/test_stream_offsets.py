@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+from broker.delivery.config import DeliveryConfig
 from broker.delivery.engine import Broker
 from broker.delivery.values import OutgoingMessage
 from broker.errors import DeliveryError
+from broker.store.clock import FakeClock
 
 
 def test_commit_group_moves_forward_within_the_queues_only(tmp_path, unique) -> None:
@@ -31,15 +33,45 @@ def test_commit_group_moves_forward_within_the_queues_only(tmp_path, unique) -> 
         broker.close()
 
 
-def test_a_group_its_members_consumed_keeps_broker_offsets_after_the_last_one_left(tmp_path, unique) -> None:
-    """Its offsets live with its in-memory state until the broker restarts: the error says so
-    (it said the group had live members, when none was left)."""
-    broker = Broker(tmp_path / "broker")
+def test_a_group_whose_members_all_left_takes_a_position_readers_commit(tmp_path, unique) -> None:
+    """It was refused until the broker restarted (the group stayed in memory). A member joining
+    afterwards starts at the commit, and what its group acked above it stays done."""
+    broker = Broker(tmp_path / "broker", DeliveryConfig(queues=1))
     try:
-        broker.publish(unique, [OutgoingMessage(b"m", queue=0)])
-        broker.leave(broker.join("consumers", [unique]))
-        ends = [end for _, end in broker.queue_offsets(unique)]
-        with pytest.raises(DeliveryError, match="was joined by members since the broker started"):
-            broker.commit_group("consumers", unique, ends)
+        broker.publish(unique, [OutgoingMessage(f"m{n}".encode()) for n in range(6)])
+        member = broker.join("consumers", [unique], prefetch=10)
+        fetched = broker.fetch(member, 6, 0)
+        broker.ack(member, [d.receipt for d in fetched if d.offset in (0, 4)])  # 4 acked ahead
+        with pytest.raises(DeliveryError, match="has live members"):
+            broker.commit_group("consumers", unique, [3])
+        broker.leave(member)  # 1, 2, 3, 5 ready again
+        broker.commit_group("consumers", unique, [3])
+        assert broker.group_offsets("consumers", unique) == [3]
+        again = broker.join("consumers", [unique], prefetch=10)
+        redelivered = broker.fetch(again, 10, 0)
+        assert [d.body for d in redelivered] == [b"m3", b"m5"]
+        broker.ack(again, [d.receipt for d in redelivered])
+        broker.leave(again)
+        broker.commit_group("consumers", unique, [0])  # never back
+        assert broker.group_offsets("consumers", unique) == [6]
+    finally:
+        broker.close()
+
+
+def test_a_group_whose_members_went_silent_takes_a_commit(tmp_path, unique) -> None:
+    """Members silent past the session timeout no longer count, though no fetch swept them out."""
+    clock = FakeClock()
+    broker = Broker(tmp_path / "broker", DeliveryConfig(queues=1, session_timeout=10), clock=clock)
+    try:
+        broker.publish(unique, [OutgoingMessage(f"m{n}".encode()) for n in range(3)])
+        member = broker.join("consumers", [unique])
+        assert len(broker.fetch(member, 1, 0)) == 1
+        clock.advance(5)
+        with pytest.raises(DeliveryError, match="has live members"):
+            broker.commit_group("consumers", unique, [2])
+        clock.advance(6)
+        broker.commit_group("consumers", unique, [2])
+        again = broker.join("consumers", [unique])
+        assert [d.body for d in broker.fetch(again, 10, 0)] == [b"m2"]
     finally:
         broker.close()
