@@ -39,7 +39,7 @@ class EmbeddedBroker:
     def __init__(self, directory: str | Path, config: DeliveryConfig | None = None, *,
                  store_config: StoreConfig | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # the owner's alone (broker.local)
         self._config = config
         self._store_config = store_config
         self._clock = clock

@@ -10,8 +10,10 @@ Frames: a 4-byte big-endian length, then msgpack: a request is ``[operation,
 fields]``, a reply ``[True, reply fields]`` or ``[False, [error class name,
 text]]``, the operation's fields and reply exactly as the native protocol
 carries them (`broker.protocol.operations`: both ends are derived from its
-table). The local socket is the directory owner's own, reachable only
-through the file system, so it asks no credentials. Each client thread has a connection of its own, so a long-poll
+table). The local socket is the directory owner's own: it asks no
+credentials, so only the OS user who owns the broker may open it (mode 0600,
+whatever the umask: `bind_owner_only`), and the directory the broker creates
+is that user's alone (0700, as PostgreSQL keeps its data directory). Each client thread has a connection of its own, so a long-poll
 fetch never holds up another thread's ack. The client side (`LocalClient`) lives in
 `broker.local_client`, which a process that only reads can import without the server's modules.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import socketserver
 import threading
 from pathlib import Path
@@ -48,12 +51,31 @@ class _Handler(socketserver.BaseRequestHandler):
             send_frame(self.request, self.server.call(name, request))
 
 
+def bind_owner_only(sock: socket.socket, path: str) -> None:
+    """Bind the unix socket ``sock`` to ``path`` so that only this OS user may connect.
+
+    Connecting takes write permission on the socket's file, which ``bind``
+    creates with the process's umask (0o775 under a umask of 002, 0o777 under
+    0). Linux takes the mode set on the socket before ``bind`` for the file, so
+    no other user can connect even for an instant; it is set again after, for
+    systems that do not.
+    """
+    with contextlib.suppress(OSError):
+        os.fchmod(sock.fileno(), 0o600)
+    sock.bind(path)
+    os.chmod(path, 0o600)
+
+
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
 
     def __init__(self, path: str, api: BrokerApi) -> None:
-        self.api = api
+        self.api, self.path = api, path
         super().__init__(path, _Handler)
+
+    def server_bind(self) -> None:
+        bind_owner_only(self.socket, self.path)
+        self.server_address = self.socket.getsockname()
 
     def call(self, name: str, request: Any) -> list[Any]:
         """Run the operation ``name`` of the table on the engine: ``[True, reply]`` or

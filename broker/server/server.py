@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import ssl
 import tomllib
 from collections.abc import Awaitable, Callable
@@ -22,6 +23,7 @@ from types import TracebackType
 import structlog
 
 from broker.errors import BrokerConfigError
+from broker.local import bind_owner_only
 from broker.protocol import codec as native_codec
 from broker.protocol.errors import ConnectionLimitError
 from broker.server.admission import Admission
@@ -94,9 +96,11 @@ class BrokerServer:
     async def _unix_listener(self, path: str) -> asyncio.Server:
         """The native protocol on a unix socket only this user may open (no TLS: it never leaves the host)."""
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        server = await asyncio.start_unix_server(self._accept("native", self._native), path)
-        os.chmod(path, 0o600)
-        return server
+        if Path(path).is_socket():
+            os.unlink(path)  # left by a server that died, as asyncio's own unix server does
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        bind_owner_only(sock, path)
+        return await asyncio.start_unix_server(self._accept("native", self._native), sock=sock)
 
     async def stop(self) -> None:
         for server in self._servers.values():

@@ -61,7 +61,7 @@ class MessageStore:
     def __init__(self, path: str | os.PathLike[str], config: StoreConfig | None = None) -> None:
         self.path = Path(path)
         self.config = config or StoreConfig()
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)  # messages: the owner's alone
         self._lock_fd = checkpoint.lock(self.path)
         self._writer = threading.Lock()
         self._closed = False

@@ -1,0 +1,96 @@
+"""Another OS user on the machine cannot reach an embedded broker, whatever the owner's umask.
+
+The local socket (``DIR/broker.sock``) asks no credentials: whoever can
+connect may read, ack, skip and purge every group. Under a umask of 0 (or 002
+and a shared group) it was created writable by others, and the directory and
+its commit log readable by them. The owner runs here in a process of its own
+under umask 0; a second process turns into ``nobody`` and tries the socket and
+the files, with the owner's directory reachable through a world-searchable
+parent (only the broker's own modes stand in the way).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.delivery.values import OutgoingMessage
+from broker.embedded import EmbeddedBroker
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="turning into another OS user needs root")
+
+OWNER = """
+import sys
+from broker.delivery.values import OutgoingMessage
+from broker.embedded import EmbeddedBroker
+broker = EmbeddedBroker(sys.argv[1])
+broker.publish("secrets", [OutgoingMessage(b"a card number", message_id="m1")])
+print("owner", flush=True)
+sys.stdin.read()  # until the test closes our stdin
+broker.close()
+"""
+
+OTHER_USER = """
+import os, pwd, socket, sys
+nobody = pwd.getpwnam("nobody")
+os.setgid(nobody.pw_gid)
+os.setuid(nobody.pw_uid)
+directory = sys.argv[1]
+results = []
+try:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(os.path.join(directory, "broker.sock"))
+    results.append("socket: connected")
+except PermissionError:
+    results.append("socket: refused")
+try:
+    logs = os.listdir(os.path.join(directory, "commitlog"))
+    results.append(f"commit log: read {len(logs)} segment(s)")
+except PermissionError:
+    results.append("commit log: refused")
+print("; ".join(results))
+"""
+
+
+@pytest.fixture
+def reachable_dir() -> Iterator[Path]:
+    """A fresh directory under /tmp that every user may enter (``tmp_path`` is root's alone)."""
+    base = Path(tempfile.mkdtemp(prefix="reliable-local-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_another_os_user_can_neither_connect_nor_read_the_messages(reachable_dir: Path) -> None:
+    directory = reachable_dir / "broker"
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(directory)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, preexec_fn=lambda: os.umask(0))
+    try:
+        assert owner.stdout is not None
+        assert "owner" in (line.strip() for line in owner.stdout)  # its log lines first, then ours
+        socket_mode = stat.S_IMODE((directory / "broker.sock").stat().st_mode)
+        other = subprocess.run([sys.executable, "-c", OTHER_USER, str(directory)], capture_output=True,
+                               text=True, timeout=60, check=True)
+        assert other.stdout.strip() == "socket: refused; commit log: refused", (oct(socket_mode), other.stdout)
+        assert socket_mode == 0o600
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+
+        this_user = EmbeddedBroker(directory)  # the owner's own user still reaches it, through the socket
+        try:
+            assert not this_user.owner
+            this_user.publish("secrets", [OutgoingMessage(b"another", message_id="m2")])
+            assert [t.messages for t in this_user.topics() if t.name == "secrets"] == [2]
+        finally:
+            this_user.close()
+    finally:
+        assert owner.stdin is not None
+        owner.stdin.close()
+        assert owner.wait(timeout=60) == 0
