@@ -3,6 +3,9 @@
 A read that sees nothing for ``idle_timeout`` seconds, or a write the client
 does not take within ``slow_client_timeout`` seconds, ends the connection
 (`ConnectionTimedOut`), so a silent or stalled client cannot hold a slot.
+``handshake_ends`` is the loop time by which the client must be logged in:
+``handshake_timeout`` from the accept, one budget for the TLS handshake (with
+TLS) and the log-in together.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class Connection:
         self._writer = writer
         self._write_lock = asyncio.Lock()
         self._linger = False
+        self.handshake_ends = asyncio.get_running_loop().time() + limits.handshake_timeout
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.host: str | None = peer[0] if isinstance(peer, tuple) else None  # None: a unix socket

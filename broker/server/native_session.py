@@ -89,7 +89,7 @@ class NativeSession:
             decoder.max_frame_size = limits.handshake_frame_size
             decoder.limit_name = "max_handshake_frame_size"
         loop = asyncio.get_running_loop()
-        handshake_ends = loop.time() + self.conn.limits.handshake_timeout
+        handshake_ends = self.conn.handshake_ends  # from the accept: a TLS handshake spent part of it
         while True:
             waiting = self.ctx is None and self.guard.required
             try:

@@ -155,9 +155,10 @@ class BrokerServer:
 
     async def _handshake(self, conn: Connection, writer: asyncio.StreamWriter, tls: ssl.SSLContext) -> bool:
         """The TLS handshake of an admitted connection; False (the connection dropped) if it failed
-        or did not end within ``handshake_timeout``."""
+        or did not end within ``handshake_timeout`` of the accept (the log-in that follows gets
+        what is left of it, not a budget of its own)."""
         try:
-            async with asyncio.timeout(self.config.limits.handshake_timeout):
+            async with asyncio.timeout_at(conn.handshake_ends):
                 await writer.start_tls(tls)
             return True
         except (OSError, ssl.SSLError, TimeoutError) as error:

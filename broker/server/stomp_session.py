@@ -44,14 +44,12 @@ class StompSession:
         self.handlers: StompHandlers | None = None
         self._read_timeout = conn.limits.idle_timeout
         self._beats_expected = False
-        self._handshake_ends = 0.0
         self._heartbeat: asyncio.Task[None] | None = None
         self._failure: asyncio.Future[BaseException] | None = None
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         self._failure = loop.create_future()
-        self._handshake_ends = loop.time() + self.conn.limits.handshake_timeout
         try:
             await self._serve()
         except ProtocolError as error:
@@ -95,7 +93,7 @@ class StompSession:
         assert self._failure is not None
         timeout = self._read_timeout
         if self.handlers is None:
-            timeout = self._handshake_ends - asyncio.get_running_loop().time()
+            timeout = self.conn.handshake_ends - asyncio.get_running_loop().time()
             if timeout <= 0:
                 raise ConnectionTimedOut("handshake")
         reading = asyncio.ensure_future(self.conn.read(timeout))
