@@ -25,11 +25,12 @@ import structlog
 from broker.delivery.ackjournal import Acked, AckJournal
 from broker.delivery.allocation import Strategy
 from broker.delivery.config import DeliveryConfig
-from broker.delivery.cursor import DELIVER_AT_HEADER, QueueCursor
+from broker.delivery.cursor import DELIVER_AT_HEADER, ByteWindow, QueueCursor
 from broker.delivery.group import Group, Member
 from broker.delivery.leases import Leases
 from broker.delivery.membership import Membership
 from broker.delivery.offsets import OffsetBook
+from broker.delivery.taken import Taken
 from broker.delivery.values import Delivery, DeliveryColumns, GroupInfo, QueueLag
 from broker.store import Clock, MessageStore, StoredBatch
 from broker.store.record import NO_HEADERS
@@ -117,6 +118,11 @@ class Consuming:
             if self.membership.expire(self._clock.time()):
                 self._wakes.notify()
             return self.membership.has_members(group)
+
+    def share_window(self, member: str, window: ByteWindow) -> None:
+        """``member``'s unacknowledged bodies count in ``window`` (see `Leases.share_window`)."""
+        with self.lock:
+            self.leases.share_window(member, window)
 
     def forward(self, group: str, topic: str, offsets: Sequence[int]) -> None:
         """The cursors of ``group``, which has no member, move forward to ``offsets`` of ``topic``."""
@@ -273,7 +279,10 @@ class Consuming:
         """What ``member`` is handed now, one part per queue read (and per queue's messages ready again)."""
         group = self.membership.group_of(member)
         room = min(max_messages, self.leases.room(member))
-        taken = _Taken(self._config.max_fetch_bytes)
+        byte_room = self.leases.byte_room(member, self._config.max_fetch_bytes)
+        if byte_room <= 0:  # its window's bytes are all out: nothing until acks free some
+            return []
+        taken = Taken(byte_room)
         for cursor in group.cursors_of(member):
             if len(taken) >= room or taken.full:
                 break
@@ -284,29 +293,26 @@ class Consuming:
                 self._take_in_order(group, member, cursor, now, taken)
                 continue
             if cursor.ready:
-                again = [cursor.ready.pop(offset) for offset in sorted(cursor.ready)[: room - len(taken)]]
-                taken.add(self.leases.hand_again(member, cursor, again, now))
+                taken.add(self.leases.hand_again(member, cursor, taken.again(cursor, room - len(taken)), now))
             while len(taken) < room and not taken.full and self._read(group, member, cursor,
                                                                       room - len(taken), now, taken):
                 pass
         return taken.parts
 
-
     def _take_in_order(self, group: Group, member: Member, cursor: QueueCursor, now: float,
-                       taken: _Taken) -> None:
+                       taken: Taken) -> None:
         """Ordered: the queue's next message only when nothing of it is held or waiting."""
         if cursor.held or cursor.parked:
             return
         if cursor.ready:
-            taken.add(self.leases.hand_again(member, cursor, [cursor.ready.pop(min(cursor.ready))], now))
+            taken.add(self.leases.hand_again(member, cursor, taken.again(cursor, 1), now))
             return
         before = len(taken)
         while len(taken) == before and self._read(group, member, cursor, 1, now, taken):
             pass
 
-
     def _read(self, group: Group, member: Member, cursor: QueueCursor, count: int,
-              now: float, taken: _Taken) -> bool:
+              now: float, taken: Taken) -> bool:
         """Read up to ``count`` new messages of ``cursor``'s queue; False when there are none."""
         batch = self._store.read_batch(cursor.topic, cursor.queue, cursor.next,
                                         max_count=min(count, self._config.read_batch),
@@ -325,29 +331,6 @@ class Consuming:
             batch = _sort_out(member, cursor, batch, now)
         taken.add(self.leases.hand_new(member, cursor, batch, now))
         return True
-
-
-
-class _Taken:
-    """The parts a fetch hands out, how many deliveries they hold, and the bytes of messages it may
-    still read from the store (``max_fetch_bytes``, of which the first read takes one at least)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.parts: list[DeliveryColumns] = []
-        self.count = 0
-        self.max_bytes, self.bytes_read = max_bytes, 0
-
-    @property
-    def full(self) -> bool:
-        return self.bytes_read >= self.max_bytes
-
-    def add(self, part: DeliveryColumns) -> None:
-        if part.count:
-            self.parts.append(part)
-            self.count += part.count
-
-    def __len__(self) -> int:
-        return self.count
 
 
 def _sort_out(member: Member, cursor: QueueCursor, batch: StoredBatch, now: float) -> StoredBatch:

@@ -33,13 +33,31 @@ DELIVER_AT_HEADER = "x-deliver-at"
 """Seconds since the epoch before which a message is not delivered (scheduled, or a delayed retry)."""
 
 
+class ByteWindow:
+    """The bytes of message bodies held unacknowledged by the members that share it (a member's
+    own, or one connection's on the server), and how many they may hold before they are handed
+    more (``limit``; None: no bound)."""
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.held = 0
+        self.limit = limit
+
+    def room(self, most: int) -> int:
+        """How many more bytes may be handed out, at most ``most``."""
+        return most if self.limit is None else min(most, self.limit - self.held)
+
+
 @dataclass(slots=True, eq=False)
 class Lease:
-    """Deliveries of one queue out with ``member`` together until ``deadline``."""
+    """Deliveries of one queue out with ``member`` together until ``deadline``; their bodies
+    count in ``window``, the member's."""
 
     cursor: QueueCursor
     member: str
     deadline: float
+    window: ByteWindow
     delivered: bool = False  # DELIVERED ack: received, no longer counted in the prefetch window
     offsets: dict[str, int] = field(default_factory=dict)  # receipt -> queue offset, still out
 
@@ -61,6 +79,17 @@ def receipt_of(held: Held) -> str:
 def delivery_of(held: Held) -> Delivery:
     same, names = held[-1]
     return Delivery(**same, **dict(zip(names, held)))
+
+
+def body_bytes(rows: Iterable[Held]) -> int:
+    """The bytes of the bodies of held deliveries (a column of every fetch's rows)."""
+    total, names, at = 0, None, 0
+    for row in rows:
+        if row[-1][1] is not names:
+            names = row[-1][1]
+            at = names.index("body")
+        total += len(row[at])
+    return total
 
 
 class ReceiptNames:
@@ -128,6 +157,7 @@ class QueueCursor:
             raise ValueError(f"held deliveries' columns start with the receipt, not {names[0]!r}")
         shape: Shape = (dict(handed.same), names)
         self.held.update(zip(offsets, zip(*handed.columns.values(), repeat(shape))))
+        lease.window.held += sum(map(len, handed.columns["body"]))
         lease.offsets.update(zip(receipts, offsets))
         self.receipts.update(zip(receipts, repeat(lease)))
         self.leases[lease] = None
@@ -142,9 +172,7 @@ class QueueCursor:
     def finish(self, offset: int) -> None:
         """``offset`` is done (acked, dead-lettered, filtered out); the committed offset moves
         past every done offset in a row."""
-        held = self.held.pop(offset, None)
-        if held is not None:
-            self._let_go(receipt_of(held))
+        self._unhold(offset)
         self.ready.pop(offset, None)
         if offset >= self.committed:
             self.done.add(offset)
@@ -160,7 +188,7 @@ class QueueCursor:
             offsets = list(map(lease.offsets.pop, receipts))
         if not lease.offsets:
             del self.leases[lease]
-        _run(map(self.held.pop, offsets))
+        lease.window.held -= body_bytes(map(self.held.pop, offsets))
         low, high = min(offsets), max(offsets)
         if low == self.committed and high - low == len(offsets) - 1:  # exactly the next ones
             self.committed = high + 1
@@ -171,10 +199,17 @@ class QueueCursor:
 
     def release(self, offset: int) -> None:
         """A held message goes back to be delivered again (its lease ended, its queue moved)."""
+        held = self._unhold(offset)
+        if held is not None:
+            self.ready[offset] = delivery_of(held)
+
+    def _unhold(self, offset: int) -> Held | None:
+        """The held delivery at ``offset`` (if any) is out no more: its receipt and bytes let go."""
         held = self.held.pop(offset, None)
         if held is not None:
+            self.receipts[receipt_of(held)].window.held -= body_bytes((held,))
             self._let_go(receipt_of(held))
-            self.ready[offset] = delivery_of(held)
+        return held
 
     def _let_go(self, receipt: str) -> int:
         """``receipt`` leaves the receipt table and its lease; its offset."""
@@ -214,6 +249,7 @@ class QueueCursor:
     def seek(self, offset: int) -> None:
         """Start again at ``offset``: everything held, ready, parked or done is forgotten."""
         for lease in self.leases:
+            lease.window.held -= body_bytes(map(self.held.__getitem__, lease.offsets.values()))
             _run(map(self.receipts.pop, lease.offsets))
             lease.offsets.clear()
         self.committed = self.next = offset

@@ -32,7 +32,7 @@ from broker.delivery import copies
 from broker.delivery.ackjournal import AckJournal
 from broker.delivery.config import DeliveryConfig
 from broker.delivery.copies import Copy
-from broker.delivery.cursor import Lease, QueueCursor, ReceiptNames, Receipts
+from broker.delivery.cursor import ByteWindow, Lease, QueueCursor, ReceiptNames, Receipts
 from broker.delivery.group import DLQ_CAUSE, Group, Member
 from broker.delivery.values import NO_DELIVERIES, Delivery, DeliveryColumns
 from broker.store import MessageStore, StoredBatch
@@ -55,6 +55,7 @@ class Leases:
         self._changed = changed
         self.receipts: Receipts = {}  # the lease of every held delivery, by receipt
         self._held: dict[str, int] = {}  # per member: deliveries in its prefetch window
+        self._windows: dict[str, ByteWindow] = {}  # per member: the bytes it holds, maybe with others
         self._names = ReceiptNames()
         self._cursor_ids = itertools.count(1)
 
@@ -66,9 +67,22 @@ class Leases:
 
     def open_window(self, member: str) -> None:
         self._held[member] = 0
+        self._windows[member] = ByteWindow()
 
     def close_window(self, member: str) -> None:
         self._held.pop(member, None)
+        self._windows.pop(member, None)
+
+    def share_window(self, member: str, window: ByteWindow) -> None:
+        """``member``'s bodies count in ``window`` from now on (the server's: one per connection,
+        bounding the bytes all its members hold together); it must hold nothing yet."""
+        if self._windows[member].held:
+            raise ValueError(f"member {member!r} already holds deliveries; share a window before its first fetch")
+        self._windows[member] = window
+
+    def byte_room(self, member: Member, most: int) -> int:
+        """How many more bytes of bodies ``member`` may be handed, at most ``most``."""
+        return self._windows[member.ident].room(most)
 
     def held(self, member: str) -> int:
         """The deliveries in ``member``'s prefetch window."""
@@ -103,17 +117,21 @@ class Leases:
         else:
             columns["delivery_count"] = list(map((1).__add__, attempts))
         handed = DeliveryColumns(count, same, columns)
-        cursor.hold(handed, offsets, receipts, Lease(cursor, member.ident, now + member.lease))
+        cursor.hold(handed, offsets, receipts, Lease(cursor, member.ident, now + member.lease,
+                                                     self._windows[member.ident]))
         self._held[member.ident] += count
         return handed
 
     def hand_again(self, member: Member, cursor: QueueCursor, messages: list[Delivery],
                    now: float) -> DeliveryColumns:
         """Deliver again what a lease, a nack or a schedule put back (ready): a new receipt each."""
+        if not messages:
+            return NO_DELIVERIES
         receipts = self._names(len(messages))
         handed = DeliveryColumns.of([m._replace(receipt=receipt, delivery_count=m.delivery_count + 1)
                                      for m, receipt in zip(messages, receipts)])
-        cursor.hold(handed, [m.offset for m in messages], receipts, Lease(cursor, member.ident, now + member.lease))
+        cursor.hold(handed, [m.offset for m in messages], receipts,
+                    Lease(cursor, member.ident, now + member.lease, self._windows[member.ident]))
         self._held[member.ident] += handed.count
         return handed
 
@@ -176,7 +194,8 @@ class Leases:
         for lease, named in groupby(self._valid(receipts, member), _lease_of):
             if not lease.delivered:
                 moved = list(map(_receipt_of, named))
-                lease.cursor.relet(moved, Lease(lease.cursor, lease.member, lease.deadline, delivered=True))
+                lease.cursor.relet(moved, Lease(lease.cursor, lease.member, lease.deadline, lease.window,
+                                                delivered=True))
                 if lease.member in self._held:
                     self._held[lease.member] -= len(moved)
         self._changed()
@@ -184,7 +203,8 @@ class Leases:
     def extend(self, member: Member, receipts: Sequence[str], deadline: float) -> None:
         """Still working: the leases of ``member``'s ``receipts`` run until ``deadline`` now."""
         for lease, named in groupby(self._valid(receipts, member), _lease_of):
-            lease.cursor.relet(map(_receipt_of, named), Lease(lease.cursor, lease.member, deadline, lease.delivered))
+            lease.cursor.relet(map(_receipt_of, named),
+                               Lease(lease.cursor, lease.member, deadline, lease.window, lease.delivered))
 
     def member_left(self, group: Group, member: str, cursors: Iterable[QueueCursor]) -> None:
         """What ``member`` held in ``cursors`` lapses (see `lapse`)."""

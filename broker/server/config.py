@@ -49,6 +49,9 @@ class Limits:
     max_subscriptions: int = 1000  # per connection: native members, STOMP subscriptions (ActiveMQ's default)
     max_transactions: int = 16  # open STOMP transactions per connection
     max_transaction_bytes: int = 16 * 1024 * 1024  # what they may hold together, per connection
+    # bodies delivered and not yet acknowledged, per connection (all its members or subscriptions
+    # together): past it nothing more is delivered to it until acks free room (at least one message)
+    max_unacked_bytes: int = 64 * 1024 * 1024
     # failed authentications (`broker.server.guard`): answered after a delay; past a number per
     # client address within a window, that address is locked out for a time doubling per failure
     auth_failure_delay: float = 0.1  # Kafka's connection.failed.authentication.delay.ms
@@ -62,7 +65,7 @@ class Limits:
 
     def __post_init__(self) -> None:
         for name in ("max_frame_size", "max_handshake_frame_size", "max_connections", "max_connections_per_address",
-                     "stomp_prefetch", "max_fetch_messages", "max_waiting_requests", "max_subscriptions", "max_transactions", "max_transaction_bytes"):
+                     "stomp_prefetch", "max_fetch_messages", "max_waiting_requests", "max_subscriptions", "max_transactions", "max_transaction_bytes", "max_unacked_bytes"):
             _require(f"broker.{name}", getattr(self, name), int, 1)
         for name in ("idle_timeout", "slow_client_timeout", "handshake_timeout", "max_fetch_wait"):
             _require(f"broker.{name}", getattr(self, name), (int, float), 0.001)

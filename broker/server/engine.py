@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from broker.delivery.api import BrokerApi
 from broker.delivery.consume import Consuming
+from broker.delivery.cursor import ByteWindow
 from broker.delivery.engine import Broker
 from broker.delivery.publishing import Batch, Publish, Publishing
 from broker.delivery.topics import check_name
@@ -43,7 +44,7 @@ from broker.delivery.values import (
 from broker.errors import DeliveryError
 from broker.protocol.operations import Operation
 
-__all__ = ["Delivery", "DeliveryColumns", "Engine", "MessageColumns", "OutgoingMessage", "Placement",
+__all__ = ["ByteWindow", "Delivery", "DeliveryColumns", "Engine", "MessageColumns", "OutgoingMessage", "Placement",
            "PlacementColumns"]
 T = TypeVar("T")
 
@@ -99,6 +100,13 @@ class Engine:
 
     async def join(self, group: str, topics: Sequence[str], **options: Any) -> str:
         return await self._run(self.api.join, group, topics, **options)
+
+    async def share_window(self, member: str, window: ByteWindow) -> None:
+        """``member``'s unacknowledged bodies count in ``window`` (one per connection, bounded by
+        ``max_unacked_bytes``): past its limit the member is handed nothing until acks free room.
+        Called right after the join, before its first fetch (an engine of another process: no bound)."""
+        if self._broker is not None:
+            await self._run(self._broker.consuming.share_window, member, window)
 
     async def leave(self, member: str) -> None:
         await self._run(self.api.leave, member)

@@ -21,7 +21,7 @@ from broker.protocol.errors import MalformedFrameError, RequestLimitError
 from broker.protocol.operations import OPERATIONS, Operation
 from broker.protocol.tables import Table, column_table
 from broker.server.auth import Principal
-from broker.server.engine import DeliveryColumns, Engine, PlacementColumns
+from broker.server.engine import ByteWindow, DeliveryColumns, Engine, PlacementColumns
 from broker.server.metrics import ServerMetrics
 
 Reply = dict[str, Any]
@@ -29,7 +29,8 @@ Reply = dict[str, Any]
 
 @dataclass
 class Context:
-    """What an operation may use: the engine, the caller, the members this connection joined."""
+    """What an operation may use: the engine, the caller, the members this connection joined
+    and the window their unacknowledged bodies share (``max_unacked_bytes``)."""
 
     engine: Engine
     principal: Principal
@@ -38,6 +39,7 @@ class Context:
     max_subscriptions: int = 1000
     max_fetch_messages: int = 10_000
     members: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    window: ByteWindow = field(default_factory=ByteWindow)
 
     def member(self, member: str, op: str) -> str:
         if member not in self.members:  # it left, or joined on another connection (or none)
@@ -106,6 +108,7 @@ async def _subscribe(ctx: Context, op: Operation, args: dict[str, Any]) -> Reply
                                      f"max_subscriptions={ctx.max_subscriptions}; unsubscribe some first")
     member = await ctx.engine.call(op, args)
     ctx.members[member] = tuple(args["topics"])
+    await ctx.engine.share_window(member, ctx.window)
     return op.answer(member)
 
 

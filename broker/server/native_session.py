@@ -32,7 +32,7 @@ from broker.protocol.operations import OPERATIONS, Operation
 from broker.server import native_ops, native_runs
 from broker.server.auth import OPEN, Principal
 from broker.server.connection import Connection, ConnectionTimedOut
-from broker.server.engine import Engine
+from broker.server.engine import ByteWindow, Engine
 from broker.server.guard import AuthGuard
 from broker.server.inbox import Inbox, Pending
 
@@ -203,7 +203,8 @@ class NativeSession:
     def _new_context(self, principal: Principal) -> native_ops.Context:
         return native_ops.Context(self.engine, principal, self.conn.metrics,
                                   self.conn.limits.max_fetch_wait, self.conn.limits.max_subscriptions,
-                                  self.conn.limits.max_fetch_messages)
+                                  self.conn.limits.max_fetch_messages,
+                                  window=ByteWindow(self.conn.limits.max_unacked_bytes))
 
     async def _hello(self, request_id: int, request: Mapping[str, Any]) -> None:
         if self.ctx is not None:

@@ -20,7 +20,7 @@ from broker.protocol.errors import (
 from broker.protocol.operations import OPERATIONS
 from broker.server.auth import Principal
 from broker.server.connection import Connection
-from broker.server.engine import Delivery, Engine, OutgoingMessage
+from broker.server.engine import ByteWindow, Delivery, Engine, OutgoingMessage
 from broker.server.stomp_codec import StompFrame, parse_number
 from broker.server.stomp_subscription import (
     ACK_MODES,
@@ -60,12 +60,14 @@ class StompPeer(Protocol):
 
 
 class StompHandlers:
-    """The connected state of one STOMP connection: its subscriptions and open transactions."""
+    """The connected state of one STOMP connection: its subscriptions, the window their
+    unacknowledged bodies share (``max_unacked_bytes``) and its open transactions."""
 
     def __init__(self, session: StompPeer, principal: Principal) -> None:
         self.session = session
         self.principal = principal
         self.subscriptions: dict[str, StompSubscription] = {}
+        self.window = ByteWindow(session.conn.limits.max_unacked_bytes)
         self.transactions = StompTransactions(session.conn.limits)
         self._ack_ids = itertools.count(1)
         self._handlers: dict[str, Callable[[StompFrame], Awaitable[None]]] = {
@@ -125,6 +127,7 @@ class StompHandlers:
         broadcast = destination.kind == "topic"
         member = await self.session.engine.join(destination.group, [destination.topic],
                                                 broadcast=broadcast, from_end=broadcast)
+        await self.session.engine.share_window(member, self.window)
         subscription = StompSubscription(
             sub_id, destination, _mode(ack_mode), prefetch, member, self.session.engine, self._message,
             lambda: f"{self.session.session_id}-{next(self._ack_ids)}",
