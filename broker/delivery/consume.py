@@ -125,9 +125,16 @@ class Consuming:
             self.leases.share_window(member, window)
 
     def forward(self, group: str, topic: str, offsets: Sequence[int]) -> None:
-        """The cursors of ``group``, which has no member, move forward to ``offsets`` of ``topic``."""
+        """The cursors of ``group``, which has no member, move forward to ``offsets`` of ``topic``
+        (the ack journal's record of it made durable by `save_forwarded`)."""
         with self.lock:
             self.membership.forward(group, topic, offsets)
+
+    def save_forwarded(self) -> None:
+        """After a position reader's commit: the ack journal's seeks durable first (a crash
+        between leaves the journal and the book agreeing, or the journal ahead), then the offsets."""
+        self.synced()
+        self.save_offsets()
 
     def commit(self, member: str, offsets: Mapping[tuple[str, int], int]) -> None:
         """Seek the queues ``member`` holds to the given next offsets (offsets kept by the consumer)."""

@@ -88,7 +88,7 @@ class Broker:
                                                     self.publish_to_group, state / "dlq-settled.json")
         self.positions = reading.Positions(self.store, self.publishing.queues, offsets, self.consuming.lock,
                                            self.consuming.has_members, self.consuming.forward,
-                                           self.consuming.save_offsets,
+                                           self.consuming.save_forwarded,
                                            self.config.max_fetch_bytes)
         self.store.set_retention_guard(self.consuming.needed)
         self._closing = threading.Event()

@@ -116,17 +116,27 @@ class Membership:
         found = self.group_table.get(group)
         return found is not None and bool(found.members)
 
-    def forward(self, group: str, topic: str, offsets: Sequence[int]) -> None:
+    def forward(self, group: str, topic: str, offsets: Sequence[int]) -> bool:
         """A position reader committed ``offsets`` of ``topic`` for ``group``, which has no member:
         its cursors move forward to them (never back), so a member joining later starts there,
-        and what was acked above them stays done."""
+        and what was acked above them stays done. Under ``sync`` the ack journal records the
+        commit as a seek, with what is done above it (a restart takes the journal's last seek
+        over the offset book: an earlier seek would move the group back); whether it did."""
         found = self.group_table.get(group)
-        if found is None or found.broadcast:
-            return
+        if found is not None and found.broadcast:
+            return False
         for queue, offset in enumerate(offsets):
-            cursor = found.cursors.get((topic, queue))
+            key = (group, topic, queue)
+            cursor = found.cursors.get((topic, queue)) if found is not None else None
             if cursor is not None:
                 cursor.forward(int(offset))
+            if self.acks is not None:
+                committed = max(int(offset), self._offsets.get(key) or 0, cursor.committed if cursor else 0)
+                above = (cursor.done | cursor.acked_ahead) if cursor else self._acked_before.get(key, set())
+                self.acks.record(key, committed)
+                if done := {o for o in above if o >= committed}:
+                    self.acks.record(key, done)
+        return self.acks is not None
 
     def journal(self, member: Member) -> AckJournal | None:
         """Where ``member``'s acks are recorded: the ack journal, for a clustering group under

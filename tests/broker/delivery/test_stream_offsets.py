@@ -12,6 +12,7 @@ from broker.delivery.config import DeliveryConfig
 from broker.delivery.engine import Broker
 from broker.delivery.values import OutgoingMessage
 from broker.errors import DeliveryError
+from broker.store import StoreConfig
 from broker.store.clock import FakeClock
 
 
@@ -75,3 +76,21 @@ def test_a_group_whose_members_went_silent_takes_a_commit(tmp_path, unique) -> N
         assert [d.body for d in broker.fetch(again, 10, 0)] == [b"m2"]
     finally:
         broker.close()
+
+
+def test_a_position_readers_commit_outlives_a_members_seek_in_the_ack_journal(tmp_path, unique) -> None:
+    """Under ``sync`` the ack journal's last seek of a queue is taken over the offset book at a
+    restart: a member's ``commit`` to 1, then a position reader's commit to 4, came back as 1."""
+    config = DeliveryConfig(queues=1)
+    with Broker(tmp_path / "broker", config, store_config=StoreConfig(flush="sync")) as broker:
+        broker.publish(unique, [OutgoingMessage(f"m{n}".encode()) for n in range(6)])
+        member = broker.join("consumers", [unique])
+        broker.commit(member, {(unique, 0): 1})  # offsets kept by the consumer: a seek
+        acked = [d for d in broker.fetch(member, 6, 0) if d.offset == 5]
+        broker.ack(member, [d.receipt for d in acked])  # acked above the reader's commit
+        broker.leave(member)
+        broker.commit_group("consumers", unique, [4])
+    with Broker(tmp_path / "broker", config, store_config=StoreConfig(flush="sync")) as broker:
+        assert broker.group_offsets("consumers", unique) == [4]
+        member = broker.join("consumers", [unique])
+        assert [d.body for d in broker.fetch(member, 10, 0)] == [b"m4"]  # m5 stays acked
