@@ -35,15 +35,17 @@ def cli() -> None:
 @click.option("--handler", "handlers", multiple=True, help="run only these handlers (repeatable)")
 @click.option("--until-idle", is_flag=True, help="return when nothing is left to deliver")
 @click.option("--metrics-port", type=click.IntRange(0, 65535),
-              help="serve 127.0.0.1:PORT/metrics (Prometheus), /healthz and /readyz")
+              help="serve HOST:PORT/metrics (Prometheus), /healthz and /readyz")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              help="the address the metrics port listens on (0.0.0.0: every interface, for a kubelet or a scraper)")
 def run(target: str, settings_path: str | None, handlers: tuple[str, ...], until_idle: bool,
-        metrics_port: int | None) -> None:
+        metrics_port: int | None, metrics_host: str) -> None:
     """Run the handlers of MODULE:APP until stopped (Ctrl-C / SIGTERM finish gracefully)."""
     app = load_app(target)
     if metrics_port is not None:
         from reliable.health import serve_probes
 
-        serve_probes(app, metrics_port)
+        serve_probes(app, metrics_port, metrics_host)
     if settings_path:
         app.use_settings(Settings.load(settings_path))
     app.run(until_idle=until_idle, handlers=list(handlers) or None)

@@ -9,13 +9,19 @@ Spring Boot Actuator's split, for an orchestrator:
   commits again). A cache that is down is reported but keeps the app ready:
   the pipeline degrades to the store alone.
 Both answer 200 or 503 with a JSON body saying which check failed; any other
-path is 404.
+path is 404. The port may face a network (``host``), so what one client can
+hold is bounded, as on the broker's metrics port: `MAX_CONNECTIONS` at once,
+`MAX_PER_ADDRESS` from one address (the others are closed unread), each given
+`REQUEST_TIMEOUT` seconds to send its request: silent sockets by the thousand
+would otherwise hold a thread and a file descriptor each of the worker's own
+process, which its store and transport connections need.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Protocol
@@ -30,6 +36,9 @@ if TYPE_CHECKING:
 
 LIVENESS_SECONDS = 300.0
 """A run loop that has not gone round for this long is not alive (a handler stuck that long)."""
+MAX_CONNECTIONS, MAX_PER_ADDRESS, REQUEST_TIMEOUT = 32, 4, 10.0
+"""Connections the probe server holds at once, in all and from one address (a scraper and a
+kubelet need one each), and the seconds each has to send its request."""
 
 
 class Member(Protocol):
@@ -106,6 +115,8 @@ def serve_probes(app: App, port: int, host: str = "127.0.0.1",
     }
 
     class Probes(BaseHTTPRequestHandler):
+        timeout = REQUEST_TIMEOUT  # for the request line and headers
+
         def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
             route = routes.get(self.path.split("?", 1)[0])
             status, kind, body = route() if route else (404, "text/plain", b"not found: /metrics, /healthz, /readyz\n")
@@ -118,10 +129,37 @@ def serve_probes(app: App, port: int, host: str = "127.0.0.1",
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - probes are not logged
             pass
 
-    server = ThreadingHTTPServer((host, port), Probes)
-    server.daemon_threads = True
+    server = _ProbeServer((host, port), Probes)
     threading.Thread(target=server.serve_forever, name="reliable-probes", daemon=True).start()
     return server
+
+
+class _ProbeServer(ThreadingHTTPServer):
+    """A thread per connection, for `MAX_CONNECTIONS` at once and `MAX_PER_ADDRESS` from one address."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        self._held: Counter[str] = Counter()
+        self._held_lock = threading.Lock()
+        super().__init__(address, handler)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        """Take a slot for the connection, or refuse it (`shutdown_request` closes it unread)."""
+        with self._held_lock:
+            if self._held.total() >= MAX_CONNECTIONS or self._held[client_address[0]] >= MAX_PER_ADDRESS:
+                return False
+            self._held[client_address[0]] += 1
+            return True
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._held_lock:
+                self._held[client_address[0]] -= 1
+                if not self._held[client_address[0]]:
+                    del self._held[client_address[0]]
 
 
 def _probe(checks: dict[str, Any]) -> tuple[int, str, bytes]:
