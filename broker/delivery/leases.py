@@ -75,8 +75,12 @@ class Leases:
 
     def share_window(self, member: str, window: ByteWindow) -> None:
         """``member``'s bodies count in ``window`` from now on (the server's: one per connection,
-        bounding the bytes all its members hold together); it must hold nothing yet."""
-        if self._windows[member].held:
+        bounding the bytes all its members hold together); it must hold nothing yet. A member
+        that already left (timed out) has nothing to bound."""
+        own = self._windows.get(member)
+        if own is None:
+            return
+        if own.held:
             raise ValueError(f"member {member!r} already holds deliveries; share a window before its first fetch")
         self._windows[member] = window
 
