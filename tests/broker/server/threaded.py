@@ -21,7 +21,7 @@ from broker.delivery.engine import Broker
 from broker.protocol.codec import FrameDecoder, decode_body
 from broker.server.auth import load_users
 from broker.server.config import Limits, ServerConfig, TlsConfig
-from broker.server.engine import Engine
+from broker.server.engine import Engine, OutgoingMessage
 from broker.server.server import BrokerServer
 from broker.store.clock import Clock
 
@@ -51,6 +51,7 @@ def serving(tmp_path: Path, clock: Clock, users: Mapping[str, Any], tls: TlsConf
 
     async def serve() -> None:
         async with BrokerServer(Engine(broker), config, clock=clock) as server:
+            server.loop = loop  # type: ignore[attr-defined]  # for `publish_on_loop`
             started.set_result(server)
             await stopping.wait()
 
@@ -63,6 +64,13 @@ def serving(tmp_path: Path, clock: Clock, users: Mapping[str, Any], tls: TlsConf
         thread.join(30)
         loop.close()
         broker.close()
+
+
+def publish_on_loop(server: BrokerServer, topic: str, body: bytes) -> None:
+    """Publish through the server's engine on its own loop, as a session does, with no connection
+    of the test's own (one that an absurd ``idle_timeout`` would cut between publishes)."""
+    asyncio.run_coroutine_threadsafe(server.engine.publish(topic, [OutgoingMessage(body)]),
+                                     server.loop).result(30)  # type: ignore[attr-defined]
 
 
 def native(server: BrokerServer) -> str:
