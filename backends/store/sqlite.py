@@ -80,7 +80,8 @@ class SQLite(Dialect):
 
     def engine(self, url: URL) -> Engine:
         if url.database and not url.query.get("uri"):
-            Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            # tokens and dead letters with their bodies: a directory it creates is the owner's alone
+            Path(url.database).expanduser().parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
         event.listen(engine, "connect", _on_connect)
         event.listen(engine, "begin", _on_begin)
