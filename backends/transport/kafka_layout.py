@@ -20,9 +20,8 @@ at most by the bucket's width.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from backends.errors import TransportError
 from backends.transport.base import (
@@ -32,7 +31,7 @@ from backends.transport.base import (
     PUBLISHED_HEADER,
     Capabilities,
 )
-from backends.types import Failure, Message, QueueRef, text_bytes, text_from_bytes
+from backends.types import Failure, Message, text_bytes, text_from_bytes
 
 CAPABILITIES = Capabilities(
     consumer_offsets=True, drain=False, native_delay=False, dead_letter_queue=True, reads_in_order=True
@@ -241,14 +240,3 @@ def to_message(topic: str, queue: int, offset: int, key: bytes | None, value: by
         first_failure_at=float(first_failure) if first_failure else None,
         receipt=Receipt(topic, queue, offset, attempt).encode(),
     )
-
-
-def vanished(assigned: Iterable[QueueRef], topics: Mapping[str, Any]) -> dict[str, list[QueueRef]]:
-    """Per topic, the ``assigned`` partitions its metadata in ``topics`` no longer lists (a topic
-    only deleted, not created again, lists none and is left out)."""
-    gone: dict[str, list[QueueRef]] = {}
-    for ref in sorted(assigned):
-        found = topics.get(ref.topic)
-        if found is not None and found.error is None and found.partitions and ref.queue not in found.partitions:
-            gone.setdefault(ref.topic, []).append(ref)
-    return gone

@@ -52,8 +52,8 @@ from backends.transport.kafka_layout import (
     retry_topic,
     to_message,
     topics_read,
-    vanished,
 )
+from backends.transport.kafka_recreated import TopicLives, log_recreated
 from backends.types import Failure, Message, QueueRef
 from backends.watermark import OffsetWatermark
 
@@ -61,7 +61,6 @@ log = structlog.get_logger(__name__)
 
 HELD_POLL = 0.05
 """Seconds a fetch waits at most per round while a held-back copy may fall due."""
-
 
 
 class KafkaSubscription(Subscription):
@@ -93,12 +92,12 @@ class KafkaSubscription(Subscription):
         self._delivered: dict[QueueRef, Delivered] = {}  # notes of earlier owners' unfinished messages
         self._unread: set[QueueRef] = set()  # assigned, their commit's note not read yet
         self._down: KafkaError | None = None
-        self._vanished = False  # librdkafka reported a partition it no longer knows
         self._closed = False
         self._request_timeout = settings.get("socket.timeout.ms", 30_000) / 1000
         read = [name for topic in self.topics for name in topics_read(group, topic)]
         for name in read:
             publisher.partitions(name)  # the topics exist before the group asks for them
+        self._lives = TopicLives(servers.bootstrap, read, self._request_timeout)
         self._consumer = Consumer(
             {
                 "bootstrap.servers": servers.bootstrap,
@@ -218,13 +217,15 @@ class KafkaSubscription(Subscription):
             raise raised(exc, f"fetch for group {self.group!r}") from exc
         except RuntimeError as exc:  # the consumer was closed under us
             raise TransportError(f"kafka: fetch for group {self.group!r}: {exc}") from exc
-        if self._vanished:
-            self._vanished = False
-            self._find_recreated()
+        recreated = self._lives.found()
+        for topic, partitions in recreated.items():
+            self._read_again(topic, partitions)
         if self._unread:
             self._read_notes()
         delivered: list[Message] = []
         for record in records:
+            if record.topic() in recreated:
+                continue  # fetched from a position of the old log: read again from the beginning
             message = self._accept(record)
             if message is not None:
                 delivered.append(message)
@@ -273,23 +274,12 @@ class KafkaSubscription(Subscription):
                 return None
         return message
 
-    def _find_recreated(self) -> None:
-        """After an unknown partition: the topics read whose partitions this member holds one of
-        no more. Kafka never takes a partition away: such a topic was deleted and created again."""
-        try:
-            metadata = self._consumer.list_topics(timeout=self._request_timeout)
-        except KafkaException as exc:
-            raise raised(exc, f"metadata for group {self.group!r}") from exc
+    def _read_again(self, topic: str, partitions: int) -> None:
+        """``topic`` was created again, with ``partitions``: this member's positions on it are
+        offsets of the old log and would skip the new one's first records. Its partitions are read
+        from the beginning (the tokens skip what is read twice); those the new log lacks are dropped."""
         with self._lock:
-            assigned = set(self._assigned)
-        for topic, gone in vanished(assigned, metadata.topics).items():
-            self._read_again(topic, gone)
-
-    def _read_again(self, topic: str, gone: list[QueueRef]) -> None:
-        """``topic`` was created again without ``gone``: this member's positions on its other
-        partitions are offsets of the old log and would skip the new one's first records. Those
-        are read from the beginning (the tokens skip what is read twice); ``gone`` is dropped."""
-        with self._lock:
+            gone = sorted(ref for ref in self._assigned if ref.topic == topic and ref.queue >= partitions)
             self._assigned.difference_update(gone)
             others = sorted(ref for ref in self._assigned if ref.topic == topic)
             held = [ref for ref in others if self._held.pop(ref, None) is not None]
@@ -302,9 +292,7 @@ class KafkaSubscription(Subscription):
                 self._consumer.seek(TopicPartition(ref.topic, ref.queue, OFFSET_BEGINNING))
         except KafkaException as exc:
             raise raised(exc, f"reading {topic!r} again for group {self.group!r}") from exc
-        log.warning("transport.topic_recreated", group=self.group, topic=topic,
-                    gone=[ref.queue for ref in gone], read_again=[ref.queue for ref in others],
-                    positions={str(ref): offset for ref, offset in sorted(positions.items())})
+        log_recreated(self.group, topic, gone, others, positions)
 
     def _release_due(self) -> list[Message]:
         """Held-back copies now due, their partitions resumed after them."""
@@ -341,16 +329,28 @@ class KafkaSubscription(Subscription):
         refs = [QueueRef(p.topic, p.partition) for p in partitions]
         if self.options.on_revoke:
             self.options.on_revoke(refs)
+        try:
+            self._commit_done(self._same_lives(refs))
+        except (BackendUnavailableError, TransportError) as exc:  # read again from the last commit
+            log.warning("transport.revoke_commit_failed", group=self.group, error=str(exc))
+        self._forget(consumer, refs)
+
+    def _commit_done(self, refs: list[QueueRef]) -> None:
         unfinished: dict[QueueRef, list[int]] = {}
         for message in self._done.in_flight(refs):
             unfinished.setdefault(message.ref, []).append(message.offset)
         with self._lock:
             notes = {ref: Delivered.after(self._delivered.get(ref), offsets) for ref, offsets in unfinished.items()}
-        try:
-            self._commit({**self._uncommitted(refs), **self._done.committable(list(notes))}, notes)
-        except (BackendUnavailableError, TransportError) as exc:  # read again from the last commit
-            log.warning("transport.revoke_commit_failed", group=self.group, error=str(exc))
-        self._forget(consumer, refs)
+        self._commit({**self._uncommitted(refs), **self._done.committable(list(notes))}, notes)
+
+    def _same_lives(self, refs: list[QueueRef]) -> list[QueueRef]:
+        """``refs`` but those of topics created again: their positions are the old log's, and
+        committed they would skip the new log's first records for the next owner."""
+        recreated = self._lives.recreated({ref.topic for ref in refs})
+        for topic, partitions in recreated.items():
+            mine = [ref for ref in refs if ref.topic == topic]
+            log_recreated(self.group, topic, [r for r in mine if r.queue >= partitions], [], self._done.committable(mine))
+        return [ref for ref in refs if ref.topic not in recreated]
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """The partitions are gone already (the session expired): nothing can be committed."""
@@ -383,8 +383,7 @@ class KafkaSubscription(Subscription):
     def _on_error(self, error: KafkaError) -> None:
         if error.code() == KafkaError._ALL_BROKERS_DOWN:
             self._down = error
-        if error.code() == KafkaError._UNKNOWN_PARTITION:
-            self._vanished = True  # looked into after consume(): librdkafka aborts on metadata asked in here
+        self._lives.hear(error)  # looked into after consume(): librdkafka aborts on metadata asked in here
         if error.fatal():
             raise translate(error, f"consumer of group {self.group!r}")
         log.warning("transport.kafka_error", group=self.group, error=error.str(), code=error.name())
