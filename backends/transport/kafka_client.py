@@ -65,6 +65,12 @@ _UNREACHABLE = frozenset(
 )
 
 
+LOST_WITH_PARTITION = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError._DESTROY})
+"""How librdkafka refuses a record for a partition its topic lost (it was deleted and created again
+with fewer): unknown partition, or, for a record it held for that partition when the partition went
+(a race, seen under load), its handle destroyed. Either is placed anew on a partition the topic has."""
+
+
 NOT_A_MEMBER = frozenset(
     {
         KafkaError.UNKNOWN_MEMBER_ID,
@@ -204,12 +210,12 @@ class Publisher:
         Records refused for a partition their topic no longer has (it was deleted
         and created with fewer) are sent once more, placed on the partitions it has now.
         """
-        failures: list[tuple[KafkaError, str, Record]] = []
+        failures: list[tuple[KafkaError, str, int, Record]] = []
 
         def delivery(topic: str, record: Record) -> Callable[[KafkaError | None, Message], None]:
-            def delivered(error: KafkaError | None, _: Message) -> None:
+            def delivered(error: KafkaError | None, message: Message) -> None:
                 if error is not None:
-                    failures.append((error, topic, record))
+                    failures.append((error, topic, message.partition() or 0, record))
             return delivered
 
         for topic, batch in records.items():
@@ -220,19 +226,25 @@ class Publisher:
             raise BackendUnavailableError(f"kafka: {doing}: {left} record(s) unacknowledged")
         refused = {} if again else self._placed_anew(failures)
         if sum(map(len, refused.values())) < len(failures):
-            raise translate(next(error for error, topic, record in failures if record not in refused.get(topic, [])),
+            raise translate(next(error for error, topic, _, record in failures if record not in refused.get(topic, [])),
                             doing)
         if refused:
             self.send_all(refused, again=True)
 
-    def _placed_anew(self, failures: Sequence[tuple[KafkaError, str, Record]]) -> dict[str, list[Record]]:
-        """The records of ``failures`` refused for an unknown partition, of topics whose partition
-        count changed since they were placed."""
-        unknown: dict[str, list[Record]] = {}
-        for error, topic, record in failures:
-            if error.code() == KafkaError._UNKNOWN_PARTITION:
-                unknown.setdefault(topic, []).append(record)
-        return {topic: batch for topic, batch in unknown.items() if self._changed(topic, self._known(topic))}
+    def _placed_anew(self, failures: Sequence[tuple[KafkaError, str, int, Record]]) -> dict[str, list[Record]]:
+        """The records of ``failures`` refused for a partition their topic no longer has (it was
+        deleted and created again with fewer: `LOST_WITH_PARTITION`)."""
+        now: dict[str, int] = {}
+        anew: dict[str, list[Record]] = {}
+        for error, topic, partition, record in failures:
+            if error.code() not in LOST_WITH_PARTITION:
+                continue
+            if topic not in now:
+                self._changed(topic, self._known(topic))  # asks the cluster again
+                now[topic] = self._known(topic)
+            if partition >= now[topic]:
+                anew.setdefault(topic, []).append(record)
+        return anew
 
     def _produce(self, topic: str, records: Sequence[Record], delivery: Callable[[str, Record], Callable[..., None]]
                  ) -> None:
