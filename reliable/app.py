@@ -89,6 +89,10 @@ class App:
 
     def handler(self, topic: str, **options: Any) -> Callable[[Callable[..., Any]], Handler]:
         """Register the decorated function as the handler of ``topic`` (see `Handler`)."""
+        if callable(topic):  # ``@app.handler`` without its arguments: the function came as the topic
+            name = getattr(topic, "__name__", "handler")
+            raise HandlerOptionError(
+                f"@app.handler needs the topic: write @app.handler(\"TOPIC\", ...) above def {name}")
 
         def register(func: Callable[..., Any]) -> Handler:
             handler = Handler(func, topic, **options)

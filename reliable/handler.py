@@ -183,13 +183,20 @@ def _check_commit(value: Any) -> str | CommitStrategy | None:
 
 
 def _takes_transaction(func: HandlerFunction) -> bool:
+    """Whether ``func`` is called ``(message, tx)`` rather than ``(message)``; a signature that
+    takes neither (no parameter, a third required one, a required keyword) is refused here,
+    where its every message would otherwise be dead-lettered with a `TypeError`."""
     try:
-        params = [
-            p for p in inspect.signature(func).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
-        ]
+        signature = inspect.signature(func)
     except (TypeError, ValueError):
         return True
-    if not params:
-        raise HandlerOptionError(f"handler {_name(func)!r} must accept the message")
-    return len(params) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
+    for arguments in (("msg", "tx"), ("msg",)):
+        try:
+            signature.bind(*arguments)
+        except TypeError:
+            continue
+        return len(arguments) == 2
+    raise HandlerOptionError(
+        f"handler {_name(func)!r} takes {signature}; it must accept the message: "
+        "write def handler(msg) or def handler(msg, tx) (other parameters need defaults)"
+    )
