@@ -9,6 +9,7 @@ which records the new tokens and reveals the known ones), then the cache fill
 
 from __future__ import annotations
 
+import difflib
 import queue
 import threading
 from collections.abc import Callable, Collection, Sequence
@@ -37,9 +38,11 @@ class Token:
     any callable taking the message.
     """
 
-    def __init__(self, extract: TokenFunction, describe: str) -> None:
+    def __init__(self, extract: TokenFunction, describe: str,
+                 explain: Callable[[Message], str] | None = None) -> None:
         self._extract = extract
         self.describe = describe
+        self._explain = explain  # why a message has no token here (a body path: where it stopped)
 
     @classmethod
     def parse(cls, spec: str | TokenFunction | Token) -> Token:
@@ -57,7 +60,8 @@ class Token:
         if source in ("header", "headers") and path:
             return cls(lambda m: m.headers.get(path), spec)
         if source == "body" and path:
-            return cls(_body_path(path.split(".")), spec)
+            parts = path.split(".")
+            return cls(_body_path(parts), spec, lambda m: _where_missing(parts, m.body))
         raise HandlerOptionError(f"token={spec!r} is not allowed; expected {_ALLOWED}")
 
     def __or__(self, other: str | TokenFunction | Token) -> Token:
@@ -73,7 +77,8 @@ class Token:
         `TokenInvalidError` when the store could not record it (`unrecordable`)."""
         token = self._find(message)
         if token is None:
-            raise TokenMissingError(f"message {message.id} has no token at {self.describe}")
+            why = f": {self._explain(message)}" if self._explain is not None else ""
+            raise TokenMissingError(f"message {message.id} has no token at {self.describe}{why}")
         if problem := unrecordable(token):
             raise TokenInvalidError(f"message {message.id}: the token at {self.describe} {problem}")
         return token
@@ -109,6 +114,37 @@ def _body_path(parts: list[str]) -> TokenFunction:
         return value
 
     return extract
+
+
+def _where_missing(parts: list[str], body: Any) -> str:
+    """Where the body path ``parts`` found no token: the field that is missing or empty, with the
+    fields that are there (a misspelt path dead-letters every message: say which field was meant)."""
+    value, here = body, "the body"
+    for part in parts:
+        if isinstance(value, dict):
+            if value.get(part) in (None, "") and part in value:
+                return f"{here}'s field {part!r} is {value[part]!r}"
+            if part not in value:
+                fields = sorted(str(f) for f in value)
+                lowered = {f.lower(): f for f in fields}
+                guess = [lowered[g] for g in difflib.get_close_matches(part.lower(), list(lowered), n=1)]
+                shown = ", ".join(repr(f) for f in fields[:MAX_FIELDS_SHOWN])
+                shown += ", ..." if len(fields) > MAX_FIELDS_SHOWN else ""
+                return (f"{here} has no field {part!r} (it has {shown or 'no fields'})"
+                        + (f"; did you mean {guess[0]!r}?" if guess else ""))
+            value = value[part]
+        elif isinstance(value, list):
+            if not (part.isdigit() and int(part) < len(value)):
+                return f"{here} is a list of {len(value)}, with no item {part!r}"
+            value = value[int(part)]
+        else:
+            return f"{here} is {type(value).__name__}, not an object with a field {part!r}"
+        here = f"{'body' if here == 'the body' else here}.{part}"
+    return f"{here} is {value!r}"
+
+
+MAX_FIELDS_SHOWN = 20
+"""Fields named in a `TokenMissingError` at most (a body is any producer's)."""
 
 
 class CacheFiller:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import json
 import random
 
 import pytest
 
 import reliable
 from reliable import App, Message, Outcome
-from reliable.errors import HandlerOptionError
+from reliable.errors import HandlerOptionError, TokenMissingError
 from reliable.testing import dead_letter_queue
 
 from .conftest import effects, pending, write_effect
@@ -165,6 +166,39 @@ def test_missing_token_and_undecodable_body_are_poison(app: App) -> None:
     assert {letter.failure.attempts for letter in letters} == {1}
     assert any(letter.message.payload == b"\xff{not json" for letter in letters)
     assert any("body.order_id" in letter.failure.error_message for letter in letters)
+
+
+def test_a_misspelt_body_path_names_the_fields_the_body_has(app: App) -> None:
+    """Every message of a misspelt path is dead-lettered: its record says which field was meant
+    (it said only "has no token at body.paymentid")."""
+    @app.handler("payments", token="body.paymentid")
+    def charge(msg: Message) -> None:
+        pass
+
+    app.publish("payments", {"payment_id": "p-1", "amount": 10})
+    app.publish("payments", {"paymentid": None})
+    app.run(until_idle=True)
+
+    messages = [letter.failure.error_message for letter in app.dead_letters("charge")]
+    assert [m.split(": ", 1)[1] for m in messages] == [
+        "the body has no field 'paymentid' (it has 'amount', 'payment_id'); did you mean 'payment_id'?",
+        "the body's field 'paymentid' is None",
+    ]
+
+
+@pytest.mark.parametrize(("path", "body", "said"), [
+    ("body.order.id", {"order": {"ID": 1}}, "body.order has no field 'id' (it has 'ID'); did you mean 'ID'?"),
+    ("body.order.id", {"order": 3}, "body.order is int, not an object with a field 'id'"),
+    ("body.items.2", {"items": [1]}, "body.items is a list of 1, with no item '2'"),
+    ("body.id", ["a"], "the body is a list of 1, with no item 'id'"),
+    ("body.id", {f"f{n:02}": n for n in range(25)}, "the body has no field 'id' (it has 'f00', 'f01', "
+     "'f02', 'f03', 'f04', 'f05', 'f06', 'f07', 'f08', 'f09', 'f10', 'f11', 'f12', 'f13', 'f14', 'f15', "
+     "'f16', 'f17', 'f18', 'f19', ...)"),
+])
+def test_a_missing_token_says_where_its_path_stopped(path: str, body: object, said: str) -> None:
+    with pytest.raises(TokenMissingError) as raised:
+        reliable.Token.parse(path)(Message(id="m-1", topic="t", queue=0, offset=0, payload=json.dumps(body).encode()))
+    assert str(raised.value) == f"message m-1 has no token at {path}: {said}"
 
 
 def test_replay_dead_letters_with_loop_guard(app: App) -> None:
