@@ -34,7 +34,6 @@ from tenacity import (
     RetryCallState,
     Retrying,
     retry_if_exception_type,
-    stop_after_attempt,
     stop_when_event_set,
     wait_random_exponential,
 )
@@ -46,6 +45,7 @@ from backends.store.base import Store
 from backends.store.outbox import Claimed, OutboxRow
 from backends.transport.base import Transport
 from reliable import metrics
+from reliable.retry import Backoff
 from reliable.settings import OutboxSettings
 
 log = structlog.get_logger("reliable.outbox")
@@ -54,8 +54,6 @@ RETENTION_CHECK = 60.0
 """Seconds between deletions of sent rows older than the retention."""
 METRICS_REFRESH = 1.0
 """Seconds between refreshes of the backlog metrics by a running relay."""
-DRAIN_ATTEMPTS = 4
-"""Attempts of one `Relay.drain` through an outage before it hands the turn back to the workers."""
 FIRST_BACKOFF = 0.05
 """Seconds: the scale of the first waits after an outage (growing to ``max_backoff``)."""
 
@@ -99,6 +97,8 @@ class Relay:
         self._hook = hook  # the app's middleware around each send (a tracing span)
         self._purged_at = float("-inf")
         self._reported_at = float("-inf")
+        # `drain`'s waits through one outage, grown over its calls (the caller's loop retries)
+        self._draining = Backoff(clock, wait_random_exponential(multiplier=FIRST_BACKOFF, max=settings.max_backoff))
 
     # -- one pass ---------------------------------------------------------------------------
 
@@ -154,16 +154,21 @@ class Relay:
 
     def drain(self, stopping: threading.Event | None = None) -> bool:
         """Send until nothing more may be sent now; `App.run(until_idle=True)` calls it between
-        deliveries. True when rows were settled, or when an outage outlasted a few attempts
-        (waited on the clock): the outbox is not idle yet."""
-        stop = stop_when_event_set(stopping if stopping is not None else threading.Event())
-        retrying = self._retrying(self.clock.sleep, stop | stop_after_attempt(DRAIN_ATTEMPTS))
+        deliveries. True when rows were settled, or when the store or transport is down (after
+        a wait that grows over the calls of one outage, as a worker's reconnects do: a drain
+        that began its backoff anew made a store that stays down be retried, and logged, many
+        times a second): the outbox is not idle yet."""
         total = 0
         try:
-            while settled := retrying(self.step):
+            while settled := self.step():
                 total += settled
-        except BackendUnavailableError:
+        except BackendUnavailableError as exc:
+            if stopping is None or not stopping.is_set():
+                error = str(exc)
+                self._draining.failed(lambda attempt, wait: log.warning(
+                    "relay_backoff", outbox=self.outbox.name, attempt=attempt, retry_in=round(wait, 3), error=error))
             return True
+        self._draining.succeeded()
         return total > 0
 
     def run(self, stopping: threading.Event) -> None:

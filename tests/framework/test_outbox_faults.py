@@ -5,11 +5,14 @@
   client's reconnect, else by the relay's next pass) with the same ids, which
   the broker drops: the consumer gets each message once;
 * a cut: the relay backs off while the server cannot be reached, loses no
-  row, and sends everything once it can.
+  row, and sends everything once it can;
+* a store nobody listens on under ``run(until_idle=True)``: the wait between
+  drains grows over the outage instead of starting again at each drain.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -21,6 +24,7 @@ from backends.store.outbox import RowState
 from backends.transport import open_transport
 from reliable import App, Message
 from reliable.testing import test_app
+from tests.cluster.ports import free_ports
 from tests.tcp_proxy import TcpProxy
 from tests.transports.effects import wait_until
 
@@ -88,3 +92,29 @@ def test_a_cut_holds_the_rows_back_until_the_server_is_reachable_again(
         wait_until(lambda: app.store.outbox.status().backlog == 0, every=0.05)
     got = everything(reliable_server, topic, unique, 30)
     assert sorted(m.id for m in got) == sorted(ids)
+
+
+def test_until_idle_through_a_store_outage_backs_off_across_drains(tmp_path: Path, unique: str) -> None:
+    """`run(until_idle=True)` drains the outbox between polls. Each drain began its backoff anew
+    (attempts 1, 2, 3, then 1, 2, 3 again, at most 0.2 s apart), so `reliable run --until-idle`
+    on a store URL with a wrong password logged 37 lines a second until it was killed. The
+    attempts now go on counting over the drains of one outage, and the wait grows with them."""
+    [port] = free_ports(1)
+    app = test_app(tmp_path, store=f"postgresql+psycopg://postgres@127.0.0.1:{port}/test",
+                   settings={"RELIABLE_OUTBOX__NAME": unique})
+
+    @app.handler(unique)
+    def handle(msg: Message) -> None:
+        pass
+
+    with capture_logs() as logs:
+        worker = threading.Thread(target=app.run, kwargs={"until_idle": True})
+        worker.start()
+        try:
+            wait_until(lambda: sum(e["event"] == "relay_backoff" for e in logs) >= 8, every=0.05)
+        finally:
+            app.stop()
+            worker.join()
+            app.close()
+    attempts = [e["attempt"] for e in logs if e["event"] == "relay_backoff"]
+    assert attempts == list(range(1, len(attempts) + 1))
