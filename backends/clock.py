@@ -56,6 +56,18 @@ class FakeClock:
 SYSTEM_CLOCK = SystemClock()
 
 
+def wait_unless(clock: Clock, seconds: float, stopping: threading.Event | None) -> None:
+    """Wait ``seconds`` on ``clock``, cut short when ``stopping`` is set (a stopping worker does
+    not sit out a backoff): the wall clock waits on the event; any other clock (a fake one
+    advances at once) sleeps unless ``stopping`` is already set."""
+    if stopping is None:
+        clock.sleep(seconds)
+    elif isinstance(clock, SystemClock):
+        stopping.wait(max(seconds, 0.0))
+    elif not stopping.is_set():
+        clock.sleep(seconds)
+
+
 async def pause(clock: Clock, seconds: float) -> None:
     """Wait ``seconds`` on ``clock`` from a coroutine: the wall clock without blocking the event
     loop (``asyncio.sleep``); any other clock (a fake one advances at once) through its ``sleep``."""

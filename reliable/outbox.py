@@ -163,10 +163,10 @@ class Relay:
             while settled := self.step():
                 total += settled
         except BackendUnavailableError as exc:
-            if stopping is None or not stopping.is_set():
-                error = str(exc)
-                self._draining.failed(lambda attempt, wait: log.warning(
-                    "relay_backoff", outbox=self.outbox.name, attempt=attempt, retry_in=round(wait, 3), error=error))
+            error = str(exc)
+            self._draining.failed(lambda attempt, wait: log.warning(
+                "relay_backoff", outbox=self.outbox.name, attempt=attempt, retry_in=round(wait, 3), error=error),
+                stopping)
             return True
         self._draining.succeeded()
         return total > 0

@@ -17,6 +17,7 @@ durations of `reliable.durations` and the policies of `reliable.redelivery`).
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -33,7 +34,7 @@ from tenacity.retry import retry_base
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base, wait_none
 
-from backends.clock import Clock
+from backends.clock import Clock, wait_unless
 from reliable.classify import (
     POISON,
     Classifier,
@@ -302,13 +303,15 @@ class Backoff:
         """Failures in a row."""
         return self._state.attempt_number
 
-    def failed(self, before_sleep: Callable[[int, float], Any] | None = None) -> float:
-        """Count a failure and sleep the wait it earns (``before_sleep(failures, wait)`` first)."""
+    def failed(self, before_sleep: Callable[[int, float], Any] | None = None,
+               stopping: threading.Event | None = None) -> float:
+        """Count a failure and sleep the wait it earns (``before_sleep(failures, wait)`` first),
+        cut short once ``stopping`` is set: Ctrl-C during an outage stops at once, not after 5 s."""
         self._state.attempt_number += 1
         delay = float(self._wait(self._state))
         if before_sleep is not None:
             before_sleep(self._state.attempt_number, delay)
-        self._clock.sleep(delay)
+        wait_unless(self._clock, delay, stopping)
         return delay
 
     def succeeded(self) -> int:

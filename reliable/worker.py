@@ -281,14 +281,14 @@ class Worker:
             error = str(exc)
             self._reconnect.failed(lambda failures, delay: log.warning(
                 "transport_disk_full", handler=self.handler.name, failures=failures,
-                retry_in=round(delay, 3), error=error))
+                retry_in=round(delay, 3), error=error), self.stopping)
             return FAILED
         except BackendUnavailableError as exc:
             self._leave()
             error = str(exc)
             self._reconnect.failed(lambda failures, delay: log.warning(
                 "transport_unavailable", handler=self.handler.name, failures=failures,
-                retry_in=round(delay, 3), error=error))
+                retry_in=round(delay, 3), error=error), self.stopping)
             return FAILED
         if failures := self._reconnect.succeeded():
             log.info("transport_reconnected", handler=self.handler.name, after_failures=failures)

@@ -333,6 +333,31 @@ def test_backoff_grows_from_the_failures_in_a_row_and_starts_again_after_a_succe
     assert clock.sleeps[-1] == pytest.approx(0.1)
 
 
+def test_a_stop_cuts_a_backoff_wait_short() -> None:
+    """A worker waiting out a transport outage (up to 5 s a wait, twice in a row with
+    ``--until-idle``) sat it out after Ctrl-C or SIGTERM: `reliable run` on a Redis URL nobody
+    listens on stopped 10 s after the signal. The wait now ends when the stop is asked."""
+    import threading
+
+    from tenacity import wait_fixed
+
+    from backends.clock import SYSTEM_CLOCK
+    from reliable.retry import Backoff
+
+    stopping, waiting = threading.Event(), threading.Event()
+    backoff = Backoff(SYSTEM_CLOCK, wait_fixed(3600))
+    waiter = threading.Thread(target=backoff.failed, args=(lambda failures, delay: waiting.set(), stopping))
+    waiter.start()
+    assert waiting.wait(60)
+    stopping.set()
+    waiter.join(60)  # an hour's wait, ended by the stop
+    assert not waiter.is_alive()
+
+    clock = FakeClock()  # a fake clock does not advance through a wait once stopping
+    Backoff(clock).failed(stopping=stopping)
+    assert clock.sleeps == []
+
+
 def test_call_with_retry_async_awaits_every_attempt_of_a_plain_callable() -> None:
     """``fn`` may be any callable returning an awaitable (a lambda): each retry is awaited,
     not handed back unawaited (tenacity only awaits coroutine functions itself)."""
