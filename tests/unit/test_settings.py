@@ -251,3 +251,21 @@ def test_a_handler_variable_keeps_its_value_as_written_unless_it_is_a_json_list_
     charge = Settings.load(None, env=env).for_handler("charge")
     assert charge.cache.prefix == "123" and charge.outbox.relay is False
     assert charge.retry.delay_levels == [1.0, 60.0]
+
+
+@pytest.mark.parametrize("section", ["transport", "cache", "store"])
+def test_the_reference_names_exactly_the_url_schemes_a_section_takes(section: str) -> None:
+    """docs/settings.md offered `mysql+pymysql://` for the store, which the settings refuse
+    ("expected a store URL with scheme sqlite://, postgresql://, postgresql+psycopg://"), and left
+    out `memory://`, `nats://` and `kafka://` transports and `rediss://` caches."""
+    import re
+
+    from backends.cache import ALLOWED_SCHEMES as CACHE
+    from backends.store.engine import ALLOWED_SCHEMES as STORE
+    from backends.transport import SCHEMES as TRANSPORT
+
+    reference = (Path(__file__).parents[2] / "docs" / "settings.md").read_text()
+    rows = reference.split(f"| **[{section}]** |", 1)[1].splitlines()
+    url_row = next(row for row in rows if row.startswith("| `url` |"))
+    documented = set(re.findall(r"`([a-z+]+)://", url_row.split("|")[3]))
+    assert documented == set({"transport": TRANSPORT, "cache": CACHE, "store": STORE}[section])
