@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 with app.store.transaction() as tx:
                     tx.execute(text(f"drop table if exists {name}_rows"))
-                    tx.execute(text("delete from reliable_outbox where outbox = :n"), {"n": name})
+                    for table in ("reliable_outbox", "reliable_outbox_sent_rows"):
+                        tx.execute(text(f"delete from {table} where outbox = :n"), {"n": name})
                 app.close()
 
         outbox = fresh("outbox", lambda app, name: handler_rate(app, name, args.messages, True))

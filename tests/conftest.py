@@ -120,7 +120,8 @@ def _forget_test_rows() -> Iterator[None]:
     try:
         tables = set(inspect(engine).get_table_names())
         for table, column in (("reliable_tokens", "namespace"), ("reliable_dead_letters", '"group"'),
-                              ("reliable_offsets", '"group"'), ("reliable_outbox", "outbox")):
+                              ("reliable_offsets", '"group"'), ("reliable_outbox", "outbox"),
+                              ("reliable_outbox_sent_rows", "outbox")):
             if table in tables:
                 forget(engine, text(f"delete from {table} where {column} = any(:names)"))
     finally:

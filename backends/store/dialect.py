@@ -77,6 +77,12 @@ class Dialect(ABC):
         """``column`` is one of ``values``, bound as one parameter: the statement's text stays the
         same whatever their number, and no bound-parameter limit applies."""
 
+    def lazy_commit(self, connection: Connection) -> None:
+        """Prepare ``connection``, not yet begun, for a unit whose commit need not wait for the
+        disk: a crash of the machine (not of a process) may undo it. Only for writes that are
+        safe to lose: the relay's marks, whose loss sends the rows again under the same message
+        ids, as a relay killed before its commit does. Elsewhere the commit waits as any other."""
+
     def skip_locked(self, statement: Select[Any]) -> Select[Any]:
         """``statement`` locking the rows it selects, skipping those another transaction holds
         (where the database locks rows; elsewhere the write transaction holds them all)."""

@@ -6,9 +6,9 @@ rules live once. `SqlOutbox` is the store's side of the relay: ``claim``
 opens a transaction holding the next rows that may be sent (locked with
 ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so relays never take the same row;
 on SQLite the write transaction holds the whole database), keeps the rows of
-a key in order, and marks what the relay reports sent or refused. ``status``,
-``rows``, ``retry`` and ``purge_sent`` serve the CLI, the metrics and the
-retention. `Wakeup` is how a commit wakes an idle relay.
+a key in order, and marks what the relay reports sent (moved to the sent rows)
+or refused. ``status``, ``rows``, ``retry`` and ``purge_sent`` serve the CLI,
+the metrics and the retention. `Wakeup` is how a commit wakes an idle relay.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from types import MappingProxyType
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     Connection,
     Executable,
     Select,
@@ -33,6 +34,7 @@ from sqlalchemy import (
     exists,
     func,
     insert,
+    literal,
     select,
     text,
     update,
@@ -43,7 +45,7 @@ from backends.clock import Clock
 from backends.errors import OutboxMessageError
 from backends.store.dialect import Dialect
 from backends.store.outbox_rules import check_publish
-from backends.store.schema import outbox
+from backends.store.schema import outbox, outbox_sent
 from backends.types import CONTENT_TYPE, JSON, OutgoingMessage, encode_body, new_message_id
 
 Unit = Callable[[], AbstractContextManager[Connection]]
@@ -54,7 +56,7 @@ class RowState(enum.Enum):
     """Where an outbox row stands."""
 
     PENDING = "pending"  # committed, not yet confirmed by the transport
-    SENT = "sent"  # the transport confirmed it (purged after the retention)
+    SENT = "sent"  # the transport confirmed it (moved to the sent rows, purged after the retention)
     FAILED = "failed"  # the transport refused it; its key waits until `SqlOutbox.retry`
 
 
@@ -66,6 +68,7 @@ _STATES = {state.value: state for state in RowState}
 _COLUMNS = (outbox.c.id, outbox.c.message_id, outbox.c.topic, outbox.c.key, outbox.c.headers, outbox.c.payload,
             outbox.c.deliver_at, outbox.c.state, outbox.c.created_at, outbox.c.sent_at, outbox.c.error)
 """What `_row` reads, in its order."""
+_SENT_COLUMNS = tuple(outbox_sent.c[column.name] for column in _COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -103,8 +106,6 @@ class OutboxStatus:
     def oldest_unsent_age(self, now: float) -> float:
         """Seconds the oldest unsent row has waited (0 with nothing unsent)."""
         return 0.0 if self.oldest_unsent_at is None else max(now - self.oldest_unsent_at, 0.0)
-
-
 
 
 PublishHook = Callable[[str, Mapping[str, str] | None], AbstractContextManager[Mapping[str, str]]]
@@ -272,10 +273,15 @@ class Claimed:
         self._connection, self.rows, self._clock, self._dialect = connection, rows, clock, dialect
 
     def sent(self, rows: Sequence[OutboxRow]) -> None:
-        """The transport confirmed ``rows``."""
-        if rows:
-            self._connection.execute(update(outbox).where(self._dialect.among(outbox.c.id, [r.id for r in rows]))
-                                     .values(state=RowState.SENT.value, sent_at=self._clock.time()))
+        """The transport confirmed ``rows``: moved to the sent rows, kept there for the retention."""
+        if not rows:
+            return
+        ids, now = [r.id for r in rows], self._clock.time()
+        marked: dict[str, ColumnElement[Any]] = {"state": literal(RowState.SENT.value), "sent_at": literal(now)}
+        moved = [marked.get(c.name, c) for c in outbox.columns]
+        self._connection.execute(insert(outbox_sent).from_select(
+            [c.name for c in outbox.columns], select(*moved).where(self._dialect.among(outbox.c.id, ids))))
+        self._connection.execute(outbox.delete().where(self._dialect.among(outbox.c.id, ids)))
 
     def failed(self, row: OutboxRow, error: str) -> None:
         """The transport refused ``row`` for good: it waits, with the rows of its key, for a retry."""
@@ -286,9 +292,9 @@ class Claimed:
 class SqlOutbox:
     """One named outbox in a SQL store: what relays claim, and what operators inspect."""
 
-    def __init__(self, name: str, url: URL, dialect: Dialect, clock: Clock, write: Unit, read: Unit) -> None:
+    def __init__(self, name: str, url: URL, dialect: Dialect, clock: Clock, write: Unit, read: Unit, claim: Unit) -> None:
         self.name, self._url, self._dialect, self._clock = name, url, dialect, clock
-        self._write, self._read = write, read
+        self._write, self._read, self._claim = write, read, claim
         self.wakeup = Wakeup()
         self._pending = _pending(dialect)
 
@@ -303,9 +309,9 @@ class SqlOutbox:
 
         A row is held back while an earlier unsent row of its key is not held
         here too (another relay's, or FAILED): the rows of a key go out in
-        order, one relay at a time.
-        """
-        with self._write() as connection:
+        order, one relay at a time. Its commit does not wait for the disk
+        (`Dialect.lazy_commit`): a mark lost with the machine is a resend."""
+        with self._claim() as connection:
             candidates = [_row(r) for r in connection.execute(self._pending, {"outbox": self.name, "limit": limit})]
             if self._dialect.locks_rows:
                 candidates = self._in_key_order(connection, candidates)
@@ -329,18 +335,25 @@ class SqlOutbox:
         with self._read() as connection:
             counts: dict[str, int] = dict(connection.execute(select(outbox.c.state, func.count()).where(
                 outbox.c.outbox == self.name).group_by(outbox.c.state)).all())
+            sent = connection.execute(select(func.count()).where(outbox_sent.c.outbox == self.name)).scalar_one()
             oldest = connection.execute(select(func.min(outbox.c.created_at)).where(
                 outbox.c.outbox == self.name, _UNSENT)).scalar()
         return OutboxStatus(self.name, counts.get(RowState.PENDING.value, 0), counts.get(RowState.FAILED.value, 0),
-                            counts.get(RowState.SENT.value, 0), oldest)
+                            counts.get(RowState.SENT.value, 0) + sent, oldest)
 
     def rows(self, state: RowState | None = None, limit: int = 100, after_id: int = 0) -> list[OutboxRow]:
-        """Rows with id > ``after_id`` (of ``state``, or any), oldest first."""
+        """Rows with id > ``after_id`` (of ``state``, or any), oldest first: of the outbox and,
+        unless only unsent ones are asked for, of the sent rows moved out of it."""
         statement = select(*_COLUMNS).where(outbox.c.outbox == self.name, outbox.c.id > after_id)
         if state is not None:
             statement = statement.where(outbox.c.state == state.value)
+        statements = [statement]
+        if state in (None, RowState.SENT):
+            statements.append(select(*_SENT_COLUMNS).where(outbox_sent.c.outbox == self.name,
+                                                           outbox_sent.c.id > after_id))
         with self._read() as connection:
-            return [_row(r) for r in connection.execute(statement.order_by(outbox.c.id).limit(limit))]
+            found = [_row(r) for s in statements for r in connection.execute(s.order_by("id").limit(limit))]
+        return sorted(found, key=lambda r: r.id)[:limit]
 
     def retry(self, ids: Sequence[int] | None = None) -> int:
         """Make FAILED rows (all, or those of ``ids``) pending again; return how many."""
@@ -355,9 +368,12 @@ class SqlOutbox:
     def purge_sent(self, before: float) -> int:
         """Delete SENT rows sent before ``before`` (the retention); return how many."""
         with self._write() as connection:
-            return int(connection.execute(outbox.delete().where(
+            moved = connection.execute(outbox_sent.delete().where(
+                outbox_sent.c.outbox == self.name, outbox_sent.c.sent_at < before)).rowcount
+            kept_in_place = connection.execute(outbox.delete().where(  # by an earlier version
                 outbox.c.outbox == self.name, outbox.c.state == RowState.SENT.value,
-                outbox.c.sent_at < before)).rowcount)
+                outbox.c.sent_at < before)).rowcount
+        return int(moved) + int(kept_in_place)
 
 
 def _pending(dialect: Dialect) -> Select[Any]:

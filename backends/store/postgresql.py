@@ -27,6 +27,7 @@ from sqlalchemy import (
     any_,
     bindparam,
     create_engine,
+    event,
     func,
     literal,
     select,
@@ -62,6 +63,16 @@ LISTEN_CHECK = 0.5  # seconds between looks at the stop event while listening
 LISTEN_RETRY_MAX = 5.0  # seconds: the longest wait before listening again after an outage
 
 log = structlog.get_logger(__name__)
+
+_LAZY_COMMIT = "reliable_lazy_commit"
+"""Execution option of a unit whose commit need not wait for the WAL's flush (``synchronous_commit``
+off for that transaction: a crash of the server's machine may undo it, nothing else can)."""
+
+
+def _on_begin(connection: Connection) -> None:
+    if connection.get_execution_options().get(_LAZY_COMMIT):
+        connection.exec_driver_sql("SET LOCAL synchronous_commit = off")
+
 
 COPY_CLAIM_MIN = 5_000
 """Batches at least this large are first claimed with ``COPY`` (see `claim_by_copy`)."""
@@ -133,7 +144,7 @@ class PostgreSQL(Dialect):
         # No pre-ping: it would cost a round trip per transaction. A connection that died
         # idle fails its next transaction as StoreUnavailableError (the message is deferred,
         # not lost), and SQLAlchemy then invalidates the pool; recycling bounds idle age.
-        return create_engine(
+        engine = create_engine(
             url,
             pool_recycle=RECYCLE_SECONDS,
             pool_size=POOL_SIZE,
@@ -142,6 +153,8 @@ class PostgreSQL(Dialect):
             insertmanyvalues_page_size=INSERT_PAGE,
             connect_args={"connect_timeout": 10},
         )
+        event.listen(engine, "begin", _on_begin)
+        return engine
 
     def async_engine(self, url: URL, connections: int) -> AsyncEngine:
         return create_async_engine(  # psycopg's async driver: one connection per message in flight,
@@ -160,6 +173,9 @@ class PostgreSQL(Dialect):
     def read_only(self, connection: Connection) -> None:
         # a lone SELECT needs no BEGIN/ROLLBACK round trips around it
         connection.execution_options(isolation_level="AUTOCOMMIT")
+
+    def lazy_commit(self, connection: Connection) -> None:
+        connection.execution_options(**{_LAZY_COMMIT: True})
 
     def claim_paths(self) -> ClaimPath:
         return _CopyFirst(OneRow(postgresql.insert) | _Batch())

@@ -139,6 +139,20 @@ outbox = Table(
           postgresql_where=text("state <> 'sent'"), sqlite_where=text("state <> 'sent'")),
     Index("reliable_outbox_failed", "outbox", "key", "id",
           postgresql_where=text("state = 'failed'"), sqlite_where=text("state = 'failed'")),
-    Index("reliable_outbox_sent", "outbox", "sent_at"),
+    Index("reliable_outbox_sent", "outbox", "sent_at"),  # SENT rows kept here by an earlier version
     sqlite_autoincrement=True,  # ids only grow, also after the newest rows were purged
+)
+
+# The rows the transport confirmed, moved out of ``reliable_outbox`` (deleted there, inserted
+# here in the relay's transaction) and kept for the retention: a delete and an insert into a
+# table of two indexes cost the database far less than updating the row in place, which gives
+# it a new version in three of the outbox's indexes. ``reliable_outbox`` keeps only unsent rows.
+# A store written by an earlier version also has SENT rows in ``reliable_outbox``: reading and
+# purging look at both tables.
+outbox_sent = Table(
+    "reliable_outbox_sent_rows",
+    metadata,
+    *(Column(c.name, c.type, nullable=c.nullable) for c in outbox.columns),
+    PrimaryKeyConstraint("outbox", "id", name="reliable_outbox_sent_rows_pk"),
+    Index("reliable_outbox_sent_rows_at", "outbox", "sent_at"),
 )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from functools import wraps
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
@@ -155,7 +155,8 @@ class SqlStore(Store):
         self.engine: Engine = self.dialect.engine(self.url)
         self._clock = clock
         self._outbox_writer = OutboxWriter(outbox, clock)
-        self.outbox = SqlOutbox(outbox, self.url, self.dialect, clock, self._unit, lambda: self._unit(read_only=True))
+        self.outbox = SqlOutbox(outbox, self.url, self.dialect, clock, self._unit, lambda: self._unit(read_only=True),
+                                claim=lambda: self._unit(lazy_commit=True))
         self._tables_ready = False
         self._tables_lock = threading.Lock()
         self._writes = WriteRefusals(repr(self), lambda: self.dialect.full_disk(self.url))
@@ -168,9 +169,12 @@ class SqlStore(Store):
     def hook_publish(self, hook: PublishHook) -> None:
         self._outbox_writer.on_publish = hook
 
+    def transaction(self) -> AbstractContextManager[SqlTransaction]:
+        return self._transaction(lazy_commit=False)
+
     @contextmanager
-    def transaction(self) -> Iterator[SqlTransaction]:
-        connection = self._begin()
+    def _transaction(self, lazy_commit: bool) -> Iterator[SqlTransaction]:
+        connection = self._begin(lazy_commit=lazy_commit)
         tx = SqlTransaction(connection, self.dialect, self._clock, self._outbox_writer)
         before = self._written(connection)
         try:
@@ -205,7 +209,7 @@ class SqlStore(Store):
         except DBAPIError:  # a transaction the handler's own failure aborted: it does not commit
             return None
 
-    def _begin(self, read_only: bool = False) -> Connection:
+    def _begin(self, read_only: bool = False, lazy_commit: bool = False) -> Connection:
         self._ensure_tables()
         try:
             connection = self.engine.connect()
@@ -214,6 +218,8 @@ class SqlStore(Store):
         try:
             if read_only:
                 self.dialect.read_only(connection)
+            elif lazy_commit:
+                self.dialect.lazy_commit(connection)
             connection.begin()
         except DBAPIError as exc:
             connection.close()
@@ -221,17 +227,18 @@ class SqlStore(Store):
         return connection
 
     @contextmanager
-    def _unit(self, read_only: bool = False) -> Iterator[Connection]:
-        """A short transaction of the store's own, committed on exit (outages wrapped)."""
-        with self._read() if read_only else self._write() as connection:
+    def _unit(self, read_only: bool = False, lazy_commit: bool = False) -> Iterator[Connection]:
+        """A short transaction of the store's own, committed on exit (outages wrapped); with
+        ``lazy_commit``, one whose commit need not wait for the disk (`Dialect.lazy_commit`)."""
+        with self._read() if read_only else self._write(lazy_commit) as connection:
             try:
                 yield connection
             except DBAPIError as exc:
                 self._raise(exc, "query")
 
     @contextmanager
-    def _write(self) -> Iterator[Connection]:
-        with self.transaction() as tx:
+    def _write(self, lazy_commit: bool = False) -> Iterator[Connection]:
+        with self._transaction(lazy_commit) as tx:
             yield tx.connection
 
     @contextmanager

@@ -52,6 +52,10 @@ CHUNK = 900  # values per IN (...) list: under SQLite's classic 999-parameter li
 
 _READ_ONLY = "reliable_read_only"
 """Execution option of a read-only unit: its BEGIN is deferred."""
+_LAZY_COMMIT = "reliable_lazy_commit"
+"""Execution option of a unit whose commit need not wait for the disk: ``synchronous=NORMAL``."""
+_SYNCHRONOUS = "reliable_synchronous"
+"""Where a connection's ``info`` keeps its ``synchronous`` level (only changed between transactions)."""
 
 _TOKENS = func.json_each(bindparam("tokens", type_=String)).table_valued("value")
 
@@ -117,6 +121,9 @@ class SQLite(Dialect):
     def read_only(self, connection: Connection) -> None:
         connection.execution_options(**{_READ_ONLY: True})
 
+    def lazy_commit(self, connection: Connection) -> None:
+        connection.execution_options(**{_LAZY_COMMIT: True})
+
     def claim_paths(self) -> ClaimPath:
         return OneRow(sqlite.insert) | _JsonBatch()
 
@@ -141,7 +148,14 @@ def _on_connect(dbapi_connection: Any, _record: Any) -> None:
 
 
 def _on_begin(connection: Any) -> None:
-    if connection.get_execution_options().get(_READ_ONLY):
+    options = connection.get_execution_options()
+    if options.get(_READ_ONLY):
         connection.exec_driver_sql("BEGIN")
-    else:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        return
+    # WAL with synchronous=NORMAL: the commit is not fsynced; a power loss may undo it, nothing
+    # else can, and the database stays whole
+    level = "NORMAL" if options.get(_LAZY_COMMIT) else "FULL"
+    if connection.connection.info.get(_SYNCHRONOUS, "FULL") != level:
+        connection.exec_driver_sql(f"PRAGMA synchronous = {level}")
+        connection.connection.info[_SYNCHRONOUS] = level
+    connection.exec_driver_sql("BEGIN IMMEDIATE")

@@ -1,0 +1,131 @@
+"""Where the outbox keeps its rows: sent rows move out of ``reliable_outbox`` (kept, listed and
+purged from ``reliable_outbox_sent_rows``), a store written by the previous version (its sent
+rows updated in place, no table of sent rows) keeps working, and only the relay's marks commit
+without waiting for the disk.
+
+Real SQLite files and the shared PostgreSQL, the embedded broker; each test in an outbox of
+its own name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from backends.store import SqlStore
+from backends.store.outbox import RowState
+from reliable import App
+from reliable.testing import FakeClock, test_app
+
+SYNCHRONOUS = {  # what the relay's claim and any other transaction see, per database
+    "sqlite": ("pragma synchronous", 1, 2),  # NORMAL, FULL
+    "postgresql": ("show synchronous_commit", "off", "on"),
+}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def app(tmp_path: Path, store_url: str, unique: str, clock: FakeClock) -> Iterator[App]:
+    app = test_app(tmp_path, store=store_url, clock=clock, transport=f"embedded://{tmp_path / 'broker'}",
+                   settings={"RELIABLE_OUTBOX__NAME": unique})
+    yield app
+    app.close()
+
+
+def outbox_rows(app: App, unique: str) -> int:
+    with app.store.transaction() as tx:
+        return int(tx.execute(text("select count(*) from reliable_outbox where outbox = :n"), {"n": unique}).scalar())
+
+
+def test_sent_rows_leave_the_outbox_table_and_stay_listed_until_the_retention(
+    app: App, unique: str, clock: FakeClock
+) -> None:
+    with app.store.transaction() as tx:
+        first = tx.publish("orders", {"n": 1}, key="k")
+        tx.publish("bad/topic", {"n": 2}, key="j")  # refused by the broker: FAILED, stays
+        third = tx.publish("orders", {"n": 3}, key="k")
+    app.relay().drain()
+
+    assert outbox_rows(app, unique) == 1  # only the unsent (FAILED) row: its indexes hold no sent row
+    status = app.store.outbox.status()
+    assert (status.backlog, status.failed, status.sent) == (0, 1, 2)
+    listed = app.store.outbox.rows()
+    assert [(r.message_id, r.state) for r in listed] == [
+        (first, RowState.SENT), (listed[1].message_id, RowState.FAILED), (third, RowState.SENT)]
+    sent = app.store.outbox.rows(RowState.SENT, after_id=listed[0].id)
+    assert [(r.message_id, r.key, r.payload, r.sent_at) for r in sent] == [(third, "k", b'{"n":3}', clock.time())]
+    assert [r.message_id for r in app.store.outbox.rows(limit=1)] == [first]
+
+    clock.advance(10)
+    assert app.store.outbox.purge_sent(clock.time() - 5) == 2
+    assert [r.state for r in app.store.outbox.rows()] == [RowState.FAILED]
+
+
+def test_sent_rows_updated_in_place_by_the_previous_version_are_counted_listed_and_purged(
+    app: App, unique: str, clock: FakeClock
+) -> None:
+    """During an upgrade a relay of the previous version marks rows SENT where they are."""
+    with app.store.transaction() as tx:
+        old = tx.publish("orders", {"n": 1}, key="k")
+    with app.store.transaction() as tx:  # what the previous version's relay did with a sent row
+        tx.execute(text("update reliable_outbox set state = 'sent', sent_at = :t where message_id = :m"),
+                   {"t": clock.time(), "m": old})
+    with app.store.transaction() as tx:
+        new = tx.publish("orders", {"n": 2}, key="k")
+    app.relay().drain()
+
+    assert app.store.outbox.status().sent == 2
+    assert [(r.message_id, r.state) for r in app.store.outbox.rows()] == [(old, RowState.SENT), (new, RowState.SENT)]
+    assert [r.message_id for r in app.store.outbox.rows(RowState.SENT)] == [old, new]
+    assert app.store.outbox.purge_sent(clock.time() + 1) == 2
+    assert app.store.outbox.status().sent == 0
+
+
+def test_a_sqlite_store_created_by_the_previous_version_gets_the_sent_rows_table(tmp_path: Path, unique: str) -> None:
+    path = tmp_path / "store.db"
+    store = SqlStore(f"sqlite:///{path}", outbox=unique)
+    with store.transaction() as tx:
+        kept = tx.publish("orders", {"n": 1})
+    with store.transaction() as tx:  # the previous version had no table of sent rows, and updated them
+        tx.execute(text("drop table reliable_outbox_sent_rows"))
+        tx.execute(text("update reliable_outbox set state = 'sent', sent_at = 1"))
+    store.close()
+
+    app = test_app(tmp_path, store=f"sqlite:///{path}", transport=f"embedded://{tmp_path / 'broker'}",
+                   settings={"RELIABLE_OUTBOX__NAME": unique})
+    with app.store.transaction() as tx:
+        new = tx.publish("orders", {"n": 2})
+    app.relay().drain()
+    assert [(r.message_id, r.state) for r in app.store.outbox.rows()] == [(kept, RowState.SENT), (new, RowState.SENT)]
+    assert app.store.outbox.purge_sent(app.clock.time() + 1) == 2
+    app.close()
+
+
+def test_only_the_relays_marks_commit_without_waiting_for_the_disk(app: App, store_url: str, unique: str) -> None:
+    """A lost mark is a resend under the same message ids; every other commit stays durable,
+    also on a connection the relay used just before."""
+    query, relayed, durable = SYNCHRONOUS[store_url.split(":")[0].split("+")[0]]
+    for n in range(3):
+        with app.store.transaction() as tx:
+            assert tx.execute(text(query)).scalar() == durable
+            tx.publish("orders", {"n": n})
+        with app.store.outbox.claim(10) as claimed:
+            assert claimed._connection.execute(text(query)).scalar() == relayed
+            claimed.sent(claimed.rows)
+    with app.store.transaction() as tx:
+        assert tx.execute(text(query)).scalar() == durable
+    assert app.store.outbox.status().sent == 3
