@@ -105,6 +105,14 @@ LIST_PAGE = 500
 """Letters read per query by `dlq list`: a long listing is printed as it is read, never held whole."""
 
 
+def _none_in(app: App, group: str) -> None:
+    """Say on stderr that ``group`` has no dead letters, naming the groups that have some: a
+    misspelt group would otherwise pass for an empty one."""
+    others = [g for g in app.store.dead_letter_groups() if g != group]
+    known = f"; groups with dead letters: {', '.join(others)}" if others else ""
+    click.echo(f"group {group!r} has no dead letters{known}", err=True)
+
+
 @dlq.command("list")
 @click.argument("group")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
@@ -113,11 +121,14 @@ LIST_PAGE = 500
 @_settings_option
 def dlq_list(group: str, limit: int, after_id: int, settings_path: str | None) -> None:
     """List the dead letters of GROUP, oldest first, one JSON object a line."""
-    letters = _app(settings_path).dead_letter_queue
+    app = _app(settings_path)
+    letters, listed = app.dead_letter_queue, after_id
     while limit > 0 and (page := letters.page(group, min(limit, LIST_PAGE), after_id)):
         for letter in page:
             click.echo(json.dumps(_summary(letter)))
         limit, after_id = limit - len(page), page[-1].id or after_id
+    if after_id == listed == 0:
+        _none_in(app, group)
 
 
 @dlq.command("show")
@@ -143,8 +154,11 @@ def dlq_show(letter_id: int, settings_path: str | None) -> None:
 @_settings_option
 def dlq_replay(group: str, ids: tuple[int, ...], max_replays: int, force: bool, settings_path: str | None) -> None:
     """Publish dead letters of GROUP back to GROUP only (a progress bar in a terminal)."""
-    letters = _app(settings_path).dead_letter_queue
-    with progress_bar(len(set(ids)) or letters.count(group), f"replaying dead letters of {group}") as bar:
+    app = _app(settings_path)
+    letters = app.dead_letter_queue
+    if not (total := len(set(ids)) or letters.count(group)):
+        _none_in(app, group)
+    with progress_bar(total, f"replaying dead letters of {group}") as bar:
         count = letters.replay(group, list(ids) or None, max_replays=max_replays, force=force,
                                progress=lambda done: bar.advance(bar.task_ids[0], done))
     click.echo(f"replayed {count} dead letter(s) of {group}")
@@ -157,10 +171,13 @@ def dlq_replay(group: str, ids: tuple[int, ...], max_replays: int, force: bool, 
 @_settings_option
 def dlq_purge(group: str, ids: tuple[int, ...], yes: bool, settings_path: str | None) -> None:
     """Delete dead letters of GROUP without replaying them."""
-    if not yes:
+    app = _app(settings_path)
+    letters = app.dead_letter_queue
+    if not (total := len(set(ids)) or letters.count(group)):
+        _none_in(app, group)
+    elif not yes:
         click.confirm(f"delete {'the chosen' if ids else 'all'} dead letters of {group}?", abort=True)
-    letters = _app(settings_path).dead_letter_queue
-    with progress_bar(len(set(ids)) or letters.count(group), f"purging dead letters of {group}") as bar:
+    with progress_bar(total, f"purging dead letters of {group}") as bar:
         count = letters.purge(group, list(ids) or None, progress=lambda done: bar.advance(bar.task_ids[0], done))
     click.echo(f"purged {count} dead letter(s) of {group}")
 

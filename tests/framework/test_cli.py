@@ -81,6 +81,23 @@ def test_run_then_inspect_replay_and_purge_dead_letters(project: Path) -> None:
     assert reliable_cmd(project, "dlq", "list", "billing", "--settings", "reliable.toml").stdout == ""
 
 
+def test_a_group_without_dead_letters_names_the_groups_that_have_some(project: Path) -> None:
+    """A misspelt group passed for an empty one: `dlq replay billingg` said only "replayed 0
+    dead letter(s) of billingg", and `dlq purge billingg` asked to delete them all first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
+    subprocess.run([sys.executable, "billing_app.py"], cwd=project, env=env, check=True, timeout=60)
+    assert reliable_cmd(project, "run", "billing_app:app", "--until-idle").returncode == 0
+
+    note = "group 'billingg' has no dead letters; groups with dead letters: billing\n"
+    listed = reliable_cmd(project, "dlq", "list", "billingg")
+    assert (listed.returncode, listed.stdout, listed.stderr) == (0, "", note)
+    replayed = reliable_cmd(project, "dlq", "replay", "billingg")
+    assert (replayed.returncode, replayed.stdout, replayed.stderr) == (0, "replayed 0 dead letter(s) of billingg\n", note)
+    purged = reliable_cmd(project, "dlq", "purge", "billingg", input="")  # nothing to confirm
+    assert (purged.returncode, purged.stdout, purged.stderr) == (0, "purged 0 dead letter(s) of billingg\n", note)
+    assert reliable_cmd(project, "dlq", "list", "billing").stderr == ""  # a group with letters: no note
+
+
 def test_a_dead_letter_on_embedded_is_replayed_once_and_never_again_from_the_broker_dlq(project: Path) -> None:
     """One user-facing place: `reliable dlq replay` replays the letter; the broker's %DLQ%billing
     holds no copy of it, so `reliable broker dlq replay billing` delivers nothing again."""
