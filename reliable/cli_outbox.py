@@ -116,5 +116,10 @@ def outbox_list(state: str | None, limit: int, after_id: int, settings_path: str
 @_settings_option
 def outbox_retry(ids: tuple[int, ...], settings_path: str | None) -> None:
     """Make rows the transport refused (failed) pending again, so a relay sends them."""
-    count = _app(settings_path).store.outbox.retry(list(ids) or None)
-    click.echo(f"{count} failed row(s) pending again")
+    store = _app(settings_path).store.outbox
+    retried = store.retry(list(ids) or None)
+    click.echo(f"{len(retried)} failed row(s) pending again")
+    if missed := sorted(set(ids) - set(retried)):
+        raise click.ClickException(
+            f"row(s) {', '.join(map(str, missed))} of outbox {store.name!r} not failed (pending, sent or no such "
+            "row): left as they were; `reliable outbox list --state failed` lists the failed ones")

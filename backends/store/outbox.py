@@ -355,15 +355,16 @@ class SqlOutbox:
             found = [_row(r) for s in statements for r in connection.execute(s.order_by("id").limit(limit))]
         return sorted(found, key=lambda r: r.id)[:limit]
 
-    def retry(self, ids: Sequence[int] | None = None) -> int:
-        """Make FAILED rows (all, or those of ``ids``) pending again; return how many."""
+    def retry(self, ids: Sequence[int] | None = None) -> list[int]:
+        """Make FAILED rows (all, or those of ``ids``) pending again; return their ids."""
         statement = update(outbox).where(outbox.c.outbox == self.name, outbox.c.state == RowState.FAILED.value)
         if ids is not None:
             statement = statement.where(outbox.c.id.in_(list(ids)))
         with self._write() as connection:
-            count = connection.execute(statement.values(state=RowState.PENDING.value, error=None)).rowcount
+            retried = connection.execute(statement.values(state=RowState.PENDING.value, error=None)
+                                         .returning(outbox.c.id)).scalars().all()
         self.wakeup.notify()
-        return int(count)
+        return sorted(retried)
 
     def purge_sent(self, before: float) -> int:
         """Delete SENT rows sent before ``before`` (the retention); return how many."""

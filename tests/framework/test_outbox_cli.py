@@ -150,6 +150,12 @@ def test_status_list_and_retry_show_and_release_a_row_the_transport_refused(tmp_
     assert reliable("outbox", "retry", "--id", str(failed["id"])).startswith("1 failed row(s)")
     status = json.loads(reliable("outbox", "status"))
     assert (status["pending"], status["failed"]) == (2, 0)
+    # an id that is no failed row (now pending; never written) is named, not passed over as "0 rows"
+    again = subprocess.run([reliable_exe(), "outbox", "retry", "--id", str(failed["id"]), "--id", "999999",
+                            "--settings", str(settings)], env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert (again.returncode, again.stdout) == (1, "0 failed row(s) pending again\n")
+    assert again.stderr == (f"Error: row(s) {failed['id']}, 999999 of outbox '{unique}' not failed (pending, sent or "
+                            "no such row): left as they were; `reliable outbox list --state failed` lists the failed ones\n")
 
 
 def test_the_outbox_commands_are_listed() -> None:
