@@ -8,6 +8,7 @@ create its app at import time and a command line can still choose settings.
 
 from __future__ import annotations
 
+import difflib
 import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -228,6 +229,7 @@ class App:
         of its own, or with ``until_idle`` between deliveries until it is drained.
         """
         workers = [self._worker(h) for h in self._select(handlers)]
+        self._warn_unused_handler_settings()
         relay = self.relay() if self.settings.outbox.relay else None
         relaying: AbstractContextManager[object] = (
             relay.running() if relay is not None and not until_idle else nullcontext())
@@ -301,6 +303,14 @@ class App:
         if unknown:
             raise UnknownHandlerError(f"no handler named {', '.join(unknown)}; registered: {', '.join(self.handlers)}")
         return [self.handlers[n] for n in names]
+
+    def _warn_unused_handler_settings(self) -> None:
+        """Name each ``[handlers.NAME]`` table no handler of this app reads: a misspelt name leaves
+        its overrides unused, silently. A warning, not an error: another app may share the file."""
+        for name in sorted(set(self.settings.handlers) - set(self.handlers)):
+            guess = difflib.get_close_matches(name, list(self.handlers), n=1)
+            log.warning("handler_settings_unused", table=f"handlers.{name}", handlers=sorted(self.handlers),
+                        did_you_mean=f"handlers.{guess[0]}" if guess else None)
 
     def _worker(self, handler: Handler) -> Worker:
         handler.config = self.config_for(handler)

@@ -269,3 +269,25 @@ def test_the_reference_names_exactly_the_url_schemes_a_section_takes(section: st
     url_row = next(row for row in rows if row.startswith("| `url` |"))
     documented = set(re.findall(r"`([a-z+]+)://", url_row.split("|")[3]))
     assert documented == set({"transport": TRANSPORT, "cache": CACHE, "store": STORE}[section])
+
+
+def test_a_handler_table_no_handler_reads_is_named_when_the_app_runs(tmp_path: Path) -> None:
+    """`[handlers.chrage.retry]` (for the handler `charge`) was ignored without a word: the
+    override never applied. It is named when the app runs, with the near name; only a warning,
+    since another app may share the settings file."""
+    from structlog.testing import capture_logs
+
+    from reliable.testing import test_app
+
+    app = test_app(tmp_path, settings={"RELIABLE_HANDLERS__CHRAGE__RETRY__MAX_REDELIVERIES": "3",
+                                       "RELIABLE_HANDLERS__CHARGE__RETRY__MAX_REDELIVERIES": "2"})
+
+    @app.handler("payments")
+    def charge(msg):  # type: ignore[no-untyped-def]
+        pass
+
+    with capture_logs() as logs:
+        app.run(until_idle=True)
+    app.close()
+    assert [(e["table"], e["did_you_mean"], e["handlers"]) for e in logs
+            if e["event"] == "handler_settings_unused"] == [("handlers.chrage", "handlers.charge", ["charge"])]
