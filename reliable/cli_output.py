@@ -35,8 +35,15 @@ def show_table(records: Sequence[Mapping[str, Any]], columns: Sequence[str] | No
     for name in columns or list(records[0]):
         table.add_column(name, no_wrap=True, overflow="ellipsis")
     for record in records:
-        table.add_row(*(str(record[name]) for name in columns or list(records[0])))
+        table.add_row(*(_cell(record[name]) for name in columns or list(records[0])))
     stdout().print(table)
+
+
+def _cell(value: Any) -> str:
+    """A table cell: a list of names as ``a, b`` (not Python's ``('a', 'b')``)."""
+    if isinstance(value, list | tuple | set | frozenset):
+        return ", ".join(str(v) for v in value)
+    return str(value)
 
 
 @contextmanager

@@ -160,6 +160,8 @@ def test_broker_topics_groups_and_lag_from_the_shell(project: Path) -> None:
     assert sum(q["end"] - q["committed"] for q in lag if q["topic"] == "payments") == 0
     table = reliable_cmd(project, "broker", "groups", "--settings", "reliable.toml")
     assert table.stdout.splitlines()[0].split() == ["name", "topics", "members", "broadcast"]
+    [billing] = [line for line in table.stdout.splitlines() if line.startswith("billing ")]
+    assert billing.split()[:3] == ["billing", "%RETRY%billing,", "payments"]  # was "('%RETRY%billing', 'payments')"
     refused = reliable_cmd(project, "broker", "topics", "--url", "reliable://127.0.0.1:1")
     assert refused.returncode == 2 and "unreachable" in refused.stderr
 
