@@ -15,7 +15,9 @@ from broker.errors import BrokerConfigError
 class ConsoleConfig:
     """``host``/``port`` to bind (port 0: any free one); lag sampled every ``sample_interval`` s;
     the ``login_*`` limits throttle failed log-ins (`broker.console.throttle`), per user name and
-    per client address, read from ``X-Forwarded-For`` only behind one of ``trusted_proxies``."""
+    per client address, read from ``X-Forwarded-For`` only behind one of ``trusted_proxies``; the
+    listener holds ``max_connections`` in all and ``max_connections_per_address`` from one peer
+    (`broker.console.listener`), each given ``request_timeout`` s to send a request."""
 
     host: str = "127.0.0.1"
     port: int = 8700
@@ -33,6 +35,9 @@ class ConsoleConfig:
     login_tracked: int = 10_000
     login_concurrency: int = 4
     trusted_proxies: tuple[str, ...] = ()
+    max_connections: int = 64
+    max_connections_per_address: int = 16
+    request_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         _require("console_port", self.port, int, 0, 65535)
@@ -49,6 +54,9 @@ class ConsoleConfig:
         _require("console_login_max_lockout", self.login_max_lockout, (int, float), self.login_lockout, 7 * 86400)
         _require("console_login_tracked", self.login_tracked, int, 100, 10_000_000)
         _require("console_login_concurrency", self.login_concurrency, int, 1, 64)
+        _require("console_max_connections", self.max_connections, int, 1, 100_000)
+        _require("console_max_connections_per_address", self.max_connections_per_address, int, 1, 100_000)
+        _require("console_request_timeout", self.request_timeout, (int, float), 0.01, 3600)
         object.__setattr__(self, "trusted_proxies", _networks(self.trusted_proxies))
 
     @property
@@ -93,7 +101,10 @@ KEYS = {"console_host": "host", "console_port": "port", "console_page_size": "pa
         "console_login_max_failures_per_address": "login_max_failures_per_address",
         "console_login_window": "login_window", "console_login_lockout": "login_lockout",
         "console_login_max_lockout": "login_max_lockout", "console_login_tracked": "login_tracked",
-        "console_login_concurrency": "login_concurrency", "console_trusted_proxies": "trusted_proxies"}
+        "console_login_concurrency": "login_concurrency", "console_trusted_proxies": "trusted_proxies",
+        "console_max_connections": "max_connections",
+        "console_max_connections_per_address": "max_connections_per_address",
+        "console_request_timeout": "request_timeout"}
 
 
 def _require(key: str, value: object, kind: type | tuple[type, ...], low: float, high: float) -> None:

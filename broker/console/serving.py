@@ -4,7 +4,8 @@ The listening socket is bound before the thread starts, so the port (0: any
 free one) is known at once and a browser that connects early waits in the
 backlog rather than being refused. uvicorn runs the ASGI app on the thread's
 own event loop; it installs no signal handlers off the main thread, so the
-owner's SIGTERM handling stays the owner's.
+owner's SIGTERM handling stays the owner's. Its h11 protocol is
+`broker.console.listener`'s, which bounds what one client can hold.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from starlette.applications import Starlette
 
 from broker.console.config import ConsoleConfig
 from broker.console.history import History
+from broker.console.listener import MAX_HEAD, protocol_for
 from broker.console.sources import Backlog, BrokerView, Counters, LetterBook
 from broker.console.web import build_console
 from broker.errors import BrokerConfigError
@@ -30,10 +32,12 @@ log = structlog.get_logger("broker.console")
 class ConsoleServer:
     """One console listener; `start` binds and serves, `stop` ends both and the lag sampler."""
 
-    def __init__(self, app: Starlette, config: ConsoleConfig, history: History | None = None) -> None:
+    def __init__(self, app: Starlette, config: ConsoleConfig, history: History | None = None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.config, self.history = config, history
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
-                                                    access_log=False, proxy_headers=False))
+        self.server = uvicorn.Server(uvicorn.Config(app, http=protocol_for(config, clock), ws="none",
+                                                    h11_max_incomplete_event_size=MAX_HEAD, log_level="warning",
+                                                    lifespan="off", access_log=False, proxy_headers=False))
         self.socket: socket.socket | None = None
         self.thread: threading.Thread | None = None
 
@@ -85,4 +89,4 @@ def start_console(config: ConsoleConfig, authenticator: Authenticator, view: Bro
                                 "bind a loopback address; add [broker.users]")
     history = History(view, config.sample_interval, config.history) if view is not None else None
     app = build_console(config, authenticator, view, letters, history, backlog, counters, clock=clock)
-    return ConsoleServer(app, config, history).start()
+    return ConsoleServer(app, config, history, clock).start()

@@ -43,13 +43,13 @@ def probes(tmp_path: Path) -> Iterator[Callable[[float], ThreadingHTTPServer]]:
     app.close()
 
 
-def silent(server: ThreadingHTTPServer, source: str, count: int) -> list[socket.socket]:
-    """``count`` connections from ``source`` that send nothing."""
+def silent(address: tuple[str, int], source: str, count: int) -> list[socket.socket]:
+    """``count`` connections to ``address`` from ``source`` that send nothing."""
     sockets = []
     for _ in range(count):
         sock = socket.socket()
         sock.bind((source, 0))
-        sock.connect(server.server_address)
+        sock.connect(address)
         sockets.append(sock)
     return sockets
 
@@ -64,7 +64,7 @@ def open_ones(sockets: list[socket.socket]) -> list[socket.socket]:
 def test_silent_sockets_of_one_address_leave_the_probes_to_everyone_else(probes) -> None:
     server = probes(600.0)
     threads = threading.active_count()
-    hostile = silent(server, "127.0.0.2", 200)
+    hostile = silent(server.server_address, "127.0.0.2", 200)
     try:
         eventually(lambda: len(open_ones(hostile)) == MAX_PER_ADDRESS, "all but 4 closed at once", 30)
         assert threading.active_count() <= threads + MAX_PER_ADDRESS
@@ -77,7 +77,7 @@ def test_silent_sockets_of_one_address_leave_the_probes_to_everyone_else(probes)
 def test_the_probe_port_holds_at_most_its_connections_in_all(probes) -> None:
     server = probes(600.0)
     sources = [f"127.0.0.{n}" for n in range(3, 3 + MAX_CONNECTIONS // MAX_PER_ADDRESS + 2)]
-    sockets = [sock for source in sources for sock in silent(server, source, MAX_PER_ADDRESS)]
+    sockets = [sock for source in sources for sock in silent(server.server_address, source, MAX_PER_ADDRESS)]
     try:
         eventually(lambda: len(open_ones(sockets)) == MAX_CONNECTIONS, "held no more than the cap", 30)
     finally:
@@ -87,7 +87,7 @@ def test_the_probe_port_holds_at_most_its_connections_in_all(probes) -> None:
 
 def test_a_silent_socket_is_closed_at_its_deadline(probes) -> None:
     server = probes(0.5)
-    (sock,) = silent(server, "127.0.0.1", 1)
+    (sock,) = silent(server.server_address, "127.0.0.1", 1)
     try:
         eventually(lambda: not open_ones([sock]), "closed by the server", 30)
         assert get(server.server_address[1], "/healthz")[0] == 503

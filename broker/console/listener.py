@@ -1,0 +1,118 @@
+"""What one HTTP client can hold of the console's listener, and for how long.
+
+The console serves from the process of the broker server (or of ``reliable
+console``, beside the app's store and transport connections), so each
+connection it holds is a file descriptor that process's store and clients
+need too. uvicorn (0.54) bounds none of it: its h11 protocol starts no timer
+until it has sent a response, and any byte cancels that one, so a socket that
+sends nothing, or half a request a byte at a time, is held for ever; nothing
+caps the connections. (``limit_concurrency`` answers 503 to requests past it
+and counts idle sockets among them: it would give the console to the silent
+sockets rather than keep them out.) So each connection is:
+
+* admitted when accepted, before a byte is read, by the broker's own
+  `Admission`: ``max_connections`` in all, ``max_connections_per_address``
+  from one peer (an IPv6 one as its /64), any number up to the cap in all
+  from one of ``trusted_proxies`` (every client behind it shares its
+  address); the others are closed unread, and logged once a minute per
+  address;
+* given ``request_timeout`` seconds to send its request, head and body, from
+  the accept and, on a kept-alive connection, from the end of the previous
+  response; and as long to take a response once the socket's buffers are
+  full (a client that pipelines requests and reads nothing held the
+  connection for ever: the response waited for room). Past them it is closed.
+
+A request's head is bounded by h11 (`MAX_HEAD`: 400 past it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import ClassVar
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from broker.console.config import ConsoleConfig
+from broker.server.admission import Admission
+from broker.server.config import Limits
+from broker.server.metrics import ServerMetrics
+from broker.store.clock import SYSTEM_CLOCK, Clock
+
+MAX_HEAD = 16 * 1024
+"""Bytes of a request line and headers (h11's own default, pinned here)."""
+WAITING = (h11.IDLE, h11.SEND_BODY)
+"""The client's h11 states in which the connection waits for it to send a request."""
+
+
+def protocol_for(config: ConsoleConfig, clock: Clock = SYSTEM_CLOCK) -> type[H11Protocol]:
+    """The protocol class uvicorn serves the console with: `Guarded`, admitting by ``config``'s caps."""
+    proxies = {proxy: config.max_connections for proxy in config.trusted_proxies}
+    limits = Limits(max_connections=config.max_connections,
+                    max_connections_per_address=config.max_connections_per_address,
+                    max_connections_per_address_overrides=proxies)
+    admission = Admission(limits, ServerMetrics(), clock)  # a registry of its own: refusals are logged
+    return type("Guarded", (Guarded,), {"admission": admission, "request_timeout": config.request_timeout})
+
+
+class Guarded(H11Protocol):
+    """uvicorn's h11 protocol, for an admitted connection only, with a deadline on each request and
+    on each response stalled by a client that does not read."""
+
+    admission: ClassVar[Admission]
+    request_timeout: ClassVar[float]
+    admitted = False
+    peer: str | None = None
+    waiting: asyncio.TimerHandle | None = None  # for the client's request
+    stalled: asyncio.TimerHandle | None = None  # for the client to take what it was sent
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        peer = transport.get_extra_info("peername")
+        self.peer = peer[0] if isinstance(peer, tuple) else None
+        if self.admission.admit("console", self.peer) is not None:
+            transport.abort()
+            return
+        self.admitted = True
+        super().connection_made(transport)
+        self.waiting = self._deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.admitted:
+            return
+        self.admitted = False
+        self.admission.release(self.peer)
+        _cancel(self.waiting)
+        _cancel(self.stalled)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state not in WAITING:
+            _cancel(self.waiting)
+            self.waiting = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.conn.their_state in WAITING or self.transport.is_closing():
+            _cancel(self.waiting)  # the next request; or, closing, for the client to take this response
+            self.waiting = self._deadline()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.stalled = self.stalled or self._deadline()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        _cancel(self.stalled)
+        self.stalled = None
+
+    def _deadline(self) -> asyncio.TimerHandle:
+        return asyncio.get_running_loop().call_later(self.request_timeout, self._too_late)
+
+    def _too_late(self) -> None:
+        self.transport.abort()  # not close(): that waits for a client that may never read
+
+
+def _cancel(timer: asyncio.TimerHandle | None) -> None:
+    if timer is not None:
+        timer.cancel()
