@@ -22,7 +22,8 @@ sockets rather than keep them out.) So each connection is:
   full (a client that pipelines requests and reads nothing held the
   connection for ever: the response waited for room). Past them it is closed.
 
-A request's head is bounded by h11 (`MAX_HEAD`: 400 past it).
+A request's head is bounded by h11 (`MAX_HEAD`: 400 past it), its body by
+`BodyLimit`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import asyncio
 from typing import ClassVar
 
 import h11
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from broker.console.config import ConsoleConfig
@@ -41,6 +43,8 @@ from broker.store.clock import SYSTEM_CLOCK, Clock
 
 MAX_HEAD = 16 * 1024
 """Bytes of a request line and headers (h11's own default, pinned here)."""
+MAX_BODY = 1024 * 1024
+"""Bytes of a request body: the largest form (replaying a page of 1000 letters) is a few dozen KiB."""
 WAITING = (h11.IDLE, h11.SEND_BODY)
 """The client's h11 states in which the connection waits for it to send a request."""
 
@@ -116,3 +120,55 @@ class Guarded(H11Protocol):
 def _cancel(timer: asyncio.TimerHandle | None) -> None:
     if timer is not None:
         timer.cancel()
+
+
+class _BodyTooLarge(Exception):
+    """Raised when a request's body grows past `MAX_BODY` while the console reads it."""
+
+
+class BodyLimit:
+    """Answers 413 to a request whose body is over `MAX_BODY` bytes, declared or sent chunked.
+
+    Starlette reads a form whole before the handler sees it: up to 1000 fields
+    of 1 MiB each in memory, and multipart files of any size spooled to disk
+    (for the log-in form too, before any check).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"0")  # h11 checked: digits
+        if int(declared) > MAX_BODY:
+            await _too_large(send)
+            return
+        received, started = 0, False
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > MAX_BODY:
+                raise _BodyTooLarge
+            return message
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, watched)
+        except _BodyTooLarge:
+            if started:
+                raise
+            await _too_large(send)
+
+
+async def _too_large(send: Send) -> None:
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": f"a request body may have {MAX_BODY} bytes\n".encode()})

@@ -4,20 +4,22 @@ uvicorn held a socket that sent nothing, or half a request a byte at a time,
 for ever, and capped no connections: one client could take every file
 descriptor of the process the console serves from (the broker server's: 1100
 silent sockets to the console of a server allowed 1024 left its publishes
-unanswered and its store failing). Clients come from other loopback
+unanswered and its store failing), and a log-in form of any size was read
+whole, its multipart files spooled to disk. Clients come from other loopback
 addresses (127.0.0.2 and up) so the per-address bound can be seen; as in
 `tests.framework.test_probe_limits`, whose helpers these are.
 """
 
 from __future__ import annotations
 
+import select
 import socket
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from broker.console.config import ConsoleConfig
-from broker.console.listener import MAX_HEAD
+from broker.console.listener import MAX_BODY, MAX_HEAD
 from broker.console.serving import ConsoleServer, start_console
 from broker.errors import BrokerConfigError
 from broker.server.auth import Authenticator, hash_password, load_users
@@ -130,6 +132,22 @@ def test_a_client_that_reads_nothing_is_cut_once_its_responses_fill_the_buffers(
         sock.close()
 
 
+def test_a_body_over_the_limit_is_refused_as_it_comes(console) -> None:
+    """Starlette read a log-in form whole before any check: 1000 fields of 1 MiB in memory, or
+    multipart files of any size spooled to disk."""
+    server = console()
+    size = 4 * MAX_BODY
+    part = b'--b\r\nContent-Disposition: form-data; name="f"; filename="f"\r\n\r\n'
+    declared = (LOGIN + b"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: %d\r\n\r\n"
+                % (len(part) + size + 8) + part)
+    chunk = b"a" * 65536
+    assert post(server, declared, [chunk] * (size // len(chunk)), b"\r\n--b--\r\n").startswith(b"HTTP/1.1 413")
+    chunked = LOGIN + b"Content-Type: application/x-www-form-urlencoded\r\nTransfer-Encoding: chunked\r\n\r\n"
+    fields = [b"%x\r\n" % len(chunk) + b"f=" + chunk[2:] + b"\r\n"] * (size // len(chunk))
+    assert post(server, chunked, fields, b"0\r\n\r\n").startswith(b"HTTP/1.1 413")
+    assert Visitor(server.url).get("/login")[0] == 200
+
+
 def test_a_head_over_the_limit_is_refused(console) -> None:
     """h11's bound, pinned: a request line and headers of up to 16 KiB."""
     server = console()
@@ -146,6 +164,24 @@ def test_the_listeners_settings_are_validated() -> None:
         ConsoleConfig(request_timeout=0)
     with pytest.raises(BrokerConfigError, match="console_max_connections_per_address"):
         ConsoleConfig.from_mapping({"console_port": 0, "console_max_connections_per_address": 0})
+
+
+def post(server: ConsoleServer, head: bytes, chunks: list[bytes], end: bytes) -> bytes:
+    """Send ``head`` then the body's ``chunks`` until the console answers (or all of them and
+    ``end``); its answer."""
+    with socket.create_connection(address(server)) as sock:
+        sock.settimeout(30)
+        try:
+            sock.sendall(head)
+            for chunk in chunks:
+                if select.select([sock], [], [], 0)[0]:
+                    break
+                sock.sendall(chunk)
+            else:
+                sock.sendall(end)
+        except OSError:  # closed by the console once it has answered
+            pass
+        return answer(sock)
 
 
 def answer(sock: socket.socket) -> bytes:
