@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from backends.types import DeadLetter
+from backends.urls import redact
 from broker.errors import BrokerError
 from reliable.app import App
 from reliable.cli_broker import broker
@@ -191,8 +192,18 @@ cli.add_command(console)
 @cli.command("settings")
 @_settings_option
 def show_settings(settings_path: str | None) -> None:
-    """Validate the settings file and print the effective settings."""
-    click.echo(json.dumps(Settings.load(settings_path).model_dump(mode="json"), indent=2))
+    """Validate the settings file and print the effective settings (passwords as ***)."""
+    click.echo(json.dumps(_without_secrets(Settings.load(settings_path).model_dump(mode="json")), indent=2))
+
+
+def _without_secrets(value: Any) -> Any:
+    """``value`` with URL passwords and every ``*password*`` key shown as ``***``: the output of
+    `reliable settings` gets pasted into issues and chats."""
+    if isinstance(value, dict):
+        return {k: "***" if "password" in k else _without_secrets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_secrets(v) for v in value]
+    return redact(value) if isinstance(value, str) and "://" in value else value
 
 
 def main() -> None:

@@ -192,3 +192,19 @@ def test_a_count_out_of_range_is_refused_by_name(project: Path, args: list[str])
     assert result.exit_code == 2, result.output
     assert f"Invalid value for '{args[-2]}'" in result.output
     assert not (project / "data").exists()  # refused before the backends opened
+
+
+def test_settings_prints_no_password(tmp_path: Path) -> None:
+    """`reliable settings` printed the store's and cache's passwords and the broker users'
+    password hashes as they were written; its output gets pasted where secrets must not go."""
+    settings = tmp_path / "reliable.toml"
+    settings.write_text('[store]\nurl = "postgresql+psycopg://app:s3cret@db:5432/app"\n'
+                        '[cache]\nurl = "redis://:hunter2@127.0.0.1:6379/0"\n'
+                        '[broker.users.ops]\npassword_hash = "scrypt$16384$8$1$c2FsdA$aGFzaA"\nadmin = true\n')
+    result = CliRunner().invoke(cli, ["settings", "--settings", str(settings)])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert shown["store"]["url"] == "postgresql+psycopg://app:***@db:5432/app"
+    assert shown["cache"]["url"] == "redis://:***@127.0.0.1:6379/0"
+    assert shown["broker"]["users"]["ops"] == {"password_hash": "***", "admin": True}
+    assert not any(secret in result.output for secret in ("s3cret", "hunter2", "aGFzaA"))
