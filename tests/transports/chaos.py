@@ -2,10 +2,12 @@
 
 A producer publishes ``count`` tokens (1% poison, 10% sent twice, shuffled)
 while framework workers (`tests.transports.chaos_worker`) are started one
-after another and each killed with SIGKILL after a random amount of progress
-and at a random moment after it. A last worker
-finishes the work. Then every token's side effect must be in PostgreSQL
-exactly once and every poison token dead-lettered exactly once.
+after another and each killed with SIGKILL at a random point of the work's
+progress and a random moment after it; the producer sends its last messages
+only after the last kill, so every kill lands while there is work left
+(`tests.transports.kill_points`). A last worker finishes the work. Then
+every token's side effect must be in PostgreSQL exactly once and every
+poison token dead-lettered exactly once.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from tests.transports.effects import (
     effect_counts,
     wait_until,
 )
+from tests.transports.kill_points import JITTER, held_back, points
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,11 +50,12 @@ def kill_9_chaos(env: Mapping[str, str], postgres_url: str, effects: str, topic:
     producer.transport.declare(topic, [topic])  # a queue broker keeps messages for known groups only
     producer.store.count_dead_letters(topic)  # the store's tables exist before `done` reads them
 
-    def send() -> None:
-        for i in range(0, len(bodies), 500):
-            producer.publish_many(topic, bodies[i : i + 500])
+    def send(part: Sequence[dict]) -> None:
+        for i in range(0, len(part), 500):
+            producer.publish_many(topic, part[i : i + 500])
 
-    sending = threading.Thread(target=send)
+    head, tail = held_back(bodies)
+    sending = threading.Thread(target=send, args=(head,))
     sending.start()
 
     def start() -> BaseProcess:  # forked from a process that imported the worker already
@@ -60,21 +64,22 @@ def kill_9_chaos(env: Mapping[str, str], postgres_url: str, effects: str, topic:
     def done() -> int:
         return effect_count(postgres_url, effects) + dead_letter_count(postgres_url, topic)
 
-    rng, mid_work = random.Random(), 0
+    rng, work = random.Random(), len({body["token"] for body in head})
+    landed: list[int] = []  # the progress after each kill
     try:
-        for _ in range(kills):
-            before = done()
+        for point in points(kills, work, rng):
+            target = min(max(point, done() + 1), work)  # and after some work of this worker's
             worker = start()
             try:
-                target = before + rng.randint(1, 250)  # kill after a random amount of progress
-                wait_until(lambda: done() >= min(target, len(tokens)), worker.is_alive, 0.05)  # noqa: B023
-                time.sleep(rng.uniform(0, 0.1))  # and at a random moment after it
-                mid_work += done() < len(tokens)
+                wait_until(lambda: done() >= target, worker.is_alive, 0.05)  # noqa: B023
+                time.sleep(rng.uniform(0, JITTER))  # and at a random moment after it
             finally:  # a failed wait must not leave a worker consuming after the test
                 worker.kill()
             worker.join(timeout=30)
             assert worker.exitcode == -signal.SIGKILL
+            landed.append(done())  # at least what it was at the kill
         sending.join()
+        send(tail)  # only now can the work end
         survivor = start()
         try:
             wait_until(lambda: done() >= len(tokens), survivor.is_alive)
@@ -87,7 +92,9 @@ def kill_9_chaos(env: Mapping[str, str], postgres_url: str, effects: str, topic:
     finally:
         sending.join()
         producer.close()
-    assert mid_work >= kills * 3 // 4  # the kills landed while tokens were still being processed
+    assert len(landed) == kills and all(n < len(tokens) for n in landed), \
+        "the kills landed while tokens were still being processed"
+    print(f"chaos {topic}: {sum(n < work for n in landed)} kills with work sent left, at progress {landed}")
     assert effect_counts(postgres_url, effects) == {t: 1 for t in tokens if t not in poison}
     # each poison token dead-lettered once: its duplicates (and its redeliveries after a kill)
     # find the record written and are acked as duplicates

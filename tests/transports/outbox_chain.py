@@ -5,8 +5,11 @@ spread over `KEYS` keys). A's worker (`tests.transports.outbox_chain_worker`)
 forwards each one to ``NAME-b`` with ``tx.publish`` and relays the outbox
 itself; a standalone relay (``reliable relay``) relays it too; B's worker
 records every token it gets. The A worker and the relay are killed with
-SIGKILL, each kill after a random amount of B's progress and at a random
-moment after it, and started again. Then:
+SIGKILL, each kill at a random point of its victim's progress (tokens A
+forwarded, outbox rows sent) and a random moment after it, and started
+again; the producer sends its last messages only after the last kill, so
+every kill lands while the chain is working (`tests.transports.kill_points`).
+Then:
 
 * every token's B effect is in PostgreSQL exactly once (none lost, none
   twice: neither A's duplicates, nor a relay's resend after a kill between a
@@ -26,7 +29,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
@@ -35,6 +39,7 @@ from reliable.settings import Settings
 from tests import forked
 from tests.transports import outbox_chain_worker
 from tests.transports.effects import query, wait_until
+from tests.transports.kill_points import JITTER, held_back, points
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = 40
@@ -59,10 +64,10 @@ def _chain(env: Mapping[str, str], postgres_url: str, name: str, kills: int, cou
     for topic in (f"{name}-a", f"{name}-b"):  # a queue broker keeps messages for known groups only
         producer.transport.declare(topic, [topic])
 
-    def send() -> None:
-        for i in range(0, len(sent), 500):
-            for key in sorted({keys[t] for t in sent[i : i + 500]}):
-                producer.publish_many(f"{name}-a", [{"token": t} for t in sent[i : i + 500] if keys[t] == key], key=key)
+    def send(part: Sequence[str]) -> None:
+        for i in range(0, len(part), 500):
+            for key in sorted({keys[t] for t in part[i : i + 500]}):
+                producer.publish_many(f"{name}-a", [{"token": t} for t in part[i : i + 500] if keys[t] == key], key=key)
 
     logs = Path(tempfile.mkdtemp(prefix=f"{name}-chain-"))
 
@@ -82,29 +87,37 @@ def _chain(env: Mapping[str, str], postgres_url: str, name: str, kills: int, cou
     def done() -> int:
         return int(query(postgres_url, f"select count(distinct token) from {name}_b")[0][0])
 
-    sending = threading.Thread(target=send)
+    def progress(victim: str) -> int:  # A's: the tokens it forwarded (a row each); the relay's: the rows sent
+        sent = "(select count(*) from reliable_outbox_sent_rows where outbox = :n)"
+        unsent = "(select count(*) from reliable_outbox where outbox = :n)"
+        return int(query(postgres_url, f"select {sent}" if victim == "relay" else f"select {sent} + {unsent}",
+                         n=name)[0][0])
+
+    head, tail = held_back(sent)
+    sending = threading.Thread(target=send, args=(head,))
     sending.start()
     b_worker = subprocess.Popen([sys.executable, "-m", "tests.transports.outbox_chain_worker", "b", name], cwd=ROOT,
                                 env=env, stdout=subprocess.PIPE, stderr=log("b").open("w"), text=True)
     running = {"a": a_worker(), "relay": relay()}
-    rng, mid_work, killed = random.Random(), 0, {"a": 0, "relay": 0}
+    rng, work = random.Random(), len(set(head))
+    landed: list[tuple[str, int, int]] = []  # per kill: its victim, the victim's progress and B's, after it
 
     def alive() -> bool:  # none of the processes ended on its own
         return b_worker.poll() is None and all(process.is_alive() for process in running.values())
 
     try:
-        for _ in range(kills):
+        for point in points(kills, work, rng):
             victim = rng.choice(sorted(running))
-            target = done() + rng.randint(1, 400)  # kill after a random amount of progress
-            wait_until(lambda: done() >= min(target, count), alive, 0.05)  # noqa: B023
-            time.sleep(rng.uniform(0, 0.1))  # and at a random moment after it
-            mid_work += done() < count
+            target = min(max(point, progress(victim) + 1), work)  # and after some work of the victim's
+            wait_until(lambda: progress(victim) >= target, alive, 0.05)  # noqa: B023
+            time.sleep(rng.uniform(0, JITTER))  # and at a random moment after it
             running[victim].kill()
             running[victim].join(timeout=30)
             assert running[victim].exitcode == -signal.SIGKILL
-            killed[victim] += 1
+            landed.append((victim, progress(victim), done()))  # at least what they were at the kill
             running[victim] = a_worker() if victim == "a" else relay()
         sending.join()
+        send(tail)  # only now can the chain finish
         wait_until(lambda: done() >= count, alive)
     except AssertionError:
         for log in sorted(logs.iterdir()):  # what the processes said, for the failure's report
@@ -122,7 +135,9 @@ def _chain(env: Mapping[str, str], postgres_url: str, name: str, kills: int, cou
                 process.kill()
                 raise AssertionError("a worker or the relay did not stop on SIGTERM within 120 s")
         producer.close()
-    assert mid_work >= kills * 3 // 4, "the kills landed while the chain was still working"
+    assert len(landed) == kills and all(b < count for _, _, b in landed), \
+        "the kills landed while the chain was still working"
+    killed = Counter(victim for victim, _, _ in landed)
     assert killed["a"] and killed["relay"], killed
 
     effects = dict(query(postgres_url, f"select token, count(*) from {name}_b group by token"))
@@ -135,4 +150,6 @@ def _chain(env: Mapping[str, str], postgres_url: str, name: str, kills: int, cou
     assert set(order) == set(keys.values())
     assert all(ids == sorted(ids) for ids in order.values())  # per key, in outbox order
     stats = json.loads(b_out.strip().splitlines()[-1])
-    print(f"outbox chain {name}: kills {killed}, B duplicates skipped {stats.get('duplicate', 0)}")
+    busy = sum(own < work for _, own, _ in landed)
+    print(f"outbox chain {name}: kills {dict(killed)}, {busy} with their victim's work left, at B's progress "
+          f"{[b for _, _, b in landed]} of {count}; B duplicates skipped {stats.get('duplicate', 0)}")

@@ -45,6 +45,20 @@ def test_kill_9_of_an_async_handler_each_token_once_each_poison_dead_lettered_on
                  kills, count, handler="async")
 
 
+@pytest.mark.parametrize("run", ["chaos", "outbox chain"])
+def test_every_kill_lands_while_the_work_goes_on_however_short_the_work(
+    run: str, tmp_path: Path, postgres_url: str, redis_url: str, effects: str, unique: str
+) -> None:
+    """A run whose work ends sooner than its kills can keep up (here 2,000 tokens for 20 kills; under
+    load, a fast transport) still lands every kill before the work ends: the kills are placed at points
+    of the work (`tests.transports.kill_points`), not at amounts of progress after the last kill."""
+    env = _env("redis", tmp_path, postgres_url, redis_url, unique)
+    if run == "chaos":
+        kill_9_chaos(env, postgres_url, effects, unique, 20, 2_000)
+    else:
+        outbox_chain_with_kills(env, postgres_url, unique, 20, 2_000)
+
+
 def _env(transport: str, tmp_path: Path, postgres_url: str, redis_url: str, unique: str) -> dict[str, str]:
     url = f"{redis_url}?namespace={unique}" if transport == "redis" else f"embedded://{tmp_path / 'broker'}{EMBEDDED}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
