@@ -16,7 +16,7 @@ from reliable.app import App
 from reliable.cli_broker import broker
 from reliable.cli_console import console
 from reliable.cli_outbox import outbox, relay
-from reliable.cli_output import progress_bar
+from reliable.cli_output import listening, progress_bar
 from reliable.cli_target import load_app
 from reliable.errors import ReliableError
 from reliable.settings import Settings
@@ -46,7 +46,9 @@ def run(target: str, settings_path: str | None, handlers: tuple[str, ...], until
     if metrics_port is not None:
         from reliable.health import serve_probes
 
-        serve_probes(app, metrics_port, metrics_host)
+        listening("--metrics-port", metrics_host, metrics_port,
+                  lambda: int(serve_probes(app, metrics_port, metrics_host).server_address[1]),
+                  "/metrics, /healthz and /readyz")
     if settings_path:
         app.use_settings(Settings.load(settings_path))
     app.run(until_idle=until_idle, handlers=list(handlers) or None)

@@ -21,6 +21,7 @@ import click
 
 from backends.store.outbox import OutboxRow, RowState
 from reliable.app import App
+from reliable.cli_output import listening
 from reliable.cli_target import load_app
 from reliable.settings import Settings
 
@@ -60,7 +61,7 @@ def relay(target: str | None, settings_path: str | None, metrics_port: int | Non
     if metrics_port is not None:
         from reliable.metrics import serve_metrics
 
-        serve_metrics(metrics_port)
+        listening("--metrics-port", "127.0.0.1", metrics_port, lambda: serve_metrics(metrics_port), "/metrics")
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

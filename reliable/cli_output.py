@@ -8,10 +8,11 @@ the command's one summary line and nothing else.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import click
 from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -56,3 +57,15 @@ def progress_bar(total: int, label: str) -> Iterator[Progress]:
     with bar:
         bar.add_task(label, total=total)
         yield bar
+
+
+def listening(option: str, host: str, port: int, serve: Callable[[], int], paths: str) -> None:
+    """Start the server ``serve`` starts (it returns the port bound) and say on stderr where it
+    listens (``--metrics-port 0`` binds any free port); a port or host it cannot bind is refused
+    naming ``option``, not with a traceback."""
+    try:
+        bound = serve()
+    except OSError as exc:
+        raise click.BadParameter(f"cannot listen on {host}:{port}: {exc.strerror or exc}; "
+                                 "choose another port (0: any free one)", param_hint=f"'{option}'") from exc
+    click.echo(f"serving {paths} on http://{host}:{bound}", err=True)

@@ -208,3 +208,28 @@ def test_settings_prints_no_password(tmp_path: Path) -> None:
     assert shown["cache"]["url"] == "redis://:***@127.0.0.1:6379/0"
     assert shown["broker"]["users"]["ops"] == {"password_hash": "***", "admin": True}
     assert not any(secret in result.output for secret in ("s3cret", "hunter2", "aGFzaA"))
+
+
+@pytest.mark.parametrize("command", [["run", "billing_app:app", "--until-idle"], ["relay"]])
+def test_a_metrics_port_in_use_is_refused_by_name(project: Path, command: list[str]) -> None:
+    """A port another program holds ended `reliable run --metrics-port` in a traceback
+    ("OSError: [Errno 98] Address already in use")."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        result = reliable_cmd(project, *command, "--metrics-port", str(port))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert (f"Invalid value for '--metrics-port': cannot listen on 127.0.0.1:{port}: Address already in use; "
+            "choose another port (0: any free one)") in result.stderr
+
+
+def test_metrics_port_0_says_which_port_it_bound(project: Path) -> None:
+    """``--metrics-port 0`` is allowed (any free port) and was never told."""
+    result = reliable_cmd(project, "run", "billing_app:app", "--until-idle", "--metrics-port", "0")
+    assert result.returncode == 0, result.stderr
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("serving ")]
+    assert line.startswith("serving /metrics, /healthz and /readyz on http://127.0.0.1:")
+    assert int(line.rsplit(":", 1)[1]) > 0
