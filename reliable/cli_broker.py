@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from broker.console.config import require_console_packages
 from reliable.cli_output import progress_bar, show_table
 from reliable.log import configure_logging
 from reliable.settings import Settings
@@ -50,6 +51,8 @@ def serve(settings_path: str | None, data_dir: str | None, host: str | None, por
     framework: dict[str, Any] = {}
     if table.get("console_port", False) is not False:  # the console shows the framework's side too
         from reliable.app import App
+
+        require_console_packages()
         from reliable.console import OutboxBacklog, StoreLetters, WorkerCounters
 
         app = App(Settings.load(settings_path))

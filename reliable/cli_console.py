@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from broker.console.config import ConsoleConfig
+from broker.console.config import ConsoleConfig, require_console_packages
 from broker.errors import BrokerConfigError
 from broker.server.config import ServerConfig
 from broker.server.run import settings_table
@@ -32,6 +32,7 @@ def console(settings_path: str | None, host: str | None, port: int | None, metri
     they have on the broker; with no users the console is open and binds
     loopback only.
     """
+    require_console_packages()
     from reliable.console import serve
 
     configure_logging("info")

@@ -3,6 +3,7 @@ it bounds sessions and throttles log-ins."""
 
 from __future__ import annotations
 
+import importlib
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -130,3 +131,20 @@ def _is_network(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+CONSOLE_PACKAGES = ("starlette", "jinja2", "uvicorn", "itsdangerous")
+"""What the console imports beyond the broker's own dependencies (the extra ``reliable[console]``)."""
+
+
+def require_console_packages() -> None:
+    """`BrokerConfigError` naming the missing packages and the extra, before the console is
+    imported (it was a ``ModuleNotFoundError`` traceback)."""
+    missing = []
+    for name in CONSOLE_PACKAGES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise BrokerConfigError(f"the web console needs {', '.join(missing)}: pip install 'reliable[console]'")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from broker.console.config import require_console_packages
 from broker.delivery.config import DeliveryConfig
 from broker.delivery.engine import Broker
 from broker.errors import BrokerConfigError
@@ -86,6 +87,7 @@ def _console(config: ServerConfig, broker: Broker, letters: LetterBook | None,
     """The web console over this engine, when ``console_port`` is set (extra ``reliable[console]``)."""
     if config.console is None:
         return None
+    require_console_packages()
     from broker.console.serving import start_console
     from broker.console.sources import EngineView
 

@@ -233,3 +233,17 @@ def test_metrics_port_0_says_which_port_it_bound(project: Path) -> None:
     [line] = [line for line in result.stderr.splitlines() if line.startswith("serving ")]
     assert line.startswith("serving /metrics, /healthz and /readyz on http://127.0.0.1:")
     assert int(line.rsplit(":", 1)[1]) > 0
+
+
+@pytest.mark.parametrize("command", [["console", "--port", "0"], ["broker", "serve", "--data-dir", "data/server"]])
+def test_the_console_without_its_extra_names_the_extra(project: Path, command: list[str]) -> None:
+    """Without `reliable[console]` installed, `reliable console` (and a broker server with a
+    console_port) ended in "ModuleNotFoundError: No module named 'uvicorn'" and a traceback."""
+    settings = project / "console.toml"
+    settings.write_text((project / "reliable.toml").read_text() + "[broker]\nport = 0\nconsole_port = 0\n")
+    without_uvicorn = "import sys; sys.modules['uvicorn'] = None; from reliable.cli import main; main()"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
+    result = subprocess.run([sys.executable, "-c", without_uvicorn, *command, "--settings", str(settings)],
+                            cwd=project, env=env, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, "Traceback" in result.stderr) == (2, False), result.stderr
+    assert result.stderr.endswith("error: the web console needs uvicorn: pip install 'reliable[console]'\n")
