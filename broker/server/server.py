@@ -80,13 +80,13 @@ class BrokerServer:
         self.engine.observe_fsync(self.metrics.fsync_seconds.observe)
         tls = self.config.tls.context() if self.config.tls else None
         host = self.config.host
-        self._servers["native"] = await asyncio.start_server(
-            self._accept("native", self._native, tls), host, self.config.port)
+        self._servers["native"] = await _listen("port", self._accept("native", self._native, tls), host,
+                                                self.config.port)
         if self.config.stomp_port is not None:
-            self._servers["stomp"] = await asyncio.start_server(
-                self._accept("stomp", self._stomp, tls), host, self.config.stomp_port)
+            self._servers["stomp"] = await _listen("stomp_port", self._accept("stomp", self._stomp, tls), host,
+                                                   self.config.stomp_port)
         if self.config.metrics_port is not None:
-            self._servers["metrics"] = await asyncio.start_server(self._scrape, host, self.config.metrics_port)
+            self._servers["metrics"] = await _listen("metrics_port", self._scrape, host, self.config.metrics_port)
         if self.config.unix_socket is not None:
             self._servers["unix"] = await self._unix_listener(self.config.unix_socket)
         log.info("server_started", host=host, tls=tls is not None, auth=self.authenticator.required,
@@ -225,3 +225,14 @@ async def serve(engine: Engine, config: ServerConfig, stop: asyncio.Event | None
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
+
+
+async def _listen(key: str, accept: Callable[..., Awaitable[None]], host: str, port: int) -> asyncio.Server:
+    """A listener on ``host:port``; a port or address it cannot take is `BrokerConfigError` naming
+    the setting (it was an ``OSError`` traceback)."""
+    try:
+        return await asyncio.start_server(accept, host, port)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise BrokerConfigError(f"broker.{key} = {port}: cannot listen on {host}:{port}: {reason}; "
+                                "choose another port (0: any free one)") from exc

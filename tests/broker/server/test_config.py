@@ -85,3 +85,22 @@ def test_the_store_keys_reach_the_store() -> None:
                            "flush": "async"})
     assert (config.retention, config.clean_at, config.force_at, config.refuse_at) == (3600, 0.6, 0.8, 0.85)
     assert config.flush.value == "async"
+
+
+@pytest.mark.parametrize("key", ["port", "stomp_port", "metrics_port"])
+def test_a_port_in_use_stops_the_start_naming_its_key(tmp_path, key: str) -> None:
+    """A port another program holds ended `reliable broker serve` in an OSError traceback."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        settings = tmp_path / "reliable.toml"
+        settings.write_text("[broker]\n" + "".join(f"{k} = {v}\n" for k, v in {"port": 0, key: port}.items()))
+        run = subprocess.run([sys.executable, "-c", "from reliable.cli import main; main()", "broker", "serve",
+                              "--settings", str(settings), "--data-dir", str(tmp_path / "data")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (run.returncode, "Traceback" in run.stderr) == (2, False), run.stderr
+    assert run.stderr.splitlines()[-1] == (f"error: broker.{key} = {port}: cannot listen on 127.0.0.1:{port}: "
+                                           "Address already in use; choose another port (0: any free one)")
