@@ -238,6 +238,7 @@ class App:
         self._purged_at = self.clock.time()  # first purge one interval in: starting stays fast
         log.info("worker_started", handlers=[w.handler.name for w in workers], until_idle=until_idle)
         self.run_state.began(workers)
+        announced: float | None = None  # the scheduled redelivery ``until_idle`` last said it waits for
         try:
             with relaying:
                 while not self._stop.is_set():
@@ -247,8 +248,10 @@ class App:
                         continue
                     if until_idle and relay is not None and relay.drain(self._stop):  # sent: B may have work
                         continue
-                    if until_idle and not self._wait_for_due(workers):
-                        break
+                    if until_idle:
+                        waiting, announced = self._wait_for_due(workers, announced)
+                        if not waiting:
+                            break
         finally:
             self.run_state.ended()
             for w in workers:
@@ -285,14 +288,21 @@ class App:
                 w.flush()
         return fetched > 0
 
-    def _wait_for_due(self, workers: list[Worker]) -> bool:
-        """Sleep until the next scheduled message is due; False when nothing is pending."""
-        if all(w.pending() == 0 for w in workers):
-            return False
+    def _wait_for_due(self, workers: list[Worker], announced: float | None) -> tuple[bool, float | None]:
+        """Sleep until the next scheduled message is due (False when nothing is pending), saying
+        once per redelivery that it waits for it (`waiting_for_redelivery`), unless it is due
+        within the second: a 10-minute delay was 10 minutes of silence. Returns the one said."""
+        pending = [w.pending() for w in workers]
+        if not any(pending):
+            return False, announced
         dues = [d for w in workers if (d := w.next_due()) is not None]
+        now = self.clock.time()
+        if dues and (due := min(dues)) != announced and due - now > 1.0:
+            log.info("waiting_for_redelivery", due_in=round(due - now, 3), pending=sum(pending))
+            announced = due
         # nothing scheduled: a message is in flight elsewhere (its lease may expire): poll soon
-        self.clock.sleep(min(max(min(dues) - self.clock.time(), 0.0), 1.0) if dues else 0.05)
-        return True
+        self.clock.sleep(min(max(min(dues) - now, 0.0), 1.0) if dues else 0.05)
+        return True, announced
 
     def _select(self, names: Sequence[str] | None) -> list[Handler]:
         if not self.handlers:

@@ -68,3 +68,25 @@ def _walk(tb):  # type: ignore[no-untyped-def]
     import traceback
 
     return traceback.walk_tb(tb)
+
+
+def test_a_worker_waiting_for_a_redelivery_says_so_once(app: App) -> None:
+    """`run(until_idle=True)` (`reliable run --until-idle`) waiting out a redelivery delay logged
+    nothing after `redelivery_scheduled`: ten minutes of silence for a 600 s delay."""
+    import reliable
+
+    attempts: list[int] = []
+
+    @app.handler("orders", token="body.id", in_process=1,
+                 retry=reliable.RedeliveryPolicy(initial_delay=60, multiplier=2, max_redeliveries=2))
+    def handle(msg: Message) -> None:
+        attempts.append(msg.attempt)
+        if msg.attempt < 3:
+            raise ConnectionError("gateway down")
+
+    app.publish("orders", {"id": 1})
+    with capture_logs() as logs:
+        app.run(until_idle=True)
+    assert attempts == [1, 2, 3]
+    assert [(e["due_in"], e["pending"]) for e in logs if e["event"] == "waiting_for_redelivery"] == [
+        (60.0, 1), (120.0, 1)]
