@@ -214,5 +214,5 @@ class Middlewares:
         self.emit("after_relay", publish, None)
 
     def outbox_hook(self, topic: str, headers: Mapping[str, str] | None) -> Any:
-        """`publishing` for ``tx.publish`` (`backends.store.outbox.PublishHook`)."""
+        """`publishing` for ``tx.publish`` (`backends.store.outbox_writer.PublishHook`)."""
         return self.publishing(topic, headers, outbox=True)

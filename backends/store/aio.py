@@ -29,7 +29,8 @@ from backends.store import deadletters, progress
 from backends.store import tokens as records
 from backends.store.dialect import Dialect
 from backends.store.engine import is_unavailable
-from backends.store.outbox import OutboxWriter, Outgoing, Wakeup
+from backends.store.outbox import Wakeup
+from backends.store.outbox_writer import OutboxWriter, Outgoing
 from backends.store.refusals import WriteRefusals
 from backends.types import JSON, DeadLetter, QueueRef
 
@@ -80,6 +81,8 @@ class AsyncSqlTransaction:
         if rows := self._outgoing.end():
             try:
                 await self.connection.execute(self._outgoing.writer.statement, rows)
+                if (reused := self._outgoing.reused(self._dialect)) is not None:
+                    Outgoing.refuse_reused((await self.connection.execute(reused)).scalars().all())
             except DBAPIError as exc:
                 _raise(exc, "write_outbox")
             await self._run("announce_outbox", self._dialect.announce_outbox, self._outgoing.writer.name)

@@ -19,7 +19,8 @@ from backends.types import JSON, DeadLetter, QueueRef
 
 if TYPE_CHECKING:  # the outbox's module imports the store's primitives, which import this one
     from backends.store.deadletters import Taken
-    from backends.store.outbox import Deferred, PublishHook, SqlOutbox
+    from backends.store.outbox import SqlOutbox
+    from backends.store.outbox_writer import Deferred, PublishHook
 
 
 class TokenState(enum.Enum):

@@ -1,8 +1,7 @@
 """The transactional outbox in the store: rows a transaction writes, handed to a relay once committed.
 
-`OutboxWriter` turns one ``tx.publish(...)`` call into its row (validated,
-body encoded, message id drawn); every transaction class calls it, so the
-rules live once. `SqlOutbox` is the store's side of the relay: ``claim``
+``tx.publish``'s side (the rows a transaction writes) is
+`backends.store.outbox_writer`. `SqlOutbox` is the store's side of the relay: ``claim``
 opens a transaction holding the next rows that may be sent (locked with
 ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so relays never take the same row;
 on SQLite the write transaction holds the whole database), keeps the rows of
@@ -19,7 +18,6 @@ import math
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
@@ -28,7 +26,6 @@ from typing import Any, NamedTuple
 from sqlalchemy import (
     ColumnElement,
     Connection,
-    Executable,
     Select,
     bindparam,
     exists,
@@ -42,11 +39,9 @@ from sqlalchemy import (
 from sqlalchemy.engine import URL
 
 from backends.clock import Clock
-from backends.errors import OutboxMessageError
 from backends.store.dialect import Dialect
-from backends.store.outbox_rules import check_publish
 from backends.store.schema import outbox, outbox_sent
-from backends.types import CONTENT_TYPE, JSON, OutgoingMessage, encode_body, new_message_id
+from backends.types import OutgoingMessage
 
 Unit = Callable[[], AbstractContextManager[Connection]]
 """Opens a transaction of the store's own, committed on a normal exit."""
@@ -106,142 +101,6 @@ class OutboxStatus:
     def oldest_unsent_age(self, now: float) -> float:
         """Seconds the oldest unsent row has waited (0 with nothing unsent)."""
         return 0.0 if self.oldest_unsent_at is None else max(now - self.oldest_unsent_at, 0.0)
-
-
-PublishHook = Callable[[str, Mapping[str, str] | None], AbstractContextManager[Mapping[str, str]]]
-"""Runs around every ``tx.publish(topic, ..., headers=...)``: entered before its row is made, it
-gives the headers the row carries (the app's middleware adds to them, `reliable.middleware`)."""
-
-
-@contextmanager
-def unhooked(topic: str, headers: Mapping[str, str] | None) -> Iterator[Mapping[str, str]]:
-    """The `PublishHook` of a store no app hooked: the headers as given."""
-    yield headers or {}
-
-
-_HOOKED: ContextVar[bool] = ContextVar("reliable_outbox_hooked", default=False)
-"""Set while `Deferred.write` writes calls its hook has run for already."""
-
-
-class OutboxWriter:
-    """Turns ``tx.publish(...)`` calls into the rows a transaction writes (one place for every
-    transaction class): each call is checked and its row made at once (`row`); the rows go in
-    with one ``statement`` (an ``executemany``) when the transaction commits."""
-
-    statement: Executable = insert(outbox)
-
-    def __init__(self, name: str, clock: Clock, message_ids: Callable[[], str] = new_message_id) -> None:
-        self.name, self.clock, self.message_ids = name, clock, message_ids
-        self.on_publish: PublishHook = unhooked
-
-    def row(
-        self,
-        topic: str,
-        body: Any,
-        *,
-        key: str | None = None,
-        headers: Mapping[str, str] | None = None,
-        delay: float = 0.0,
-        content_type: str = JSON,
-        message_id: str | None = None,
-    ) -> dict[str, Any]:
-        """The row of one publish (through `on_publish`); `OutboxMessageError` names what is wrong
-        with the call."""
-        check_publish(topic, key, headers, delay, message_id)
-        with (unhooked if _HOOKED.get() else self.on_publish)(topic, headers) as sent_headers:
-            try:
-                payload = encode_body(body, content_type)
-            except (TypeError, ValueError) as exc:
-                raise OutboxMessageError(
-                    f"tx.publish to {topic!r}: body cannot be encoded as {content_type}: {exc}") from exc
-            now = self.clock.time()
-            return {
-                "outbox": self.name, "message_id": message_id or self.message_ids(), "topic": topic, "key": key,
-                "headers": json.dumps({CONTENT_TYPE: content_type, **sent_headers}), "payload": payload,
-                "deliver_at": now + delay, "state": RowState.PENDING.value, "created_at": now,
-            }
-
-
-class Outgoing:
-    """The rows one transaction publishes, written together just before it commits; the sync and
-    the async transaction each hold one, so the rules live here once. Once the transaction ends
-    (its rows taken for the commit, or rolled back) a publish raises: its row would never be
-    written, and the caller would hold the id of a message that is never sent."""
-
-    def __init__(self, writer: OutboxWriter) -> None:
-        self.writer = writer
-        self.rows: list[dict[str, Any]] = []
-        self._ended = False
-        self._lock = threading.Lock()  # a publish on another thread, against the commit taking the rows
-
-    def publish(self, topic: str, body: Any, *, key: str | None = None, headers: Mapping[str, str] | None = None,
-                delay: float = 0.0, content_type: str = JSON, message_id: str | None = None) -> str:
-        _refuse_if(self._ended, topic)
-        row = self.writer.row(topic, body, key=key, headers=headers, delay=delay, content_type=content_type,
-                              message_id=message_id)
-        with self._lock:
-            _refuse_if(self._ended, topic)
-            self.rows.append(row)
-        return str(row["message_id"])
-
-    def rolled_back_to(self, mark: int) -> None:
-        """A savepoint taken when ``mark`` rows were published rolled back: its rows go with it."""
-        with self._lock:
-            del self.rows[mark:]
-
-    def end(self) -> list[dict[str, Any]]:
-        """The transaction commits with these rows, or rolls back: no publish joins it after this."""
-        with self._lock:
-            self._ended = True
-            return list(self.rows)
-
-
-def _refuse_if(ended: bool, topic: str) -> None:
-    if ended:
-        raise OutboxMessageError(
-            f"tx.publish to {topic!r} after its transaction ended (committed or rolled back): the message "
-            "would never be written; publish before the handler returns, or in a new store transaction")
-
-
-class Deferred:
-    """``tx.publish`` for a lease-mode handler, which runs outside any transaction: each call is
-    checked at once, and written in the transaction that stores the handler's result (so the
-    messages are published once the result is stored, never by a call whose result is not)."""
-
-    def __init__(self, on_publish: PublishHook = unhooked) -> None:
-        self.calls: list[dict[str, Any]] = []
-        self.on_publish = on_publish  # run when the handler calls, not again when the rows are written
-        self._ended = False
-        self._lock = threading.Lock()
-
-    def publish(self, topic: str, body: Any, *, key: str | None = None, headers: Mapping[str, str] | None = None,
-                delay: float = 0.0, content_type: str = JSON, message_id: str | None = None) -> str:
-        _refuse_if(self._ended, topic)
-        check_publish(topic, key, headers, delay, message_id)
-        with self.on_publish(topic, headers) as sent_headers:
-            call = {"topic": topic, "body": body, "key": key, "headers": dict(sent_headers), "delay": delay,
-                    "content_type": content_type, "message_id": message_id or new_message_id()}
-        with self._lock:
-            _refuse_if(self._ended, topic)
-            self.calls.append(call)
-        return str(call["message_id"])
-
-    def end(self) -> list[dict[str, Any]]:
-        """The calls so far; no publish joins them after this (the attempt's result is being
-        stored with them, or the attempt raised and they are dropped)."""
-        with self._lock:
-            self._ended = True
-            return list(self.calls)
-
-    def write(self, tx: Any) -> None:
-        """Write the calls' rows in ``tx`` (a `Transaction`)."""
-        hooked = _HOOKED.set(True)
-        try:
-            for call in self.end():
-                tx.publish(call["topic"], call["body"], key=call["key"], headers=call["headers"],
-                           delay=call["delay"], content_type=call["content_type"], message_id=call["message_id"])
-        finally:
-            _HOOKED.reset(hooked)
 
 
 class Wakeup:

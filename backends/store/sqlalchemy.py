@@ -33,10 +33,11 @@ from backends.store.base import LeaseOutcome, Store, Transaction
 from backends.store.claims import Claim
 from backends.store.dialect import Dialect
 from backends.store.engine import is_unavailable, parse_store_url
-from backends.store.outbox import Deferred, OutboxWriter, Outgoing, PublishHook, SqlOutbox
+from backends.store.outbox import SqlOutbox
+from backends.store.outbox_writer import Deferred, OutboxWriter, Outgoing, PublishHook
 from backends.store.postgresql import AsyncPostgreSQL, PostgreSQL
 from backends.store.refusals import WriteRefusals
-from backends.store.schema import metadata
+from backends.store.schema import add_late_indexes, metadata
 from backends.store.sqlite import SQLite
 from backends.types import JSON, DeadLetter, QueueRef
 from backends.urls import redact
@@ -94,6 +95,8 @@ class SqlTransaction(Transaction):
         No publish joins them after this."""
         if rows := self._outgoing.end():
             self.connection.execute(self._outgoing.writer.statement, rows)
+            if (reused := self._outgoing.reused(self._dialect)) is not None:
+                Outgoing.refuse_reused(self.connection.execute(reused).scalars().all())
             self._dialect.announce_outbox(self.connection, self._outgoing.writer.name)
 
     def rolled_back(self) -> None:
@@ -273,17 +276,21 @@ class SqlStore(Store):
         with self._tables_lock:
             if self._tables_ready:
                 return
-            try:
-                metadata.create_all(self.engine, checkfirst=True)
-            except DBAPIError as exc:
-                if is_unavailable(exc):
-                    self._raise(exc, "create tables")
-                # another process created them between our check and our CREATE
-                metadata.create_all(self.engine, checkfirst=True)
+            self._create(lambda: metadata.create_all(self.engine, checkfirst=True))
             with self.engine.begin() as connection:
                 deadletters.add_late_columns(connection)
+            self._create(lambda: add_late_indexes(self.engine))
             self._tables_ready = True
             log.info("store.ready", store=repr(self))
+
+    def _create(self, create: Callable[[], object]) -> None:
+        """Run ``create``, again if another process created some of it between its check and CREATE."""
+        try:
+            create()
+        except DBAPIError as exc:
+            if is_unavailable(exc):
+                self._raise(exc, "create tables")
+            create()
 
     def open_async(self, connections: int) -> AsyncSqlStore:
         """Async transactions on this database for one event loop, ``connections`` at once

@@ -22,7 +22,7 @@ import structlog
 
 from backends.errors import StoreUnavailableError
 from backends.store.base import TokenState
-from backends.store.outbox import Deferred
+from backends.store.outbox_writer import Deferred
 from backends.types import Message
 from reliable.outcome import Outcome
 from reliable.pipeline.steps import Steps, Work, undecided

@@ -9,12 +9,14 @@ its own name.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 
+from backends.errors import OutboxMessageError
 from backends.store import SqlStore
 from backends.store.outbox import RowState
 from reliable import App
@@ -129,3 +131,39 @@ def test_only_the_relays_marks_commit_without_waiting_for_the_disk(app: App, sto
     with app.store.transaction() as tx:
         assert tx.execute(text(query)).scalar() == durable
     assert app.store.outbox.status().sent == 3
+
+
+def test_a_message_id_chosen_again_after_its_row_was_sent_is_refused_until_the_retention(
+    app: App, unique: str, clock: FakeClock
+) -> None:
+    """Sent rows kept in ``reliable_outbox`` were under its unique index: a second message under
+    an id the caller chose was refused. Moved out, they still are, on sync and async transactions;
+    a message id drawn by the store, or chosen anew after the retention, is not checked or passes."""
+    with app.store.transaction() as tx:
+        tx.publish("orders", {"n": 1}, message_id=f"{unique}-1")
+    app.relay().drain()
+
+    with pytest.raises(OutboxMessageError, match=f"'{unique}-1' was sent already"):
+        with app.store.transaction() as tx:
+            tx.publish("orders", {"n": 2}, message_id=f"{unique}-1")
+            tx.publish("orders", {"n": 3})
+
+    async def publish_async() -> None:
+        store = app.store.open_async(1)
+        try:
+            async with store.transaction() as tx:
+                tx.publish("orders", {"n": 4}, message_id=f"{unique}-1")
+        finally:
+            await store.close()
+
+    with pytest.raises(OutboxMessageError, match="was sent already"):
+        asyncio.run(publish_async())
+    assert outbox_rows(app, unique) == 0  # the refused transactions wrote nothing
+    assert app.store.outbox.status().sent == 1
+
+    clock.advance(10)
+    assert app.store.outbox.purge_sent(clock.time()) == 1
+    with app.store.transaction() as tx:  # its sent row gone: the id names no message any more
+        tx.publish("orders", {"n": 5}, message_id=f"{unique}-1")
+    assert outbox_rows(app, unique) == 1
+
