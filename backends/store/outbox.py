@@ -16,6 +16,7 @@ import enum
 import json
 import math
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import (
     ColumnElement,
+    CompoundSelect,
     Connection,
     Select,
     bindparam,
@@ -34,6 +36,7 @@ from sqlalchemy import (
     literal,
     select,
     text,
+    union_all,
     update,
 )
 from sqlalchemy.engine import URL
@@ -190,29 +193,34 @@ class SqlOutbox:
         return [r for r in candidates if r.key is None or r.id < held_elsewhere.get(r.key, math.inf)]
 
     def status(self) -> OutboxStatus:
-        """How many rows wait, failed and were sent, and when the oldest unsent one was written."""
+        """How many rows wait, failed and were sent, and when the oldest unsent one was written.
+        One statement over both tables: on PostgreSQL each statement of a read sees its own
+        snapshot, and a row moved between two would be counted twice."""
+        per_state = select(outbox.c.state, func.count(), func.min(outbox.c.created_at)).where(
+            outbox.c.outbox == self.name).group_by(outbox.c.state)
+        moved = select(literal(RowState.SENT.value), func.count(), literal(None)).where(outbox_sent.c.outbox == self.name)
         with self._read() as connection:
-            counts: dict[str, int] = dict(connection.execute(select(outbox.c.state, func.count()).where(
-                outbox.c.outbox == self.name).group_by(outbox.c.state)).all())
-            sent = connection.execute(select(func.count()).where(outbox_sent.c.outbox == self.name)).scalar_one()
-            oldest = connection.execute(select(func.min(outbox.c.created_at)).where(
-                outbox.c.outbox == self.name, _UNSENT)).scalar()
-        return OutboxStatus(self.name, counts.get(RowState.PENDING.value, 0), counts.get(RowState.FAILED.value, 0),
-                            counts.get(RowState.SENT.value, 0) + sent, oldest)
+            found = connection.execute(union_all(per_state, moved)).all()
+        counts = Counter[str]()
+        for state, count, _ in found:
+            counts[state] += count
+        oldest = min((at for state, _, at in found if state != RowState.SENT.value and at is not None), default=None)
+        return OutboxStatus(self.name, counts[RowState.PENDING.value], counts[RowState.FAILED.value],
+                            counts[RowState.SENT.value], oldest)
 
     def rows(self, state: RowState | None = None, limit: int = 100, after_id: int = 0) -> list[OutboxRow]:
         """Rows with id > ``after_id`` (of ``state``, or any), oldest first: of the outbox and,
-        unless only unsent ones are asked for, of the sent rows moved out of it."""
+        unless only unsent ones are asked for, of the sent rows moved out of it (in one statement,
+        so a row moved meanwhile is listed once)."""
         statement = select(*_COLUMNS).where(outbox.c.outbox == self.name, outbox.c.id > after_id)
         if state is not None:
             statement = statement.where(outbox.c.state == state.value)
-        statements = [statement]
+        listed: Select[Any] | CompoundSelect = statement
         if state in (None, RowState.SENT):
-            statements.append(select(*_SENT_COLUMNS).where(outbox_sent.c.outbox == self.name,
-                                                           outbox_sent.c.id > after_id))
+            listed = union_all(statement, select(*_SENT_COLUMNS).where(
+                outbox_sent.c.outbox == self.name, outbox_sent.c.id > after_id))
         with self._read() as connection:
-            found = [_row(r) for s in statements for r in connection.execute(s.order_by("id").limit(limit))]
-        return sorted(found, key=lambda r: r.id)[:limit]
+            return [_row(r) for r in connection.execute(listed.order_by("id").limit(limit))]
 
     def retry(self, ids: Sequence[int] | None = None) -> list[int]:
         """Make FAILED rows (all, or those of ``ids``) pending again; return their ids."""

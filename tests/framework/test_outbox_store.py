@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from backends.errors import OutboxMessageError
 from backends.store import SqlStore
@@ -167,3 +168,37 @@ def test_a_message_id_chosen_again_after_its_row_was_sent_is_refused_until_the_r
         tx.publish("orders", {"n": 5}, message_id=f"{unique}-1")
     assert outbox_rows(app, unique) == 1
 
+
+def test_a_row_moved_while_status_or_list_reads_is_counted_and_listed_once(
+    tmp_path: Path, postgres_url: str, unique: str
+) -> None:
+    """PostgreSQL reads run each statement on a snapshot of its own (autocommit): a row a relay
+    moves between a read of ``reliable_outbox`` and one of the sent rows was counted as pending
+    and sent, and listed twice. The relay's move is made to land just before the read of the
+    sent rows (a hook on the real statement, the move a real relay pass on another connection)."""
+    app = test_app(tmp_path, store=postgres_url, transport=f"embedded://{tmp_path / 'broker'}",
+                   settings={"RELIABLE_OUTBOX__NAME": unique})
+    moving = {"armed": False}
+
+    def move_first(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        if moving["armed"] and "reliable_outbox_sent_rows" in statement and "SELECT" in statement.upper()[:20]:
+            moving["armed"] = False
+            assert app.relay().step() == 2
+
+    event.listen(app.store.engine, "before_cursor_execute", move_first)
+    try:
+        for read in (lambda: app.store.outbox.status(), lambda: app.store.outbox.rows()):
+            with app.store.transaction() as tx:
+                tx.publish("orders", {"n": 1})
+                tx.publish("orders", {"n": 2})
+            moving["armed"] = True
+            found = read()
+            assert not moving["armed"]  # the move ran during the read
+            if isinstance(found, list):
+                assert len({r.id for r in found}) == len(found) == 4  # two sent earlier, two now
+                assert {r.state for r in found} == {RowState.SENT}
+            else:
+                assert (found.backlog, found.sent) in ((2, 0), (0, 2))  # before the move, or after
+    finally:
+        event.remove(app.store.engine, "before_cursor_execute", move_first)
+        app.close()
