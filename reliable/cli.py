@@ -59,7 +59,7 @@ def run(target: str, settings_path: str | None, handlers: tuple[str, ...], until
 @click.argument("topic")
 @click.argument("body")
 @click.option("--key", help="the message key (orders the messages of one key)")
-@click.option("--id", "message_id", help="the message id (default: a new uuid)")
+@click.option("--id", "message_id", help="the message id (default: one the transport draws)")
 @click.option("--settings", "settings_path", type=click.Path(dir_okay=False), help=SETTINGS_HELP)
 def publish(topic: str, body: str, key: str | None, message_id: str | None, settings_path: str | None) -> None:
     """Publish BODY (JSON text) to TOPIC."""

@@ -122,7 +122,12 @@ def groups(url: str | None, settings_path: str | None, as_json: bool) -> None:
 def lag(group: str, url: str | None, settings_path: str | None, as_json: bool) -> None:
     """GROUP's committed offset against the end of every queue it reads."""
     with _api(url, settings_path) as api:
-        _show([dataclasses.replace(q) for q in api.lag(group)], as_json)
+        rows = [dataclasses.replace(q) for q in api.lag(group)]
+        if not rows:  # a misspelt group would otherwise pass for one with nothing to read
+            known = sorted(g.name for g in api.groups() if g.name != group)
+            click.echo(f"no group {group!r} on this broker" + (f"; groups: {', '.join(known)}" if known else ""),
+                       err=True)
+        _show(rows, as_json)
 
 
 class _EmbeddedAdmin:

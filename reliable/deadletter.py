@@ -163,8 +163,8 @@ class DeadLetters:
         looping = self.store.dead_letter_ids(group, chosen, min_replays=max_replays) if chosen else []
         if looping:
             raise ReplayLoopError(
-                f"dead letters {_named(looping)} of group {group!r} were replayed "
-                f"{max_replays} times already; fix the cause, or replay with force"
+                f"dead letters {_named(looping)} of group {group!r} were replayed as often as max_replays "
+                f"({max_replays}) allows; fix the cause, or replay with force=True (--force on the command line)"
             )
 
 

@@ -75,6 +75,8 @@ def test_run_then_inspect_replay_and_purge_dead_letters(project: Path) -> None:
     assert json.loads(rerun.stdout.strip().splitlines()[-1])["dead_lettered"] == 1
     [again] = [json.loads(x) for x in reliable_cmd(project, "dlq", "list", "billing", "--settings", "reliable.toml").stdout.splitlines()]
     assert again["replays"] == 1
+    looping = reliable_cmd(project, "dlq", "replay", "billing", "--max-replays", "1", "--settings", "reliable.toml")
+    assert looping.returncode != 0 and "--force on the command line" in looping.stderr, looping.stderr
 
     purged = reliable_cmd(project, "dlq", "purge", "billing", "--yes", "--settings", "reliable.toml")
     assert "purged 1" in purged.stdout
@@ -158,6 +160,9 @@ def test_broker_topics_groups_and_lag_from_the_shell(project: Path) -> None:
     lag = [json.loads(x) for x in reliable_cmd(project, "broker", "lag", "billing", "--settings",
                                                 "reliable.toml", "--json").stdout.splitlines()]
     assert sum(q["end"] - q["committed"] for q in lag if q["topic"] == "payments") == 0
+    misspelt = reliable_cmd(project, "broker", "lag", "billingg", "--settings", "reliable.toml")
+    assert misspelt.returncode == 0 and "no group 'billingg' on this broker; groups: " in misspelt.stderr
+    assert "billing" in misspelt.stderr.split("groups: ")[1].strip().split(", "), misspelt.stderr  # was "(none)"
     table = reliable_cmd(project, "broker", "groups", "--settings", "reliable.toml")
     assert table.stdout.splitlines()[0].split() == ["name", "topics", "members", "broadcast"]
     [billing] = [line for line in table.stdout.splitlines() if line.startswith("billing ")]
