@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import event, text
 
-from backends.errors import OutboxMessageError
+from backends.errors import BackendUnavailableError, OutboxMessageError
 from backends.store import SqlStore
 from backends.store.outbox import RowState
 from reliable import App
+from reliable.outbox import Relay
 from reliable.testing import FakeClock, test_app
+from tests.cluster.ports import free_ports
 
 SYNCHRONOUS = {  # what the relay's claim and any other transaction see, per database
     "sqlite": ("pragma synchronous", 1, 2),  # NORMAL, FULL
@@ -201,4 +204,52 @@ def test_a_row_moved_while_status_or_list_reads_is_counted_and_listed_once(
                 assert (found.backlog, found.sent) in ((2, 0), (0, 2))  # before the move, or after
     finally:
         event.remove(app.store.engine, "before_cursor_execute", move_first)
+        app.close()
+
+
+def test_a_relay_pass_that_failed_leaves_no_connection_committing_lazily(
+    tmp_path: Path, store_url: str, unique: str
+) -> None:
+    """The claim's lazy commit is per transaction (PostgreSQL's SET LOCAL) or set back before the
+    next one begins (SQLite's synchronous, per connection): after a pass cut by a transport
+    outage or by an exception in the middle of it, the pool's connection a handler gets next and
+    the async store's commit durably."""
+    query, relayed, durable = SYNCHRONOUS[store_url.split(":")[0].split("+")[0]]
+    (port,) = free_ports(1)  # nothing listens: the transport is down
+    app = test_app(tmp_path, store=store_url, transport=f"redis://127.0.0.1:{port}/0?namespace={unique}",
+                   settings={"RELIABLE_OUTBOX__NAME": unique})
+
+    @contextmanager
+    def broken(topic: str, headers: Any) -> Iterator[None]:
+        raise RuntimeError("a middleware's bug")
+        yield
+
+    relays = {BackendUnavailableError: app.relay(),
+              RuntimeError: Relay(app.store, app.transport, app.settings.outbox, app.clock, hook=broken)}
+    try:
+        for error, relay in relays.items():
+            with app.store.transaction() as tx:
+                tx.publish("orders", {"n": 1})
+            with pytest.raises(error):
+                relay.step()
+            with app.store.transaction() as tx:
+                assert tx.execute(text(query)).scalar() == durable
+            with app.store.outbox.claim(10) as claimed:  # the same connection, lazy again
+                assert claimed._connection.execute(text(query)).scalar() == relayed
+                held = claimed.rows
+            assert held  # the row was still there to claim
+            with app.store.transaction() as tx:
+                assert tx.execute(text(query)).scalar() == durable
+
+        async def async_level() -> Any:
+            store = app.store.open_async(1)
+            try:
+                async with store.transaction() as tx:
+                    return (await tx.execute(text(query))).scalar()
+            finally:
+                await store.close()
+
+        assert asyncio.run(async_level()) == durable
+        assert app.store.outbox.status().backlog == 2  # nothing was marked
+    finally:
         app.close()
