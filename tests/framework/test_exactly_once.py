@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -20,7 +21,8 @@ from sqlalchemy import create_engine, text
 
 from reliable import Message
 from reliable.testing import test_app
-from tests.transports.effects import effect_counts
+from tests.transports.effects import effect_counts, query, wait_until
+from tests.transports.kill_points import HELD_BACK, JITTER, points
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,25 +91,37 @@ def test_two_processes_sending_the_same_tokens(tmp_path, postgres_url, redis_url
 
 
 def test_kill_9_mid_batch_loses_nothing_and_repeats_nothing(tmp_path, postgres_url, redis_url, effects_table) -> None:
+    """Three workers killed one after another mid-batch, at random points of the work
+    (`tests.transports.kill_points`: the last tokens are published only after the last kill), each
+    after some work of its own; a last worker finishes. Every token's effect once."""
     broker = f"embedded://{tmp_path / 'broker'}"
     env = _env(postgres_url, redis_url, broker, RELIABLE_TRANSPORT__VISIBILITY_TIMEOUT="1.0")
     total = 1500
-    publisher = _worker(effects_table, "publish", str(total), env=env)
-    assert publisher.wait(timeout=120) == 0, publisher.stderr.read() if publisher.stderr else ""
+    work = total - HELD_BACK
 
-    kills = 0
-    for threshold in (100, 500, 900):  # kill three workers at different points, mid-batch
+    def publish(tokens: str) -> None:
+        publisher = _worker(effects_table, "publish", tokens, env=env)
+        assert publisher.wait(timeout=120) == 0, publisher.stderr.read() if publisher.stderr else ""
+
+    def done() -> int:
+        return int(query(postgres_url, f"select count(*) from {effects_table}")[0][0])
+
+    publish(str(work))
+    rng, landed = random.Random(), []  # the progress after each kill
+    for point in points(3, work, rng):  # kill three workers at different points, mid-batch
+        target = min(max(point, done() + 1), work)  # and after some work of this worker's
         worker = _worker(effects_table, "consume", "50", env=env)
-        deadline = time.monotonic() + 120
-        while sum(effect_counts(postgres_url, effects_table).values()) < threshold and time.monotonic() < deadline:
-            if worker.poll() is not None:
-                break
-            time.sleep(0.02)
-        if worker.poll() is None:
-            os.kill(worker.pid, signal.SIGKILL)
-            kills += 1
+        try:
+            wait_until(lambda: done() >= target, lambda: worker.poll() is None, 0.02)  # noqa: B023
+            time.sleep(rng.uniform(0, JITTER))  # and at a random moment after it
+        finally:  # a failed wait must not leave a worker consuming after the test
+            worker.kill()
         worker.wait(timeout=30)
-    assert kills >= 2  # the kills landed while work was in progress
+        assert worker.returncode == -signal.SIGKILL
+        landed.append(done())  # at least what it was at the kill
+    assert len(landed) == 3 and all(n < total for n in landed), "the kills landed while work was in progress"
+    print(f"kill -9 mid-batch: {sum(n < work for n in landed)} of 3 kills with work published left, at {landed}")
+    publish(f"{work}:{total}")  # only now can the work end
 
     survivor = _worker(effects_table, "consume", "50", env=env)
     _out, err = survivor.communicate(timeout=240)

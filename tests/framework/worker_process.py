@@ -1,6 +1,7 @@
 """A worker process for the two-process and kill -9 tests (configured by environment).
 
     python -m tests.framework.worker_process TABLE publish N   # publish tokens t0..tN-1
+    python -m tests.framework.worker_process TABLE publish M:N # publish tokens tM..tN-1
     python -m tests.framework.worker_process TABLE consume [BATCH]
 """
 
@@ -26,8 +27,8 @@ def main(table: str, mode: str, arg: str | None) -> None:
             time.sleep(0.002)  # widen the window in which a twin or a kill can land
 
     if mode == "publish":
-        count = int(arg or 0)
-        app.publish_many("work", [{"token": f"t{i}"} for i in range(count)])
+        first, _, count = (arg or "0").rpartition(":")
+        app.publish_many("work", [{"token": f"t{i}"} for i in range(int(first or 0), int(count))])
         if len(sys.argv) > 4:  # publish and consume in one process (two-process race)
             app.run(until_idle=True)
     else:
