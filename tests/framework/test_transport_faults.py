@@ -29,6 +29,8 @@ from reliable.testing import test_app
 from tests import forked
 from tests.framework import offsets_worker
 from tests.tcp_proxy import TcpProxy
+from tests.transports.effects import wait_until
+from tests.transports.kill_points import JITTER, held_back, points
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = 20
@@ -86,31 +88,39 @@ def test_transactional_offsets_survive_kill_9(tmp_path: Path, postgres_url: str,
     tokens = [f"t{i}" for i in range(1800)]
     sent = tokens + random.Random(7).sample(tokens, 200)  # 10% duplicates
     random.Random(8).shuffle(sent)
+    head, tail = held_back(sent)  # the tail published only after the last kill: no kill after the work
     producer = test_app(store=postgres_url, transport=f"{redis_url}?namespace={saves}")
-    producer.publish_many("work", [{"token": t} for t in sent])
-    producer.close()
+    producer.publish_many("work", [{"token": t} for t in head])
 
-    rng, resumed, kills = random.Random(), 0, 0
-    count = f"select count(*) from {saves}"
-    for run in range(RUNS):
-        # forked from a process that imported the worker already (`tests.forked`): no second of imports per run
-        log = tmp_path / f"worker-{run}.log"
-        worker = forked.start(offsets_worker.main, (saves,), env, ROOT, log)
-        target = _rows(postgres_url, count)[0][0] + rng.randint(1, 80)  # a random moment mid-run
-        deadline = time.monotonic() + 30
-        while worker.is_alive() and _rows(postgres_url, count)[0][0] < target and time.monotonic() < deadline:
-            time.sleep(0.005)
-        if worker.is_alive():
-            os.kill(worker.pid, signal.SIGKILL)
-            kills += 1
-        worker.join(timeout=60)
-        assert worker.exitcode is not None, "a worker neither ended nor died"
-        resumed += "offsets_resumed" in log.read_text()
+    def done() -> int:
+        return int(_rows(postgres_url, f"select count(*) from {saves}")[0][0])
+
+    rng, resumed, work = random.Random(), 0, len(set(head))
+    landed: list[int] = []  # the progress after each kill
+    try:
+        for run, point in enumerate(points(RUNS, work, rng)):  # a random point of the work, mid-run
+            target = min(max(point, done() + 1), work)  # and after some work of this worker's
+            # forked from a process that imported the worker already (`tests.forked`): no second of imports per run
+            log = tmp_path / f"worker-{run}.log"
+            worker = forked.start(offsets_worker.main, (saves,), env, ROOT, log)
+            try:
+                wait_until(lambda: done() >= target, worker.is_alive, 0.005)  # noqa: B023
+                time.sleep(rng.uniform(0, JITTER))  # and at a random moment after it
+            finally:  # a failed wait must not leave a worker consuming after the test
+                worker.kill()
+            worker.join(timeout=60)
+            assert worker.exitcode == -signal.SIGKILL, "the kills must land while workers run"
+            landed.append(done())  # at least what it was at the kill
+            resumed += "offsets_resumed" in log.read_text()
+        producer.publish_many("work", [{"token": t} for t in tail])  # only now can the work end
+    finally:
+        producer.close()
     final = subprocess.run([sys.executable, "-m", "tests.framework.offsets_worker", saves],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stderr[-3000:]
 
-    assert kills >= RUNS // 2, "the kills must land while workers run"
+    assert len(landed) == RUNS and all(n < len(tokens) for n in landed), "the kills must land while workers run"
+    print(f"offsets kill -9: {sum(n < work for n in landed)} of {RUNS} kills with work published left, at {landed}")
     assert resumed >= 1, "restarted workers resumed from the offsets saved with the tokens"
     counts = dict(_rows(postgres_url, f"select token, count(*) from {saves} group by token"))
     assert counts == dict.fromkeys(tokens, 1), final.stderr[-4000:]  # every token's effect exactly once
