@@ -1,5 +1,6 @@
-"""Where the kill -9 runs (`tests/transports/chaos.py`, `outbox_chain.py`) place their kills: by the
-work's progress, and all before the work can end.
+"""Where the kill -9 runs (`tests/transports/chaos.py`, `outbox_chain.py`, `test_kafka_rebalance.py`,
+`tests/framework/test_transport_faults.py`, `test_exactly_once.py`) place their kills: by the work's
+progress, and all before the work can end.
 
 A run kills its victims ``kills`` times while a producer's messages are
 worked through. Placed by time, or by an amount of progress counted from

@@ -14,8 +14,9 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
@@ -36,6 +37,8 @@ from tests import forked
 from tests.transports import keyed_worker
 from tests.transports.effects import query, wait_until
 from tests.transports.framework import without_reliable_variables
+from tests.transports.keyed_worker import keyed_effects
+from tests.transports.kill_points import JITTER, held_back, points
 from tests.transports.test_kafka import ROOT, ROUNDS, fetch_until, next_offsets, outgoing
 
 SESSION_TIMEOUT = 3.0
@@ -324,14 +327,6 @@ STOPS = (signal.SIGKILL, signal.SIGTERM)
 """How a worker is stopped, in turn: killed, or asked to stop (it leaves its batch's rest unfinished)."""
 
 
-def keyed_effects(postgres_url: str, table: str) -> dict[str, list[int]]:
-    """Each key's numbers in the order their effects were written."""
-    effects: dict[str, list[int]] = {}
-    for key, n in query(postgres_url, f"select key, n from {table} order by id"):
-        effects.setdefault(key, []).append(n)
-    return effects
-
-
 @pytest.mark.parametrize("strategy", ["per_message", "transactional"])
 def test_two_members_one_killed_at_random_each_effect_once_in_key_order(
     cluster: MockCluster, postgres_url: str, unique: str, strategy: str
@@ -342,7 +337,7 @@ def test_two_members_one_killed_at_random_each_effect_once_in_key_order(
     the done prefix committed by lanes finishing out of order). Every effect once; each key's
     effects in the order of its messages (Kafka keeps a key in one partition, read in order by
     one member)."""
-    query(postgres_url, f"create table {unique} (id bigserial primary key, token text unique, key text, n int)")
+    query(postgres_url, f"create table {unique} (id bigserial primary key, token text unique, key text, n int, pid int)")
     env = {**without_reliable_variables(), "PYTHONPATH": str(ROOT),
            "RELIABLE_TRANSPORT__URL": cluster.url, "RELIABLE_TRANSPORT__VISIBILITY_TIMEOUT": str(SESSION_TIMEOUT),
            "RELIABLE_STORE__URL": postgres_url, "RELIABLE_CACHE__URL": "memory://",
@@ -350,30 +345,41 @@ def test_two_members_one_killed_at_random_each_effect_once_in_key_order(
     per_key = 2_000 // KEYS
     messages = [OutgoingMessage(json.dumps({"token": f"k{k}-{n}", "n": n}).encode(), key=f"k{k}")
                 for n in range(per_key) for k in range(KEYS)]
+    head, tail = held_back(messages)  # the tail published only after the last stop: no stop after the work
     producer = open_transport(cluster.url)
-    sending = threading.Thread(target=lambda: [producer.publish(unique, messages[i:i + 100])
-                                               for i in range(0, len(messages), 100)])
+
+    def send(part: Sequence[OutgoingMessage]) -> None:
+        for i in range(0, len(part), 100):
+            producer.publish(unique, part[i:i + 100])
 
     def start() -> BaseProcess:
         return forked.start(keyed_worker.main, (unique, unique, unique), env, ROOT)
 
-    def done() -> int:
-        return int(query(postgres_url, f"select count(*) from {unique}")[0][0])
+    def done(worker: BaseProcess | None = None) -> int:  # the effects written (by ``worker``)
+        mine = f" where pid = {worker.pid}" if worker else ""
+        return int(query(postgres_url, f"select count(*) from {unique}{mine}")[0][0])
 
-    rng, mid_work = random.Random(), 0
-    workers = [start(), start()]
+    def working() -> list[int]:  # the workers whose own effects moved since they were last seen
+        return [i for i, worker in enumerate(workers) if done(worker) > seen[i]]
+
+    sending = threading.Thread(target=send, args=(head,))
+    rng, workers, seen = random.Random(), [start(), start()], [0, 0]  # seen: each one's effects when last seen
+    landed: list[tuple[int, int]] = []  # per stop: the victim's own effects and all, after it
     sending.start()
     try:
-        for round in range(8):
-            target = done() + rng.randint(1, 200)
-            wait_until(lambda: done() >= min(target, len(messages)), lambda: all(w.is_alive() for w in workers))  # noqa: B023
-            victim, stop = rng.randrange(2), STOPS[round % 2]
-            mid_work += done() < len(messages)
+        for round, point in enumerate(points(8, len(head), rng)):
+            wait_until(lambda: done() >= point and bool(working()),  # noqa: B023
+                       lambda: all(w.is_alive() for w in workers), 0.05)
+            victim, stop = rng.choice(working()), STOPS[round % 2]  # one at work, at a random moment
+            time.sleep(rng.uniform(0, JITTER))
             os.kill(workers[victim].pid or 0, stop)
             workers[victim].join(timeout=60)
             assert workers[victim].exitcode == (-signal.SIGKILL if stop == signal.SIGKILL else 0)
+            landed.append((done(workers[victim]), done()))  # at least what they were at the stop
             workers[victim] = start()
+            seen = [0 if i == victim else done(worker) for i, worker in enumerate(workers)]
         sending.join()
+        send(tail)  # only now can the work end
         wait_until(lambda: done() >= len(messages), lambda: all(w.is_alive() for w in workers))
     finally:
         sending.join()
@@ -383,7 +389,9 @@ def test_two_members_one_killed_at_random_each_effect_once_in_key_order(
             worker.join(timeout=30)
         effects = keyed_effects(postgres_url, unique)
         query(postgres_url, f"drop table {unique}")
-    assert mid_work >= 6  # the kills landed while messages were being processed
+    assert len(landed) == 8 and all(own and n < len(messages) for own, n in landed), \
+        "the kills landed while messages were being processed, each after some work of its victim's"
+    print(f"two members {strategy}: 8 stops at progress {[n for _, n in landed]} of {len(messages)}")
     assert sorted(effects) == sorted(f"k{k}" for k in range(KEYS))
     assert {key: numbers for key, numbers in effects.items() if numbers != list(range(per_key))} == {}
 
