@@ -1,12 +1,21 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 
 from reliable import App
 from reliable.testing import FakeClock, test_app
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The URL of a fresh SQLite store, then of the test PostgreSQL database: a test runs on both."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return str(request.getfixturevalue("postgres_url"))
 
 
 @pytest.fixture

@@ -27,13 +27,6 @@ from tests.framework.conftest import create_effects, effects, write_effect
 from tests.transports.effects import wait_until
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'store.db'}"
-    return str(request.getfixturevalue("postgres_url"))
-
-
 @pytest.fixture
 def app(tmp_path: Path, store_url: str, unique: str) -> Iterator[App]:
     app = test_app(tmp_path, store=store_url, transport=f"embedded://{tmp_path / 'broker'}",

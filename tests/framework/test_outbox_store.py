@@ -32,13 +32,6 @@ SYNCHRONOUS = {  # what the relay's claim and any other transaction see, per dat
 }
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'store.db'}"
-    return str(request.getfixturevalue("postgres_url"))
-
-
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
