@@ -115,7 +115,7 @@ class Consuming:
     def has_members(self, group: str) -> bool:
         """Whether ``group`` has live members: those silent past the session timeout leave first."""
         with self.lock:
-            if self.membership.expire(self._clock.time()):
+            if self.membership.expire(self._clock.monotonic()):
                 self._wakes.notify()
             return self.membership.has_members(group)
 
@@ -166,9 +166,10 @@ class Consuming:
             return self.membership.pending(group, topics)
 
     def next_due(self, group: str) -> float | None:
-        """When the earliest parked (delayed or scheduled) message of ``group`` falls due."""
+        """When (wall time) the earliest parked (delayed or scheduled) message of ``group`` falls due."""
         with self.lock:
-            return self.membership.next_due(group)
+            due = self.membership.next_due(group)
+            return None if due is None else due - self._clock.monotonic() + self._clock.time()
 
     def groups(self) -> list[GroupInfo]:
         with self.lock:
@@ -251,12 +252,14 @@ class Consuming:
         """Still working: the leases of ``receipts`` start again (JetStream's in-progress)."""
         with self.lock:
             found = self.membership.member(member)
-            self.leases.extend(found, receipts, self._clock.time() + found.lease)
+            self.leases.extend(found, receipts, self._clock.monotonic() + found.lease)
 
     def nack(self, member: str, receipts: Sequence[str], delay: float) -> None:
         with self.lock:
             found = self.membership.member(member)
-            self.leases.nack(self.membership.group_of(found), found, receipts, self._clock.time() + max(0.0, delay))
+            delay = max(0.0, delay)
+            self.leases.nack(self.membership.group_of(found), found, receipts,
+                             self._clock.time() + delay, self._clock.monotonic() + delay)
 
     def dead_letter(self, member: str, receipts: Sequence[str], reason: str) -> None:
         with self.lock:
@@ -266,7 +269,7 @@ class Consuming:
 
     def _take_now(self, member: str, max_messages: int) -> list[DeliveryColumns]:
         found = self.membership.member(member)
-        now = self._clock.time()
+        now = self._clock.monotonic()
         if self._sweep(now):
             found = self.membership.member(member)  # unless it was itself swept out
         return self._take(found, max_messages, now)
@@ -335,15 +338,16 @@ class Consuming:
                             queue=cursor.queue, skipped=skipped, reason="retention deleted them")
         cursor.next = offsets[-1] + 1
         if member.tags is not None or cursor.acked_ahead or batch.headers.count(NO_HEADERS) != len(offsets):
-            batch = _sort_out(member, cursor, batch, now)
+            batch = _sort_out(member, cursor, batch, now, self._clock.time())
         taken.add(self.leases.hand_new(member, cursor, batch, now))
         return True
 
 
-def _sort_out(member: Member, cursor: QueueCursor, batch: StoredBatch, now: float) -> StoredBatch:
+def _sort_out(member: Member, cursor: QueueCursor, batch: StoredBatch, now: float, wall: float) -> StoredBatch:
     """What of ``batch`` is delivered now: a tag the member does not want is consumed unseen
     (``UNMATCHED``), a message scheduled later is parked until due, one acked before a restart
-    is finished unseen."""
+    is finished unseen. A due time in the log is wall time (``wall`` now); it is parked on the
+    monotonic clock (``now``), so a wall clock step after it is read moves it neither way."""
     keep: list[bool] = []
     headers = list(batch.headers)
     for index, message in enumerate(batch.messages()):
@@ -359,8 +363,8 @@ def _sort_out(member: Member, cursor: QueueCursor, batch: StoredBatch, now: floa
         due = message.headers.get(DELIVER_AT_HEADER)
         if due is not None:
             headers[index] = {k: v for k, v in message.headers.items() if k != DELIVER_AT_HEADER}
-            if float(due) > now:
-                cursor.park(float(due), Delivery(
+            if float(due) > wall:
+                cursor.park(float(due) - wall + now, Delivery(
                     "", message.topic, message.queue, message.queue_offset, message.message_id,
                     message.body, message.key, message.tag, headers[index], message.attempt,
                     message.store_time))

@@ -51,8 +51,9 @@ class ByteWindow:
 
 @dataclass(slots=True, eq=False)
 class Lease:
-    """Deliveries of one queue out with ``member`` together until ``deadline``; their bodies
-    count in ``window``, the member's."""
+    """Deliveries of one queue out with ``member`` together until ``deadline`` (the monotonic
+    clock's: a wall clock step neither ends a lease early nor stretches it); their bodies count
+    in ``window``, the member's."""
 
     cursor: QueueCursor
     member: str
@@ -130,7 +131,7 @@ class QueueCursor:
         self.done: set[int] = set()
         self.acked_ahead: set[int] = set()  # acked before a restart (the ack journal), not read again yet
         self.ready: dict[int, Delivery] = {}  # offset -> its last delivery (count: deliveries so far)
-        self.parked: list[tuple[float, int, Delivery]] = []  # heap of (due, offset, message)
+        self.parked: list[tuple[float, int, Delivery]] = []  # heap of (monotonic due, offset, message)
         self.receipts = receipts
 
     @property

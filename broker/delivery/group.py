@@ -44,7 +44,7 @@ class Member:
     topics: tuple[str, ...]
     prefetch: int
     lease: float
-    last_seen: float
+    last_seen: float  # the monotonic clock's reading: a wall clock step expires no member
     tags: frozenset[str] | None = None  # None: every tag
     queues: list[QueueKey] = field(default_factory=list)
     own: dict[QueueKey, QueueCursor] = field(default_factory=dict)  # broadcasting only

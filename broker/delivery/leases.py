@@ -160,8 +160,11 @@ class Leases:
             start = stop
         self._changed()
 
-    def nack(self, group: Group, member: Member, receipts: Sequence[str], due: float) -> None:
-        """REDELIVERED: each of ``member``'s is delivered again at ``due`` (or dead-lettered once spent)."""
+    def nack(self, group: Group, member: Member, receipts: Sequence[str], due: float,
+             parked_due: float) -> None:
+        """REDELIVERED: each of ``member``'s is delivered again at ``due`` (wall time, written in its
+        retry copy) or, retried in place, parked until ``parked_due`` (the monotonic clock's), or
+        dead-lettered once spent."""
         limit = self._config.max_deliveries
         moved: list[Copy] = []
         for cursor, message in self._messages(member, receipts):
@@ -172,7 +175,7 @@ class Leases:
             elif group.broadcast or group.ordered:  # retried in place: an ordered queue waits for it
                 self.release(cursor, message.offset)
                 cursor.ready.pop(message.offset, None)
-                cursor.park(due, message)
+                cursor.park(parked_due, message)
             else:
                 moved.append((cursor, message.offset, copies.retry(group.name, message, due)))
         self._move(moved)

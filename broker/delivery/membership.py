@@ -70,7 +70,7 @@ class Membership:
         found = existing or Group(group, broadcast=broadcast, strategy=self._strategy, ordered=ordered)
         self.group_table[group] = found
         member = found.new_member(tuple(topics), prefetch or self._config.prefetch,
-                                  lease or self._config.lease, self._clock.time(),
+                                  lease or self._config.lease, self._clock.monotonic(),
                                   frozenset(tags) if tags else None)
         self._members[member.ident] = member
         self._leases.open_window(member.ident)
@@ -102,7 +102,7 @@ class Membership:
         found = self._members.get(ident)
         if found is None:
             raise UnknownMemberError(f"member {ident!r} is not in its group (it left or timed out)")
-        found.last_seen = self._clock.time()
+        found.last_seen = self._clock.monotonic()
         return found
 
     def group_of(self, member: Member) -> Group:
