@@ -41,6 +41,7 @@ from reliable.outbox import Relay
 from reliable.reporting import built_in
 from reliable.runtime import Runtime
 from reliable.settings import Settings
+from reliable.settings_errors import SettingsConflictError, changed_keys
 from reliable.shutdown import install_signals
 from reliable.worker import Worker
 
@@ -81,10 +82,12 @@ class App:
         return cls(Settings.load(path), **kwargs)
 
     def use_settings(self, settings: Settings) -> None:
-        """Replace the settings (before the backends are opened, e.g. by the CLI)."""
-        if self._runtime is not None:
-            raise RuntimeError("settings cannot change after the backends are open")
-        self.settings = settings
+        """Replace the settings before the backends open (the CLI's ``--settings``). Once they are
+        open, settings equal to theirs are accepted and others raise `SettingsConflictError`."""
+        if self._runtime is None:
+            self.settings = settings
+        elif changed := changed_keys(self.settings.model_dump(mode="json"), settings.model_dump(mode="json")):
+            raise SettingsConflictError(changed)
 
     # -- registration ---------------------------------------------------------
 

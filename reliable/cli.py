@@ -42,15 +42,13 @@ def cli() -> None:
 def run(target: str, settings_path: str | None, handlers: tuple[str, ...], until_idle: bool,
         metrics_port: int | None, metrics_host: str) -> None:
     """Run the handlers of MODULE:APP until stopped (Ctrl-C / SIGTERM finish gracefully)."""
-    app = load_app(target)
+    app = load_app(target, settings_path)  # its settings in effect before the probes can open the backends
     if metrics_port is not None:
         from reliable.health import serve_probes
 
         listening("--metrics-port", metrics_host, metrics_port,
                   lambda: int(serve_probes(app, metrics_port, metrics_host).server_address[1]),
                   "/metrics, /healthz and /readyz")
-    if settings_path:
-        app.use_settings(Settings.load(settings_path))
     app.run(until_idle=until_idle, handlers=list(handlers) or None)
     click.echo(json.dumps(app.stats(), sort_keys=True))
 

@@ -36,13 +36,6 @@ def _app(settings_path: str | None) -> App:
     return App(Settings.load(settings_path))
 
 
-def _target(target: str, settings_path: str | None) -> App:
-    app = load_app(target)
-    if settings_path:
-        app.use_settings(Settings.load(settings_path))
-    return app
-
-
 def _when(ts: float | None) -> str | None:
     return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
 
@@ -57,7 +50,7 @@ def relay(target: str | None, settings_path: str | None, metrics_port: int | Non
     With MODULE:APP, the groups of that app's handlers are declared on a topic
     before its first publish there (amqp:// keeps messages only for known groups).
     """
-    app = _app(settings_path) if target is None else _target(target, settings_path)
+    app = _app(settings_path) if target is None else load_app(target, settings_path)
     if metrics_port is not None:
         from reliable.metrics import serve_metrics
 

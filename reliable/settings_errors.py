@@ -26,6 +26,27 @@ class SettingsError(ConfigurationError):
         super().__init__(text)
 
 
+class SettingsConflictError(ConfigurationError):
+    """Raised when settings are given to an app whose backends are already open with others."""
+
+    def __init__(self, keys: Sequence[str]) -> None:
+        self.keys = tuple(keys)
+        super().__init__(f"the backends are already open with other settings ({', '.join(self.keys)} differ); "
+                         "settings can change only before the backends open")
+
+
+def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two dumps of the settings (``store.url``)."""
+    keys: list[str] = []
+    for name in sorted(set(old) | set(new)):
+        a, b = old.get(name), new.get(name)
+        if isinstance(a, Mapping) and isinstance(b, Mapping) and name != "handlers":
+            keys.extend(changed_keys(a, b, f"{prefix}{name}."))
+        elif a != b:
+            keys.append(prefix + name)
+    return keys
+
+
 class Origin:
     """Where values came from: a keyword argument, the environment variable that set a key, or the file."""
 

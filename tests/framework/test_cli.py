@@ -252,3 +252,49 @@ def test_the_console_without_its_extra_names_the_extra(project: Path, command: l
                             cwd=project, env=env, capture_output=True, text=True, timeout=60)
     assert (result.returncode, "Traceback" in result.stderr) == (2, False), result.stderr
     assert result.stderr.endswith("error: the web console needs uvicorn: pip install 'reliable[console]'\n")
+
+
+OPENS_AT_IMPORT = '''
+import reliable
+from sqlalchemy import text
+
+app = reliable.App()
+
+@app.handler("payments", group="billing", token="body.payment_id")
+def charge(msg, tx):
+    tx.execute(text("insert into charges (id) values (:i)"), {"i": msg.body["payment_id"]})
+
+with app.store.transaction() as tx:  # the backends open while the module is imported
+    tx.execute(text("create table if not exists charges (id text primary key)"))
+'''
+
+
+def test_run_settings_are_in_effect_while_an_app_that_opens_at_import_is_imported(project: Path) -> None:
+    """`reliable run MODULE:APP --settings FILE` ended in "RuntimeError: settings cannot change
+    after the backends are open" when the module's ``App()`` opened its backends at import."""
+    (project / "opens_app.py").write_text(OPENS_AT_IMPORT)
+    (project / "elsewhere.toml").write_text('[transport]\nurl = "embedded://./elsewhere/broker"\n'
+                                            '[store]\nurl = "sqlite:///./elsewhere/reliable.db"\n')
+    published = reliable_cmd(project, "publish", "payments", '{"payment_id": "p-1"}', "--settings", "elsewhere.toml")
+    assert published.returncode == 0, published.stderr
+    run = reliable_cmd(project, "run", "opens_app:app", "--until-idle", "--settings", "elsewhere.toml")
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    assert json.loads(run.stdout.strip().splitlines()[-1])["processed"] == 1
+    assert not (project / "data").exists()  # nothing opened on ./reliable.toml, the file it would find alone
+
+
+def test_run_accepts_the_settings_an_app_opened_on_at_import_and_refuses_others(project: Path) -> None:
+    """The main example opens its backends at import on examples/payments.toml: `reliable run
+    examples.payments:app --settings examples/payments.toml`, as README tells, ended in a traceback."""
+    examples = Path(__file__).parents[2] / "examples"
+    (project / "examples").mkdir()
+    for name in ("__init__.py", "payments.py", "payments.toml"):
+        shutil.copy(examples / name, project / "examples" / name)
+    same = reliable_cmd(project, "run", "examples.payments:app", "--until-idle", "--settings", "examples/payments.toml")
+    assert same.returncode == 0 and "Traceback" not in same.stderr, same.stderr
+
+    other = reliable_cmd(project, "run", "examples.payments:app", "--until-idle", "--settings", "reliable.toml")
+    assert other.returncode == 2 and "Traceback" not in other.stderr, other.stderr
+    assert ("Error: --settings reliable.toml: examples.payments:app opened its backends while its module was "
+            "imported, on other settings (log.format, log.level, store.url, transport.url differ)") in other.stderr
+    assert "build the app with reliable.App() (it reads --settings), or leave out --settings" in other.stderr
