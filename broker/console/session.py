@@ -52,7 +52,7 @@ class LiveSessions:
 
     def start(self, user: str) -> str:
         """A new session id for ``user``, live for ``max_age`` seconds."""
-        session, now = secrets.token_urlsafe(32), self.clock.time()
+        session, now = secrets.token_urlsafe(32), self.clock.monotonic()
         with self._lock:
             while self._live and next(iter(self._live.values()))[1] <= now:
                 self._end(next(iter(self._live)))
@@ -68,7 +68,7 @@ class LiveSessions:
         """Whose live session ``session`` is (None: none, or expired, and then dropped)."""
         with self._lock:
             user, expiry = self._live.get(session, ("", 0.0))
-            if expiry > self.clock.time():
+            if expiry > self.clock.monotonic():
                 return user
             self._end(session)
             return None

@@ -44,7 +44,7 @@ class DedupWindow:
         self._previous: dict[str, Seen] = {}
         self._current_batches: dict[str, Batches] = {}  # by topic, rotated with the ids
         self._previous_batches: dict[str, Batches] = {}
-        self._began = clock.time()  # when the current generation took its first id
+        self._began = clock.monotonic()  # when the current generation took its first id
         self._held = 0  # ids added to the current generation
 
     def get(self, topic: str, message_id: str) -> Placement | None:
@@ -59,7 +59,7 @@ class DedupWindow:
             found = [seen or previous.get(message_id) for seen, message_id in zip(found, message_ids)]
         if found.count(None) == len(found):
             return [None] * len(found)  # the usual batch: ids not seen
-        horizon = self._clock.time() - self._window
+        horizon = self._clock.monotonic() - self._window
         return [Placement(topic, seen[1], seen[2], message_id) if seen and seen[0] >= horizon else None
                 for seen, message_id in zip(found, message_ids)]
 
@@ -80,7 +80,7 @@ class DedupWindow:
         batch: a resend is the same batch)."""
         seen = (self._current_batches.get(topic, {}).get(batch_id)
                 or self._previous_batches.get(topic, {}).get(batch_id))
-        if seen is None or seen[0] < self._clock.time() - self._window:
+        if seen is None or seen[0] < self._clock.monotonic() - self._window:
             return None
         if len(seen[1]) != count:
             raise DeliveryError(f"batch {batch_id!r} was published on {topic} with {len(seen[1])} "
@@ -98,7 +98,7 @@ class DedupWindow:
 
     def _rotated(self) -> float:
         """The time now, after starting a new generation if the current one is full or old."""
-        now = self._clock.time()
+        now = self._clock.monotonic()
         if self._held >= self._entries or now - self._began >= self._window:
             self._previous, self._current = self._current, {}
             self._previous_batches, self._current_batches = self._current_batches, {}

@@ -88,7 +88,7 @@ class Publishing:
         self._config = config
         self._arrived = arrived
         self._lock = threading.Lock()
-        self._started_at = clock.time()
+        self._started_at = clock.monotonic()
         self._stored_before_start = {topic for topic, _ in store.queues()}  # what the id index may know
 
     def queues(self, topic: str) -> int:
@@ -248,7 +248,7 @@ class Publishing:
         if not selector.measures:
             return self._store.append_columns(records)
         queues = set(records.queues)
-        started = self._clock.time()
+        started = self._clock.monotonic()
         try:
             appended = self._store.append_columns(records)
         except BaseException:
@@ -256,7 +256,7 @@ class Publishing:
                 selector.failed(topic, queues)
             raise
         with self._lock:
-            selector.appended(topic, queues, self._clock.time() - started)
+            selector.appended(topic, queues, self._clock.monotonic() - started)
         return appended
 
     def window_covers(self, topic: str) -> bool:
@@ -264,7 +264,7 @@ class Publishing:
         that had messages before the start, until a whole window has passed (the store's id index
         answers meanwhile, a read of the disk per id)."""
         return (topic not in self._stored_before_start
-                or self._clock.time() - self._started_at >= self._config.dedup_window)
+                or self._clock.monotonic() - self._started_at >= self._config.dedup_window)
 
     def _fresh(self, topic: str,
                message_ids: Sequence[str]) -> tuple[Sequence[int], dict[int, Placement | None]]:

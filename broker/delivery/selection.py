@@ -128,7 +128,7 @@ class LatencyAware:
             for queue in queues:
                 faults.pop(queue, None)
             return
-        until = self._clock.time() + pause
+        until = self._clock.monotonic() + pause
         for queue in queues:
             faults[queue] = _Fault(latency, until)
 
@@ -136,16 +136,16 @@ class LatencyAware:
         self.appended(topic, queues, self._table.worst)
 
     def paused(self, topic: str) -> dict[int, float]:
-        """The paused queues of ``topic`` and until when (for inspection)."""
+        """The paused queues of ``topic`` and until when (the monotonic clock's; for inspection)."""
         return {queue: fault.until for queue, fault in self._faults.get(topic, {}).items()
-                if fault.until > self._clock.time()}
+                if fault.until > self._clock.monotonic()}
 
     def _paused(self, topic: str, count: int) -> dict[int, _Fault]:
         """The queues of ``topic`` still paused now; ended pauses are forgotten."""
         faults = self._faults.get(topic)
         if not faults:
             return {}
-        now = self._clock.time()
+        now = self._clock.monotonic()
         for queue in [queue for queue, fault in faults.items() if fault.until <= now or queue >= count]:
             del faults[queue]
         return faults

@@ -95,7 +95,7 @@ class Admission:
     def _refuse(self, listener: str, key: str, reason: str,
                 error: ConnectionLimitError) -> ConnectionLimitError:
         self.metrics.refused.labels(listener, reason).inc()
-        now = self.clock.time()
+        now = self.clock.monotonic()
         last, since = self._logged.pop(key, (float("-inf"), 0))
         if now - last >= REFUSALS_LOGGED_EVERY:
             log.warning("connection_refused", reason=reason, address=key, listener=listener,

@@ -65,7 +65,7 @@ class Throttle:
 
     def admit(self, key: str) -> float:
         """0.0, the attempt counted as under way; else the seconds to wait before another (none counted)."""
-        digest, now = _digest(key), self.clock.time()
+        digest, now = _digest(key), self.clock.monotonic()
         with self._lock:
             record = self._current(digest, now)
             if record.locked_until > now:
@@ -77,7 +77,7 @@ class Throttle:
 
     def settle(self, key: str, succeeded: bool | None) -> None:
         """End an admitted attempt: a success forgets the key, a failure counts (None: nothing checked)."""
-        digest, now = _digest(key), self.clock.time()
+        digest, now = _digest(key), self.clock.monotonic()
         with self._lock:
             record = self._records.get(digest)
             if record is None:  # pushed out meanwhile by other keys
@@ -90,7 +90,7 @@ class Throttle:
 
     def locked(self, key: str) -> float:
         """The seconds ``key`` stays locked out (0.0: it is not); counts nothing."""
-        now = self.clock.time()
+        now = self.clock.monotonic()
         with self._lock:
             record = self._records.get(_digest(key))
             return max(record.locked_until - now, 0.0) if record is not None else 0.0
@@ -98,7 +98,7 @@ class Throttle:
     def fail(self, key: str) -> float:
         """Count a failure of an attempt `admit` did not count; the seconds of the lock-out it starts
         (0.0: none)."""
-        digest, now = _digest(key), self.clock.time()
+        digest, now = _digest(key), self.clock.monotonic()
         with self._lock:
             return self._fail(digest, self._current(digest, now), now)
 

@@ -87,6 +87,22 @@ def test_a_session_ends_at_its_age_on_the_consoles_clock(tmp_path: Path) -> None
         deployment.app.close()
 
 
+@pytest.mark.parametrize("step", [3600.0, -3600.0], ids=["forward", "back"])
+def test_a_session_ends_at_its_age_whichever_way_the_wall_clock_steps(tmp_path: Path, step: float) -> None:
+    clock = FakeClock()
+    deployment = start(tmp_path, clock=clock, session_max_age=60)
+    try:
+        alice = visitor(deployment, "alice")
+        clock.step(step)  # an NTP correction, a resumed VM: the session's age is not the wall's
+        clock.advance(59)
+        assert alice.get("/groups")[0] == 200
+        clock.advance(2)
+        assert alice.get("/groups")[0] == 303
+    finally:
+        deployment.console.stop()
+        deployment.app.close()
+
+
 def test_expired_sessions_are_dropped_not_kept() -> None:
     clock = FakeClock()
     live = LiveSessions(max_age=60, max_total=1000, max_per_user=10, clock=clock)

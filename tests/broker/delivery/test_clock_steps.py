@@ -74,3 +74,12 @@ def test_a_scheduled_message_read_before_a_step_keeps_its_wait(open_broker: Open
     clock.step(-2 * HOUR)
     clock.advance(59)
     assert [d.body for d in broker.fetch(member, 1, 0)] == [b"later"]
+
+
+def test_a_resent_id_is_still_dropped_after_the_wall_clock_steps_forward(open_broker: Open, clock: FakeClock) -> None:
+    broker = open_broker(dedup_window=600.0)
+    (first,) = broker.publish("orders", messages(1))
+    clock.step(HOUR)
+    clock.advance(1)
+    (again,) = broker.publish("orders", messages(1))  # a producer's retry, a second later
+    assert again.duplicate and (again.queue, again.offset) == (first.queue, first.offset)

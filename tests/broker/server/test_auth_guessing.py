@@ -225,3 +225,16 @@ def test_a_locked_out_address_is_told_so_with_a_code_of_its_own_and_the_seconds_
                                              "refused for 20 s more")
         assert headers["retry-after"] == "20"
         assert checks.made == 2  # none of the refused attempts was checked
+
+
+@pytest.mark.parametrize("step", [3600.0, -3600.0], ids=["forward", "back"])
+def test_a_lock_out_lasts_its_time_whichever_way_the_wall_clock_steps(tmp_path, clock, checks, step) -> None:
+    """A lock-out is timed by the monotonic clock: an NTP step or a resumed VM neither lifts it at
+    once nor stretches it by the step."""
+    with serving(tmp_path, clock, auth_failure_delay=0, auth_max_failures=3, auth_lockout=30) as server:
+        assert [LOCKED in log_in(server, "127.0.0.2", "guess")[1] for _ in range(4)] == [False] * 3 + [True]
+        clock.step(step)
+        clock.advance(29.5)
+        assert LOCKED in log_in(server, "127.0.0.2", PASSWORD)[1]
+        clock.advance(0.5)
+        assert log_in(server, "127.0.0.2", PASSWORD)[1] == ""
