@@ -15,7 +15,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Select, Table, TextClause
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Select,
+    Table,
+    TextClause,
+    insert,
+    select,
+)
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -82,6 +91,15 @@ class Dialect(ABC):
         disk: a crash of the machine (not of a process) may undo it. Only for writes that are
         safe to lose: the relay's marks, whose loss sends the rows again under the same message
         ids, as a relay killed before its commit does. Elsewhere the commit waits as any other."""
+
+    def move(self, connection: Connection, source: Table, target: Table, where: ColumnElement[bool],
+             changed: dict[str, ColumnElement[Any]]) -> None:
+        """Move the rows of ``source`` that match ``where`` to ``target`` (of the same columns),
+        with the values of ``changed`` (by column name) in place of theirs."""
+        names = [c.name for c in source.columns]
+        connection.execute(insert(target).from_select(names, select(*(changed.get(c.name, c) for c in source.columns))
+                                                      .where(where)))
+        connection.execute(source.delete().where(where))
 
     def skip_locked(self, statement: Select[Any]) -> Select[Any]:
         """``statement`` locking the rows it selects, skipping those another transaction holds

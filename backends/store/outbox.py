@@ -32,7 +32,6 @@ from sqlalchemy import (
     bindparam,
     exists,
     func,
-    insert,
     literal,
     select,
     text,
@@ -138,12 +137,10 @@ class Claimed:
         """The transport confirmed ``rows``: moved to the sent rows, kept there for the retention."""
         if not rows:
             return
-        ids, now = [r.id for r in rows], self._clock.time()
-        marked: dict[str, ColumnElement[Any]] = {"state": literal(RowState.SENT.value), "sent_at": literal(now)}
-        moved = [marked.get(c.name, c) for c in outbox.columns]
-        self._connection.execute(insert(outbox_sent).from_select(
-            [c.name for c in outbox.columns], select(*moved).where(self._dialect.among(outbox.c.id, ids))))
-        self._connection.execute(outbox.delete().where(self._dialect.among(outbox.c.id, ids)))
+        marked: dict[str, ColumnElement[Any]] = {"state": literal(RowState.SENT.value),
+                                                 "sent_at": literal(self._clock.time())}
+        self._dialect.move(self._connection, outbox, outbox_sent, self._dialect.among(outbox.c.id, [r.id for r in rows]),
+                           marked)
 
     def failed(self, row: OutboxRow, error: str) -> None:
         """The transport refused ``row`` for good: it waits, with the rows of its key, for a retry."""

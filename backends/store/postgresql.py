@@ -29,6 +29,7 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    insert,
     literal,
     select,
     text,
@@ -189,6 +190,13 @@ class PostgreSQL(Dialect):
 
     def among(self, column: ColumnElement[Any], values: Sequence[Any]) -> ColumnElement[bool]:
         return column == any_(bindparam(None, list(values), type_=postgresql.ARRAY(column.type)))
+
+    def move(self, connection: Connection, source: Table, target: Table, where: ColumnElement[bool],
+             changed: dict[str, ColumnElement[Any]]) -> None:
+        # one statement: each row is found once, and deleted as it is read
+        moved = source.delete().where(where).returning(*source.columns).cte("moved")
+        connection.execute(insert(target).from_select(
+            [c.name for c in source.columns], select(*(changed.get(c.name, moved.c[c.name]) for c in source.columns))))
 
     def skip_locked(self, statement: Select[Any]) -> Select[Any]:
         return statement.with_for_update(skip_locked=True)
