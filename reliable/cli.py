@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from backends.types import DeadLetter
+from backends.types import DeadLetter, new_message_id
 from backends.urls import redact
 from broker.errors import BrokerError
 from reliable.app import App
@@ -57,18 +57,19 @@ def run(target: str, settings_path: str | None, handlers: tuple[str, ...], until
 @click.argument("topic")
 @click.argument("body")
 @click.option("--key", help="the message key (orders the messages of one key)")
-@click.option("--id", "message_id", help="the message id (default: one the transport draws)")
+@click.option("--id", "message_id", help="the message id (default: a random one, as uuid4 hex)")
 @click.option("--settings", "settings_path", type=click.Path(dir_okay=False), help=SETTINGS_HELP)
 def publish(topic: str, body: str, key: str | None, message_id: str | None, settings_path: str | None) -> None:
-    """Publish BODY (JSON text) to TOPIC."""
+    """Publish BODY (JSON text) to TOPIC; says the message's id (`reliable broker message --id`)."""
     try:
         value = json.loads(body)
     except ValueError as exc:
         raise click.BadParameter(f"BODY is not JSON: {exc}") from exc
     app = App(Settings.load(settings_path))
+    message_id = message_id or new_message_id()  # drawn here, as a transport would, to be told
     app.publish(topic, value, key=key, message_id=message_id)
     app.close()
-    click.echo(f"published to {topic}")
+    click.echo(f"published message {message_id} to {topic}")
 
 
 @cli.group()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -128,9 +129,19 @@ def test_a_dead_letter_on_embedded_is_replayed_once_and_never_again_from_the_bro
 
 
 def test_publish_from_the_shell_then_run(project: Path) -> None:
+    """`reliable publish` said only "published to payments": the message's id, which finds it,
+    was drawn by the transport and never told."""
     published = reliable_cmd(project, "publish", "payments", '{"payment_id": "p-7", "amount": 3}',
                              "--settings", "reliable.toml")
     assert published.returncode == 0, published.stderr
+    assert re.fullmatch(r"published message [0-9a-f]{32} to payments\n", published.stdout), published.stdout
+    drawn = published.stdout.split()[2]
+    found = reliable_cmd(project, "broker", "message", "--id", drawn, "--settings", "reliable.toml", "--json")
+    [message] = [json.loads(line) for line in found.stdout.splitlines()]
+    assert (message["topic"], json.loads(message["body"])) == ("payments", {"payment_id": "p-7", "amount": 3})
+    named = reliable_cmd(project, "publish", "payments", '{"payment_id": "p-7", "amount": 3}', "--id", "pay-7",
+                         "--settings", "reliable.toml")
+    assert named.stdout == "published message pay-7 to payments\n", named.stderr
     bad = reliable_cmd(project, "publish", "payments", "{not json", "--settings", "reliable.toml")
     assert bad.returncode != 0 and "BODY is not JSON" in bad.stderr
     run = reliable_cmd(project, "run", "billing_app:app", "--settings", "reliable.toml", "--until-idle")
