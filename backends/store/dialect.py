@@ -19,6 +19,7 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
+    Index,
     Select,
     Table,
     TextClause,
@@ -91,6 +92,11 @@ class Dialect(ABC):
         disk: a crash of the machine (not of a process) may undo it. Only for writes that are
         safe to lose: the relay's marks, whose loss sends the rows again under the same message
         ids, as a relay killed before its commit does. Elsewhere the commit waits as any other."""
+
+    def add_index(self, engine: Engine, index: Index) -> None:
+        """Build ``index`` on its table, which exists already, unless it is there (an index that a
+        later version added to a table an earlier one made)."""
+        index.create(engine, checkfirst=True)
 
     def move(self, connection: Connection, source: Table, target: Table, where: ColumnElement[bool],
              changed: dict[str, ColumnElement[Any]]) -> None:

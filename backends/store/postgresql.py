@@ -21,6 +21,7 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
+    Index,
     Select,
     String,
     Table,
@@ -38,6 +39,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.schema import CreateIndex, DropIndex
 
 from backends.store.ahead import ClaimAhead
 from backends.store.claims import (
@@ -70,9 +72,24 @@ _LAZY_COMMIT = "reliable_lazy_commit"
 off for that transaction: a crash of the server's machine may undo it, nothing else can)."""
 
 
+_INDEX_STATE = text(
+    "select i.indisvalid as valid,"
+    " exists (select from pg_stat_progress_create_index p where p.index_relid = i.indexrelid) as building"
+    " from pg_index i join pg_class c on c.oid = i.indexrelid"
+    " where c.relname = :name and c.relnamespace = current_schema()::regnamespace"
+)
+"""Whether index ``:name`` can be used, and whether a build of it runs now (absent: no row)."""
+
+
 def _on_begin(connection: Connection) -> None:
     if connection.get_execution_options().get(_LAZY_COMMIT):
         connection.exec_driver_sql("SET LOCAL synchronous_commit = off")
+
+
+def _concurrently(connection: Connection, ddl: CreateIndex | DropIndex) -> None:
+    """Run ``ddl`` CONCURRENTLY. The schema's indexes do not ask for it: ``create_all`` builds them
+    with a new (empty) table, in its transaction, where PostgreSQL refuses it."""
+    connection.exec_driver_sql(str(ddl.compile(dialect=connection.dialect)).replace("INDEX ", "INDEX CONCURRENTLY ", 1))
 
 
 COPY_CLAIM_MIN = 5_000
@@ -190,6 +207,17 @@ class PostgreSQL(Dialect):
 
     def among(self, column: ColumnElement[Any], values: Sequence[Any]) -> ColumnElement[bool]:
         return column == any_(bindparam(None, list(values), type_=postgresql.ARRAY(column.type)))
+
+    def add_index(self, engine: Engine, index: Index) -> None:
+        # CONCURRENTLY: a large table keeps taking writes while it is indexed (a plain build locks
+        # them out until it ends); it runs outside any transaction, in steps of its own
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            state = connection.execute(_INDEX_STATE, {"name": index.name}).one_or_none()
+            if state is not None and (state.valid or state.building):
+                return  # built, or being built by another process that starts at the same time
+            if state is not None:  # left unusable by a build that died: built anew
+                _concurrently(connection, DropIndex(index, if_exists=True))
+            _concurrently(connection, CreateIndex(index, if_not_exists=True))
 
     def move(self, connection: Connection, source: Table, target: Table, where: ColumnElement[bool],
              changed: dict[str, ColumnElement[Any]]) -> None:

@@ -6,6 +6,8 @@ own ``now()``, so a fake clock drives expiry in tests and every process agrees.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -21,6 +23,9 @@ from sqlalchemy import (
     Text,
     text,
 )
+
+if TYPE_CHECKING:
+    from backends.store.dialect import Dialect
 
 metadata = MetaData()
 
@@ -162,8 +167,8 @@ outbox_sent = Table(
 )
 
 
-def add_late_indexes(bind: Engine) -> None:
+def add_late_indexes(bind: Engine, dialect: Dialect) -> None:
     """Give a table of sent rows made before its last index that index (``create_all`` leaves an
     existing table as it is)."""
     for index in outbox_sent.indexes:
-        index.create(bind, checkfirst=True)
+        dialect.add_index(bind, index)

@@ -279,7 +279,7 @@ class SqlStore(Store):
             self._create(lambda: metadata.create_all(self.engine, checkfirst=True))
             with self.engine.begin() as connection:
                 deadletters.add_late_columns(connection)
-            self._create(lambda: add_late_indexes(self.engine))
+            self._create(lambda: add_late_indexes(self.engine, self.dialect))
             self._tables_ready = True
             log.info("store.ready", store=repr(self))
 

@@ -10,13 +10,15 @@ its own name.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import make_url
 
 from backends.errors import BackendUnavailableError, OutboxMessageError
 from backends.store import SqlStore
@@ -25,6 +27,7 @@ from reliable import App
 from reliable.outbox import Relay
 from reliable.testing import FakeClock, test_app
 from tests.cluster.ports import free_ports
+from tests.waiting import wait_until
 
 SYNCHRONOUS = {  # what the relay's claim and any other transaction see, per database
     "sqlite": ("pragma synchronous", 1, 2),  # NORMAL, FULL
@@ -246,3 +249,73 @@ def test_a_relay_pass_that_failed_leaves_no_connection_committing_lazily(
         assert app.store.outbox.status().backlog == 2  # nothing was marked
     finally:
         app.close()
+
+
+@pytest.fixture
+def own_database(postgres_url: str, unique: str) -> Iterator[str]:
+    """A PostgreSQL database of the test's own: an index built CONCURRENTLY waits for every older
+    transaction of its database, which in the shared one are other tests'."""
+    admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f"create database {unique}"))
+    try:
+        yield make_url(postgres_url).set(database=unique).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f"drop database {unique} with (force)"))
+        admin.dispose()
+
+
+_MESSAGE_ID_INDEX = "reliable_outbox_sent_rows_message_id"
+_INDEX_VALID = text(f"select indisvalid from pg_index where indexrelid = '{_MESSAGE_ID_INDEX}'::regclass")
+_SENT_ROW = text("insert into reliable_outbox_sent_rows (id, outbox, message_id, topic, headers, payload, deliver_at,"
+                 " state, created_at) values (:id, 'o', :id, 't', '{}', '', 0, 'sent', 0)")
+
+
+def made_tables(url: str) -> None:
+    store = SqlStore(url)
+    store.outbox.status()  # the first use makes the tables
+    store.close()
+
+
+def test_an_index_added_to_a_table_of_sent_rows_lets_writes_through_while_it_is_built(own_database: str) -> None:
+    """A table of sent rows made before its ``message_id`` index (by an earlier version) gets it
+    at the next start, built CONCURRENTLY: a plain build waits for the writers of the table and
+    locks every write after it out until it ends, which on a large table stops the relays. Here a
+    relay's transaction is open when the build starts; another relay's write must go through."""
+    made_tables(own_database)  # as an earlier version left them, less the index
+    engine = create_engine(own_database)
+    with engine.begin() as connection:
+        connection.execute(text(f"drop index {_MESSAGE_ID_INDEX}"))
+    store = SqlStore(own_database)
+    watching = engine.execution_options(isolation_level="AUTOCOMMIT")  # each look at pg_stat_activity anew
+    with engine.connect() as open_writer, engine.connect() as later_writer, watching.connect() as watcher:
+        open_writer.execute(_SENT_ROW, {"id": 1})  # its transaction stays open
+        building = threading.Thread(target=store.outbox.status)  # the first use builds the index
+        building.start()
+        wait_until(lambda: watcher.execute(text(
+            "select count(*) from pg_stat_activity where query ilike 'create index%' and wait_event_type = 'Lock'"
+        )).scalar(), "the index's build waiting for the open transaction")
+        later_writer.execute(text("set lock_timeout = '10s'"))  # a plain build: locked out until it ends
+        later_writer.execute(_SENT_ROW, {"id": 2})
+        later_writer.commit()
+        open_writer.commit()
+        building.join()
+        assert open_writer.execute(_INDEX_VALID).scalar() is True
+    store.close()
+    engine.dispose()
+
+
+def test_an_index_whose_build_died_is_built_anew(own_database: str) -> None:
+    """A CONCURRENTLY build that dies (its process killed) leaves the index in the catalog but
+    unusable: the next start builds it again, where a check of its name alone kept it so."""
+    made_tables(own_database)
+    engine = create_engine(own_database)
+    with engine.begin() as connection:  # as a dead build leaves it
+        connection.execute(text(f"update pg_index set indisvalid = false where indexrelid = '{_MESSAGE_ID_INDEX}'::regclass"))
+    store = SqlStore(own_database)
+    store.outbox.status()
+    with engine.connect() as connection:
+        assert connection.execute(_INDEX_VALID).scalar() is True
+    store.close()
+    engine.dispose()
