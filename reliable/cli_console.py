@@ -13,6 +13,7 @@ from broker.errors import BrokerConfigError
 from broker.server.config import ServerConfig
 from broker.server.run import settings_table
 from reliable.app import App
+from reliable.cli_output import listening
 from reliable.log import configure_logging
 from reliable.settings import Settings
 
@@ -25,7 +26,10 @@ SETTINGS_HELP = "settings file (default: $RELIABLE_SETTINGS, else ./reliable.tom
 @click.option("--port", type=int, help="port (default: [broker] console_port, else 8700; 0: any free port)")
 @click.option("--metrics", "metrics", multiple=True, metavar="URL",
               help="a worker's /metrics URL (`reliable run --metrics-port`), for the handlers' counters (repeatable)")
-def console(settings_path: str | None, host: str | None, port: int | None, metrics: tuple[str, ...]) -> None:
+@click.option("--metrics-port", type=click.IntRange(0, 65535),
+              help="serve 127.0.0.1:PORT/metrics (Prometheus): the connections the console refused")
+def console(settings_path: str | None, host: str | None, port: int | None, metrics: tuple[str, ...],
+            metrics_port: int | None) -> None:
     """Serve the web console: topics, groups, lag and dead letters, with replay and purge.
 
     Users log in with the [broker.users] of the settings file, with the rights
@@ -48,6 +52,12 @@ def console(settings_path: str | None, host: str | None, port: int | None, metri
     assert config is not None
     app = App(Settings.load(settings_path))
     server = serve(app, config, users, metrics)
+    if metrics_port is not None:
+        from reliable.metrics import serve_metrics
+
+        registry = server.metrics.registry
+        listening("--metrics-port", "127.0.0.1", metrics_port, lambda: serve_metrics(metrics_port, registry=registry),
+                  "/metrics")
     click.echo(f"console on {server.url} (Ctrl-C to stop)")
     _wait_for_signal()
     server.stop()

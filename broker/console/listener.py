@@ -14,8 +14,10 @@ sockets rather than keep them out.) So each connection is:
   `Admission`: ``max_connections`` in all, ``max_connections_per_address``
   from one peer (an IPv6 one as its /64), any number up to the cap in all
   from one of ``trusted_proxies`` (every client behind it shares its
-  address); the others are closed unread, and logged once a minute per
-  address;
+  address); the others are closed unread, counted in
+  ``broker_connections_refused_total{listener="console"}`` (the broker
+  server's metrics, or those of ``reliable console --metrics-port``) and
+  logged once a minute per address, naming the ``console_*`` setting;
 * given ``request_timeout`` seconds to send its request, head and body, from
   the accept and, on a kept-alive connection, from the end of the previous
   response; and as long to take a response once the socket's buffers are
@@ -36,9 +38,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from broker.console.config import ConsoleConfig
-from broker.server.admission import Admission
+from broker.server.admission import Admission, CapNames, Refusals
 from broker.server.config import Limits
-from broker.server.metrics import ServerMetrics
 from broker.store.clock import SYSTEM_CLOCK, Clock
 
 MAX_HEAD = 16 * 1024
@@ -49,13 +50,19 @@ WAITING = (h11.IDLE, h11.SEND_BODY)
 """The client's h11 states in which the connection waits for it to send a request."""
 
 
-def protocol_for(config: ConsoleConfig, clock: Clock = SYSTEM_CLOCK) -> type[H11Protocol]:
-    """The protocol class uvicorn serves the console with: `Guarded`, admitting by ``config``'s caps."""
+CONSOLE_CAPS = CapNames("the console", "console_max_connections", "console_max_connections_per_address",
+                        "if it is a proxy, list it in console_trusted_proxies")
+"""What the console's refusals name: its own settings, not the broker's."""
+
+
+def protocol_for(config: ConsoleConfig, metrics: Refusals, clock: Clock = SYSTEM_CLOCK) -> type[H11Protocol]:
+    """The protocol class uvicorn serves the console with: `Guarded`, admitting by ``config``'s caps
+    and counting its refusals in ``metrics``."""
     proxies = {proxy: config.max_connections for proxy in config.trusted_proxies}
     limits = Limits(max_connections=config.max_connections,
                     max_connections_per_address=config.max_connections_per_address,
                     max_connections_per_address_overrides=proxies)
-    admission = Admission(limits, ServerMetrics(), clock)  # a registry of its own: refusals are logged
+    admission = Admission(limits, metrics, clock, CONSOLE_CAPS)
     return type("Guarded", (Guarded,), {"admission": admission, "request_timeout": config.request_timeout})
 
 

@@ -24,6 +24,7 @@ from broker.console.sources import Backlog, BrokerView, Counters, LetterBook
 from broker.console.web import build_console
 from broker.errors import BrokerConfigError
 from broker.server.auth import Authenticator
+from broker.server.metrics import ListenerMetrics, ServerMetrics
 from broker.store.clock import SYSTEM_CLOCK, Clock
 
 log = structlog.get_logger("broker.console")
@@ -33,9 +34,12 @@ class ConsoleServer:
     """One console listener; `start` binds and serves, `stop` ends both and the lag sampler."""
 
     def __init__(self, app: Starlette, config: ConsoleConfig, history: History | None = None,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK, metrics: ServerMetrics | ListenerMetrics | None = None) -> None:
+        """``metrics``: where refused connections are counted (a broker server's; else a registry of
+        the console's own, ``self.metrics.registry``)."""
         self.config, self.history = config, history
-        self.server = uvicorn.Server(uvicorn.Config(app, http=protocol_for(config, clock), ws="none",
+        self.metrics = metrics or ListenerMetrics()
+        self.server = uvicorn.Server(uvicorn.Config(app, http=protocol_for(config, self.metrics, clock), ws="none",
                                                     h11_max_incomplete_event_size=MAX_HEAD, log_level="warning",
                                                     lifespan="off", access_log=False, proxy_headers=False))
         self.socket: socket.socket | None = None
@@ -81,12 +85,14 @@ class ConsoleServer:
 
 def start_console(config: ConsoleConfig, authenticator: Authenticator, view: BrokerView | None,
                   letters: LetterBook | None = None, backlog: Backlog | None = None,
-                  counters: Counters | None = None, clock: Clock = SYSTEM_CLOCK) -> ConsoleServer:
+                  counters: Counters | None = None, clock: Clock = SYSTEM_CLOCK,
+                  metrics: ServerMetrics | ListenerMetrics | None = None) -> ConsoleServer:
     """Build the console over ``view`` (the broker, if any), ``letters`` and ``backlog`` (the
-    framework's dead letters and outbox), and serve it; ``clock`` ages its sessions."""
+    framework's dead letters and outbox), and serve it; ``clock`` ages its sessions, ``metrics``
+    counts its refused connections (see `ConsoleServer`)."""
     if not authenticator.required and not config.loopback:
         raise BrokerConfigError(f"broker.console_host = {config.host!r}: a console without users may only "
                                 "bind a loopback address; add [broker.users]")
     history = History(view, config.sample_interval, config.history) if view is not None else None
     app = build_console(config, authenticator, view, letters, history, backlog, counters, clock=clock)
-    return ConsoleServer(app, config, history, clock).start()
+    return ConsoleServer(app, config, history, clock, metrics).start()

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import ipaddress
 from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
+from prometheus_client import Counter
 
 from broker.protocol.errors import ConnectionLimitError
 from broker.server.config import Limits
-from broker.server.metrics import ServerMetrics
 from broker.server.throttle import client_address
 from broker.store.clock import SYSTEM_CLOCK, Clock
 
@@ -41,11 +43,29 @@ EVERYONE = "*"
 """The key the refusals of the global cap are logged under."""
 
 
+class Refusals(Protocol):
+    """Where refusals are counted: ``broker_connections_refused_total`` by listener and reason
+    (`broker.server.metrics`)."""
+
+    refused: Counter
+
+
+@dataclass(frozen=True)
+class CapNames:
+    """What a refusal names: whose caps they are and the settings that set them."""
+
+    holder: str = "the broker"
+    total: str = "max_connections"
+    per_address: str = "max_connections_per_address"
+    remedy: str = "ask for an override for this address"
+
+
 class Admission:
     """The connections open per client address, and the decision on each new one (one event loop)."""
 
-    def __init__(self, limits: Limits, metrics: ServerMetrics, clock: Clock = SYSTEM_CLOCK) -> None:
-        self.limits, self.metrics, self.clock = limits, metrics, clock
+    def __init__(self, limits: Limits, metrics: Refusals, clock: Clock = SYSTEM_CLOCK,
+                 names: CapNames = CapNames()) -> None:
+        self.limits, self.metrics, self.clock, self.names = limits, metrics, clock, names
         self.overrides = limits.address_overrides  # the most specific network first
         self.open = 0
         self._per_address: dict[str, int] = {}
@@ -57,12 +77,12 @@ class Admission:
         address = _address(host)
         if self.open >= self.limits.max_connections:
             return self._refuse(listener, EVERYONE, "max_connections", ConnectionLimitError(
-                f"the broker already holds max_connections={self.limits.max_connections}"))
+                f"{self.names.holder} already holds {self.names.total}={self.limits.max_connections}"))
         held = self._per_address.get(address, 0) if address is not None else 0
         if address is not None and held >= (cap := self.cap(host)):
             return self._refuse(listener, address, "per_address", ConnectionLimitError(
-                f"{address} already holds {held} connections, its max_connections_per_address={cap}; "
-                "close some, or ask for an override for this address"))
+                f"{address} already holds {held} connections, its {self.names.per_address}={cap}; "
+                f"close some, or {self.names.remedy}"))
         self.open += 1
         if address is not None:
             self._per_address[address] = held + 1

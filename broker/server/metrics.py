@@ -19,6 +19,24 @@ from broker.delivery.values import Delivery, DeliveryColumns
 _topic, _body, _delivery_count = attrgetter("topic"), attrgetter("body"), attrgetter("delivery_count")
 _FIRST_DELIVERY = 1
 
+
+def refusals(registry: CollectorRegistry) -> Counter:
+    """``broker_connections_refused_total``: connections a listener closed unread, by reason."""
+    return Counter("broker_connections_refused", "Connections refused unread: max_connections or the "
+                   "address's max_connections_per_address reached (console_max_connections and "
+                   "console_max_connections_per_address for listener=\"console\")", ["listener", "reason"],
+                   registry=registry)
+
+
+class ListenerMetrics:
+    """The refusals of a listener served beside no broker server (`reliable console`'s), in a
+    registry of their own."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.refused = refusals(self.registry)
+
+
 class ServerMetrics:
     """The server's counters and gauges; ``listener`` is ``native`` or ``stomp``."""
 
@@ -26,9 +44,7 @@ class ServerMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.connections = Counter("broker_connections", "Connections accepted", ["listener"], registry=r)
-        self.refused = Counter("broker_connections_refused", "Connections refused unread: max_connections "
-                               "or the address's max_connections_per_address reached", ["listener", "reason"],
-                               registry=r)
+        self.refused = refusals(r)
         self.open = Gauge("broker_connections_open", "Connections open now", ["listener"], registry=r)
         self.frames = Counter("broker_frames", "Frames received", ["listener", "command"], registry=r)
         self.errors = Counter("broker_protocol_errors", "Errors reported to clients",

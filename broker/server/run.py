@@ -27,6 +27,7 @@ from broker.delivery.engine import Broker
 from broker.errors import BrokerConfigError
 from broker.server.config import ServerConfig
 from broker.server.engine import Engine
+from broker.server.metrics import ServerMetrics
 from broker.server.server import serve
 from broker.store import StoreConfig
 
@@ -62,9 +63,10 @@ def run(table: dict[str, Any], *, data_dir: str | None = None, host: str | None 
     engine = Engine(broker)
     tune_garbage_collector()
     log.info("broker.serving", data_dir=str(directory), host=config.host, port=config.port)
-    console = _console(config, broker, letters, backlog, counters)
+    metrics = ServerMetrics()  # the console's refused connections are counted in them too
+    console = _console(config, broker, letters, backlog, counters, metrics)
     try:
-        asyncio.run(serve(engine, config))
+        asyncio.run(serve(engine, config, metrics=metrics))
     finally:
         if console is not None:
             console.stop()
@@ -83,7 +85,7 @@ def store_config(table: dict[str, Any]) -> StoreConfig:
 
 
 def _console(config: ServerConfig, broker: Broker, letters: LetterBook | None,
-             backlog: Backlog | None, counters: Counters | None) -> ConsoleServer | None:
+             backlog: Backlog | None, counters: Counters | None, metrics: ServerMetrics) -> ConsoleServer | None:
     """The web console over this engine, when ``console_port`` is set (extra ``reliable[console]``)."""
     if config.console is None:
         return None
@@ -92,7 +94,7 @@ def _console(config: ServerConfig, broker: Broker, letters: LetterBook | None,
     from broker.console.sources import EngineView
 
     return start_console(config.console, config.authenticator(), EngineView(broker), letters, backlog,
-                         counters)
+                         counters, metrics=metrics)
 
 
 GC_THRESHOLDS = (50_000, 50, 100)

@@ -213,14 +213,16 @@ def load_config(path: str | Path) -> ServerConfig:
     return ServerConfig.from_mapping(document.get("broker", {}))
 
 
-async def serve(engine: Engine, config: ServerConfig, stop: asyncio.Event | None = None) -> None:
-    """Run a server until ``stop`` is set, or SIGINT / SIGTERM arrives; then shut down gracefully."""
+async def serve(engine: Engine, config: ServerConfig, stop: asyncio.Event | None = None,
+                metrics: ServerMetrics | None = None) -> None:
+    """Run a server until ``stop`` is set, or SIGINT / SIGTERM arrives; then shut down gracefully.
+    ``metrics``: the server's (the console beside it counts in them too)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
-        async with BrokerServer(engine, config):
+        async with BrokerServer(engine, config, metrics):
             await stop.wait()
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):

@@ -140,3 +140,69 @@ def test_the_console_says_so_when_its_broker_server_is_down(tmp_path: Path) -> N
         console.stop()
         app.close()
         server.stop()
+
+
+def _scraped(port: int, name: str, labels: dict[str, str]) -> float | None:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return next((sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+                 if sample.name == name and sample.labels == labels), None)
+
+
+def test_the_broker_servers_console_counts_its_refusals_and_names_its_own_settings(tmp_path: Path) -> None:
+    """The console's refused connections were counted in a registry nobody served, and logged as
+    "its max_connections_per_address=16": the broker's setting, not console_max_connections_per_address."""
+    from tests.console.test_console_connections import closing
+    from tests.framework.test_probe_limits import open_ones, silent
+
+    settings = tmp_path / "broker.toml"
+    settings.write_text("[broker]\nconsole_port = 0\nmetrics_port = 0\nconsole_max_connections_per_address = 2\n"
+                        "console_request_timeout = 600\n")
+    server = ServerProcess(tmp_path / "data", "--settings", str(settings)).start()
+    url = _console_url(server.log)
+    hostile = silent(("127.0.0.1", int(url.rsplit(":", 1)[1])), "127.0.0.2", 5)
+    try:
+        wait_until(lambda: len(open_ones(hostile)) == 2, "all but the address's 2 closed unread")
+        refused = {"listener": "console", "reason": "per_address"}
+        assert wait_until(lambda: _scraped(server.metrics_port, "broker_connections_refused_total", refused) == 3,
+                          "3 refusals on the server's /metrics")
+        log = server.log.read_text()
+        assert "127.0.0.2 already holds 2 connections, its console_max_connections_per_address=2" in log
+        assert "if it is a proxy, list it in console_trusted_proxies" in log
+    finally:
+        closing(hostile)
+        assert server.stop() == 0
+
+
+def test_reliable_console_serves_its_refusals_on_its_metrics_port(tmp_path: Path) -> None:
+    """`reliable console`, beside no broker server, had nowhere to show its refusals."""
+    from tests.console.test_console_connections import closing
+    from tests.framework.test_probe_limits import open_ones, silent
+
+    (tmp_path / "reliable.toml").write_text("[broker]\nconsole_max_connections_per_address = 1\n"
+                                            "console_request_timeout = 600\n")
+    log = tmp_path / "console.log"
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}, "PYTHONPATH": str(ROOT),
+           "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as out:
+        console = subprocess.Popen([sys.executable, "-m", "reliable.cli", "console", "--port", "0",
+                                    "--metrics-port", "0"], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        url = wait_until(lambda: re.findall(r"console on (http://127\.0\.0\.1:\d+)", log.read_text()), "the console")[0]
+        port = int(wait_until(lambda: re.findall(r"serving /metrics on http://127\.0\.0\.1:(\d+)", log.read_text()),
+                              "the metrics port")[0])
+        hostile = silent(("127.0.0.1", int(url.rsplit(":", 1)[1])), "127.0.0.3", 3)
+        try:
+            wait_until(lambda: len(open_ones(hostile)) == 1, "all but the address's 1 closed unread")
+            refused = {"listener": "console", "reason": "per_address"}
+            assert wait_until(lambda: _scraped(port, "broker_connections_refused_total", refused) == 2,
+                              "2 refusals on the console's /metrics")
+        finally:
+            closing(hostile)
+    finally:
+        console.send_signal(signal.SIGTERM)
+        assert console.wait(timeout=30) == 0, log.read_text()[-3000:]
