@@ -238,7 +238,7 @@ class App:
             relay.running() if relay is not None and not until_idle else nullcontext())
         restore = install_signals(self._stop, lambda: sum(w.in_hand for w in workers))
         self._stop.clear()
-        self._purged_at = self.clock.time()  # first purge one interval in: starting stays fast
+        self._purged_at = self.clock.monotonic()  # first purge one interval in: starting stays fast
         log.info("worker_started", handlers=[w.handler.name for w in workers], until_idle=until_idle)
         self.run_state.began(workers)
         announced: float | None = None  # the scheduled redelivery ``until_idle`` last said it waits for
@@ -274,7 +274,7 @@ class App:
         return deleted
 
     def _purge_expired_tokens(self) -> None:
-        now = self.clock.time()
+        now = self.clock.monotonic()
         if now - self._purged_at < PURGE_INTERVAL:
             return
         self._purged_at = now

@@ -59,10 +59,10 @@ class RunState:
 
     def began(self, workers: Sequence[Member]) -> None:
         with self._lock:
-            self._workers, self._running, self._beat = workers, True, self._clock.time()
+            self._workers, self._running, self._beat = workers, True, self._clock.monotonic()
 
     def beat(self) -> None:
-        self._beat = self._clock.time()
+        self._beat = self._clock.monotonic()
 
     def ended(self) -> None:
         with self._lock:
@@ -71,7 +71,7 @@ class RunState:
     def alive(self) -> dict[str, Any]:
         """The liveness checks, each true or false."""
         with self._lock:
-            age = self._clock.time() - self._beat
+            age = self._clock.monotonic() - self._beat
             return {"running": self._running, "loop_recent": self._running and age < LIVENESS_SECONDS}
 
     def transports_reachable(self) -> bool:

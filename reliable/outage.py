@@ -34,15 +34,15 @@ MAX_WAIT = 2.0
 
 def through_outages(call: Callable[[], T], clock: Clock, bound: float, doing: str) -> T:
     """``call()``, retried while it raises `BackendUnavailableError` until ``bound`` seconds passed."""
-    started = clock.time()
+    started = clock.monotonic()
 
     def spent(state: RetryCallState) -> bool:
-        return clock.time() - started >= bound
+        return clock.monotonic() - started >= bound
 
     def before_sleep(state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome is not None else None
         log.warning("publish_retried", doing=doing, attempt=state.attempt_number,
-                    waited=round(clock.time() - started, 3), error=str(error))
+                    waited=round(clock.monotonic() - started, 3), error=str(error))
 
     retrying = Retrying(
         retry=retry_if_exception_type(BackendUnavailableError),

@@ -235,14 +235,14 @@ class Relay:
 
     def _housekeeping(self) -> None:
         """Refresh the backlog metrics and delete sent rows past the retention, each now and then."""
-        now = self.clock.time()
+        now, tick = self.clock.time(), self.clock.monotonic()  # rows' times are wall times
         try:
-            if now - self._reported_at >= METRICS_REFRESH:
-                self._reported_at = now
+            if tick - self._reported_at >= METRICS_REFRESH:
+                self._reported_at = tick
                 status = self.outbox.status()
                 metrics.outbox_backlog(self.outbox.name, status.backlog, status.oldest_unsent_age(now))
-            if now - self._purged_at >= RETENTION_CHECK:
-                self._purged_at = now
+            if tick - self._purged_at >= RETENTION_CHECK:
+                self._purged_at = tick
                 purged = self.outbox.purge_sent(now - self.settings.retention)
                 if purged:
                     log.info("outbox_sent_rows_purged", outbox=self.outbox.name, count=purged)

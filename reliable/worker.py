@@ -109,13 +109,13 @@ class Worker:
                 self._settle(self._dispatch(messages))
             finally:
                 self.in_hand = 0
-        self.strategy.tick(self._ack, self.runtime.clock.time())
+        self.strategy.tick(self._ack, self.runtime.clock.monotonic())
         self._report_lag(idle=not messages)
         return len(messages)
 
     def _report_lag(self, idle: bool) -> None:
         """Set the consumer-lag gauge from the transport's count of what is left for the group."""
-        now = self.runtime.clock.time()
+        now = self.runtime.clock.monotonic()
         if not self.runtime.transport.capabilities.drain or (not idle and now - self._lag_read_at < LAG_INTERVAL):
             return
         self._lag_read_at = now
@@ -222,7 +222,7 @@ class Worker:
 
     def _settle(self, results: Sequence[Result]) -> None:
         self._advance([r.message for r in results if self._hand_back(r)])
-        self.strategy.done([r.message for r in results if r.acked], self._ack, self.runtime.clock.time())
+        self.strategy.done([r.message for r in results if r.acked], self._ack, self.runtime.clock.monotonic())
 
     def _hand_back(self, result: Result) -> bool:
         """Nack or dead-letter a message that was not done; True once the transport took it."""

@@ -30,7 +30,7 @@ class MemoryCache(Cache):
             return len(self._expiry)
 
     def _seen(self, namespace: str, tokens: list[str]) -> set[str]:
-        now = self._clock.time()
+        now = self._clock.monotonic()
         found: set[str] = set()
         with self._lock:
             for token in tokens:
@@ -46,7 +46,7 @@ class MemoryCache(Cache):
         return found
 
     def _remember(self, namespace: str, tokens: list[str], ttl: float) -> None:
-        expires_at = self._clock.time() + ttl
+        expires_at = self._clock.monotonic() + ttl
         with self._lock:
             for token in tokens:
                 key = (namespace, token)

@@ -119,8 +119,9 @@ class LeasingTransport(Transport):
             return pause
         if self._poll_interval is not None:
             pause = min(pause, self._poll_interval)
+        began = self._clock.monotonic()  # a fetch's timeout is a duration: a wall clock step keeps it
         self._wait_for_change(version, pause)
-        return max(self._clock.time() - now, MIN_PAUSE)
+        return max(self._clock.monotonic() - began, MIN_PAUSE)
 
     # -- primitives, per backend ------------------------------------------------------------
 

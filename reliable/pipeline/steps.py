@@ -123,7 +123,7 @@ class Steps:
         """The handler itself (awaited when it is ``async def``), between the middleware's
         ``before_handler`` and ``after_handler`` (timed on the runtime's clock)."""
         self.middleware.emit("before_handler", self.handler, messages)
-        started = self.runtime.clock.time()
+        started = self.runtime.clock.monotonic()
         error: BaseException | None = None
         try:
             if batch:
@@ -134,7 +134,7 @@ class Steps:
             error = exc
             raise
         finally:
-            seconds = self.runtime.clock.time() - started
+            seconds = self.runtime.clock.monotonic() - started
             self.middleware.emit("after_handler", self.handler, messages, seconds, error)
 
     async def retrying(self, messages: Sequence[Message], fn: Callable[[], Awaitable[Any]]) -> Any:

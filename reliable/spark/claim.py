@@ -54,11 +54,11 @@ class InOrder:
     clock: Clock
 
     def __call__(self, tx: Any, tokens: list[str], call: BatchCall) -> Claimed:
-        started = self.clock.time()
+        started = self.clock.monotonic()
         claimed = self.guard.claim(tx, tokens)
-        claimed_at = self.clock.time()
+        claimed_at = self.clock.monotonic()
         call(tx, claimed)
-        return Claimed(claimed, False, {"claim": claimed_at - started, "function": self.clock.time() - claimed_at})
+        return Claimed(claimed, False, {"claim": claimed_at - started, "function": self.clock.monotonic() - claimed_at})
 
 
 class Betting:
@@ -81,13 +81,13 @@ class Betting:
             done = self.in_order(tx, tokens, call)
             self._betting = len(done.tokens) == len(tokens)
             return done
-        started = self.clock.time()
+        started = self.clock.monotonic()
         try:
             claimed = call_ahead_of_claim(lambda claim_first: call(claim_first, set(tokens)), tx, claim)
         except LostBet:
             self._betting = False  # the wrapper runs the transaction again: in order
             raise
-        return Claimed(claimed, True, {"function": self.clock.time() - started})  # with the claim
+        return Claimed(claimed, True, {"function": self.clock.monotonic() - started})  # with the claim
 
 
 def claim_strategy(sink: str, guard: Guard, clock: Clock) -> ClaimStrategy:

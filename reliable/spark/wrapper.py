@@ -170,12 +170,12 @@ class BatchWriter:
 
     def _prepared(self, batch: _Batch, env: Resolved) -> PreparedBatch:
         if batch.prepared is None:
-            started = env.clock.time()
+            started = env.clock.monotonic()
             schema = parse_schema(self.options.schema)
             batch.prepared = prepare(batch.df, token=self.options.token,
                                      validate=self.options.validate, schema=schema,
                                      cache=self.options.cache)  # fmt: skip
-            batch.seconds["prepare"] = env.clock.time() - started
+            batch.seconds["prepare"] = env.clock.monotonic() - started
         return batch.prepared
 
     def _poison(self, prepared: PreparedBatch, env: Resolved) -> list[PoisonRow]:
