@@ -268,8 +268,9 @@ class KafkaSubscription(Subscription):
         with self._lock:
             if ref in self._held or ref not in self._assigned:
                 return None  # fetched before the pause took effect: read again on resume
-            if due > self._clock.time():
-                self._held[ref] = (due, message)
+            wall = self._clock.time()
+            if due > wall:  # held on the monotonic clock: a wall clock step from now on moves it neither way
+                self._held[ref] = (due - wall + self._clock.monotonic(), message)
                 self._consumer.pause([TopicPartition(topic, queue)])
                 return None
         return message
@@ -296,7 +297,7 @@ class KafkaSubscription(Subscription):
 
     def _release_due(self) -> list[Message]:
         """Held-back copies now due, their partitions resumed after them."""
-        now = self._clock.time()
+        now = self._clock.monotonic()
         with self._lock:
             due = [ref for ref, (when, _) in self._held.items() if when <= now]
             released = [self._held.pop(ref)[1] for ref in due]

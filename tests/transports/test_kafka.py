@@ -329,6 +329,25 @@ def test_nack_goes_through_the_retry_topic_and_comes_back_counted_not_before_due
             assert (third.id, third.attempt, third.topic) == (message.id, 3, retry_topic(unique, "g", 1000))
 
 
+def test_a_held_back_copy_keeps_its_wait_whichever_way_the_wall_clock_steps(
+    cluster: MockCluster, unique: str
+) -> None:
+    clock = FakeClock()
+    with open_transport(cluster.url, clock, visibility_timeout=SESSION_TIMEOUT) as transport:
+        transport.publish(unique, outgoing(1))
+        with transport.subscribe("g", [unique]) as subscription:
+            (message,) = fetch_until(subscription, 1)
+            subscription.nack(message, 3.0)
+            subscription.commit(next_offsets([message]))
+            fetch_nothing(subscription, rounds=6)  # read and held
+            clock.step(3600.0)  # an NTP step, a resumed VM: not due any sooner
+            fetch_nothing(subscription, rounds=6)
+            clock.step(-7200.0)  # nor an hour later
+            clock.advance(3.0)
+            (again,) = fetch_until(subscription, 1)
+            assert (again.id, again.attempt) == (message.id, 2)
+
+
 def test_dead_letter_lands_on_the_group_s_dead_letter_topic_with_the_failure(
     cluster: MockCluster, transport: KafkaTransport, unique: str
 ) -> None:
