@@ -1,6 +1,7 @@
 """A writer process for the kill -9 test: appends with `sync` flush and acks each batch.
 
-Usage: crash_writer.py STORE_DIR ACK_FILE RUN THREADS
+Usage: crash_writer.py STORE_DIR ACK_FILE RUN THREADS (the test forks `write` with those
+arguments from `tests.forked`'s fork server instead: no interpreter start per kill)
 
 Each thread appends batches of 1-4 records with ids ``RUN-THREAD-N`` and, only
 after `append` returns, writes the batch's ids as one line to ACK_FILE (one
@@ -36,8 +37,8 @@ def produce(store: MessageStore, ack_fd: int, run: int, thread: int) -> None:
         os.write(ack_fd, (" ".join(ids) + "\n").encode())
 
 
-def main() -> None:
-    directory, ack_file, run, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+def write(directory: str, ack_file: str, run: int, threads: int) -> None:
+    """Append and ack from ``threads`` threads until killed."""
     store = MessageStore(directory, CONFIG)
     ack_fd = os.open(ack_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     workers = [threading.Thread(target=produce, args=(store, ack_fd, run, t), daemon=True)
@@ -49,4 +50,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    write(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
