@@ -71,6 +71,10 @@ if ! command -v chromium >/dev/null 2>&1; then
   apt_install chromium || missing+=("Chromium (for the console's browser tests)")
 fi
 
+if ! ls /usr/lib/*/faketime/libfaketimeMT.so.1 /usr/lib/faketime/libfaketimeMT.so.1 >/dev/null 2>&1; then
+  apt_install faketime || missing+=("libfaketime (apt package faketime, for the wall clock step tests)")
+fi
+
 if ! java -version >/dev/null 2>&1; then
   apt_install openjdk-17-jre-headless || missing+=("Java 17 (for Spark)")
 fi
