@@ -92,7 +92,9 @@ class Leased:
             w.decide(Outcome.DUPLICATE, value=held.result)
             return
         if not held.acquired:
-            wait = max((held.expires_at or 0) - steps.runtime.clock.time(), 0.0) + 0.001
+            # its holder renews it at most a lease ahead of its own clock: a wall clock here that
+            # stepped back (or lags) does not defer the twin longer than a lease
+            wait = min(max((held.expires_at or 0) - steps.runtime.clock.time(), 0.0), self.seconds) + 0.001
             log.info("lease_held", handler=steps.handler.name, token=token, retry_in=wait)
             w.decide(Outcome.DEFERRED, delay=wait)
             return

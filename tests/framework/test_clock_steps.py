@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from backends.cache.memory import MemoryCache
 from backends.clock import FakeClock, SystemClock
@@ -194,3 +195,27 @@ def test_a_cached_token_lives_its_ttl_whichever_way_the_wall_clock_steps(step: f
     assert cache.seen("billing", ["t1"]) == {"t1"}
     clock.advance(2)
     assert cache.seen("billing", ["t1"]) == set()
+
+
+def test_a_twin_of_a_held_lease_is_deferred_at_most_a_lease_after_the_wall_clock_steps_back(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    app = test_app(tmp_path, clock=clock)
+    calls: list[str] = []
+
+    @app.handler("orders", group=GROUP, token="body.id", lease=30.0)
+    def bill(msg: Message) -> None:
+        calls.append(msg.body["id"])
+
+    try:
+        assert app.store.lease(GROUP, "o1", 30.0).acquired  # another worker is calling
+        clock.step(-HOUR)  # this machine's wall clock, an hour behind the holder's now
+        app.publish("orders", {"id": "o1"})
+        with capture_logs() as logs:
+            app.run(until_idle=True)
+        waits = [entry["retry_in"] for entry in logs if entry["event"] == "lease_held"]
+        assert waits and max(waits) <= 30.001  # asked again every lease, not an hour later
+        assert calls == ["o1"]  # once the holder's lease ended
+    finally:
+        app.close()
