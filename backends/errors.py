@@ -19,6 +19,19 @@ class UnsupportedURLError(ConfigurationError):
     """Raised when a backend URL has a scheme no backend handles."""
 
 
+class BackendRefusedError(ConfigurationError):
+    """Raised when a server refuses what a setting says (a wrong login, a database or virtual
+    host that does not exist) before the backend ever worked with it: waiting will not fix it.
+
+    ``setting`` names the setting (``[store] url``); the message carries the server's words.
+    """
+
+    def __init__(self, setting: str, words: str) -> None:
+        super().__init__(f"{setting}: the server refused it: {words}")
+        self.setting = setting
+        self.words = words
+
+
 class BackendUnavailableError(ReliableError):
     """Raised when a cache, store or transport cannot be reached."""
 

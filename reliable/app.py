@@ -235,7 +235,7 @@ class App:
         self._warn_unused_handler_settings()
         relay = self.relay() if self.settings.outbox.relay else None
         relaying: AbstractContextManager[object] = (
-            relay.running() if relay is not None and not until_idle else nullcontext())
+            relay.running(self._stop) if relay is not None and not until_idle else nullcontext())
         restore = install_signals(self._stop, lambda: sum(w.in_hand for w in workers))
         self._stop.clear()
         self._purged_at = self.clock.monotonic()  # first purge one interval in: starting stays fast

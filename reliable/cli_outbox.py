@@ -58,7 +58,7 @@ def relay(target: str | None, settings_path: str | None, metrics_port: int | Non
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with app.relay().running():
+        with app.relay().running(stop):
             while not stop.wait(0.5):
                 pass
     finally:

@@ -7,6 +7,7 @@ the framework imports); they are re-exported here so users import one module.
 from __future__ import annotations
 
 from backends.errors import (
+    BackendRefusedError,
     BackendUnavailableError,
     BodyDecodeError,
     CacheUnavailableError,
@@ -22,6 +23,7 @@ from backends.errors import (
 )
 
 __all__ = [
+    "BackendRefusedError",
     "BackendUnavailableError",
     "BodyDecodeError",
     "BodyValidationError",

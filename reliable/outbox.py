@@ -40,7 +40,7 @@ from tenacity import (
 from tenacity.stop import StopBaseT
 
 from backends.clock import Clock
-from backends.errors import BackendUnavailableError, TransportError
+from backends.errors import BackendRefusedError, BackendUnavailableError, TransportError
 from backends.store.base import Store
 from backends.store.outbox import Claimed, OutboxRow
 from backends.transport.base import Transport
@@ -182,6 +182,8 @@ class Relay:
                 seen = self.outbox.wakeup.generation
                 try:
                     settled = self._attempt(stopping)
+                except BackendRefusedError:  # the settings are wrong: no retry fixes them
+                    raise
                 except Exception as exc:  # not an outage (a bug, a refused statement): keep relaying
                     log.exception("relay_failed", outbox=self.outbox.name, error=str(exc))
                     settled = 0
@@ -194,11 +196,24 @@ class Relay:
             log.info("relay_stopped", outbox=self.outbox.name)
 
     @contextmanager
-    def running(self) -> Iterator[threading.Thread]:
-        """`run` on a thread of its own while the block runs; stopped and joined after it."""
+    def running(self, stop: threading.Event | None = None) -> Iterator[threading.Thread]:
+        """`run` on a thread of its own while the block runs; stopped and joined after it.
+
+        A refusal of the settings (`BackendRefusedError`) ends the relay: it sets ``stop``, so
+        the caller's loop ends, and is raised when the block is left.
+        """
         stopping = threading.Event()
-        thread = threading.Thread(target=self.run, args=(stopping,), daemon=True,
-                                  name=f"reliable-relay-{self.outbox.name}")
+        refused: list[BackendRefusedError] = []
+
+        def relay() -> None:
+            try:
+                self.run(stopping)
+            except BackendRefusedError as exc:
+                refused.append(exc)
+                if stop is not None:
+                    stop.set()
+
+        thread = threading.Thread(target=relay, daemon=True, name=f"reliable-relay-{self.outbox.name}")
         thread.start()
         try:
             yield thread
@@ -206,6 +221,8 @@ class Relay:
             stopping.set()
             self.outbox.wakeup.notify()
             thread.join()
+        if refused:
+            raise refused[0]
 
     def _attempt(self, stopping: threading.Event) -> int:
         """`step`, with outages retried after a growing, jittered wait; 0 once ``stopping``."""

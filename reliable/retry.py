@@ -35,6 +35,7 @@ from tenacity.stop import stop_base
 from tenacity.wait import wait_base, wait_none
 
 from backends.clock import Clock, wait_unless
+from backends.errors import BackendRefusedError
 from reliable.classify import (
     POISON,
     Classifier,
@@ -188,7 +189,8 @@ def _in_process_plan(policy: InProcessRetry, classifier: Classifier | None,
         if on_retry is not None:
             on_retry(_exception(state), state.attempt_number)
 
-    return RetryPlan(stop=policy.stop, wait=policy, retry=retry_when(classifier), before_sleep=before_sleep)
+    return RetryPlan(stop=policy.stop, wait=policy, retry=retry_when(classifier, unless=(BackendRefusedError,)),
+                     before_sleep=before_sleep)
 
 
 def call_with_retry(

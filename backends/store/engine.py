@@ -6,6 +6,7 @@ How each database is tuned lives with its other primitives
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
@@ -49,6 +50,35 @@ def is_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, OperationalError | InterfaceError):
         return True
     return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+REFUSED_SQLSTATES = ("28", "3D000")
+"""SQLSTATEs (a class, or one code) of a server refusing the store URL itself: class 28, invalid
+authorization (a wrong password, an unknown role, no ``pg_hba.conf`` entry), and 3D000, a
+database that does not exist. No wait fixes them (`backends.refusal`)."""
+
+_REFUSED_WORDS = re.compile(
+    r'FATAL:  (\w+ authentication failed for user|role ".*" (does not exist|is not permitted to log in)'
+    r'|database ".*" does not exist|no pg_hba\.conf entry for|pg_hba\.conf rejects connection)')
+"""The server's words for those SQLSTATEs: libpq keeps no SQLSTATE for a connection the
+server refused (psycopg reports ``sqlstate`` None, psycopg/psycopg#1188), so its message,
+in the server's default English, stands for it. A server set to another language is not
+recognised: its refusals stay outages, as before."""
+
+
+def refusal(exc: BaseException) -> str | None:
+    """The server's words when ``exc`` is the database refusing the store URL (`REFUSED_SQLSTATES`);
+    None for any other error."""
+    if not isinstance(exc, DBAPIError):
+        return None
+    words = str(exc.orig).strip()
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if sqlstate:  # a driver that keeps it
+        return words if sqlstate.startswith(REFUSED_SQLSTATES) else None
+    connection = getattr(exc.orig, "pgconn", None)  # psycopg: the connection that failed to open
+    if connection is not None and connection.needs_password:  # asked for one, the URL has none
+        return words
+    return words if _REFUSED_WORDS.search(words) else None
 
 
 SQLITE_FULL = 13

@@ -26,13 +26,14 @@ from sqlalchemy.exc import DBAPIError
 
 from backends.clock import SYSTEM_CLOCK, Clock
 from backends.errors import StoreUnavailableError
+from backends.refusal import FirstContact
 from backends.store import deadletters, progress
 from backends.store import tokens as records
-from backends.store.aio import AsyncSqlStore
+from backends.store.aio import AsyncSqlStore, lock_order
 from backends.store.base import LeaseOutcome, Store, Transaction
 from backends.store.claims import Claim
 from backends.store.dialect import Dialect
-from backends.store.engine import is_unavailable, parse_store_url
+from backends.store.engine import is_unavailable, parse_store_url, refusal
 from backends.store.outbox import SqlOutbox
 from backends.store.outbox_writer import Deferred, OutboxWriter, Outgoing, PublishHook
 from backends.store.postgresql import AsyncPostgreSQL, PostgreSQL
@@ -62,12 +63,6 @@ def _guarded(method: Callable[P, R]) -> Callable[P, R]:
             raise
 
     return wrapper
-
-
-def _lock_order(tokens: Sequence[str]) -> list[str]:
-    """``tokens`` distinct and sorted: one lock order for every transaction (no deadlocks);
-    linear when they come sorted already."""
-    return sorted(dict.fromkeys(tokens))
 
 
 class SqlTransaction(Transaction):
@@ -105,7 +100,7 @@ class SqlTransaction(Transaction):
 
     @_guarded
     def claim(self, namespace: str, tokens: Sequence[str], ttl: float) -> set[str]:
-        batch = _lock_order(tokens)
+        batch = lock_order(tokens)
         return records.claim(self.connection, self._dialect, namespace, batch, self._clock.time(), ttl)
 
     @contextmanager
@@ -139,7 +134,7 @@ class SqlTransaction(Transaction):
         if not tokens:
             return None
         now = self._clock.time()
-        return self._dialect.claim_ahead(self.connection, Claim(namespace, _lock_order(tokens), now, now + ttl))
+        return self._dialect.claim_ahead(self.connection, Claim(namespace, lock_order(tokens), now, now + ttl))
 
 
 DIALECTS: dict[str, type[Dialect]] = {"sqlite": SQLite, "postgresql": PostgreSQL}
@@ -163,6 +158,7 @@ class SqlStore(Store):
         self._tables_ready = False
         self._tables_lock = threading.Lock()
         self._writes = WriteRefusals(repr(self), lambda: self.dialect.full_disk(self.url))
+        self._contact = FirstContact("[store] url", redact(self.url.render_as_string(hide_password=False)))
 
     def __repr__(self) -> str:
         return f"SqlStore({redact(self.url.render_as_string(hide_password=False))!r})"
@@ -218,6 +214,7 @@ class SqlStore(Store):
             connection = self.engine.connect()
         except DBAPIError as exc:
             self._raise(exc, "connect")
+        self._contact.accepted()
         try:
             if read_only:
                 self.dialect.read_only(connection)
@@ -261,7 +258,10 @@ class SqlStore(Store):
 
     def _raise(self, exc: DBAPIError, step: str) -> NoReturn:
         """Re-raise ``exc``, as `StoreUnavailableError` when it means an outage (saying so when
-        the disk holding the database is full, whatever words the database chose)."""
+        the disk holding the database is full, whatever words the database chose); a refusal of
+        the URL's login or database as `FirstContact.refused` says."""
+        if (words := refusal(exc)) is not None:
+            raise self._contact.refused(words, StoreUnavailableError) from exc
         if not is_unavailable(exc):
             raise exc
         self._writes.failed(exc)

@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from backends.errors import StoreUnavailableError
+from backends.errors import BackendRefusedError, StoreUnavailableError
 from backends.types import Message
 from reliable.outcome import Outcome, Result
 from reliable.pipeline.steps import Steps, Work, store_down, undecided
@@ -29,6 +29,8 @@ async def each_in_transaction(steps: Steps, work: list[Work]) -> None:
     for w in undecided(work):
         try:
             claimed, value = await steps.retrying([w.message], partial(_one, steps, w.message, w.token))
+        except BackendRefusedError:  # the settings are wrong, not the message: it is not dead-lettered
+            raise
         except Exception as exc:
             down = store_down(exc)
             w.result = steps.deferred(w.message, w.token, exc) if down else steps.failed(w.message, w.token, exc)
@@ -89,6 +91,8 @@ async def _together(steps: Steps, tx: Any, fresh: list[Work]) -> None:
         run = [w.message for w in fresh if w.token is None or w.token in claimed]
         if run:
             await steps.call(run, tx, batch=True)
+    except BackendRefusedError:
+        raise
     except Exception as exc:
         if store_down(exc):
             raise StoreUnavailableError(f"store unavailable in batch transaction: {exc}") from exc
@@ -112,6 +116,8 @@ async def _isolated(steps: Steps, tx: Any, w: Work) -> Result:
 
     try:
         processed = await steps.retrying([w.message], attempt)
+    except BackendRefusedError:
+        raise
     except Exception as exc:
         if store_down(exc):
             raise StoreUnavailableError(f"store unavailable in isolated savepoint: {exc}") from exc

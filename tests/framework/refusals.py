@@ -1,0 +1,52 @@
+"""What the tests of refused settings share: a command run to its end, `App.run` on a thread."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from reliable import App
+
+JOIN = 60.0
+"""Seconds a run that should end is given (a loaded machine is slow); the old code never ended."""
+
+
+def reliable_cmd(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``reliable ARGS --settings reliable.toml`` in ``project``, to its end (or `JOIN` seconds)."""
+    exe = shutil.which("reliable", path=str(Path(sys.executable).parent)) or "reliable"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
+    return subprocess.run([exe, *args, "--settings", "reliable.toml"], cwd=project, env=env, capture_output=True,
+                          text=True, timeout=JOIN)
+
+
+def said(done: subprocess.CompletedProcess[str]) -> list[str]:
+    """What a command wrote to stderr besides its JSON log lines."""
+    return [line for line in done.stderr.splitlines() if not line.startswith("{")]
+
+
+class Running:
+    """``app.run(...)`` on a thread, its exception kept."""
+
+    def __init__(self, app: App, **options: Any) -> None:
+        self.app = app
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, kwargs=options, daemon=True)
+        self.thread.start()
+
+    def _run(self, **options: Any) -> None:
+        try:
+            self.app.run(**options)
+        except BaseException as exc:
+            self.error = exc
+
+    def join(self) -> None:
+        self.thread.join(JOIN)
+        if self.thread.is_alive():
+            self.app.stop()  # let the thread end before the test fails
+            self.thread.join(JOIN)
+            raise AssertionError(f"app.run() still running after {JOIN} s")
