@@ -17,6 +17,8 @@ import structlog
 
 from backends.cache.base import Cache
 from backends.errors import CacheUnavailableError
+from backends.refusal import FirstContact
+from backends.urls import redact
 
 log = structlog.get_logger(__name__)
 
@@ -45,6 +47,7 @@ class RedisCache(Cache):
             health_check_interval=30,
         )
         self._remember_script = self._client.register_script(_REMEMBER)
+        self._contact = FirstContact("[cache] url", redact(url))
 
     def __repr__(self) -> str:
         options = self._client.connection_pool.connection_kwargs
@@ -72,10 +75,14 @@ class RedisCache(Cache):
 
     def _call(self, operation: str, send: Callable[[], R]) -> R:
         try:
-            return send()
+            done = send()
+        except redis.AuthenticationError as exc:  # WRONGPASS, NOAUTH: the URL's login
+            raise self._contact.refused(f"Redis: {exc}", CacheUnavailableError) from exc
         except redis.RedisError as exc:
             log.warning("cache.unavailable", cache=repr(self), operation=operation, error=str(exc))
             raise CacheUnavailableError(f"{self!r} failed during {operation}: {exc}") from exc
+        self._contact.accepted()
+        return done
 
     def close(self) -> None:
         self._client.close()

@@ -51,6 +51,7 @@ from backends.errors import (
     ReliableError,
     TransportError,
 )
+from backends.refusal import FirstContact
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -115,6 +116,19 @@ def translate(exc: BaseException, doing: str) -> ReliableError:
     return BackendUnavailableError(f"amqp: {doing}: {type(exc).__name__}: {exc}")
 
 
+LOGIN_REFUSED = (pika.exceptions.ProbableAuthenticationError, pika.exceptions.ProbableAccessDeniedError)
+"""What pika raises when RabbitMQ refuses the URL's login (403 ACCESS_REFUSED) or its virtual
+host (530 NOT_ALLOWED: no such vhost, or no access to it)."""
+
+
+def not_connected(exc: BaseException, doing: str, contact: FirstContact) -> ReliableError:
+    """Our error for a connection that could not be made: a refused login or virtual host as
+    ``contact`` says (`backends.refusal`), anything else as `translate` does."""
+    if isinstance(exc, LOGIN_REFUSED):
+        return contact.refused(f"amqp: {doing}: {exc.args[0] if exc.args else exc}", BackendUnavailableError)
+    return translate(exc, doing)
+
+
 def unroutable(doing: str, returned: Sequence[str]) -> TransportError:
     """The error for messages RabbitMQ returned (``mandatory``): no queue was bound to take them."""
     return TransportError(
@@ -144,14 +158,15 @@ FAILURES = (pika.exceptions.AMQPError, OSError, AssertionError)
 class Connection:
     """One pika connection: a channel for confirmed publishing, more on demand."""
 
-    def __init__(self, params: Sequence[pika.URLParameters], name: str) -> None:
+    def __init__(self, params: Sequence[pika.URLParameters], name: str, contact: FirstContact) -> None:
         self.name = name
         self._lock = threading.RLock()
         self._closed = threading.Event()
         try:
             self._connection = pika.BlockingConnection(params)
         except FAILURES as exc:
-            raise translate(exc, f"connect ({name})") from exc
+            raise not_connected(exc, f"connect ({name})", contact) from exc
+        contact.accepted()
         self._publisher: BlockingChannel | None = None
         self._keeper = threading.Thread(target=self._keep_alive, name=f"amqp-{name}", daemon=True)
         self._keeper.start()

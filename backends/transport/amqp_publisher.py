@@ -31,7 +31,15 @@ from pika.channel import Channel
 from pika.frame import Method
 
 from backends.errors import BackendUnavailableError, ReliableError
-from backends.transport.amqp_client import FAILURES, Publish, check_frames, translate, unroutable
+from backends.refusal import FirstContact
+from backends.transport.amqp_client import (
+    FAILURES,
+    Publish,
+    check_frames,
+    not_connected,
+    translate,
+    unroutable,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -91,7 +99,7 @@ class Confirms:
 class Publisher:
     """One connection that publishes confirmed batches, a batch at a time, from any thread."""
 
-    def __init__(self, params: Sequence[pika.URLParameters], name: str) -> None:
+    def __init__(self, params: Sequence[pika.URLParameters], name: str, contact: FirstContact) -> None:
         self.name = name
         self._lock = threading.Lock()  # one batch in flight
         self._state = threading.Lock()  # the batch and the failure, shared with the I/O loop thread
@@ -107,7 +115,8 @@ class Publisher:
         if not self._ready.wait(sum(p.stack_timeout for p in params)):
             self.close()
         if self._failure is not None:
-            raise translate(self._failure, f"connect ({name})")
+            raise not_connected(self._failure, f"connect ({name})", contact)
+        contact.accepted()
 
     @property
     def open(self) -> bool:

@@ -26,6 +26,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from backends.clock import Clock
 from backends.errors import TransportError
+from backends.refusal import FirstContact
 from backends.transport.amqp_client import Connection, Publish
 from backends.transport.amqp_layout import (
     CAPABILITIES,
@@ -72,6 +73,7 @@ class AmqpSubscription(Subscription):
         layout: Layout,
         clock: Clock,
         single_active_consumer: bool = False,
+        contact: FirstContact,
     ) -> None:
         super().__init__(group, topics, options)
         check_amqp_name("group", group)
@@ -83,7 +85,7 @@ class AmqpSubscription(Subscription):
         self._buffer: deque[Delivery] = deque()
         self._unsettled: dict[int, Delivery] = {}
         self.closed = False
-        connection = Connection(parameters, f"member of {group!r}")
+        connection = Connection(parameters, f"member of {group!r}", contact)
         try:
             self._topology = Topology(connection, layout, single_active_consumer)
             self._channel = self._consume(connection)

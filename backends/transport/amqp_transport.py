@@ -30,6 +30,7 @@ import pika
 
 from backends.clock import SYSTEM_CLOCK, Clock
 from backends.errors import ConfigurationError
+from backends.refusal import FirstContact
 from backends.transport.amqp_client import Connection, Publish, alternatives, parameters
 from backends.transport.amqp_layout import (
     CAPABILITIES,
@@ -45,6 +46,7 @@ from backends.transport.amqp_subscription import AmqpSubscription
 from backends.transport.amqp_topology import Topology
 from backends.transport.base import SubscribeOptions, Transport, count, seconds, server_list
 from backends.types import OutgoingMessage
+from backends.urls import redact
 
 PERSISTENT = 2
 
@@ -82,6 +84,7 @@ class AmqpTransport(Transport):
             url, seconds("visibility_timeout", visibility_timeout), seconds("connect_timeout", connect_timeout)
         )
         self._parameters = alternatives(first, server_list(servers))
+        self._contact = FirstContact("[transport] url", redact(url))
         self._layout = Layout(namespace, None if replicas is None else count("replicas", replicas))
         self._single_active = _flag("single_active_consumer", single_active_consumer)
         self._clock = clock
@@ -132,7 +135,7 @@ class AmqpTransport(Transport):
         self._check_open()
         subscription = AmqpSubscription(
             group, topics, options or SubscribeOptions(), parameters=self._parameters, layout=self._layout,
-            clock=self._clock, single_active_consumer=self._single_active,
+            clock=self._clock, single_active_consumer=self._single_active, contact=self._contact,
         )
         with self._lock:
             self._subscriptions = [s for s in self._subscriptions if not s.closed] + [subscription]
@@ -165,14 +168,14 @@ class AmqpTransport(Transport):
         """The connection that declares what publishes need (a new one after a failure)."""
         self._check_open()
         if self._topology is None or not self._topology.connection.open:
-            self._topology = Topology(Connection(self._parameters, "topology"), self._layout, self._single_active)
+            self._topology = Topology(Connection(self._parameters, "topology", self._contact), self._layout, self._single_active)
         return self._topology
 
     def _publishing(self) -> Publisher:
         """The connection publishes go through, a window of confirms in flight (a new one after a failure)."""
         self._check_open()
         if self._publisher is None or not self._publisher.open:
-            self._publisher = Publisher(self._parameters, "publisher")
+            self._publisher = Publisher(self._parameters, "publisher", self._contact)
         return self._publisher
 
     def _check_name(self, kind: str, name: str) -> None:

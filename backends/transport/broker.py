@@ -24,6 +24,7 @@ import structlog
 
 from backends.clock import SYSTEM_CLOCK, Clock
 from backends.errors import BackendUnavailableError, DiskFullError, TransportError
+from backends.refusal import FirstContact
 from backends.transport.base import (
     ORIGIN_TOPIC_HEADER,
     Capabilities,
@@ -40,17 +41,25 @@ from broker.delivery.values import Delivery
 from broker.delivery.values import OutgoingMessage as BrokerMessage
 from broker.errors import BrokerError, BrokerUnavailableError, DeliveryError, UnknownMemberError
 from broker.errors import DiskFullError as BrokerDiskFullError
+from broker.protocol.errors import AuthenticationError, LockedOutError
 
 log = structlog.get_logger("backends.transport")
 T = TypeVar("T")
 
 
 @contextmanager
-def translated(what: str) -> Iterator[None]:
+def translated(what: str, contact: FirstContact | None) -> Iterator[None]:
     """The broker's errors as the framework's: unreachable -> `BackendUnavailableError`, a full
-    disk -> `DiskFullError` (an outage too: a worker waits it out, a publish is retried)."""
+    disk -> `DiskFullError` (an outage too: a worker waits it out, a publish is retried), the
+    server refusing the URL's login as ``contact`` says (`backends.refusal`)."""
     try:
         yield
+    except LockedOutError as exc:  # the address is locked out a while (failed logins, maybe others')
+        raise BackendUnavailableError(f"broker refused {what} for now: {exc}") from exc
+    except AuthenticationError as exc:  # wrong credentials, or none where the server wants them
+        if contact is None:
+            raise TransportError(f"broker refused {what}: {exc}") from exc
+        raise contact.refused(f"broker: {what}: {exc}", BackendUnavailableError) from exc
     except BrokerDiskFullError as exc:
         raise DiskFullError(f"broker cannot write during {what}: {exc}") from exc
     except OSError as exc:  # a connection lost, or a file of the engine's that could not be written
@@ -63,6 +72,9 @@ def translated(what: str) -> Iterator[None]:
         raise TransportError(f"broker refused {what}: {exc}") from exc
     except BrokerError as exc:
         raise TransportError(f"broker failed {what}: {exc}") from exc
+    else:
+        if contact is not None:
+            contact.accepted()
 
 
 class BrokerTransport(Transport):
@@ -77,13 +89,14 @@ class BrokerTransport(Transport):
         self._clock = clock
         self._lease = float(positive("transport option visibility_timeout", visibility_timeout))
         self._owns_api = owns_api
+        self.contact: FirstContact | None = None  # a server's login (`reliable://`): its history
 
     def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
-        with translated(f"publish to {topic!r}"):
+        with translated(f"publish to {topic!r}", self.contact):
             self.api.publish(topic, [self._outgoing(m) for m in messages])
 
     def _send_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
-        with translated(f"publish to group {group!r}"):
+        with translated(f"publish to group {group!r}", self.contact):
             self.api.publish_to_group(group, topic, [self._outgoing(m) for m in messages])
 
     def subscribe(self, group: str, topics: Sequence[str],
@@ -147,11 +160,11 @@ class BrokerSubscription(Subscription):
     def pending(self) -> int:
         if self._closed:
             raise TransportError(f"this member of group {self.group!r} is closed")
-        with translated("pending"):
+        with translated("pending", self._transport.contact):
             return int(self._api.pending(self.group, list(self.topics)))
 
     def next_due(self) -> float | None:
-        with translated("next_due"):
+        with translated("next_due", self._transport.contact):
             due = self._api.next_due(self.group)
         return None if due is None else float(due)
 
@@ -168,7 +181,7 @@ class BrokerSubscription(Subscription):
     def _as_member(self, what: str, call: Callable[[str], T], *, rejoin: bool = True) -> T | None:
         """``call(member)``, joining first if needed; a forgotten member joins again (fetch) or
         lets the stale call go (acks of a forgotten member's messages: they come back anyway)."""
-        with translated(what):
+        with translated(what, self._transport.contact):
             for _ in range(2):
                 member = self._joined()
                 try:

@@ -25,6 +25,7 @@ import nats.js.errors
 import structlog
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.protocol.parser import AUTHORIZATION_VIOLATION
 
 from backends.errors import (
     BackendUnavailableError,
@@ -32,6 +33,8 @@ from backends.errors import (
     ReliableError,
     TransportError,
 )
+from backends.refusal import FirstContact
+from backends.urls import redact
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -87,6 +90,13 @@ def translate(exc: BaseException, doing: str) -> ReliableError:
     return TransportError(text)
 
 
+def refused_login(exc: BaseException) -> bool:
+    """True for the server refusing the URL's credentials (none given, or wrong). The NATS protocol
+    has no error codes, only the server's words ("Authorization Violation"), which nats-py itself
+    matches the same way once connected (`nats.errors.AuthorizationError`)."""
+    return isinstance(exc, nats.errors.AuthorizationError) or AUTHORIZATION_VIOLATION in str(exc).lower()
+
+
 def is_outage(exc: BaseException) -> bool:
     """True for a server out of reach or a cluster in an election: the same call succeeds later."""
     if isinstance(exc, _UNREACHABLE):
@@ -103,11 +113,16 @@ class Connection:
         self._thread = threading.Thread(target=self._loop.run_forever, name="nats-loop", daemon=True)
         self._thread.start()
         self._closed = False
+        self._contact = FirstContact("[transport] url", redact(servers.url))
+        self._refusal: Exception | None = None  # the server's refusal of the credentials, until reconnected
         try:
             self.client: Client = self.call(self._connect(servers), "connect")
-        except ReliableError:
+        except ReliableError as exc:
             self._stop()
+            if self._refusal is not None:
+                raise self._contact.refused(f"connect: {self._refusal}", BackendUnavailableError) from exc
             raise
+        self._contact.accepted()
         self.js: JetStreamContext = self.client.jetstream(timeout=request_timeout)
 
     async def _connect(self, servers: Servers) -> Client:
@@ -155,6 +170,8 @@ class Connection:
     def guarded(self, make: Callable[[], Awaitable[T]], doing: str, timeout: float | None = None) -> T:
         """``make()`` on the loop, refused at once while the connection is down."""
         if not self.connected:
+            if self._refusal is not None:  # it worked before: waited out, logged as a refusal
+                raise self._contact.refused(f"{doing}: {self._refusal}", BackendUnavailableError)
             raise BackendUnavailableError(f"nats: {doing}: not connected (reconnecting)")
 
         async def run() -> T:
@@ -177,6 +194,8 @@ class Connection:
         self._thread.join(timeout=5)
 
     async def _on_error(self, exc: Exception) -> None:
+        if refused_login(exc):
+            self._refusal = exc
         log.warning("transport.nats_error", error=f"{type(exc).__name__}: {exc}")
 
     async def _on_disconnected(self) -> None:
@@ -184,4 +203,5 @@ class Connection:
             log.warning("transport.disconnected")
 
     async def _on_reconnected(self) -> None:
+        self._refusal = None
         log.info("transport.reconnected")

@@ -24,6 +24,7 @@ import structlog
 
 from backends.clock import SYSTEM_CLOCK, Clock
 from backends.errors import BackendUnavailableError, TransportError
+from backends.refusal import FirstContact
 from backends.transport import redis_adoption as adoption
 from backends.transport import redis_layout as layout
 from backends.transport.leasing import (
@@ -32,6 +33,7 @@ from backends.transport.leasing import (
     LeasingTransport,
 )
 from backends.types import DeadLetter, Failure, Message, OutgoingMessage, QueueRef
+from backends.urls import redact
 from backends.values import positive
 
 log = structlog.get_logger(__name__)
@@ -56,6 +58,7 @@ class RedisStreamsTransport(LeasingTransport):
             clock, queues, visibility_timeout, positive("transport option poll_interval", poll_interval)
         )
         self._url, self._keys = url, layout.Keys(namespace)
+        self._contact = FirstContact("[transport] url", redact(url))
         # Any: redis-py's stubs type replies as bytes | str; without decode_responses they are bytes
         self._redis: Any = redis.Redis.from_url(url)
         self._scripts = {
@@ -323,9 +326,13 @@ class RedisStreamsTransport(LeasingTransport):
         """The client, with Redis failures raised as the project's errors."""
         try:
             yield self._redis
+        except redis.AuthenticationError as exc:  # WRONGPASS, NOAUTH: the URL's login
+            raise self._contact.refused(f"Redis: {exc}", BackendUnavailableError) from exc
         except redis.ConnectionError as exc:
             raise BackendUnavailableError(
                 f"Redis transport {self._url} is unreachable: {exc}"
             ) from exc
         except redis.RedisError as exc:
             raise TransportError(f"Redis transport {self._url}: {exc}") from exc
+        else:
+            self._contact.accepted()

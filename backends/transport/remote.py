@@ -16,7 +16,9 @@ from urllib.parse import unquote, urlsplit
 
 from backends.clock import SYSTEM_CLOCK, Clock
 from backends.errors import ConfigurationError
+from backends.refusal import FirstContact
 from backends.transport.broker import BrokerTransport
+from backends.urls import redact
 from broker.client import Client
 from broker.errors import BrokerError
 
@@ -37,3 +39,4 @@ class RemoteBrokerTransport(BrokerTransport):
         except (BrokerError, ValueError) as exc:
             raise ConfigurationError(f"transport {url!r}: expected reliable://host:port ({exc})") from exc
         super().__init__(client, clock, visibility_timeout=visibility_timeout)
+        self.contact = FirstContact("[transport] url", redact(url))

@@ -16,6 +16,7 @@ import pika
 import pytest
 
 from backends.errors import BackendUnavailableError, ConfigurationError, TransportError
+from backends.refusal import FirstContact
 from backends.transport import open_transport
 from backends.transport.amqp_client import Publish
 from backends.transport.amqp_layout import BUCKETS_MS, Layout, bucket_for
@@ -211,7 +212,7 @@ def test_a_batch_rabbitmq_nacks_in_part_raises_and_its_acked_messages_are_kept(a
     connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
     channel = connection.channel()
     channel.queue_declare(unique, durable=True, arguments={"x-max-length": 10, "x-overflow": "reject-publish"})
-    publisher = Publisher([pika.URLParameters(amqp_url)], "test")
+    publisher = Publisher([pika.URLParameters(amqp_url)], "test", FirstContact("[transport] url", amqp_url))
     try:
         with pytest.raises(BackendUnavailableError, match=r"refused 40 message\(s\) \(negative confirm\)"):
             publisher.publish([Publish("", unique, b"m", pika.BasicProperties())] * 50, "publish to a full queue")
