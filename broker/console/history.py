@@ -20,7 +20,7 @@ from broker.errors import BrokerError
 from broker.store.clock import SYSTEM_CLOCK, Clock
 
 log = structlog.get_logger("broker.console")
-Sample = tuple[float, int]  # (seconds since the epoch, value)
+Sample = tuple[float, int]  # (the monotonic clock's seconds, value): only spans between them are drawn
 
 
 class Series:
@@ -55,8 +55,9 @@ class History:
         self._thread: threading.Thread | None = None
 
     def sample(self) -> None:
-        """Take one sample of everything (the background thread calls this every interval)."""
-        now = self.clock.time()
+        """Take one sample of everything (the background thread calls this every interval), timed
+        on the monotonic clock: a wall clock step neither stretches a curve nor zeroes a rate."""
+        now = self.clock.monotonic()
         lags = {g.name: sum(q.end - q.committed for q in self.view.lag(g.name)) for g in self.view.groups()}
         sizes = {t.name: t.messages for t in self.view.topics()}
         with self._lock:
