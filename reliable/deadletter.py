@@ -15,10 +15,15 @@ or a retry topic; never every group of the topic) with the replay count in a
 header (its token was never claimed, since the failed
 transaction rolled back, so the replay runs the handler again); a message replayed ``max_replays`` times is
 refused (`ReplayLoopError`) unless forced, so a poison message cannot loop.
-A replay holds the letters of the chunk it sends in a store transaction and
-deletes them as the transport confirms them: operators replaying and purging
-at once never send a letter twice or send a purged one, and a letter the
-transport refuses stays where it was (`ReplayRefusedError` names it).
+A replay takes a chunk of letters in a short store transaction, marking them
+held for a while (`HOLD`), sends them with no transaction open (on SQLite a
+write transaction is the whole database's lock: handlers' commits waited
+behind the transport), then deletes those the transport took. Operators
+replaying and purging at once never send a letter twice or send a purged one
+(another replay skips held letters, a purge leaves them to the replay), a
+letter the transport refuses stays where it was (`ReplayRefusedError` names
+it), and a replay killed mid-send leaves its chunk held until the hold runs
+out, for the next replay to send again under the same message ids.
 """
 
 from __future__ import annotations
@@ -37,8 +42,14 @@ from reliable.message import REPLAYS_HEADER
 from reliable.middleware import Middlewares
 
 log = structlog.get_logger("reliable.deadletter")
-CHUNK = 100
-"""Letters taken, published and deleted per store transaction: a crash sends at most this many again."""
+CHUNK = 20
+"""Letters taken, sent and deleted at a time: a replay killed mid-send sends at most this many again
+(20 costs two short store writes per 20 letters)."""
+HOLD = 60.0
+"""Seconds a replay holds the chunk it took while it sends it; a replay that died (kill -9, Ctrl-C
+mid-send) lets go of its chunk when this runs out."""
+PURGE_CHUNK = 100
+"""Letters deleted per store transaction by a purge."""
 Progress = Callable[[int], object]
 """Told how many more letters are done, after each chunk (a progress bar's ``advance``)."""
 
@@ -62,21 +73,22 @@ class DeadLetters:
         return self.store.count_dead_letters(group)
 
     def replay(self, group: str, ids: Sequence[int] | None = None, *, max_replays: int = 3, force: bool = False,
-               progress: Progress | None = None) -> int:
+               progress: Progress | None = None, hold: float = HOLD) -> int:
         """Publish the chosen dead letters (all of ``group`` by default) back; return how many.
 
         The choice is made once, as ids: letters dead-lettered while the replay
         runs (a replayed one failing again among them) wait for the next replay.
-        Each chunk of `CHUNK` is taken in a store transaction
-        (`Store.take_dead_letters`), published to the group, deleted as far as
-        the transport confirmed it, then committed: two replays at once send
-        each letter once (one skips what the other holds), a purged letter is
-        not sent, and a replay cut short (kill -9, the transport down) leaves
-        its open chunk in place for the next replay, whose copies the
-        consumer's token (the kept message id by default) makes duplicates.
-        A letter the transport refuses for good stays as it was, and
-        `ReplayRefusedError` names it once the rest went. Each publish runs the
-        app's ``before_publish`` / ``after_publish`` hooks (`Publish.replay` set).
+        Each chunk of `CHUNK` is taken (`Store.take_dead_letters`: held for
+        ``hold`` seconds, in a store transaction of its own), published to the
+        group with no transaction open, and deleted as far as the transport
+        confirmed it: two replays at once send each letter once (one skips what
+        the other holds), a purged letter is not sent, and a replay cut short
+        leaves its chunk for the next replay (at once when the transport went
+        down; once ``hold`` ran out after a kill), whose copies the consumer's
+        token (the kept message id by default) makes duplicates. A letter the
+        transport refuses for good stays as it was, and `ReplayRefusedError`
+        names it once the rest went. Each publish runs the app's
+        ``before_publish`` / ``after_publish`` hooks (`Publish.replay` set).
         """
         chosen = self._choose(group, ids)
         if not force:
@@ -84,14 +96,19 @@ class DeadLetters:
         run = _Run()
         for start in range(0, len(chosen), CHUNK):
             part = chosen[start:start + CHUNK]
-            with self.store.take_dead_letters(group, part) as taken:
-                sent = self._send(group, taken.letters, run)
-                taken.remove(sent)
-            run.replayed += len(sent)
+            taken = self.store.take_dead_letters(group, part, hold)
+            run.skipped += len(part) - len(taken)
+            if taken:
+                sent = self._send(group, taken, run)
+                self.store.settle_dead_letters(sent, [t.id for t in taken if t.id is not None and t.id not in sent])
+                run.replayed += len(sent)
             if progress is not None:
                 progress(len(part))
             if run.outage is not None:
                 raise _stopped(run.outage, group, run.replayed, len(chosen))
+        if run.skipped:
+            log.warning("dead_letters_skipped", group=group, count=run.skipped,
+                        why="held by another replay (one that died lets go within its hold), or purged meanwhile")
         log.info("dead_letters_replayed", group=group, count=run.replayed, refused=len(run.refused))
         if run.refused:
             raise _refused(group, run)
@@ -136,11 +153,12 @@ class DeadLetters:
             self.transport.publish_to_group(group, topic, messages)
 
     def purge(self, group: str, ids: Sequence[int] | None = None, *, progress: Progress | None = None) -> int:
-        """Delete the chosen dead letters (all of ``group`` by default) in chunks; return how many."""
+        """Delete the chosen dead letters (all of ``group`` by default) in chunks, but those a replay
+        holds (it is sending them); return how many."""
         chosen = self._choose(group, ids)
         deleted = 0
-        for start in range(0, len(chosen), CHUNK):
-            part = chosen[start:start + CHUNK]
+        for start in range(0, len(chosen), PURGE_CHUNK):
+            part = chosen[start:start + PURGE_CHUNK]
             deleted += self.store.delete_dead_letters(part)
             if progress is not None:
                 progress(len(part))
@@ -169,10 +187,11 @@ class DeadLetters:
 
 
 class _Run:
-    """What one replay did so far: letters replayed, refused (id: why), the outage that stopped it."""
+    """What one replay did so far: letters replayed, skipped, refused (id: why), the outage that stopped it."""
 
     def __init__(self) -> None:
         self.replayed = 0
+        self.skipped = 0  # chosen, but held by another replay or purged meanwhile
         self.refused: dict[int, str] = {}
         self.outage: BackendUnavailableError | None = None
 

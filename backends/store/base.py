@@ -18,7 +18,6 @@ from backends.errors import ConfigurationError
 from backends.types import JSON, DeadLetter, QueueRef
 
 if TYPE_CHECKING:  # the outbox's module imports the store's primitives, which import this one
-    from backends.store.deadletters import Taken
     from backends.store.outbox import SqlOutbox
     from backends.store.outbox_writer import Deferred, PublishHook
 
@@ -149,7 +148,8 @@ class Store(ABC):
 
     @abstractmethod
     def delete_dead_letters(self, ids: Sequence[int]) -> int:
-        """Delete dead letters by id; return how many."""
+        """Delete dead letters by id, except those a replay holds (`take_dead_letters`): it is
+        sending them; return how many."""
 
     @abstractmethod
     def dead_letter_ids(self, group: str, ids: Sequence[int] | None = None, *, min_replays: int = 0) -> list[int]:
@@ -157,10 +157,16 @@ class Store(ABC):
         ``min_replays`` times, in order."""
 
     @abstractmethod
-    def take_dead_letters(self, group: str, ids: Sequence[int]) -> AbstractContextManager[Taken]:
-        """A write transaction holding those of ``ids`` that are ``group``'s dead letters, less
-        those another transaction holds; the ones the block removes are gone when it commits, and
-        all stay when it raises (or the process dies): a replay publishes while it holds them."""
+    def take_dead_letters(self, group: str, ids: Sequence[int], hold: float) -> list[DeadLetter]:
+        """Those of ``ids`` that are ``group``'s dead letters and no replay holds, held for ``hold``
+        seconds (in a short write transaction of their own: a replay sends them outside it):
+        another replay skips them and a purge leaves them until `settle_dead_letters`, or until
+        the hold runs out (the replay died)."""
+
+    @abstractmethod
+    def settle_dead_letters(self, sent: Sequence[int], unsent: Sequence[int]) -> int:
+        """After a replay sent what it took: delete ``sent``, let go of ``unsent`` (they stay as
+        they were); return how many were deleted."""
 
     @abstractmethod
     def count_dead_letters(self, group: str) -> int:

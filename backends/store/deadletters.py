@@ -7,7 +7,18 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from sqlalchemy import Connection, String, delete, func, inspect, select, text, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    String,
+    delete,
+    func,
+    inspect,
+    or_,
+    select,
+    text,
+    update,
+)
 
 from backends.store.dialect import Dialect
 from backends.store.engine import chunks
@@ -95,11 +106,13 @@ def _digest(text: str) -> str:
 
 
 def add_late_columns(connection: Connection) -> None:
-    """Give a dead-letter table created before ``identity`` or ``exact`` existed the column (and
-    the index of ``identity``)."""
+    """Give a dead-letter table created before ``identity``, ``exact`` or ``replaying_until``
+    existed the column (and the index of ``identity``)."""
     columns = {column["name"] for column in inspect(connection).get_columns(dead_letters.name)}
     if "exact" not in columns:
         connection.execute(text(f"ALTER TABLE {dead_letters.name} ADD COLUMN exact TEXT"))
+    if "replaying_until" not in columns:
+        connection.execute(text(f"ALTER TABLE {dead_letters.name} ADD COLUMN replaying_until DOUBLE PRECISION"))
     if "identity" not in columns:
         connection.execute(text(f"ALTER TABLE {dead_letters.name} ADD COLUMN identity VARCHAR(600)"))
         connection.execute(text(
@@ -136,29 +149,39 @@ def ids_of(connection: Connection, dialect: Dialect, group: str, ids: Sequence[i
     return [int(letter_id) for letter_id in connection.execute(statement.order_by(dead_letters.c.id)).scalars()]
 
 
-class Taken:
-    """Dead letters held by one open write transaction (a replay's chunk): another replay
-    skips them, and a purge of them waits; those `remove` is told of go when it commits."""
-
-    def __init__(self, connection: Connection, dialect: Dialect, group: str, ids: Sequence[int]) -> None:
-        self._connection, self._dialect = connection, dialect
-        statement = select(dead_letters).where(
-            dead_letters.c.group == group, dialect.among(dead_letters.c.id, list(ids))).order_by(dead_letters.c.id)
-        self.letters = [_from_row(row) for row in connection.execute(dialect.skip_locked(statement))]
-
-    def remove(self, ids: Sequence[int]) -> int:
-        """Delete these of the held letters when the transaction commits; return how many."""
-        return remove(self._connection, self._dialect, ids)
+def take(connection: Connection, dialect: Dialect, group: str, ids: Sequence[int], now: float,
+         until: float) -> list[DeadLetter]:
+    """Hold, until ``until``, those of ``ids`` that are ``group``'s dead letters and no replay holds
+    at ``now``; them, oldest first. One short write: the replay sends them after it commits."""
+    statement = (
+        update(dead_letters)
+        .where(dead_letters.c.group == group, dialect.among(dead_letters.c.id, list(ids)), _free(now))
+        .values(replaying_until=until)
+        .returning(*dead_letters.c)
+    )
+    return sorted((_from_row(row) for row in connection.execute(statement)), key=lambda letter: letter.id or 0)
 
 
-def remove(connection: Connection, dialect: Dialect, ids: Sequence[int]) -> int:
-    """Delete dead letters by id; return how many existed."""
+def settle(connection: Connection, dialect: Dialect, sent: Sequence[int], unsent: Sequence[int]) -> int:
+    """After a replay's send: delete the ``sent`` letters, let go of the ``unsent`` ones (refused,
+    or not reached); how many were deleted."""
+    for part in chunks(unsent, dialect.chunk):
+        connection.execute(update(dead_letters).where(dead_letters.c.id.in_(part)).values(replaying_until=None))
+    return remove(connection, dialect, sent)
+
+
+def remove(connection: Connection, dialect: Dialect, ids: Sequence[int], now: float | None = None) -> int:
+    """Delete dead letters by id (with ``now``: those no replay holds then); return how many."""
     deleted = 0
     for part in chunks(ids, dialect.chunk):
-        deleted += connection.execute(
-            delete(dead_letters).where(dead_letters.c.id.in_(part))
-        ).rowcount
+        statement = delete(dead_letters).where(dead_letters.c.id.in_(part))
+        deleted += connection.execute(statement if now is None else statement.where(_free(now))).rowcount
     return deleted
+
+
+def _free(now: float) -> ColumnElement[bool]:
+    """No replay holds the letter at ``now`` (none took it, or the one that did let go or died)."""
+    return or_(dead_letters.c.replaying_until.is_(None), dead_letters.c.replaying_until <= now)
 
 
 def count(connection: Connection, group: str) -> int:

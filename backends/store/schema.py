@@ -101,6 +101,9 @@ dead_letters = Table(
     # the message's id and key exactly, as a JSON object, where the columns above could only hold
     # a readable stand-in (a NUL character, an id wider than its column: any producer can send one)
     Column("exact", Text, nullable=True),
+    # until when a replay holds the letter while it sends it (`backends.store.deadletters.take`):
+    # another replay skips it and a purge leaves it; a replay that died lets go at this time
+    Column("replaying_until", Double, nullable=True),
     Index("reliable_dead_letters_group", "group", "id"),
     Index("reliable_dead_letters_once", "group", "identity", "replays", unique=True),
     sqlite_autoincrement=True,  # ids are never reused after a purge (PostgreSQL: a sequence)

@@ -360,19 +360,20 @@ class SqlStore(Store):
             return deadletters.get(connection, letter_id)
 
     def delete_dead_letters(self, ids: Sequence[int]) -> int:
-        if not ids:
-            return 0
         with self._unit() as connection:
-            return deadletters.remove(connection, self.dialect, list(ids))
+            return deadletters.remove(connection, self.dialect, list(ids), self._now())
 
     def dead_letter_ids(self, group: str, ids: Sequence[int] | None = None, *, min_replays: int = 0) -> list[int]:
         with self._unit(read_only=True) as connection:
             return deadletters.ids_of(connection, self.dialect, group, ids, min_replays)
 
-    @contextmanager
-    def take_dead_letters(self, group: str, ids: Sequence[int]) -> Iterator[deadletters.Taken]:
+    def take_dead_letters(self, group: str, ids: Sequence[int], hold: float) -> list[DeadLetter]:
         with self._unit() as connection:
-            yield deadletters.Taken(connection, self.dialect, group, ids)
+            return deadletters.take(connection, self.dialect, group, ids, now := self._now(), now + hold)
+
+    def settle_dead_letters(self, sent: Sequence[int], unsent: Sequence[int]) -> int:
+        with self._unit() as connection:
+            return deadletters.settle(connection, self.dialect, list(sent), list(unsent))
 
     def count_dead_letters(self, group: str) -> int:
         with self._unit(read_only=True) as connection:
@@ -384,8 +385,6 @@ class SqlStore(Store):
 
     def mark_replayed(self, ids: Sequence[int]) -> int:
         """Count one more replay on each dead letter in ``ids``; return how many."""
-        if not ids:
-            return 0
         with self._unit() as connection:
             return deadletters.mark_replayed(connection, self.dialect, list(ids))
 

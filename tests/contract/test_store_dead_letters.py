@@ -1,11 +1,11 @@
-"""The store's primitives of a dead-letter replay: ids only, and chunks held while they are sent."""
+"""The store's primitives of a dead-letter replay: ids only, and chunks held (by a mark, not a
+transaction) while they are sent."""
 
 from __future__ import annotations
 
-import pytest
-
+from backends.clock import FakeClock
 from backends.store import SqlStore, Store, open_store
-from tests.contract.test_store import Boom, _letter
+from tests.contract.test_store import _letter
 
 
 class TestDeadLetterReplayPrimitives:
@@ -19,24 +19,42 @@ class TestDeadLetterReplayPrimitives:
         assert store.dead_letter_ids(unique, min_replays=1) == [ids[1], ids[3]]
         assert store.dead_letter_ids(unique + "-other", ids) == []
 
-    def test_taken_letters_go_only_as_removed_and_only_when_it_commits(self, store: Store, unique: str) -> None:
+    def test_taken_letters_are_held_until_settled_and_only_the_sent_ones_go(self, store: Store, unique: str) -> None:
+        """A replay used to hold its chunk in an open write transaction while it sent it (on
+        SQLite: the whole database's lock); a take is now a short write of its own."""
         with store.transaction() as tx:
-            ids = [tx.add_dead_letter(_letter(unique, offset, b"{}")) for offset in range(3)]
-        with pytest.raises(Boom), store.take_dead_letters(unique, ids) as taken:
-            assert [letter.id for letter in taken.letters] == ids
-            taken.remove(ids)
-            raise Boom("the transport went down")
-        assert store.dead_letter_ids(unique) == ids
-        with store.take_dead_letters(unique, ids[:2]) as taken:
-            assert taken.remove([ids[0]]) == 1
-        assert store.dead_letter_ids(unique) == ids[1:]
+            ids = [tx.add_dead_letter(_letter(unique, offset, b"{}")) for offset in range(4)]
+        taken = store.take_dead_letters(unique, ids[:3], 60.0)
+        assert [letter.id for letter in taken] == ids[:3]
+        assert [letter.id for letter in store.take_dead_letters(unique, ids, 60.0)] == ids[3:]  # another replay
+        with store.transaction() as tx:  # the store takes other writes meanwhile
+            tx.add_dead_letter(_letter(unique, 9, b"{}"))
+        assert store.delete_dead_letters(ids[:3]) == 0  # a purge leaves them to the replay sending them
+        assert store.settle_dead_letters([ids[0]], [ids[1]]) == 1  # sent; refused (or not reached)
+        assert store.dead_letter_ids(unique, ids) == ids[1:]
+        assert [letter.id for letter in store.take_dead_letters(unique, ids[:3], 60.0)] == [ids[1]]  # let go
+        assert store.delete_dead_letters([ids[2]]) == 0  # still held
+
+    def test_a_hold_that_ran_out_lets_another_replay_take_the_letters(
+        self, store: Store, unique: str, fake_clock: FakeClock
+    ) -> None:
+        """What a replay killed mid-send held goes to the next replay once the hold ran out."""
+        with store.transaction() as tx:
+            ids = [tx.add_dead_letter(_letter(unique, offset, b"{}")) for offset in range(2)]
+        assert len(store.take_dead_letters(unique, ids, 60.0)) == 2
+        fake_clock.advance(59.0)
+        assert store.take_dead_letters(unique, ids, 60.0) == []
+        fake_clock.advance(1.0)
+        assert [letter.id for letter in store.take_dead_letters(unique, ids, 60.0)] == ids
+        fake_clock.advance(60.0)
+        assert store.delete_dead_letters(ids) == 2
 
     def test_letters_one_replay_holds_are_skipped_by_another(self, postgres_url: str, unique: str) -> None:
-        store = open_store(postgres_url)
+        """Two replays taking at once on PostgreSQL: row locks, then the hold, decide who sends."""
+        store, other = open_store(postgres_url), open_store(postgres_url)
         with store.transaction() as tx:
             ids = [tx.add_dead_letter(_letter(unique, offset, b"{}")) for offset in range(3)]
-        with store.take_dead_letters(unique, ids[:2]) as first:
-            with store.take_dead_letters(unique, ids) as second:
-                assert [letter.id for letter in second.letters] == ids[2:]
-            assert [letter.id for letter in first.letters] == ids[:2]
+        assert [letter.id for letter in store.take_dead_letters(unique, ids[:2], 60.0)] == ids[:2]
+        assert [letter.id for letter in other.take_dead_letters(unique, ids, 60.0)] == ids[2:]
         store.close()
+        other.close()

@@ -14,15 +14,18 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
+from backends.clock import FakeClock
 from backends.store.sqlalchemy import SqlStore
 from backends.types import DeadLetter, Failure, Message
 from reliable import App
-from reliable.deadletter import CHUNK
+from reliable.deadletter import CHUNK, HOLD, DeadLetters
 from reliable.errors import DeadLetterNotFoundError, ReplayLoopError, ReplayRefusedError
 from reliable.settings import Settings
 
@@ -40,8 +43,8 @@ store, transport, group, here, there, kill_after, meet_at = sys.argv[1:8]
 
 class Meet(reliable.Middleware):
     '''Before send number ``meet_at``, say so (``here``) and wait for ``there``; SIGKILL itself
-    once ``kill_after`` sends went (0: never).'''
-    sends = 0
+    once sends took ``kill_after`` letters or more (0: never), before the replay records them.'''
+    sends = letters = 0
     def before_publish(self, publish):
         if publish.replay and self.sends == int(meet_at) - 1:
             Path(here).touch()
@@ -49,7 +52,8 @@ class Meet(reliable.Middleware):
     def after_publish(self, publish, error):
         if publish.replay:
             self.sends += 1
-            if self.sends == int(kill_after):
+            self.letters += publish.count
+            if int(kill_after) and self.letters >= int(kill_after):
                 os.kill(os.getpid(), 9)
 
 app = reliable.App(Settings.load(None, env={{"RELIABLE_STORE__URL": store, "RELIABLE_TRANSPORT__URL": transport,
@@ -138,25 +142,66 @@ def test_letters_purged_while_a_replay_runs_are_not_replayed(tmp_path, postgres_
     assert SqlStore(postgres_url).count_dead_letters(unique) == 0
 
 
-def test_a_replay_killed_mid_chunk_leaves_the_chunk_and_its_resend_is_a_duplicate(
+def test_a_replay_killed_mid_run_replays_every_letter_and_resends_only_the_send_it_cut(
     tmp_path, postgres_url, broker_url, unique
 ) -> None:
-    """kill -9 after the second chunk was sent, before it was deleted: the chunk stays a dead
-    letter; the next replay sends it again, with the same message ids, so the consumer's default
-    token (the message id) takes each letter once."""
-    total = 3 * CHUNK
+    """kill -9 once 150 of 300 letters went, after a send and before the replay recorded it: the
+    letters of that send stay, held until the dead replay's hold runs out; the next replay sends
+    the rest at once and those later, with the same message ids, so the consumer's default token
+    (the message id) takes each letter once. The cut send was a whole chunk of 100 held in one
+    transaction: 50 letters the transport had taken went again."""
+    total, kill_at = 300, 150
     seed(postgres_url, unique, total)
     (tmp_path / "go").touch()
-    killed = replayer(tmp_path, postgres_url, broker_url, unique, "replaying", "go", kill_after=2)
+    killed = replayer(tmp_path, postgres_url, broker_url, unique, "replaying", "go", kill_after=kill_at)
     killed.communicate(timeout=120)
     assert killed.returncode == -9
+    cut = -(-kill_at // CHUNK) * CHUNK  # letters sent when the kill came
     store = SqlStore(postgres_url)
-    assert store.count_dead_letters(unique) == 2 * CHUNK  # the first chunk went; the cut one stayed
+    assert store.count_dead_letters(unique) == total - cut + CHUNK  # the cut send's letters stayed
     again = replayer(tmp_path, postgres_url, broker_url, unique, "again", "go")
-    assert int(finished(again)) == 2 * CHUNK
+    assert int(finished(again)) == total - cut  # the cut send's letters are still held by the dead replay
+    app = App(Settings.load(None, env={"RELIABLE_STORE__URL": postgres_url, "RELIABLE_TRANSPORT__URL": broker_url,
+                                       "RELIABLE_LOG__LEVEL": "warning"}))
+    one_hold_later = SqlStore(postgres_url, clock=FakeClock(time.time() + HOLD + 1))
+    assert DeadLetters(one_hold_later, app.transport).replay(unique) == CHUNK
+    app.close()
     stats = deliveries(postgres_url, broker_url, unique, token="id")
-    assert (stats["processed"], stats["duplicate"]) == (total, CHUNK)
+    assert (stats["processed"], stats["duplicate"]) == (total, CHUNK)  # every letter once; the cut send twice
+    assert CHUNK <= 20  # was a chunk of 100
     assert store.count_dead_letters(unique) == 0
+
+
+def test_a_replay_sends_with_no_store_transaction_open(tmp_path, unique) -> None:
+    """On SQLite the replay held the store's write lock (the whole database's) while it sent a
+    chunk: a handler's commit waited behind the transport, however slow it was."""
+    from reliable import Middleware
+    from tests.waiting import wait_until
+
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    seed(store, unique, 2 * CHUNK)
+    committed: list[str] = []
+
+    class CommitWhileSending(Middleware):
+        def before_publish(self, publish) -> None:  # type: ignore[no-untyped-def]
+            if publish.replay:
+                writer = threading.Thread(target=lambda: commit(f"during send {len(committed) + 1}"))
+                writer.start()
+                wait_until(lambda: not writer.is_alive(), "a commit while the replay sends", timeout=10)
+
+    app = App(Settings.load(None, env={"RELIABLE_STORE__URL": store, "RELIABLE_TRANSPORT__URL":
+                                       f"embedded://{tmp_path / 'broker'}", "RELIABLE_LOG__LEVEL": "warning"}),
+              middleware=[CommitWhileSending()])
+
+    def commit(what: str) -> None:
+        with app.store.transaction() as tx:
+            tx.execute(text("create table if not exists handled (what text)"))
+            tx.execute(text("insert into handled values (:w)"), {"w": what})
+        committed.append(what)
+
+    assert app.replay_dead_letters(unique) == 2 * CHUNK
+    assert committed == ["during send 1", "during send 2"]
+    app.close()
 
 
 def test_letters_a_worker_dead_letters_again_during_a_replay_wait_for_the_next_one(

@@ -139,6 +139,23 @@ def test_a_dead_letter_table_made_before_the_exact_column_gets_it(tmp_path, uniq
     app.close()
 
 
+def test_a_dead_letter_table_made_before_replays_held_letters_gets_the_column(tmp_path, unique):
+    app = test_app(tmp_path)
+    with app.store.transaction() as tx:  # makes the tables
+        tx.execute(text("ALTER TABLE reliable_dead_letters DROP COLUMN replaying_until"))  # as an older version
+    app.close()
+    app = test_app(tmp_path)  # the same database, opened by this version
+
+    @app.handler(unique, group=unique, fatal=(ValueError,))
+    def refuse(msg, tx):
+        raise ValueError("not today")
+
+    app.publish(unique, {"n": 1})
+    app.run(until_idle=True)
+    assert app.replay_dead_letters(unique) == 1
+    app.close()
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_a_binary_key_header_and_an_error_quoting_them_are_recorded_exactly(tmp_path, request, unique, backend):
     """A Kafka key or header value that is not UTF-8 is text with lone surrogates (`text_from_bytes`),
