@@ -21,6 +21,7 @@ from structlog.testing import capture_logs
 from backends.store import open_store
 from broker.server.auth import hash_password
 from reliable import App, Message
+from reliable.errors import BackendRefusedError
 from reliable.settings import Settings
 from tests.broker.server.serving import ServerProcess
 from tests.cluster.ports import free_ports, wait_listening
@@ -227,4 +228,15 @@ def test_a_login_refused_after_it_worked_is_waited_out_as_an_error(tmp_path: Pat
         run.join()
     assert run.error is None, run.error
     assert app.dead_letters("shipping") == []
+    app.close()
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "transport" in c or c.startswith(("amqp", "nats", "broker"))])
+def test_publish_raises_the_refusal_at_once(tmp_path: Path, request: pytest.FixtureRequest, case: str) -> None:
+    """Not retried for ``publish_timeout`` as an outage would be (the old code: 30 s, then an outage error)."""
+    table, url, words = CASES[case](request)
+    app = App(Settings.load(project(tmp_path, table, url) / "reliable.toml"))
+    with pytest.raises(BackendRefusedError) as refused:
+        app.publish("orders", {"order": "o-1"})
+    assert refused.value.setting == f"[transport] url = '{shown(url)}'" and words in str(refused.value)
     app.close()
