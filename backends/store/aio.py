@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import structlog
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from backends.clock import Clock
 from backends.errors import StoreUnavailableError
@@ -33,6 +32,9 @@ from backends.store.outbox import Wakeup
 from backends.store.outbox_writer import OutboxWriter, Outgoing
 from backends.store.refusals import WriteRefusals
 from backends.types import JSON, DeadLetter, QueueRef
+
+if TYPE_CHECKING:  # SQLAlchemy's asyncio loads its ORM: only a store's async engine imports it
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = structlog.get_logger(__name__)
 

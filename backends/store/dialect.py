@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     ColumnElement,
@@ -27,9 +27,11 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from backends.store.claims import Claim, ClaimPath
+
+if TYPE_CHECKING:  # imported by the async path only: it loads SQLAlchemy's ORM (0.15 s a start)
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 
 class Dialect(ABC):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from sqlalchemy import (
@@ -38,7 +38,6 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.schema import CreateIndex, DropIndex
 
 from backends.store.ahead import ClaimAhead
@@ -53,6 +52,9 @@ from backends.store.claims import (
 )
 from backends.store.dialect import Dialect
 from backends.store.schema import tokens
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 POOL_SIZE = 16  # one connection per worker thread
 MAX_OVERFLOW = 8
@@ -175,6 +177,9 @@ class PostgreSQL(Dialect):
         return engine
 
     def async_engine(self, url: URL, connections: int) -> AsyncEngine:
+        # imported here: SQLAlchemy's asyncio loads its ORM, which only async handlers need
+        from sqlalchemy.ext.asyncio import create_async_engine
+
         return create_async_engine(  # psycopg's async driver: one connection per message in flight,
             url,                     # no overflow (a shared server's max_connections is the limit)
             pool_recycle=RECYCLE_SECONDS,

@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     ColumnElement,
@@ -33,7 +33,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from backends.store.claims import (
     CLAIM_COLUMNS,
@@ -46,6 +45,9 @@ from backends.store.claims import (
 )
 from backends.store.dialect import Dialect
 from backends.store.schema import tokens
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 BUSY_TIMEOUT_MS = 30_000
 CHUNK = 900  # values per IN (...) list: under SQLite's classic 999-parameter limit
@@ -107,6 +109,9 @@ class SQLite(Dialect):
     def async_engine(self, url: URL, connections: int) -> AsyncEngine:
         # SQLite writes one transaction at a time: messages in flight queue for one connection in
         # the pool (first come, first served) rather than in SQLite's busy handler, which polls
+        # imported here: SQLAlchemy's asyncio loads its ORM, which only async handlers need
+        from sqlalchemy.ext.asyncio import create_async_engine
+
         del connections
         engine = create_async_engine(url.set(drivername="sqlite+aiosqlite"), pool_size=1, max_overflow=0,
                                      pool_timeout=BUSY_TIMEOUT_MS / 1000,
