@@ -18,6 +18,7 @@ from reliable.cli_console import console
 from reliable.cli_outbox import outbox, relay
 from reliable.cli_output import listening, progress_bar
 from reliable.cli_target import load_app
+from reliable.deadletter import HOLD
 from reliable.errors import ReliableError
 from reliable.settings import Settings
 
@@ -164,6 +165,9 @@ def dlq_replay(group: str, ids: tuple[int, ...], max_replays: int, force: bool, 
         count = letters.replay(group, list(ids) or None, max_replays=max_replays, force=force,
                                progress=lambda done: bar.advance(bar.task_ids[0], done))
     click.echo(f"replayed {count} dead letter(s) of {group}")
+    if 0 < total - count:
+        click.echo(f"{total - count} were held by another replay (one that stopped lets go of them within "
+                   f"{HOLD:.0f} s) or purged meanwhile: replay again for those left", err=True)
 
 
 @dlq.command("purge")

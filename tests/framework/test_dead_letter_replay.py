@@ -356,3 +356,22 @@ def test_dlq_list_pages_through_a_long_queue_with_after(tmp_path, unique) -> Non
     assert first == ids[50:1150]
     assert listed("--after", str(first[-1])) == ids[1150:]
     assert listed("--limit", "3") == ids[:3]
+
+
+def test_dlq_replay_says_how_many_letters_another_replay_held(tmp_path, unique) -> None:
+    """Letters a replay killed mid-send holds are skipped until its hold runs out: the command
+    said only "replayed 10", as if the group had no more."""
+    from click.testing import CliRunner
+
+    from reliable.cli import cli
+
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    ids = seed(store, unique, 30)
+    SqlStore(store).take_dead_letters(unique, ids[:20], HOLD)  # as a replay that died sending them
+    (tmp_path / "reliable.toml").write_text(f'[store]\nurl = "{store}"\n[transport]\nurl = "memory://"\n'
+                                            '[log]\nlevel = "warning"\n')
+    result = CliRunner().invoke(cli, ["dlq", "replay", unique, "--settings", str(tmp_path / "reliable.toml")])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"replayed 10 dead letter(s) of {unique}\n"
+    assert ("20 were held by another replay (one that stopped lets go of them within 60 s) or purged meanwhile: "
+            "replay again for those left") in result.stderr
