@@ -142,31 +142,36 @@ def test_letters_purged_while_a_replay_runs_are_not_replayed(tmp_path, postgres_
     assert SqlStore(postgres_url).count_dead_letters(unique) == 0
 
 
+@pytest.mark.parametrize("backends", ["postgresql+reliable", "sqlite+embedded"])
 def test_a_replay_killed_mid_run_replays_every_letter_and_resends_only_the_send_it_cut(
-    tmp_path, postgres_url, broker_url, unique
+    tmp_path, request, unique, backends
 ) -> None:
     """kill -9 once 150 of 300 letters went, after a send and before the replay recorded it: the
     letters of that send stay, held until the dead replay's hold runs out; the next replay sends
     the rest at once and those later, with the same message ids, so the consumer's default token
     (the message id) takes each letter once. The cut send was a whole chunk of 100 held in one
     transaction: 50 letters the transport had taken went again."""
+    if backends == "sqlite+embedded":
+        store_url, transport_url = f"sqlite:///{tmp_path / 'store.db'}", f"embedded://{tmp_path / 'broker'}"
+    else:
+        store_url, transport_url = request.getfixturevalue("postgres_url"), request.getfixturevalue("broker_url")
     total, kill_at = 300, 150
-    seed(postgres_url, unique, total)
+    seed(store_url, unique, total)
     (tmp_path / "go").touch()
-    killed = replayer(tmp_path, postgres_url, broker_url, unique, "replaying", "go", kill_after=kill_at)
+    killed = replayer(tmp_path, store_url, transport_url, unique, "replaying", "go", kill_after=kill_at)
     killed.communicate(timeout=120)
     assert killed.returncode == -9
     cut = -(-kill_at // CHUNK) * CHUNK  # letters sent when the kill came
-    store = SqlStore(postgres_url)
+    store = SqlStore(store_url)
     assert store.count_dead_letters(unique) == total - cut + CHUNK  # the cut send's letters stayed
-    again = replayer(tmp_path, postgres_url, broker_url, unique, "again", "go")
+    again = replayer(tmp_path, store_url, transport_url, unique, "again", "go")
     assert int(finished(again)) == total - cut  # the cut send's letters are still held by the dead replay
-    app = App(Settings.load(None, env={"RELIABLE_STORE__URL": postgres_url, "RELIABLE_TRANSPORT__URL": broker_url,
+    app = App(Settings.load(None, env={"RELIABLE_STORE__URL": store_url, "RELIABLE_TRANSPORT__URL": transport_url,
                                        "RELIABLE_LOG__LEVEL": "warning"}))
-    one_hold_later = SqlStore(postgres_url, clock=FakeClock(time.time() + HOLD + 1))
+    one_hold_later = SqlStore(store_url, clock=FakeClock(time.time() + HOLD + 1))
     assert DeadLetters(one_hold_later, app.transport).replay(unique) == CHUNK
     app.close()
-    stats = deliveries(postgres_url, broker_url, unique, token="id")
+    stats = deliveries(store_url, transport_url, unique, token="id")
     assert (stats["processed"], stats["duplicate"]) == (total, CHUNK)  # every letter once; the cut send twice
     assert CHUNK <= 20  # was a chunk of 100
     assert store.count_dead_letters(unique) == 0
