@@ -219,3 +219,29 @@ def test_a_twin_of_a_held_lease_is_deferred_at_most_a_lease_after_the_wall_clock
         assert calls == ["o1"]  # once the holder's lease ended
     finally:
         app.close()
+
+
+def test_a_batch_commit_acks_on_its_interval_after_the_wall_clock_steps_back(tmp_path: Path) -> None:
+    clock = FakeClock()
+    app = test_app(tmp_path, clock=clock, settings={"RELIABLE_COMMIT__STRATEGY": "batch",
+                                                    "RELIABLE_COMMIT__INTERVAL": "5"})
+    probe = app.transport.subscribe(GROUP, ["orders"])  # fetches nothing: counts what is not acked
+    unacked: list[int] = []
+
+    @app.handler("orders", group=GROUP, token="body.id")
+    def bill(msg: Message) -> None:  # a, b and c each published by the one before: a fetch each
+        if msg.body["id"] == "b":
+            clock.step(-HOUR)  # while b's handler runs
+            clock.advance(5)  # the batch's interval, since a was done
+        if msg.body["id"] == "c":
+            unacked.append(probe.pending())
+        else:
+            app.publish("orders", {"id": chr(ord(msg.body["id"]) + 1)})
+
+    try:
+        app.publish("orders", {"id": "a"})
+        app.run(until_idle=True)
+        assert unacked == [1]  # a and b acked on the interval after b: c alone is out
+    finally:
+        probe.close()
+        app.close()
