@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 
 from backends.store import SqlStore, Store
 from backends.types import CONTENT_TYPE, JSON, OutgoingMessage
@@ -128,6 +128,17 @@ def latencies(app: App, writer: Store, name: str, samples: int) -> list[float]:
     return [got[i] - t for i, t in committed.items()]
 
 
+def vacuum_outbox(app: App) -> None:
+    """Clear the dead rows of the outbox tables: a test server may run without autovacuum (this
+    machine's does), and every test's relay leaves its moved rows dead in ``reliable_outbox``
+    (900,000 once, which doubled the relay's move by statement, 26 -> 11 us/row best of 15)."""
+    app.store.outbox.status()  # the tables exist
+    engine = create_engine(DATABASE_URL, isolation_level="AUTOCOMMIT")
+    with engine.connect() as connection:
+        connection.execute(text("vacuum reliable_outbox, reliable_outbox_sent_rows"))
+    engine.dispose()
+
+
 def row(label: str, values: list[str]) -> str:
     return f"{label:<58}" + "".join(f"{v:>16}" for v in values)
 
@@ -147,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
             name = f"b{uuid.uuid4().hex[:10]}"
             store = DATABASE_URL if args.store == "postgresql" else f"sqlite:///{root / label / 'store.db'}"
             app = make_app(root / label, store, args.transport or f"embedded://{root / label / 'broker'}", name)
+            if args.store == "postgresql":
+                vacuum_outbox(app)
             try:
                 return run(app, name)
             finally:
