@@ -97,7 +97,7 @@ def test_a_port_in_use_stops_the_start_naming_its_key(tmp_path, key: str) -> Non
         held.listen()
         port = held.getsockname()[1]
         settings = tmp_path / "reliable.toml"
-        settings.write_text("[broker]\n" + "".join(f"{k} = {v}\n" for k, v in {"port": 0, key: port}.items()))
+        settings.write_text("[broker]\n" + "".join(f"{k} = {v}\n" for k, v in {"port": 0, "stomp_port": 0, key: port}.items()))
         run = subprocess.run([sys.executable, "-c", "from reliable.cli import main; main()", "broker", "serve",
                               "--settings", str(settings), "--data-dir", str(tmp_path / "data")],
                              cwd=ROOT, capture_output=True, text=True, timeout=60)
