@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import sys
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from backends.types import DeadLetter, new_message_id
+from backends.types import new_message_id
 from backends.urls import redact
 from broker.errors import BrokerError
-from reliable.app import App
 from reliable.cli_broker import broker
 from reliable.cli_console import console
 from reliable.cli_outbox import outbox, relay
@@ -20,7 +19,13 @@ from reliable.cli_output import listening, progress_bar
 from reliable.cli_target import load_app
 from reliable.deadletter import HOLD
 from reliable.errors import ReliableError
-from reliable.settings import Settings
+
+if TYPE_CHECKING:
+    from backends.types import DeadLetter
+    from reliable.app import App
+
+# The framework (App, Settings: SQLAlchemy, pydantic, structlog) is imported by the commands that
+# use it, not here: `reliable --help` and a usage error answer without loading it.
 
 SETTINGS_HELP = "settings file (default: $RELIABLE_SETTINGS, else ./reliable.toml if present)"
 
@@ -66,7 +71,7 @@ def publish(topic: str, body: str, key: str | None, message_id: str | None, sett
         value = json.loads(body)
     except ValueError as exc:
         raise click.BadParameter(f"BODY is not JSON: {exc}") from exc
-    app = App(Settings.load(settings_path))
+    app = _app(settings_path)
     message_id = message_id or new_message_id()  # drawn here, as a transport would, to be told
     app.publish(topic, value, key=key, message_id=message_id)
     app.close()
@@ -87,6 +92,9 @@ def _settings_option(func: Any) -> Any:
 
 
 def _app(settings_path: str | None) -> App:
+    from reliable.app import App
+    from reliable.settings import Settings
+
     return App(Settings.load(settings_path))
 
 
@@ -198,6 +206,8 @@ cli.add_command(console)
 @_settings_option
 def show_settings(settings_path: str | None) -> None:
     """Validate the settings file and print the effective settings (passwords as ***)."""
+    from reliable.settings import Settings
+
     click.echo(json.dumps(_without_secrets(Settings.load(settings_path).model_dump(mode="json")), indent=2))
 
 

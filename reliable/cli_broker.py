@@ -22,8 +22,6 @@ import click
 
 from broker.console.config import require_console_packages
 from reliable.cli_output import progress_bar, show_table
-from reliable.log import configure_logging
-from reliable.settings import Settings
 
 SETTINGS_HELP = "settings file (default: $RELIABLE_SETTINGS, else ./reliable.toml if present)"
 
@@ -45,12 +43,14 @@ def serve(settings_path: str | None, data_dir: str | None, host: str | None, por
           metrics: tuple[str, ...]) -> None:
     """Serve the broker over TCP until SIGTERM / Ctrl-C (graceful: offsets and checkpoint written)."""
     from broker.server.run import run, settings_table
+    from reliable.log import configure_logging
 
     configure_logging("info")
     table = settings_table(settings_path)
     framework: dict[str, Any] = {}
     if table.get("console_port", False) is not False:  # the console shows the framework's side too
         from reliable.app import App
+        from reliable.settings import Settings
 
         require_console_packages()
         from reliable.console import OutboxBacklog, StoreLetters, WorkerCounters
@@ -66,6 +66,9 @@ def serve(settings_path: str | None, data_dir: str | None, host: str | None, por
 
 @contextmanager
 def _api(url: str | None, settings_path: str | None) -> Iterator[Any]:
+    from reliable.log import configure_logging
+    from reliable.settings import Settings
+
     configure_logging("warning")  # the output is the table (or JSON); logs go to stderr
     url = url or Settings.load(settings_path).transport.url
     scheme, _, rest = url.partition("://")

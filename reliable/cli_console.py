@@ -10,12 +10,7 @@ import click
 
 from broker.console.config import ConsoleConfig, require_console_packages
 from broker.errors import BrokerConfigError
-from broker.server.config import ServerConfig
-from broker.server.run import settings_table
-from reliable.app import App
 from reliable.cli_output import listening
-from reliable.log import configure_logging
-from reliable.settings import Settings
 
 SETTINGS_HELP = "settings file (default: $RELIABLE_SETTINGS, else ./reliable.toml if present)"
 
@@ -37,7 +32,12 @@ def console(settings_path: str | None, host: str | None, port: int | None, metri
     loopback only.
     """
     require_console_packages()
+    from broker.server.config import ServerConfig
+    from broker.server.run import settings_table
+    from reliable.app import App
     from reliable.console import serve
+    from reliable.log import configure_logging
+    from reliable.settings import Settings
 
     configure_logging("info")
     table = settings_table(settings_path or _default_path())

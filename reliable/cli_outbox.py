@@ -15,15 +15,16 @@ import json
 import signal
 import threading
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from backends.store.outbox import OutboxRow, RowState
-from reliable.app import App
 from reliable.cli_output import listening
 from reliable.cli_target import load_app
-from reliable.settings import Settings
+
+if TYPE_CHECKING:
+    from reliable.app import App
 
 SETTINGS_HELP = "settings file (default: $RELIABLE_SETTINGS, else ./reliable.toml if present)"
 
@@ -33,6 +34,9 @@ def _settings_option(func: Any) -> Any:
 
 
 def _app(settings_path: str | None) -> App:
+    from reliable.app import App
+    from reliable.settings import Settings
+
     return App(Settings.load(settings_path))
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich import box
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+
+if TYPE_CHECKING:  # rich is imported by the commands that print a table or a bar
+    from rich.console import Console
+    from rich.progress import Progress
 
 PIPED_WIDTH = 10_000
 """Columns a table may take when stdout is not a terminal: never wrapped or cut."""
@@ -24,11 +24,16 @@ PIPED_WIDTH = 10_000
 
 def stdout() -> Console:
     """The console for a command's result: the terminal's width, or unlimited when piped."""
+    from rich.console import Console
+
     return Console(width=None if sys.stdout.isatty() else PIPED_WIDTH, highlight=False)
 
 
 def show_table(records: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> None:
     """``records`` as a table with one column per key, or ``(none)``."""
+    from rich import box
+    from rich.table import Table
+
     if not records:
         stdout().print("(none)")
         return
@@ -51,6 +56,9 @@ def _cell(value: Any) -> str:
 def progress_bar(total: int, label: str) -> Iterator[Progress]:
     """A bar of ``total`` steps on stderr while the block runs (nothing when stderr is no terminal);
     the block calls ``bar.advance(task, n)`` on the one task, ``bar.task_ids[0]``."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     console = Console(stderr=True)
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=console, transient=True, disable=not console.is_terminal)

@@ -7,13 +7,12 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import click
 
-from reliable.app import App
-from reliable.settings import Settings
-from reliable.settings_errors import SettingsConflictError
-from reliable.settings_loader import SETTINGS_ENV
+if TYPE_CHECKING:  # the framework is imported by the command that runs an app, not by `reliable --help`
+    from reliable.app import App
 
 
 def load_app(target: str, settings_path: str | None = None) -> App:
@@ -24,6 +23,9 @@ def load_app(target: str, settings_path: str | None = None) -> App:
     ``App()`` whose module opens its backends at import opens them on it; an app whose backends
     opened on other settings is a usage error saying which keys differ and what to do.
     """
+    from reliable.settings import Settings
+    from reliable.settings_errors import SettingsConflictError
+
     settings = Settings.load(settings_path) if settings_path else None  # a bad file: refused before importing
     with _settings_file(settings_path):
         app = _import(target)
@@ -42,6 +44,8 @@ def load_app(target: str, settings_path: str | None = None) -> App:
 @contextmanager
 def _settings_file(path: str | None) -> Iterator[None]:
     """``$RELIABLE_SETTINGS`` names ``path`` inside (nothing changes without one)."""
+    from reliable.settings_loader import SETTINGS_ENV
+
     before = os.environ.get(SETTINGS_ENV)
     if path:
         os.environ[SETTINGS_ENV] = path
@@ -55,6 +59,8 @@ def _settings_file(path: str | None) -> Iterator[None]:
 
 
 def _import(target: str) -> App:
+    from reliable.app import App
+
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise click.BadParameter(f"{target!r} is not MODULE:APP (e.g. examples.payments:app)")
