@@ -15,6 +15,7 @@ opens its own `AsyncSqlStore` (`SqlStore.open_async`) and closes it there.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -139,10 +140,12 @@ class AsyncSqlStore:
     """Async transactions on a store's database, for one event loop (see the module)."""
 
     def __init__(self, engine: AsyncEngine, dialect: Dialect, clock: Clock, name: str, outbox: OutboxWriter,
-                 wakeup: Wakeup, writes: WriteRefusals) -> None:
+                 wakeup: Wakeup, writes: WriteRefusals, tables: Callable[[], None]) -> None:
         self.engine, self._dialect, self._clock, self._name = engine, dialect, clock, name
         self._outbox, self._wakeup = outbox, wakeup
         self._writes = writes  # the sync store's: one state of the disk for both
+        self._tables = tables  # the sync store's creation of the tables, done once
+        self._tables_ready = False
 
     def __repr__(self) -> str:
         return f"AsyncSqlStore({self._name})"
@@ -150,6 +153,9 @@ class AsyncSqlStore:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSqlTransaction]:
         """Begin; commit on normal exit, roll back on an exception (and re-raise it)."""
+        if not self._tables_ready:  # here, not when the loop starts: a store down then is an outage
+            await asyncio.to_thread(self._tables)
+            self._tables_ready = True
         try:
             connection = await self.engine.connect()
         except DBAPIError as exc:

@@ -294,11 +294,10 @@ class SqlStore(Store):
 
     def open_async(self, connections: int) -> AsyncSqlStore:
         """Async transactions on this database for one event loop, ``connections`` at once
-        (`backends.store.aio`); the tables are created first."""
-        self._ensure_tables()
+        (`backends.store.aio`); the tables are created before its first transaction."""
         dialect = ASYNC_DIALECTS[self.url.get_backend_name()]()
         return AsyncSqlStore(dialect.async_engine(self.url, connections), dialect, self._clock, repr(self),
-                             self._outbox_writer, self.outbox.wakeup, self._writes)
+                             self._outbox_writer, self.outbox.wakeup, self._writes, self._ensure_tables)
 
     # -- operations in a short transaction of their own --------------------------------
 

@@ -73,21 +73,32 @@ def test_each_command_stops_with_the_setting_and_the_servers_words(tmp_path: Pat
     assert "Traceback" not in done.stderr
 
 
-def make_app(store: str, broker: Path, seen: list[str] | None = None) -> App:
+def make_app(store: str, broker: Path, seen: list[str] | None = None, mode: str = "single") -> App:
+    """An app whose handler of "orders" notes each order in ``seen``: one message a transaction
+    (``single``), ten (``batch``), or ``async def`` on the async engine (``async``)."""
     env = {"RELIABLE_STORE__URL": store, "RELIABLE_TRANSPORT__URL": f"embedded://{broker}",
            "RELIABLE_RETRY__INITIAL_DELAY": "0.05"}
     app = App(Settings.load(None, env=env))
-
-    @app.handler("orders", group="shipping")
-    def ship(msg: Message, tx: Any) -> None:
-        if seen is not None:
-            seen.append(msg.body["order"])
-
+    noted = seen if seen is not None else []
+    if mode == "batch":
+        @app.handler("orders", group="shipping", batch=10)
+        def ship_batch(messages: list[Message], tx: Any) -> None:
+            noted.extend(m.body["order"] for m in messages)
+    elif mode == "async":
+        @app.handler("orders", group="shipping")
+        async def ship_async(msg: Message, tx: Any) -> None:
+            noted.append(msg.body["order"])
+    else:
+        @app.handler("orders", group="shipping")
+        def ship(msg: Message, tx: Any) -> None:
+            noted.append(msg.body["order"])
     return app
 
 
-def test_a_message_in_hand_when_the_store_refuses_is_not_dead_lettered(tmp_path: Path, postgres_url: str) -> None:
-    refused = make_app(with_path(postgres_url, database="nosuchdb"), tmp_path / "broker")
+@pytest.mark.parametrize("mode", ["single", "batch", "async"])
+def test_a_message_in_hand_when_the_store_refuses_is_not_dead_lettered(tmp_path: Path, postgres_url: str,
+                                                                      mode: str) -> None:
+    refused = make_app(with_path(postgres_url, database="nosuchdb"), tmp_path / "broker", mode=mode)
     refused.publish("orders", {"order": "o-1"})
     run = Running(refused, until_idle=True)
     run.join()
@@ -96,7 +107,7 @@ def test_a_message_in_hand_when_the_store_refuses_is_not_dead_lettered(tmp_path:
     assert run.error.setting.startswith("[store] url")
 
     seen: list[str] = []
-    fixed = make_app(f"sqlite:///{tmp_path / 'store.db'}", tmp_path / "broker", seen)
+    fixed = make_app(f"sqlite:///{tmp_path / 'store.db'}", tmp_path / "broker", seen, mode)
     fixed.run(until_idle=True)
     assert seen == ["o-1"]
     assert fixed.dead_letters("shipping") == []
@@ -104,12 +115,13 @@ def test_a_message_in_hand_when_the_store_refuses_is_not_dead_lettered(tmp_path:
     fixed.close()
 
 
-def test_a_store_down_from_the_start_is_waited_out(tmp_path: Path, postgres_url: str) -> None:
+@pytest.mark.parametrize("mode", ["single", "async"])
+def test_a_store_down_from_the_start_is_waited_out(tmp_path: Path, postgres_url: str, mode: str) -> None:
     parts = urlsplit(postgres_url)
     proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
     proxy.cut()
     seen: list[str] = []
-    app = make_app(with_path(postgres_url, port=proxy.port), tmp_path / "broker", seen)
+    app = make_app(with_path(postgres_url, port=proxy.port), tmp_path / "broker", seen, mode)
     app.publish("orders", {"order": "o-1"})
     with capture_logs() as logs:
         run = Running(app, until_idle=True)
