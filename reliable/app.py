@@ -21,6 +21,7 @@ import structlog
 from backends.cache import open_cache
 from backends.cache.base import Cache
 from backends.clock import SYSTEM_CLOCK, Clock
+from backends.errors import BackendUnavailableError
 from backends.store import open_store
 from backends.store.base import Store
 from backends.transport import open_transport
@@ -39,6 +40,7 @@ from reliable.middleware import Middleware, Middlewares
 from reliable.outage import through_outages
 from reliable.outbox import Relay
 from reliable.reporting import built_in
+from reliable.retry import Backoff
 from reliable.runtime import Runtime
 from reliable.settings import Settings
 from reliable.settings_errors import SettingsConflictError, changed_keys
@@ -231,13 +233,16 @@ class App:
         With ``outbox.relay`` (the default) the outbox is relayed too: on a thread
         of its own, or with ``until_idle`` between deliveries until it is drained.
         """
-        workers = [self._worker(h) for h in self._select(handlers)]
+        selected = self._select(handlers)
+        self._stop.clear()
+        if not self._open_waiting():
+            return
+        workers = [self._worker(h) for h in selected]
         self._warn_unused_handler_settings()
         relay = self.relay() if self.settings.outbox.relay else None
         relaying: AbstractContextManager[object] = (
             relay.running(self._stop) if relay is not None and not until_idle else nullcontext())
         restore = install_signals(self._stop, lambda: sum(w.in_hand for w in workers))
-        self._stop.clear()
         self._purged_at = self.clock.monotonic()  # first purge one interval in: starting stays fast
         log.info("worker_started", handlers=[w.handler.name for w in workers], until_idle=until_idle)
         self.run_state.began(workers)
@@ -261,6 +266,17 @@ class App:
                 w.close()
             restore()
             log.info("worker_stopped", **self.stats())
+
+    def _open_waiting(self) -> bool:
+        """Open the backends, waiting out an outage (``nats://`` connects as it opens); False once stopped."""
+        waits = Backoff(self.clock)  # 0.1 s doubling to 5 s, as a worker reconnects
+        while not self._stop.is_set():
+            try:
+                return self.runtime is not None
+            except BackendUnavailableError as exc:
+                log.warning("backends_unavailable", failures=waits.failures + 1, error=str(exc))
+                waits.failed(stopping=self._stop)
+        return False
 
     def stop(self) -> None:
         """Ask `run()` to finish the messages in hand and return."""

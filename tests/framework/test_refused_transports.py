@@ -240,3 +240,62 @@ def test_publish_raises_the_refusal_at_once(tmp_path: Path, request: pytest.Fixt
         app.publish("orders", {"order": "o-1"})
     assert refused.value.setting == f"[transport] url = '{shown(url)}'" and words in str(refused.value)
     app.close()
+
+
+class NatsServer:
+    """A ``nats-server`` with JetStream on ``port``, stopped and started again over the same store."""
+
+    def __init__(self, folder: Path) -> None:
+        binary = shutil.which("nats-server")
+        assert binary is not None, "nats-server is not installed (apt-get install nats-server)"
+        self.port = free_ports(1)[0]
+        self.command = [binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(folder)]
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_listening(self.port, 30)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(30)
+
+
+def test_a_nats_server_down_when_the_worker_starts_is_waited_out(tmp_path: Path, unique: str) -> None:
+    """``nats://`` connects as the app opens its backends: that outage is waited out too."""
+    server = NatsServer(tmp_path / "js")
+    seen: list[str] = []
+
+    def make() -> App:
+        env = {"RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}", "RELIABLE_TRANSPORT__URL": server.url}
+        app = App(Settings.load(None, env=env))
+
+        @app.handler(unique, group="shipping")
+        def ship(msg: Message, tx: object) -> None:
+            seen.append(msg.body["order"])
+
+        return app
+
+    server.start()
+    try:
+        before = make()
+        before.publish(unique, {"order": "o-1"})
+        before.close()
+        server.stop()
+        app = make()
+        with capture_logs() as logs:
+            run = Running(app, until_idle=True)
+            wait_until(lambda: sum(e["event"] == "backends_unavailable" for e in logs) >= 2, "two tries to connect")
+            assert run.thread.is_alive()
+            server.start()
+            run.join()
+        assert run.error is None, run.error
+        assert seen == ["o-1"]
+        app.close()
+    finally:
+        server.stop()
