@@ -8,6 +8,10 @@ that is locked and unlocked, and `tests.tcp_proxy` for a store that is down from
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,7 @@ from reliable import App, Message
 from reliable.errors import BackendRefusedError
 from reliable.health import readiness
 from reliable.settings import Settings
+from tests.cluster.ports import free_ports
 from tests.framework.refusals import Running, reliable_cmd, said
 from tests.tcp_proxy import TcpProxy
 from tests.waiting import wait_until
@@ -181,3 +186,51 @@ def test_a_refusal_after_the_store_worked_is_waited_out_as_an_error(tmp_path: Pa
     assert run.error is None, run.error
     assert app.dead_letters("shipping") == []
     app.close()
+
+
+@pytest.fixture(scope="module")
+def password_postgres() -> Iterator[str]:
+    """A PostgreSQL cluster of the test's own that asks for a password (scram-sha-256; the
+    shared one trusts every login): user postgres, password ``right``; its URL without one."""
+    initdb = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    assert initdb, "initdb is not installed (apt-get install postgresql)"
+    binaries = initdb[-1].parent
+    folder = Path(tempfile.mkdtemp(prefix="reliable-pg-"))  # not under pytest's root-only folder
+    (folder / "password").write_text("right\n")
+    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []  # initdb refuses root
+    if as_postgres:
+        for path in (folder, folder / "password"):
+            shutil.chown(path, "postgres")
+    port = free_ports(1)[0]
+    data = str(folder / "data")
+    subprocess.run([*as_postgres, str(binaries / "initdb"), "-D", data, "--auth=scram-sha-256", "-U", "postgres",
+                    f"--pwfile={folder / 'password'}"], check=True, capture_output=True, timeout=120)
+    subprocess.run([*as_postgres, str(binaries / "pg_ctl"), "-D", data, "-l", str(folder / "log"), "-w", "start",
+                    "-o", f"-p {port} -k {folder} -c listen_addresses=127.0.0.1"], check=True, capture_output=True,
+                   timeout=120)
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_postgres, str(binaries / "pg_ctl"), "-D", data, "-m", "immediate", "stop"],
+                       capture_output=True, timeout=120)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize(("password", "words"), [
+    ("wrong", 'password authentication failed for user "postgres"'),  # 28P01, from the server
+    (None, "no password supplied"),  # libpq's: the server asked for one, the URL has none
+])
+def test_a_password_the_server_refuses_stops_the_run(tmp_path: Path, password_postgres: str, password: str | None,
+                                                     words: str) -> None:
+    parts = urlsplit(password_postgres)
+    url = password_postgres if password is None else urlunsplit(
+        parts._replace(netloc=f"postgres:{password}@{parts.hostname}:{parts.port}"))
+    (tmp_path / "orders_app.py").write_text(APP_MODULE)
+    (tmp_path / "reliable.toml").write_text(f'[transport]\nurl = "embedded://./broker"\n[store]\nurl = "{url}"\n')
+
+    done = reliable_cmd(tmp_path, "run", "orders_app:app", "--until-idle")
+
+    assert done.returncode == 2, done.stderr
+    lines = said(done)
+    assert len(lines) == 1 and lines[0].startswith("error: [store] url = 'postgresql+psycopg://postgres"), lines
+    assert words in lines[0] and "wrong" not in lines[0]  # the password is never shown
