@@ -15,10 +15,11 @@ from sqlalchemy import text
 from backends.clock import SYSTEM_CLOCK, Clock
 from broker.console.config import ConsoleConfig
 from broker.console.serving import ConsoleServer
-from broker.server.auth import Authenticator, hash_password, load_users
+from broker.server.auth import Authenticator, load_users
 from reliable import App
 from reliable.console import serve
 from reliable.testing import test_app
+from tests.passwords import hash_password
 
 PASSWORDS = {"alice": "alice-pw", "bob": "bob-pw", "carol": "carol-pw", "ops": "ops-pw"}
 USERS = {

@@ -22,11 +22,12 @@ from broker.console.config import ConsoleConfig
 from broker.console.listener import MAX_BODY, MAX_HEAD
 from broker.console.serving import ConsoleServer, start_console
 from broker.errors import BrokerConfigError
-from broker.server.auth import Authenticator, hash_password, load_users
+from broker.server.auth import Authenticator, load_users
 from tests.broker.server.test_connection_caps import held_by
 from tests.console.http import Visitor
 from tests.framework.test_health import eventually
 from tests.framework.test_probe_limits import open_ones, silent
+from tests.passwords import hash_password
 
 DEFAULTS = ConsoleConfig()
 LOGIN = b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\n"

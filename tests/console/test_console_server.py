@@ -11,9 +11,9 @@ from pathlib import Path
 
 from broker.client import Client
 from broker.delivery.values import OutgoingMessage
-from broker.server.auth import hash_password
 from tests.broker.server.serving import ROOT, ServerProcess
 from tests.console.http import Visitor
+from tests.passwords import hash_password
 from tests.waiting import wait_until
 
 CONSOLE = re.compile(r"console\.serving\W+url=(http://127\.0\.0\.1:\d+)")

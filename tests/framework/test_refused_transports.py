@@ -19,13 +19,13 @@ import redis
 from structlog.testing import capture_logs
 
 from backends.store import open_store
-from broker.server.auth import hash_password
 from reliable import App, Message
 from reliable.errors import BackendRefusedError
 from reliable.settings import Settings
 from tests.broker.server.serving import ServerProcess
 from tests.cluster.ports import free_ports, wait_listening
 from tests.framework.refusals import Running, reliable_cmd, said
+from tests.passwords import hash_password
 from tests.tcp_proxy import TcpProxy
 from tests.waiting import wait_until
 

@@ -16,8 +16,8 @@ import pytest
 from broker.client import Client
 from broker.delivery.values import OutgoingMessage
 from broker.protocol.errors import PermissionDeniedError
-from broker.server.auth import hash_password
 from tests.broker.server.serving import ServerProcess
+from tests.passwords import hash_password
 
 
 def _user(name: str, produce: list[str], consume: list[str], groups: list[str]) -> str:

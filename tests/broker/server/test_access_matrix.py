@@ -31,8 +31,8 @@ from broker.protocol import codec
 from broker.protocol.access import Access
 from broker.protocol.operations import OPERATIONS, Field, Operation
 from broker.protocol.tables import outgoing_table
-from broker.server.auth import hash_password
 from tests.broker.server.serving import ServerProcess
+from tests.passwords import hash_password
 
 TAG = uuid.uuid4().hex[:10]
 TOPIC, GROUP, QUEUE = f"acl-t-{TAG}", f"acl-g-{TAG}", f"acl-q-{TAG}"

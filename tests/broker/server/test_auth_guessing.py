@@ -24,11 +24,12 @@ from structlog.testing import capture_logs
 from broker.protocol import codec as native_codec
 from broker.protocol.codec import FrameDecoder, decode_body
 from broker.protocol.errors import AuthenticationError, LockedOutError
-from broker.server.auth import Authenticator, Principal, hash_password
+from broker.server.auth import Authenticator, Principal
 from broker.server.server import BrokerServer
 from broker.store.clock import FakeClock
 from tests.broker.server import threaded
 from tests.broker.server.threaded import ClientFrom, native
+from tests.passwords import hash_password
 from tests.waiting import wait_until
 
 PASSWORD = "s3cret"

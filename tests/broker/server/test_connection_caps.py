@@ -24,7 +24,6 @@ from broker.client import Client
 from broker.errors import BrokerUnavailableError
 from broker.protocol.codec import FrameDecoder, decode_body
 from broker.server.admission import REFUSALS_LOGGED_EVERY, Admission
-from broker.server.auth import hash_password
 from broker.server.config import Limits, TlsConfig
 from broker.server.metrics import ServerMetrics
 from broker.server.server import METRICS_CONNECTIONS, METRICS_PER_ADDRESS, BrokerServer
@@ -32,6 +31,7 @@ from broker.store.clock import FakeClock
 from tests.broker.server import threaded
 from tests.broker.server.certificates import self_signed
 from tests.broker.server.threaded import ClientFrom, counted, native
+from tests.passwords import hash_password
 from tests.waiting import wait_until
 
 PASSWORD = "s3cret"

@@ -27,9 +27,9 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 from broker.client import Client
 from broker.delivery.values import OutgoingMessage
 from broker.errors import BrokerUnavailableError
-from broker.server.auth import hash_password
 from tests.broker.server.serving import ServerProcess
 from tests.broker.server.test_stomp_errors import frame
+from tests.passwords import hash_password
 
 BUDGET = float(os.environ.get("FUZZ_SECONDS", "60"))  # seconds of examples in CI
 SOAK_BUDGET = float(os.environ.get("FUZZ_SOAK_SECONDS", "1800"))

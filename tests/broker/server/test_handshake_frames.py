@@ -18,11 +18,11 @@ import pytest
 import stomp
 
 from broker.protocol import codec as native_codec
-from broker.server.auth import hash_password
 from broker.server.server import BrokerServer
 from broker.store.clock import FakeClock
 from tests.broker.server import threaded
 from tests.broker.server.threaded import counted, replies
+from tests.passwords import hash_password
 from tests.waiting import wait_until
 
 PASSWORD = "s3cret"

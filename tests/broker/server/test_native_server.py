@@ -21,8 +21,8 @@ from broker.client import Client
 from broker.delivery.values import OutgoingMessage
 from broker.protocol import codec as native_codec
 from broker.protocol.errors import AuthenticationError, PermissionDeniedError
-from broker.server.auth import hash_password
 from tests.broker.server.serving import ServerProcess
+from tests.passwords import hash_password
 
 
 @pytest.fixture(scope="module")

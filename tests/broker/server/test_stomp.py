@@ -21,8 +21,8 @@ from stomp.exception import ConnectFailedException
 
 from broker.client import Client
 from broker.delivery.values import OutgoingMessage
-from broker.server.auth import hash_password
 from tests.broker.server.serving import ServerProcess
+from tests.passwords import hash_password
 from tests.waiting import wait_until
 
 WAIT = 20.0

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.server.auth import hash_password
 from tests.broker.server.serving import ServerProcess
 from tests.broker.server.test_stomp import WAIT, connect
+from tests.passwords import hash_password
 
 MAX_FRAME = 65536
 

@@ -17,9 +17,9 @@ import stomp
 
 from broker.client import Client
 from broker.delivery.values import OutgoingMessage
-from broker.server.auth import hash_password
 from tests.broker.server.serving import ServerProcess
 from tests.broker.server.test_stomp import Inbox, settled
+from tests.passwords import hash_password
 
 FORGED = "a\n\nFORGED\x00MESSAGE\ndestination:/queue/elsewhere\n\nforged"
 

@@ -17,10 +17,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.server.auth import hash_password
 from tests.broker.server.serving import ServerProcess
 from tests.broker.server.test_stomp import WAIT
 from tests.broker.server.test_stomp_errors import exchange, frame, queue_contents
+from tests.passwords import hash_password
 
 HANDSHAKE = 1.0
 IDLE = 5.0

@@ -13,12 +13,12 @@ import ssl
 
 import pytest
 
-from broker.server.auth import hash_password
 from broker.server.config import TlsConfig
 from broker.store.clock import FakeClock
 from tests.broker.server import threaded
 from tests.broker.server.certificates import self_signed
 from tests.broker.server.threaded import counted
+from tests.passwords import hash_password
 from tests.waiting import wait_until
 
 USERS = {"app": {"password_hash": hash_password("s3cret"), "admin": True}}
