@@ -2,13 +2,22 @@
 
 The transport counts every delivery (`Message.attempt`), those that came back
 because the store could not be used (a full disk, a database out of reach)
-or a lease was held elsewhere included. A long outage would leave a message
-with hundreds of deliveries, and its first real failure after the outage
-would find its attempts spent: dead-lettered because of the outage. The
-pipeline counts what it deferred, per message id, and the redelivery policy
-sees only the deliveries that were attempts. The count is kept in memory,
-bounded (`LIMIT` messages, the least recently deferred forgotten first): a
-worker restarted during an outage counts its deliveries again.
+or a lease was held elsewhere included. Fetching on through an outage of
+minutes would give a message a delivery every ``initial_delay``, and its
+first real failure after the outage would find its attempts spent:
+dead-lettered because of the outage. Two things keep that from happening:
+
+* `StoreGate`: once a message was deferred because the store is down, the
+  worker fetches nothing until the store answers again (a ping, with a
+  growing wait); a worker starts with the gate closed, so one restarted
+  during an outage fetches nothing either. An outage costs a message in hand
+  when it began one delivery, whatever its length and however often the
+  worker is restarted meanwhile. A full disk still answers the ping (reads
+  work): the worker goes on fetching and deferring then, counted as below.
+* `Deferrals`: the pipeline counts what it deferred, per message id, and the
+  redelivery policy sees only the deliveries that were attempts. The count is
+  kept in memory, bounded (`LIMIT` messages, the least recently deferred
+  forgotten first): a restarted worker starts counting again.
 """
 
 from __future__ import annotations
@@ -17,7 +26,15 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 
+import structlog
+
+from backends.clock import Clock
+from backends.errors import StoreUnavailableError
+from backends.store.base import Store
 from backends.types import Message
+from reliable.retry import Backoff
+
+log = structlog.get_logger("reliable.deferrals")
 
 LIMIT = 100_000
 
@@ -50,3 +67,34 @@ class Deferrals:
         with self._lock:
             deferred = self._counts.get(message.id, 0)
         return max(1, message.attempt - deferred)
+
+
+class StoreGate:
+    """Whether a worker may fetch: not while its store is known to be down (closed at start)."""
+
+    def __init__(self, store: Store, clock: Clock, handler: str, stopping: threading.Event | None = None) -> None:
+        self._store, self._handler, self._stopping = store, handler, stopping
+        self._backoff = Backoff(clock)  # 0.1 s doubling to 5 s
+        self._open = False
+
+    def store_down(self) -> None:
+        """A message was deferred because the store could not be used: fetch no more until it answers."""
+        self._open = False
+
+    def passes(self) -> bool:
+        """True while the gate is open, or once the store answers a ping; else False after the
+        next wait of the backoff (cut short when the worker stops)."""
+        if self._open:
+            return True
+        try:
+            self._store.ping()
+        except StoreUnavailableError as exc:
+            error = str(exc)
+            self._backoff.failed(lambda failures, delay: log.warning(
+                "store_unavailable", handler=self._handler, failures=failures, retry_in=round(delay, 3),
+                error=error, fetching="held until the store answers"), self._stopping)
+            return False
+        if failures := self._backoff.succeeded():
+            log.info("store_reachable", handler=self._handler, after_failures=failures)
+        self._open = True
+        return True

@@ -15,7 +15,9 @@ subscribes again. Messages it held are redelivered by the transport and
 de-duplicated by their tokens. A transport whose disk is full
 (`DiskFullError`) is reachable: the worker keeps its membership and waits
 the same backoff; a message it could not hand back comes back when its
-lease expires.
+lease expires. A store that is down holds fetching (`StoreGate`): each
+delivery of a message that can only be deferred would cost it one of its
+redeliveries.
 """
 
 from __future__ import annotations
@@ -34,11 +36,13 @@ from backends.transport.base import SubscribeOptions, Subscription
 from backends.types import Message, QueueRef
 from reliable import metrics
 from reliable.commit import CommitStrategy, OffsetWatermark
+from reliable.deferrals import StoreGate
 from reliable.handler import Handler
 from reliable.middleware import Middlewares
 from reliable.outcome import Outcome, Result
 from reliable.pipeline import Pipeline
 from reliable.pipeline.runner import OnLoop
+from reliable.pipeline.steps import store_down
 from reliable.retry import Backoff
 from reliable.runtime import Runtime
 
@@ -76,6 +80,7 @@ class Worker:
         self._pool = ThreadPoolExecutor(self.lanes, thread_name_prefix=f"reliable-{handler.name}") if threads else None
         self._subscription: Subscription | None = None
         self._reconnect = Backoff(runtime.clock)  # 0.1 s doubling to 5 s
+        self.store_gate = StoreGate(runtime.store, runtime.clock, handler.name, self.stopping)
         self.in_hand = 0  # messages fetched and not yet settled (what a forced exit hands back)
         self._lag_read_at = float("-inf")  # when the consumer lag was last read (`LAG_INTERVAL`)
 
@@ -98,6 +103,8 @@ class Worker:
 
     def poll(self, timeout: float) -> int:
         """One fetch-and-process cycle; returns how many messages were fetched."""
+        if not self.store_gate.passes():
+            return 0
         messages = self._guarded(lambda: self.subscription.fetch(self.fetch_size, timeout))
         if messages is FAILED:
             return 0
@@ -221,6 +228,8 @@ class Worker:
         return self.pipeline.process(messages, self.stopping.is_set)
 
     def _settle(self, results: Sequence[Result]) -> None:
+        if any(r.outcome is Outcome.DEFERRED and r.error is not None and store_down(r.error) for r in results):
+            self.store_gate.store_down()
         self._advance([r.message for r in results if self._hand_back(r)])
         self.strategy.done([r.message for r in results if r.acked], self._ack, self.runtime.clock.monotonic())
 

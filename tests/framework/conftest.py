@@ -2,12 +2,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
+from backends.store.sqlalchemy import SqlStore
 from reliable import App
 from reliable.testing import FakeClock, test_app
+from tests.tcp_proxy import TcpProxy
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -50,3 +53,18 @@ def pending(app: App, group: str, topic: str) -> int:
     """What the transport still holds for ``group`` on ``topic`` (a member that only looks)."""
     with app.transport.subscribe(group, [topic]) as subscription:
         return subscription.pending()
+
+
+def cut_once_the_store_answers(app: App, proxy: TcpProxy) -> None:
+    """Cut ``proxy`` (the store's) right after the worker's first ping reached the database: a
+    worker fetches nothing until its store answers (`reliable.deferrals.StoreGate`), so an outage
+    that meets messages in hand begins once the worker has found the store up."""
+    assert isinstance(app.store, SqlStore)
+    pinged: list[bool] = []
+
+    def executed(_conn: Any, _cursor: Any, _statement: str, parameters: Any, *_: Any) -> None:
+        if not pinged and "%ping" in str(parameters):
+            pinged.append(True)
+            proxy.cut()
+
+    event.listen(app.store.engine, "after_cursor_execute", executed)

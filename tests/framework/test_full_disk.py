@@ -176,8 +176,9 @@ def test_a_worker_started_on_a_full_disk_begins_once_space_is_back(small_disk: P
         with capture_logs() as logs:
             app.run(until_idle=True)
         assert not clock.ballast.path.exists(), "space never came back"
-        refusals = [e["error"] for e in logs if e["event"] == "transport_disk_full"]
-        assert refusals and "cannot be opened: the disk is full" in refusals[0], refusals[:1]
+        # the worker waits for its store (`StoreGate`) before it fetches: the store names the disk
+        refusals = [e["error"] for e in logs if e["event"] in ("store_unavailable", "transport_disk_full")]
+        assert refusals and "is full" in refusals[0], refusals[:1]
         assert effects(app) == ["order-1"]
     finally:
         clock.ballast.free()

@@ -11,7 +11,7 @@ from reliable import Message
 from reliable.testing import FakeClock, test_app
 from tests.tcp_proxy import TcpProxy
 
-from .conftest import create_effects, effects, write_effect
+from .conftest import create_effects, cut_once_the_store_answers, effects, write_effect
 
 
 def test_cache_outage_degrades_to_the_store(tmp_path) -> None:
@@ -62,7 +62,7 @@ def test_store_outage_acks_nothing_and_loses_nothing(tmp_path, postgres_url, uni
         write_effect(tx, msg.body["id"], msg.attempt, table=table)
 
     app.publish_many("orders", [{"id": f"o{i}"} for i in range(5)])
-    proxy.cut()
+    cut_once_the_store_answers(app, proxy)
     app.run(until_idle=True)  # defers while the store is down, then processes when it is back
 
     assert effects(app, table) == [f"o{i}" for i in range(5)]

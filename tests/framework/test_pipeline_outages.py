@@ -14,6 +14,7 @@ import pytest
 
 from reliable import Message
 from reliable.testing import FakeClock, dead_letter_queue, test_app
+from tests.framework.conftest import cut_once_the_store_answers
 from tests.tcp_proxy import TcpProxy
 
 
@@ -56,7 +57,7 @@ def test_batch_mode_with_the_store_down_dead_letters_nothing_without_its_record(
         handled.extend(m.body["id"] for m in msgs)
 
     app.publish_many("orders", [{"id": "a"}, {"no-id": 1}, {"id": "b"}])
-    proxy.cut()
+    cut_once_the_store_answers(app, proxy)
     app.runtime.clock.sleep = _noting(app.runtime.clock.sleep, lambda: transport_dlq_during_outage.append(
         len(dead_letter_queue(app, unique))))
     app.run(until_idle=True)
