@@ -161,14 +161,13 @@ def test_password_checks_run_a_few_at_once_and_a_flood_from_one_address_waits_it
             wait_until(lambda: checks.made >= 4, "the flood's checks to be under way")
             assert log_in(server, "127.0.0.3", PASSWORD)[1] == ""
             answered = sum(attempt.done() for attempt in flood)
-            began = time.monotonic()
-            connected.topics()  # a connected client is served meanwhile, at once
-            served_in = time.monotonic() - began
+            connected.topics()  # a connected client is served meanwhile, not behind the flood
+            waiting = sum(not attempt.done() for attempt in flood)
             assert all("wrong user name" in attempt.result()[1] for attempt in flood)
         connected.close()
     assert answered < 30, f"the other address's log-in waited for {answered} of the flood's checks"
     assert checks.most == 2
-    assert served_in < 0.5
+    assert waiting > 0, "the connected client was served only after the whole flood's checks"
 
 
 def test_the_addresses_remembered_are_bounded(tmp_path, clock) -> None:
