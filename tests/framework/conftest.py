@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from sqlalchemy import event, text
@@ -53,6 +54,16 @@ def pending(app: App, group: str, topic: str) -> int:
     """What the transport still holds for ``group`` on ``topic`` (a member that only looks)."""
     with app.transport.subscribe(group, [topic]) as subscription:
         return subscription.pending()
+
+
+@pytest.fixture
+def postgres_proxy(postgres_url: str) -> Iterator[TcpProxy]:
+    """A `TcpProxy` in front of PostgreSQL: connect through ``postgres_proxy.port`` to cut and
+    restore the store's connections."""
+    parts = urlsplit(postgres_url)
+    proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    yield proxy
+    proxy.close()
 
 
 def cut_once_the_store_answers(app: App, proxy: TcpProxy) -> None:

@@ -5,15 +5,12 @@ from __future__ import annotations
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
-
-import pytest
 
 from reliable import App, Message
 from reliable.health import serve_probes
 from reliable.testing import test_app
-from tests.tcp_proxy import TcpProxy
 
 
 def get(port: int, path: str) -> tuple[int, str]:
@@ -34,17 +31,9 @@ def eventually(check: Callable[[], bool], what: str, seconds: float = 60) -> Non
     raise AssertionError(f"never: {what}")
 
 
-@pytest.fixture
-def proxy(postgres_url: str) -> Iterator[TcpProxy]:
+def test_readyz_is_503_while_postgresql_is_cut_and_200_once_it_is_back(tmp_path, postgres_url, postgres_proxy, unique) -> None:
     parts = urlsplit(postgres_url)
-    proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
-    yield proxy
-    proxy.close()
-
-
-def test_readyz_is_503_while_postgresql_is_cut_and_200_once_it_is_back(tmp_path, postgres_url, proxy, unique) -> None:
-    parts = urlsplit(postgres_url)
-    through_proxy = urlunsplit(parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{proxy.port}"))
+    through_proxy = urlunsplit(parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{postgres_proxy.port}"))
     app = test_app(tmp_path, store=through_proxy, cache="none",
                    settings={"RELIABLE_WORKER__POLL_TIMEOUT": "0.05"})
 
@@ -60,11 +49,11 @@ def test_readyz_is_503_while_postgresql_is_cut_and_200_once_it_is_back(tmp_path,
     try:
         eventually(lambda: get(port, "/readyz")[0] == 200, "ready")
         assert get(port, "/healthz")[0] == 200
-        proxy.cut()
+        postgres_proxy.cut()
         status, body = get(port, "/readyz")
         assert status == 503 and '"store": false' in body
         assert get(port, "/healthz")[0] == 200  # alive: a store outage is not a reason to restart
-        proxy.restore()
+        postgres_proxy.restore()
         eventually(lambda: get(port, "/readyz")[0] == 200, "ready again")
         status, metrics = get(port, "/metrics")
         assert status == 200 and "reliable_messages_total" in metrics

@@ -14,11 +14,9 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-import pytest
 from sqlalchemy import create_engine, text
 
 from backends.store.sqlalchemy import SqlStore
@@ -48,19 +46,11 @@ class WorkerProcess:
         self.process.wait(timeout=30)
 
 
-@pytest.fixture
-def proxy(postgres_url: str) -> Iterator[TcpProxy]:
-    parts = urlsplit(postgres_url)
-    proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
-    yield proxy
-    proxy.close()
-
-
 def test_a_restart_during_a_store_outage_does_not_spend_the_messages_redeliveries(
-    tmp_path: Path, reliable_server, postgres_url: str, proxy: TcpProxy, unique: str
+    tmp_path: Path, reliable_server, postgres_url: str, postgres_proxy: TcpProxy, unique: str
 ) -> None:
     parts = urlsplit(postgres_url)
-    proxied = urlunsplit(parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{proxy.port}"))
+    proxied = urlunsplit(parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{postgres_proxy.port}"))
     settings = {"RELIABLE_TRANSPORT__URL": reliable_server.url, "RELIABLE_CACHE__URL": "memory://",
                 "RELIABLE_RETRY__INITIAL_DELAY": "0.1", "RELIABLE_RETRY__JITTER": "0",
                 "RELIABLE_RETRY__MAX_REDELIVERIES": str(MAX_REDELIVERIES),
@@ -78,7 +68,7 @@ def test_a_restart_during_a_store_outage_does_not_spend_the_messages_redeliverie
     second: WorkerProcess | None = None
     try:
         wait_until(lambda: first.logged("group_joined"), "the first worker to join its group")
-        proxy.cut()
+        postgres_proxy.cut()
         publisher.publish(unique, {"token": "t1"})
         wait_until(lambda: first.logged("store.unavailable") >= 6, "the first worker to meet the outage a while")
         deferred_before_restart = first.logged("message_deferred")
@@ -86,7 +76,7 @@ def test_a_restart_during_a_store_outage_does_not_spend_the_messages_redeliverie
         second = WorkerProcess(tmp_path / "second.log", env, unique)
         wait_until(lambda: second.logged("store.unavailable") >= 3, "the restarted worker to meet the outage")
         deferred_after_restart = second.logged("message_deferred")
-        proxy.restore()
+        postgres_proxy.restore()
         wait_until(lambda: rows(direct, unique) or store.count_dead_letters(unique), "the message to be settled")
     finally:
         first.kill()

@@ -7,10 +7,7 @@ its lease expires, and the stored result stays consistent.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
-
-import pytest
 
 from reliable import Message
 from reliable.testing import FakeClock, dead_letter_queue, test_app
@@ -21,32 +18,24 @@ from tests.tcp_proxy import TcpProxy
 class RestoringClock(FakeClock):
     """A fake clock that brings the store back the first time the worker waits."""
 
-    def __init__(self, proxy: TcpProxy) -> None:
+    def __init__(self, postgres_proxy: TcpProxy) -> None:
         super().__init__()
-        self.proxy = proxy
+        self.postgres_proxy = postgres_proxy
 
     def sleep(self, seconds: float) -> None:
         super().sleep(seconds)
-        self.proxy.restore()
+        self.postgres_proxy.restore()
 
 
-@pytest.fixture
-def proxy(postgres_url: str) -> Iterator[TcpProxy]:
+def proxied_url(postgres_url: str, postgres_proxy: TcpProxy) -> str:
     parts = urlsplit(postgres_url)
-    proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
-    yield proxy
-    proxy.close()
-
-
-def proxied_url(postgres_url: str, proxy: TcpProxy) -> str:
-    parts = urlsplit(postgres_url)
-    return urlunsplit(parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{proxy.port}"))
+    return urlunsplit(parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{postgres_proxy.port}"))
 
 
 def test_batch_mode_with_the_store_down_dead_letters_nothing_without_its_record(
-    tmp_path, postgres_url, proxy, unique
+    tmp_path, postgres_url, postgres_proxy, unique
 ) -> None:
-    app = test_app(tmp_path, clock=RestoringClock(proxy), store=proxied_url(postgres_url, proxy), cache="none",
+    app = test_app(tmp_path, clock=RestoringClock(postgres_proxy), store=proxied_url(postgres_url, postgres_proxy), cache="none",
                    settings={"RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1"})
     app.store.count_dead_letters(unique)  # tables ready before the cut
     handled: list[str] = []
@@ -57,7 +46,7 @@ def test_batch_mode_with_the_store_down_dead_letters_nothing_without_its_record(
         handled.extend(m.body["id"] for m in msgs)
 
     app.publish_many("orders", [{"id": "a"}, {"no-id": 1}, {"id": "b"}])
-    cut_once_the_store_answers(app, proxy)
+    cut_once_the_store_answers(app, postgres_proxy)
     app.runtime.clock.sleep = _noting(app.runtime.clock.sleep, lambda: transport_dlq_during_outage.append(
         len(dead_letter_queue(app, unique))))
     app.run(until_idle=True)
@@ -80,9 +69,9 @@ def _noting(sleep, note):
 
 
 def test_lease_mode_store_cut_after_the_side_effect_is_not_acked_and_stays_consistent(
-    tmp_path, postgres_url, proxy, unique
+    tmp_path, postgres_url, postgres_proxy, unique
 ) -> None:
-    app = test_app(tmp_path, clock=RestoringClock(proxy), store=proxied_url(postgres_url, proxy), cache="none",
+    app = test_app(tmp_path, clock=RestoringClock(postgres_proxy), store=proxied_url(postgres_url, postgres_proxy), cache="none",
                    settings={"RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1"})
     calls: list[int] = []
 
@@ -90,7 +79,7 @@ def test_lease_mode_store_cut_after_the_side_effect_is_not_acked_and_stays_consi
     def send(msg: Message) -> str:
         calls.append(msg.attempt)
         if len(calls) == 1:
-            proxy.cut()  # the outside call happened; the store goes down before its result is stored
+            postgres_proxy.cut()  # the outside call happened; the store goes down before its result is stored
         return f"sent {len(calls)}"
 
     app.publish("mail", {"id": "m-1"})

@@ -43,20 +43,20 @@ Match = Callable[[str, Any], bool]
 class RestoringClock(FakeClock):
     """A fake clock that brings the store back whenever the worker waits."""
 
-    def __init__(self, proxy: TcpProxy) -> None:
+    def __init__(self, postgres_proxy: TcpProxy) -> None:
         super().__init__()
-        self.proxy = proxy
+        self.postgres_proxy = postgres_proxy
 
     def sleep(self, seconds: float) -> None:
         super().sleep(seconds)
-        self.proxy.restore()
+        self.postgres_proxy.restore()
 
 
 class Trap:
     """Springs once on the transaction in which a statement ``match`` accepts ran."""
 
-    def __init__(self, engine: Engine, proxy: TcpProxy, match: Match, moment: str) -> None:
-        self.proxy, self.match, self.moment = proxy, match, moment
+    def __init__(self, engine: Engine, postgres_proxy: TcpProxy, match: Match, moment: str) -> None:
+        self.postgres_proxy, self.match, self.moment = postgres_proxy, match, moment
         self.sprung = 0
         self.connects_after = 0  # new connections opened after the trap sprang: the reconnects
         self.errors: list[tuple[str | None, bool]] = []  # (statement, is_disconnect) the client saw
@@ -71,7 +71,7 @@ class Trap:
         if self.sprung or not isinstance(parameters, dict | list | tuple) or not self.match(statement, parameters):
             return
         if self.moment == "mid_transaction":
-            self._spring(self.proxy.cut)
+            self._spring(self.postgres_proxy.cut)
         else:
             self._marked.add(id(conn))
 
@@ -79,7 +79,7 @@ class Trap:
         if id(conn) not in self._marked:
             return
         self._marked.discard(id(conn))
-        self._spring(self.proxy.cut if self.moment == "commit_lost" else self.proxy.lose_next_reply)
+        self._spring(self.postgres_proxy.cut if self.moment == "commit_lost" else self.postgres_proxy.lose_next_reply)
 
     def _spring(self, fault: Callable[[], None]) -> None:
         self.sprung += 1
@@ -95,16 +95,8 @@ class Trap:
 
 
 @pytest.fixture
-def proxy(postgres_url: str) -> Iterator[TcpProxy]:
-    parts = urlsplit(postgres_url)
-    proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
-    yield proxy
-    proxy.close()
-
-
-@pytest.fixture
 def direct(postgres_url: str, unique: str) -> Iterator[Engine]:
-    """The test's own connection to PostgreSQL (not through the proxy), and the effects table."""
+    """The test's own connection to PostgreSQL (not through the postgres_proxy), and the effects table."""
     engine = create_engine(postgres_url)
     with engine.begin() as conn:
         conn.execute(text(f"create table {unique} (token text not null)"))
@@ -119,10 +111,10 @@ def effects(engine: Engine, table: str) -> dict[str, int]:
         return dict(conn.execute(text(f"select token, count(*) from {table} group by token")).all())
 
 
-def start(tmp_path, postgres_url: str, proxy: TcpProxy) -> App:
+def start(tmp_path, postgres_url: str, postgres_proxy: TcpProxy) -> App:
     parts = urlsplit(postgres_url)
-    proxied = urlunsplit(parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{proxy.port}"))
-    app = test_app(tmp_path, clock=RestoringClock(proxy), store=proxied, cache="none")
+    proxied = urlunsplit(parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{postgres_proxy.port}"))
+    app = test_app(tmp_path, clock=RestoringClock(postgres_proxy), store=proxied, cache="none")
     app.store.count_dead_letters("none")  # the tables exist before any trap is set
     return app
 
@@ -145,12 +137,12 @@ def insert_effect(table: str) -> Callable[[Any, str], None]:
 @pytest.mark.parametrize("moment", ["mid_transaction", "commit_lost", "reply_lost"])
 @pytest.mark.parametrize("mode", ["single", "batch"])
 def test_store_cut_in_the_handlers_transaction(
-    tmp_path, postgres_url: str, proxy: TcpProxy, direct: Engine, unique: str, mode: str, moment: str
+    tmp_path, postgres_url: str, postgres_proxy: TcpProxy, direct: Engine, unique: str, mode: str, moment: str
 ) -> None:
-    app = start(tmp_path, postgres_url, proxy)
+    app = start(tmp_path, postgres_url, postgres_proxy)
     calls: Counter[str] = Counter()
     write = insert_effect(unique)
-    trap = Trap(store_engine(app), proxy, moment=moment,
+    trap = Trap(store_engine(app), postgres_proxy, moment=moment,
                 match=lambda sql, p: sql.startswith(f"insert into {unique}") and TARGET in strings(p))
 
     if mode == "batch":
@@ -179,7 +171,7 @@ def test_store_cut_in_the_handlers_transaction(
     elif moment == "commit_lost":  # the commit failed, the server rolled back, the handler ran again
         assert commit_failed and calls[TARGET] >= 2
     else:  # the commit failed for the client but the server had committed: the handler never ran again
-        assert proxy.replies_lost == 1 and commit_failed and calls[TARGET] == 1
+        assert postgres_proxy.replies_lost == 1 and commit_failed and calls[TARGET] == 1
         assert app.stats()["duplicate"] >= 1  # the rerun found the token claimed by the unseen commit
     assert effects(direct, unique) == dict.fromkeys(TOKENS, 1)  # nothing lost, nothing doubled
     assert app.dead_letters(unique) == []
@@ -209,11 +201,11 @@ def result_statement(token: str) -> Match:
     ("reply_lost", result_statement),
 ], ids=["lease_mid_transaction", "lease_commit_lost", "lease_reply_lost", "result_reply_lost"])
 def test_store_cut_around_the_lease(
-    tmp_path, postgres_url: str, proxy: TcpProxy, direct: Engine, unique: str, moment: str, match: Callable
+    tmp_path, postgres_url: str, postgres_proxy: TcpProxy, direct: Engine, unique: str, moment: str, match: Callable
 ) -> None:
-    app = start(tmp_path, postgres_url, proxy)
+    app = start(tmp_path, postgres_url, postgres_proxy)
     calls: Counter[str] = Counter()
-    trap = Trap(store_engine(app), proxy, match=match(f"{TARGET}"), moment=moment)
+    trap = Trap(store_engine(app), postgres_proxy, match=match(f"{TARGET}"), moment=moment)
 
     @app.handler("mail", group=unique, token="body.id", lease=30.0)
     def send(msg: Message) -> str:
@@ -234,11 +226,11 @@ def test_store_cut_around_the_lease(
     if match is lease_statement and moment == "reply_lost":
         # the lease was taken although the client saw its commit fail: the redelivery met our own
         # orphaned lease, waited for it to expire, then took it over
-        assert proxy.replies_lost == 1 and "lease_held" in events
+        assert postgres_proxy.replies_lost == 1 and "lease_held" in events
     elif match is lease_statement:
         assert app.stats()["deferred"] >= 1  # no lease, no handler: the message came back
     else:
-        assert proxy.replies_lost == 1
+        assert postgres_proxy.replies_lost == 1
     assert effects(direct, unique) == dict.fromkeys(TOKENS, 1)  # nothing lost, nothing doubled
     app.close()
     duplicate = test_app(tmp_path / "again", store=postgres_url, cache="none")
