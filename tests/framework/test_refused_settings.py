@@ -161,10 +161,11 @@ def role(postgres_url: str, unique: str) -> Iterator[Callable[[str], None]]:
     admin.dispose()
 
 
+@pytest.mark.parametrize("mode", ["single", "async"])
 def test_a_refusal_after_the_store_worked_is_waited_out_as_an_error(tmp_path: Path, postgres_url: str, unique: str,
-                                                                    role: Callable[[str], None]) -> None:
+                                                                    role: Callable[[str], None], mode: str) -> None:
     seen: list[str] = []
-    app = make_app(with_path(postgres_url, user=unique), tmp_path / "broker", seen)
+    app = make_app(with_path(postgres_url, user=unique), tmp_path / "broker", seen, mode)
     with capture_logs() as logs:
         run = Running(app)
         app.publish("orders", {"order": "o-1"})
