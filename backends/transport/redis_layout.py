@@ -43,8 +43,9 @@ return adopted
 """
 
 # ARGV: ns, group, topic, queues, now, lease_until, max_messages, first queue
-# Returns {claimed, adopted}: {member, kind, stored state or false, entry fields, redeliveries}
-# per claimed message, and what it adopted. A queue is adopted before it is read.
+# Returns {claimed, adopted, vanished}: {member, kind, stored state or false, entry fields,
+# redeliveries} per claimed message, what it adopted, and the members due again whose entry
+# is gone from the stream (dropped, not leased again). A queue is adopted before it is read.
 CLAIM = ADOPT + """
 local ns, group, topic = ARGV[1], ARGV[2], ARGV[3]
 local queues, now, lease = tonumber(ARGV[4]), ARGV[5], ARGV[6]
@@ -68,18 +69,23 @@ for _, seq in ipairs(redis.call('ZRANGEBYSCORE', delayed, '-inf', now)) do
 end
 for key, head in pairs(moved) do redis.call('SET', head, heads[key]) end
 
-local claimed = {}
+local claimed, vanished = {}, {}
 for _, source in ipairs({scheduled, inflight}) do
   if #claimed < limit then
     for _, member in ipairs(redis.call('ZRANGEBYSCORE', source, '-inf', now, 'LIMIT', 0, limit - #claimed)) do
       redis.call('ZREM', source, member)
-      redis.call('ZADD', inflight, lease, member)
       local q, offset = string.match(member, '(%d+):(%d+)')
       local id = '0-' .. (tonumber(offset) + 1)
       local entry = redis.call('XRANGE', stream(q), id, id)[1]
-      local kind = source == inflight and 'expired' or 'scheduled'
-      local again = redis.call('HINCRBY', redelivered, member, 1)
-      if entry then table.insert(claimed, {member, kind, redis.call('HGET', state, member), entry[2], again}) end
+      if entry then
+        redis.call('ZADD', inflight, lease, member)
+        local kind = source == inflight and 'expired' or 'scheduled'
+        local again = redis.call('HINCRBY', redelivered, member, 1)
+        table.insert(claimed, {member, kind, redis.call('HGET', state, member), entry[2], again})
+      else  -- the entry was deleted (DEL, XTRIM, XDEL, FLUSHALL): nothing left to deliver
+        redis.call('HDEL', state, member); redis.call('HDEL', redelivered, member)
+        table.insert(vanished, member)
+      end
     end
   end
 end
@@ -87,7 +93,7 @@ end
 for pass = 1, 2 do
   for i = 0, queues - 1 do
     local remaining = limit - #claimed
-    if remaining <= 0 then return {claimed, adopted} end
+    if remaining <= 0 then return {claimed, adopted, vanished} end
     local q = (start + i) % queues
     local share = remaining
     if pass == 1 then share = math.ceil(remaining / (queues - i)) end
@@ -107,7 +113,7 @@ for pass = 1, 2 do
     end
   end
 end
-return {claimed, adopted}
+return {claimed, adopted, vanished}
 """
 
 # ARGV: ns, group, topic, member, due_at, state JSON (kept from the first nack).

@@ -140,19 +140,24 @@ class RedisStreamsTransport(LeasingTransport):
                 pipe.get(self._keys.head(topic, queue))
                 pipe.xinfo_groups(self._keys.stream(topic, queue))
                 pipe.xrevrange(self._keys.stream(topic, queue), count=1)
+                pipe.xlen(self._keys.stream(topic, queue))
             for kind in OUTSTANDING:
                 pipe.zcard(self._keys.group(kind, group, topic))
             pipe.zcard(self._keys.delayed(topic))
             replies = pipe.execute(raise_on_error=False)
         unread = 0
-        for at in range(0, 3 * queues, 3):
-            head, groups, top = int(replies[at] or 0), replies[at + 1], replies[at + 2]
+        for at in range(0, 4 * queues, 4):
+            head, groups, top, length = int(replies[at] or 0), replies[at + 1], replies[at + 2], replies[at + 3]
             groups = groups if isinstance(groups, list) else []  # no stream yet: an error reply
             ours = [g for g in groups if g["name"] == group.encode()]
-            unread += head - (layout.offset_of(ours[0]["last-delivered-id"]) + 1 if ours else 0)
-            # entries another program appended above the head: the next fetch adopts them
-            unread += adoption.foreign_on_top(top, head)
-        return unread + sum(replies[3 * queues :])
+            cursor = layout.offset_of(ours[0]["last-delivered-id"]) + 1 if ours else 0
+            foreign = adoption.foreign_on_top(top, head)  # the next fetch adopts it
+            # a stream deleted or trimmed under the head holds fewer: the layout's entries end at
+            # the top one, and are at most as many as the stream's length
+            stored = head if foreign else layout.offset_of(top[0][0]) + 1 if top else 0
+            length = length if isinstance(length, int) else 0
+            unread += max(0, min(min(head, stored) - cursor, length - foreign)) + foreign
+        return unread + sum(replies[4 * queues :])
 
     def _next_due(self, group: str, topic: str) -> float | None:
         return self._earliest(group, topic, ("scheduled",))
@@ -250,8 +255,12 @@ class RedisStreamsTransport(LeasingTransport):
             next(self._rotation) % queues,
         ]
         with self._errors():
-            claimed, adopted = self._scripts["CLAIM"](args=args)
+            claimed, adopted, vanished = self._scripts["CLAIM"](args=args)
         adoption.log_adopted(topic, adopted)
+        for name in vanished:
+            queue, offset = layout.position(name)
+            log.warning("transport.message_vanished", group=group, topic=topic, queue=queue,
+                        offset=offset, reason="its stream entry was deleted from Redis")
         messages = []
         for name, kind, state, flat, redeliveries in claimed:
             queue, offset = layout.position(name)

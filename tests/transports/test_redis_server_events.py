@@ -1,0 +1,138 @@
+"""What a Redis server does to a running ``redis://`` worker: keys deleted under it.
+
+A stream deleted (``DEL``, ``FLUSHALL``, a restart without persistence) or
+trimmed (``XTRIM``) while the group still leases or has scheduled one of its
+entries: the old code leased the missing entry again at every visibility
+timeout and counted it, and the deleted entries, as pending for ever, so
+``run(until_idle=True)`` never ended. A redis-server of the test's own is
+restarted without persistence under a worker, which goes on. Real Redis only.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from structlog.testing import capture_logs
+
+from backends.clock import FakeClock
+from backends.transport.redis_streams import RedisStreamsTransport
+from backends.types import OutgoingMessage
+from reliable import App, Message
+from reliable.settings import Settings
+from reliable.testing import test_app
+from tests.cluster.ports import free_ports, wait_listening
+from tests.framework.refusals import Running
+from tests.waiting import wait_until
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    opened = redis.Redis.from_url(redis_url)
+    yield opened
+    opened.close()
+
+
+def test_a_redelivery_whose_stream_was_deleted_is_dropped_named_and_the_run_ends(
+    tmp_path: Path, redis_url: str, client: redis.Redis, unique: str
+) -> None:
+    app = test_app(tmp_path, transport=f"{redis_url}?namespace={unique}&queues=1",
+                   settings={"RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1"})
+    done: list[str] = []
+
+    @app.handler("orders", group="shipping")
+    def ship(msg: Message, tx: object) -> None:
+        if msg.body["id"] == "a":  # its stream is deleted while it is in hand, then it fails
+            client.delete(f"{unique}:stream:orders:0")
+            app.publish("orders", {"id": "b"})
+            raise ConnectionError("the warehouse is down")
+        done.append(msg.body["id"])
+
+    app.publish("orders", {"id": "a"})
+    with capture_logs() as logs:
+        run = Running(app, until_idle=True)
+        run.join()  # the old code leased the missing entry again for ever
+    assert run.error is None, run.error
+    assert done == ["b"]
+    (vanished,) = [e for e in logs if e["event"] == "transport.message_vanished"]
+    assert (vanished["group"], vanished["topic"], vanished["offset"]) == ("shipping", "orders", 0)
+    assert client.zcard(f"{unique}:inflight:shipping:orders") == 0
+    app.close()
+
+
+def test_entries_deleted_or_trimmed_under_the_head_are_not_pending(
+    redis_url: str, client: redis.Redis, unique: str
+) -> None:
+    transport = RedisStreamsTransport(redis_url, FakeClock(), namespace=unique, queues=1)
+    stream = f"{unique}:stream:orders:0"
+    member = transport.subscribe("g", ["orders"])
+    transport.publish("orders", [OutgoingMessage(b"{}", message_id=f"m{n}") for n in range(3)])
+    client.xtrim(stream, maxlen=1, approximate=False)  # m0 and m1 trimmed before anyone read them
+    assert member.pending() == 1
+    assert [m.id for m in member.fetch(10, 0)] == ["m2"]
+    client.delete(stream)  # m2 is in flight: its lease falls due with nothing to deliver
+    assert member.pending() == 1
+    transport._clock.advance(transport.visibility_timeout + 1)  # type: ignore[attr-defined]
+    assert member.fetch(10, 0) == []
+    assert member.pending() == 0  # the old code: 4 (3 from the head, 1 lease) for ever
+    transport.publish("orders", [OutgoingMessage(b"{}", message_id="after")])
+    assert [m.id for m in member.fetch(10, 0)] == ["after"]
+    member.close()
+    transport.purge()
+    transport.close()
+
+
+class RedisServer:
+    """A redis-server of the test's own, without persistence: a restart empties it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.port, self.folder = free_ports(1)[0], folder
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.folder)], stdout=subprocess.DEVNULL)
+        wait_listening(self.port, 30)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(30)
+
+
+def test_a_worker_goes_on_after_redis_restarts_empty(tmp_path: Path) -> None:
+    """No stream, no group (``NOGROUP``), no queue count: each is made again; what is published
+    after the restart is handled, once."""
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        app = App(Settings.load(None, env={"RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}",
+                                           "RELIABLE_TRANSPORT__URL": server.url}))
+        done: list[int] = []
+
+        @app.handler("orders", group="shipping")
+        def ship(msg: Message, tx: object) -> None:
+            done.append(msg.body["n"])
+
+        run = Running(app)
+        app.publish("orders", {"n": 1})
+        wait_until(lambda: done == [1], "the first message handled")
+        server.stop()
+        server.start()
+        for n in range(2, 6):
+            app.publish("orders", {"n": n})
+        wait_until(lambda: sorted(done) == [1, 2, 3, 4, 5], "every message after the restart handled")
+        app.stop()
+        run.join()
+        assert run.error is None, run.error
+        app.close()
+    finally:
+        server.stop()
