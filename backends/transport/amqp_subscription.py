@@ -25,7 +25,7 @@ import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
 from backends.clock import Clock
-from backends.errors import TransportError
+from backends.errors import BackendUnavailableError, TransportError
 from backends.refusal import FirstContact
 from backends.transport.amqp_client import Connection, Publish
 from backends.transport.amqp_layout import (
@@ -84,6 +84,8 @@ class AmqpSubscription(Subscription):
         self._clock = clock
         self._buffer: deque[Delivery] = deque()
         self._unsettled: dict[int, Delivery] = {}
+        self._queues: dict[str, str] = {}  # consumer tag: its queue
+        self._cancelled: list[str] = []  # queues whose consumer RabbitMQ cancelled
         self.closed = False
         connection = Connection(parameters, f"member of {group!r}", contact)
         try:
@@ -99,8 +101,9 @@ class AmqpSubscription(Subscription):
 
         def start() -> None:
             channel.basic_qos(prefetch_count=self.options.prefetch)
+            channel.add_on_cancel_callback(self._on_cancel)
             for topic, queue in queues.items():
-                channel.basic_consume(queue, self._on_delivery(topic), auto_ack=False)
+                self._queues[channel.basic_consume(queue, self._on_delivery(topic), auto_ack=False)] = queue
 
         connection.call(start, f"consume as group {self.group!r}")
         return channel
@@ -113,6 +116,19 @@ class AmqpSubscription(Subscription):
 
         return deliver
 
+    def _on_cancel(self, frame: Any) -> None:
+        """RabbitMQ cancelled a consumer (its queue was deleted): `_check_consuming` raises."""
+        self._cancelled.append(self._queues.get(frame.method.consumer_tag, frame.method.consumer_tag))
+
+    def _check_consuming(self) -> None:
+        """An outage once RabbitMQ cancelled a consumer: the member leaves, and joining again
+        declares the queue anew (else it would wait for ever on a queue that is gone)."""
+        if self._cancelled:
+            raise BackendUnavailableError(
+                f"amqp: RabbitMQ cancelled the consumer of group {self.group!r} on queue "
+                f"{self._cancelled[0]!r}: the queue was deleted (what it held is gone with it); "
+                "the group joins again and declares it anew")
+
     # -- the contract -------------------------------------------------------------------------
 
     def fetch(self, max_messages: int, timeout: float) -> list[Message]:
@@ -122,6 +138,7 @@ class AmqpSubscription(Subscription):
         connection = self._topology.connection
         while True:
             connection.wait(0, f"fetch for group {self.group!r}")
+            self._check_consuming()
             messages = self._take(max_messages)
             remaining = deadline - time.monotonic()
             if messages or remaining <= 0:
