@@ -7,10 +7,12 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from reliable import App
+from tests.waiting import wait_until
 
 JOIN = 60.0
 """Seconds a run that should end is given (a loaded machine is slow); the old code never ended."""
@@ -50,3 +52,14 @@ class Running:
             self.app.stop()  # let the thread end before the test fails
             self.thread.join(JOIN)
             raise AssertionError(f"app.run() still running after {JOIN} s")
+
+
+def run_through_outage(app: App, waiting: Callable[[], bool], what: str, end_outage: Callable[[], None]) -> None:
+    """``app.run(until_idle=True)`` on a thread: once ``waiting()`` shows it waiting out an outage
+    (``what``) and still running, end the outage; the run then ends by itself, without an error."""
+    run = Running(app, until_idle=True)
+    wait_until(waiting, what)
+    assert run.thread.is_alive()
+    end_outage()
+    run.join()
+    assert run.error is None, run.error

@@ -26,7 +26,7 @@ from reliable.errors import BackendRefusedError
 from reliable.health import readiness
 from reliable.settings import Settings
 from tests.cluster.ports import free_ports
-from tests.framework.refusals import Running, reliable_cmd, said
+from tests.framework.refusals import Running, reliable_cmd, run_through_outage, said
 from tests.tcp_proxy import TcpProxy
 from tests.waiting import wait_until
 
@@ -129,12 +129,8 @@ def test_a_store_down_from_the_start_is_waited_out(tmp_path: Path, postgres_url:
     app = make_app(with_path(postgres_url, port=proxy.port), tmp_path / "broker", seen, mode)
     app.publish("orders", {"order": "o-1"})
     with capture_logs() as logs:
-        run = Running(app, until_idle=True)
-        wait_until(lambda: sum(e["event"] == "store.unavailable" for e in logs) >= 3, "the store tried three times")
-        assert run.thread.is_alive()
-        proxy.restore()
-        run.join()
-    assert run.error is None, run.error
+        run_through_outage(app, lambda: sum(e["event"] == "store.unavailable" for e in logs) >= 3,
+                           "the store tried three times", proxy.restore)
     assert seen == ["o-1"]
     app.close()
     proxy.close()

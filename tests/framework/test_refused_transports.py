@@ -24,7 +24,7 @@ from reliable.errors import BackendRefusedError
 from reliable.settings import Settings
 from tests.broker.server.serving import ServerProcess
 from tests.cluster.ports import free_ports, wait_listening
-from tests.framework.refusals import Running, reliable_cmd, said
+from tests.framework.refusals import Running, reliable_cmd, run_through_outage, said
 from tests.passwords import hash_password
 from tests.tcp_proxy import TcpProxy
 from tests.waiting import wait_until
@@ -171,13 +171,8 @@ def test_a_transport_down_from_the_start_is_waited_out(tmp_path: Path, amqp_url:
 
     app.publish(unique, {"order": "o-1"})
     proxy.cut()
-    run = Running(app, until_idle=True)
-    wait_until(lambda: app.run_state.alive()["running"] and not app.run_state.transports_reachable(),
-               "the worker waiting out the outage")
-    assert run.thread.is_alive()
-    proxy.restore()
-    run.join()
-    assert run.error is None, run.error
+    run_through_outage(app, lambda: app.run_state.alive()["running"] and not app.run_state.transports_reachable(),
+                       "the worker waiting out the outage", proxy.restore)
     assert seen == ["o-1"]
     app.close()
     proxy.close()
@@ -289,12 +284,8 @@ def test_a_nats_server_down_when_the_worker_starts_is_waited_out(tmp_path: Path,
         server.stop()
         app = make()
         with capture_logs() as logs:
-            run = Running(app, until_idle=True)
-            wait_until(lambda: sum(e["event"] == "backends_unavailable" for e in logs) >= 2, "two tries to connect")
-            assert run.thread.is_alive()
-            server.start()
-            run.join()
-        assert run.error is None, run.error
+            run_through_outage(app, lambda: sum(e["event"] == "backends_unavailable" for e in logs) >= 2,
+                               "two tries to connect", server.start)
         assert seen == ["o-1"]
         app.close()
     finally:
