@@ -18,13 +18,16 @@ import nats.js.errors
 import structlog
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
-from backends.errors import ConfigurationError
+from backends.errors import ConfigurationError, ReliableError
 from backends.transport.nats_client import Connection
 
 log = structlog.get_logger(__name__)
 
 NAME_IN_USE = 10058
 """JetStream's "stream name already in use with a different configuration"."""
+STREAM_NOT_FOUND = 10059
+GONE = {10014: "consumer", STREAM_NOT_FOUND: "stream"}
+"""JetStream's "consumer not found" and "stream not found": deleted under a running member."""
 UPDATABLE = ("num_replicas", "duplicate_window", "subjects", "discard")
 """The fields of ours a stream update may change."""
 FIXED = ("retention", "storage")
@@ -64,6 +67,24 @@ class Streams:
         with self._lock:
             self._known.clear()
 
+    def missing(self, stream: str) -> bool:
+        """Whether ``stream`` is gone (deleted under us: a publish to it went unanswered); if so
+        it is forgotten, so the next `ensure` creates it again. Another failure is raised."""
+        async def look() -> bool:
+            try:
+                await self._connection.js.stream_info(stream)
+                return False
+            except nats.js.errors.NotFoundError as exc:
+                if exc.err_code != STREAM_NOT_FOUND:
+                    raise
+                return True
+
+        gone = self._connection.guarded(look, f"look for stream {stream!r}")
+        if gone:
+            with self._lock:
+                self._known.discard(stream)
+        return gone
+
     async def _reconcile(self, wanted: StreamConfig) -> None:
         js = self._connection.js
         try:
@@ -100,3 +121,11 @@ def _comparable(value: object) -> object:
     if isinstance(value, list):
         return sorted(value)
     return getattr(value, "value", value)
+
+
+def deleted(exc: BaseException) -> str | None:
+    """``"consumer"`` or ``"stream"`` when ``exc`` (or its cause) is JetStream saying it is not found."""
+    cause = exc.__cause__ if isinstance(exc, ReliableError) else exc
+    if isinstance(cause, nats.js.errors.NotFoundError):
+        return GONE.get(cause.err_code or 0)
+    return None

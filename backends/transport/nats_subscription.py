@@ -22,9 +22,10 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
+from nats.js.errors import NoStreamResponseError
 
 from backends.clock import Clock
-from backends.errors import TransportError
+from backends.errors import BackendUnavailableError, TransportError
 from backends.transport.base import (
     ORIGIN_TOPIC_HEADER,
     SubscribeOptions,
@@ -45,6 +46,7 @@ from backends.transport.nats_layout import (
     one_line,
     to_message,
 )
+from backends.transport.nats_streams import Streams, deleted
 from backends.types import Failure, Message
 
 log = structlog.get_logger(__name__)
@@ -68,6 +70,7 @@ class NatsSubscription(Subscription):
         connection: Connection,
         layout: Layout,
         ensure_stream: Callable[[str], None],
+        streams: Streams,
         ack_wait: float,
         clock: Clock,
     ) -> None:
@@ -78,6 +81,7 @@ class NatsSubscription(Subscription):
         self.capabilities = CAPABILITIES
         self._connection = connection
         self._layout = layout
+        self._streams = streams
         self._clock = clock
         self._ack_wait = options.lease or ack_wait
         self._lock = threading.Lock()
@@ -146,11 +150,15 @@ class NatsSubscription(Subscription):
         if message.key is not None:
             headers[KEY_HEADER] = message.key
         check_nats_message(headers, len(message.payload), self._connection.client.max_payload)
-        subject = self._layout.dead_letter_subject(self.group)
-        self._connection.guarded(
-            lambda: self._connection.js.publish(subject, message.payload, headers=headers),
-            f"dead letter for group {self.group!r}",
-        )
+        subject, stream = self._layout.dead_letter_subject(self.group), self._layout.dead_letter_stream(self.group)
+        doing = f"dead letter for group {self.group!r}"
+        try:
+            self._connection.guarded(lambda: self._connection.js.publish(subject, message.payload, headers=headers),
+                                     doing)
+        except BackendUnavailableError as exc:
+            if isinstance(exc.__cause__, NoStreamResponseError) and self._streams.missing(stream):
+                raise self._gone(doing, "stream", stream) from exc
+            raise
         self._reply([(receipt, TERM)], "term")
         log.info("transport.dead_letter", group=self.group, topic=message.topic, offset=message.offset,
                  attempt=message.attempt, error_type=failure.error_type)
@@ -161,9 +169,16 @@ class NatsSubscription(Subscription):
 
     def pending(self) -> int:
         """Published messages not yet handed out plus handed out and not acked, per consumer."""
-        total = 0
-        for _topic, pull in self._pulls:
-            info = self._connection.guarded(pull.consumer_info, f"pending of group {self.group!r}")
+        total, doing = 0, f"pending of group {self.group!r}"
+        for topic, pull in self._pulls:
+            try:
+                info = self._connection.guarded(pull.consumer_info, doing)
+            except TransportError as exc:
+                # a pull on a deleted consumer waits in vain: this is where it shows
+                if (what := deleted(exc)) is None:
+                    raise
+                self._streams.forget()
+                raise self._gone(doing, what, self._layout.stream(topic)) from exc
             total += info.num_pending + info.num_ack_pending
         return total
 
@@ -201,6 +216,15 @@ class NatsSubscription(Subscription):
         with self._lock:
             self._open.update(m.receipt for m in delivered if m.receipt)
         return delivered
+
+    def _gone(self, doing: str, what: str, stream: str) -> BackendUnavailableError:
+        """The outage that makes the worker join again, which creates the deleted ``what`` anew."""
+        lost = "its messages are" if what == "stream" else "its place in the stream is"
+        reread = "" if stream.startswith(self._layout.dead_letter_stream("")) else (
+            ", and a consumer made anew reads the stream from its start (what was done is skipped by its token)")
+        return BackendUnavailableError(
+            f"nats: {doing}: the {what} was deleted from JetStream (stream {stream!r}; {lost} gone with "
+            f"it): the group joins again and creates it anew{reread}")
 
     def _receipt(self, message: Message) -> str:
         receipt = message.receipt or ""

@@ -26,9 +26,10 @@ from collections.abc import Sequence
 from typing import cast
 
 import structlog
+from nats.js.errors import NoStreamResponseError
 
 from backends.clock import SYSTEM_CLOCK, Clock
-from backends.errors import ConfigurationError
+from backends.errors import BackendUnavailableError, ConfigurationError
 from backends.transport.base import SubscribeOptions, Transport, count, seconds, with_servers
 from backends.transport.nats_client import Connection, Servers
 from backends.transport.nats_layout import (
@@ -84,13 +85,24 @@ class NatsTransport(Transport):
         self._subscriptions: list[NatsSubscription] = []
 
     def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
-        self.ensure_stream(topic)
-        self._publish(self._layout.subject(topic), messages, dedupe=True)
+        self._to_stream(topic, self._layout.subject(topic), messages, dedupe=True)
 
     def _send_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         """To the group's own subject; never de-duplicated (a replay repeats a published id)."""
+        self._to_stream(topic, self._layout.group_subject(topic, group), messages, dedupe=False)
+
+    def _to_stream(self, topic: str, subject: str, messages: Sequence[OutgoingMessage], *, dedupe: bool) -> None:
+        """Publish to the topic's stream; one deleted under us (nobody answers) is created again."""
         self.ensure_stream(topic)
-        self._publish(self._layout.group_subject(topic, group), messages, dedupe=False)
+        try:
+            self._publish(subject, messages, dedupe=dedupe)
+        except BackendUnavailableError as exc:
+            stream = self._layout.stream(topic)
+            if not isinstance(exc.__cause__, NoStreamResponseError) or not self._streams.missing(stream):
+                raise  # a cluster electing a leader: an outage
+            log.warning("transport.stream_deleted", stream=stream, then="created again")
+            self.ensure_stream(topic)
+            self._publish(subject, messages, dedupe=dedupe)
 
     def subscribe(
         self, group: str, topics: Sequence[str], options: SubscribeOptions | None = None
@@ -100,7 +112,7 @@ class NatsTransport(Transport):
         self.ensure_dead_letter_stream(group)
         subscription = NatsSubscription(
             group, topics, options or SubscribeOptions(), connection=self._connection, layout=self._layout,
-            ensure_stream=self.ensure_stream, ack_wait=self._ack_wait, clock=self._clock,
+            ensure_stream=self.ensure_stream, streams=self._streams, ack_wait=self._ack_wait, clock=self._clock,
         )
         self._subscriptions.append(subscription)
         return subscription
