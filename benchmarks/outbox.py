@@ -53,6 +53,7 @@ def handler_rate(app: App, name: str, count: int, through_outbox: bool) -> float
     """Messages per second of the batch handler that writes a row and publishes one message."""
     with app.store.transaction() as tx:
         tx.execute(text(f"create table {name}_rows (token varchar(64))"))
+    app.transport.declare(f"{name}-out", [f"{name}-out"])  # amqp:// keeps messages only for known groups
 
     @app.handler(f"{name}-in", group=f"{name}-in", token="body.token", batch=BATCH)
     def forward(messages: list[Message], tx) -> None:
@@ -76,6 +77,8 @@ def relay_rates(app: App, name: str, count: int, rounds: int) -> tuple[float, fl
     machine's load weighs on both sides of a ratio alike."""
     size, headers = app.settings.outbox.batch_size, {CONTENT_TYPE: JSON}  # the relay's batches, its messages
     relayed, published, ratios = [], [], []
+    for topic in (f"{name}-relayed", f"{name}-direct"):
+        app.transport.declare(topic, [topic])  # amqp:// keeps messages only for known groups
     for _ in range(rounds):
         for start in range(0, count, BATCH):
             with app.store.transaction() as tx:
