@@ -106,8 +106,14 @@ class RefusedError(TransportError):
         self.code = code
 
 
-def translate(exc: BaseException, doing: str) -> ReliableError:
-    """Our error for a pika exception met while ``doing`` something."""
+def translate(exc: BaseException, doing: str, blocked: str | None = None) -> ReliableError:
+    """Our error for a pika exception met while ``doing`` something (``blocked``: the reason
+    RabbitMQ gave when it blocked the connection, if it did)."""
+    if isinstance(exc, pika.exceptions.ConnectionBlockedTimeout):
+        return BackendUnavailableError(
+            f"amqp: {doing}: RabbitMQ blocked publishing on this connection ({blocked or 'a resource alarm'}) "
+            "for longer than the blocked-connection timeout (3 x connect_timeout): a memory or disk alarm is in "
+            "effect on the server (rabbitmqctl status lists it); publishing resumes once it clears")
     if isinstance(exc, pika.exceptions.ChannelClosedByBroker):
         return RefusedError(f"amqp: {doing}: refused by RabbitMQ: {exc.reply_code} {exc.reply_text}", exc.reply_code)
     if isinstance(exc, pika.exceptions.ConnectionClosedByBroker) and exc.reply_code not in (320, 501, 541):
@@ -151,6 +157,24 @@ def check_frames(messages: Sequence[Publish], frame_max: int, doing: str) -> Non
                 "values in the body)")
 
 
+class Blocked:
+    """Whether RabbitMQ blocked a connection's publishing (``connection.blocked``: a memory or disk
+    alarm, told to a connection once it publishes), and why; logged as it starts and ends."""
+
+    def __init__(self, connection: str) -> None:
+        self.connection = connection
+        self.reason: str | None = None
+
+    def on_blocked(self, _connection: object, frame: pika.frame.Method) -> None:
+        self.reason = str(frame.method.reason or "a resource alarm")
+        log.warning("transport.publishing_blocked", connection=self.connection, reason=self.reason)
+
+    def on_unblocked(self, _connection: object, _frame: pika.frame.Method) -> None:
+        if self.reason is not None:
+            log.info("transport.publishing_unblocked", connection=self.connection, reason=self.reason)
+        self.reason = None
+
+
 FAILURES = (pika.exceptions.AMQPError, OSError, AssertionError)
 """What pika raises when a call cannot finish (AssertionError: a call on a connection pika closed)."""
 
@@ -167,6 +191,10 @@ class Connection:
         except FAILURES as exc:
             raise not_connected(exc, f"connect ({name})", contact) from exc
         contact.accepted()
+        self.blocked = Blocked(name)
+        # on pika's own connection: the blocking one holds its callbacks back while a publish waits
+        self._connection._impl.add_on_connection_blocked_callback(self.blocked.on_blocked)
+        self._connection._impl.add_on_connection_unblocked_callback(self.blocked.on_unblocked)
         self._publisher: BlockingChannel | None = None
         self._keeper = threading.Thread(target=self._keep_alive, name=f"amqp-{name}", daemon=True)
         self._keeper.start()
@@ -189,7 +217,7 @@ class Connection:
                 raise translate(exc, doing) from exc  # the channel closed; the connection stays
             except FAILURES as exc:
                 self.close()
-                raise translate(exc, doing) from exc
+                raise translate(exc, doing, self.blocked.reason) from exc
 
     def call(self, make: Callable[[], T], doing: str) -> T:
         with self.using(doing):

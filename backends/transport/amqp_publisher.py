@@ -34,6 +34,7 @@ from backends.errors import BackendUnavailableError, ReliableError
 from backends.refusal import FirstContact
 from backends.transport.amqp_client import (
     FAILURES,
+    Blocked,
     Publish,
     check_frames,
     not_connected,
@@ -79,9 +80,9 @@ class Confirms:
         """RabbitMQ gave a message back (it comes before that message's ack)."""
         self._returned.append(to)
 
-    def fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException, blocked: str | None = None) -> None:
         if not self.done.is_set():
-            self._failure = translate(exc, self.doing)
+            self._failure = translate(exc, self.doing, blocked)
             self.done.set()
 
     def check(self) -> None:
@@ -109,6 +110,7 @@ class Publisher:
         self._connection: pika.SelectConnection | None = None
         self._channel: Channel | None = None
         self._next_tag = 1
+        self._blocked = Blocked(name)
         self._ioloop = IOLoop()
         self._thread = threading.Thread(target=self._run, args=(params,), name=f"amqp-{name}", daemon=True)
         self._thread.start()
@@ -167,6 +169,8 @@ class Publisher:
             return
         self._connection = result
         result.add_on_close_callback(self._on_connection_closed)
+        result.add_on_connection_blocked_callback(self._blocked.on_blocked)
+        result.add_on_connection_unblocked_callback(self._blocked.on_unblocked)
         result.channel(on_open_callback=self._on_channel)
 
     def _on_channel(self, channel: Channel) -> None:
@@ -219,8 +223,10 @@ class Publisher:
             if self._failure is None:
                 self._failure = exc
                 if self._ready.is_set() and not isinstance(exc, _CLOSED_BY_US):
-                    log.warning("transport.disconnected", connection=self.name, error=str(exc))
+                    blocked = isinstance(exc, pika.exceptions.ConnectionBlockedTimeout)
+                    error = str(translate(exc, "publish", self._blocked.reason) if blocked else exc)
+                    log.warning("transport.disconnected", connection=self.name, error=error)
             confirms = self._confirms
         if confirms is not None:
-            confirms.fail(exc)
+            confirms.fail(exc, self._blocked.reason)
         self._ready.set()

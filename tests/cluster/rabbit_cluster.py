@@ -1,4 +1,4 @@
-"""A 3-node RabbitMQ cluster on loopback, started by the test: the machine's ``rabbitmq-server``.
+"""A RabbitMQ cluster (3 nodes, or 1) on loopback, started by the test: the machine's ``rabbitmq-server``.
 
 Each node has its own name (``<name>a@localhost``...), AMQP and distribution
 ports (free ports; the shared server on 5672 is never touched), mnesia and
@@ -26,9 +26,9 @@ STARTUP = 180.0
 
 
 class RabbitCluster:
-    """Three ``rabbitmq-server`` nodes clustered together."""
+    """``size`` ``rabbitmq-server`` nodes clustered together (three unless told)."""
 
-    def __init__(self, root: Path, name: str) -> None:
+    def __init__(self, root: Path, name: str, size: int = 3) -> None:
         assert (BIN / "rabbitmq-server").exists(), "rabbitmq-server is not installed (apt-get install rabbitmq-server)"
         self.root, self.name = root, name
         root.mkdir(parents=True, exist_ok=True)
@@ -36,8 +36,8 @@ class RabbitCluster:
         cookie.write_text(f"cookie{name}")
         cookie.chmod(0o400)
         (root / "enabled_plugins").write_text("[].")
-        self.nodes = [f"{name}{letter}@localhost" for letter in "abc"]
-        ports = free_ports(6)
+        self.nodes = [f"{name}{letter}@localhost" for letter in "abc"[:size]]
+        ports = free_ports(2 * size)
         self.amqp = dict(zip(self.nodes, ports[0::2], strict=True))
         self.dist = dict(zip(self.nodes, ports[1::2], strict=True))
         self.processes: dict[str, subprocess.Popen[bytes]] = {}

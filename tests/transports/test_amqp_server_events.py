@@ -2,29 +2,38 @@
 
 The worker's queue deleted under it (``rabbitmqctl delete_queue``, or ``queue.delete`` from
 another client): RabbitMQ cancels the consumer, and the old worker waited for ever on a queue
-that was gone, saying nothing, while a publisher declared it anew and filled it. Real RabbitMQ.
+that was gone, saying nothing, while a publisher declared it anew and filled it.
+
+A memory alarm (``set_vm_memory_high_watermark``) on a node of the test's own: RabbitMQ blocks
+a connection once it publishes; pika closes it after its blocked-connection timeout, and the
+error said only "Blocked connection timeout expired.". It now names the block and RabbitMQ's
+reason. Real RabbitMQ.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pika
 import pytest
 from structlog.testing import capture_logs
 
+from backends.errors import BackendUnavailableError
 from backends.transport.amqp_layout import Layout
 from backends.transport.amqp_transport import AmqpTransport
 from reliable import App, Message
 from reliable.settings import Settings
+from tests.cluster.rabbit_cluster import RabbitCluster
 from tests.framework.refusals import Running
 from tests.waiting import wait_until
 
 
-def worker_app(folder: Path, url: str, done: list[int]) -> App:
+def worker_app(folder: Path, url: str, done: list[int], **env: str) -> App:
     app = App(Settings.load(None, env={"RELIABLE_STORE__URL": f"sqlite:///{folder / 'store.db'}",
-                                       "RELIABLE_TRANSPORT__URL": url}))
+                                       "RELIABLE_TRANSPORT__URL": url, **env}))
 
     @app.handler("orders", group="shipping")
     def ship(msg: Message, tx: object) -> None:
@@ -75,4 +84,79 @@ def test_a_worker_whose_queue_is_deleted_declares_it_again_and_goes_on(
     (left,) = [e for e in logs if e["event"] == "transport_unavailable"]
     assert f"cancelled the consumer of group 'shipping' on queue {queue!r}" in left["error"]
     assert "deleted" in left["error"]
+    app.close()
+
+
+@pytest.fixture(scope="module")
+def own_rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RabbitCluster, str]]:
+    """A RabbitMQ node of the module's own: an alarm on the shared one would stop every other test."""
+    with RabbitCluster(tmp_path_factory.mktemp("rabbit"), "alarm", size=1) as node:
+        node.ctl(node.nodes[0], "await_startup")
+        yield node, node.nodes[0]
+
+
+@contextmanager
+def memory_alarm(cluster: RabbitCluster, node: str) -> Iterator[None]:
+    """RabbitMQ blocking every connection that publishes, as when it runs low on memory."""
+    cluster.ctl(node, "set_vm_memory_high_watermark", "0.0000001")
+    try:
+        wait_until(lambda: "memory" in cluster.ctl(node, "eval", "rabbit_alarm:get_alarms()."), "the memory alarm")
+        yield
+    finally:
+        cluster.ctl(node, "set_vm_memory_high_watermark", "0.4")
+        wait_until(lambda: "memory" not in cluster.ctl(node, "eval", "rabbit_alarm:get_alarms()."),
+                   "the memory alarm to clear")
+
+
+def test_a_publish_under_a_memory_alarm_names_it_and_goes_through_once_it_clears(
+    tmp_path: Path, own_rabbit: tuple[RabbitCluster, str]
+) -> None:
+    cluster, node = own_rabbit
+    done: list[int] = []
+    app = worker_app(tmp_path, f"{cluster.url(node)}?connect_timeout=1", done,  # blocked 3 s at most
+                     RELIABLE_TRANSPORT__PUBLISH_TIMEOUT="1")
+    app.publish("orders", {"n": 1})
+    with memory_alarm(cluster, node), capture_logs() as logs:
+        with pytest.raises(BackendUnavailableError, match=r"RabbitMQ blocked publishing on this connection "
+                                                          r"\(low on memory\).*memory or disk alarm"):
+            app.publish("orders", {"n": 2})  # the old error: "Blocked connection timeout expired."
+    assert any(e["event"] == "transport.publishing_blocked" and e["reason"] == "low on memory" for e in logs)
+    app.publish("orders", {"n": 3})
+    app.run(until_idle=True)
+    # a publish that raised may still have reached the queue (RabbitMQ had read it before it stopped
+    # reading): raised means "publish again", never "lost" nor "sent"
+    assert done in ([1, 3], [1, 2, 3])
+    app.close()
+
+
+def test_a_worker_whose_retry_copy_is_blocked_names_the_alarm_and_loses_nothing(
+    tmp_path: Path, own_rabbit: tuple[RabbitCluster, str]
+) -> None:
+    cluster, node = own_rabbit
+    alarmed, attempts = threading.Event(), []
+    app = App(Settings.load(None, env={"RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}",
+                                       "RELIABLE_TRANSPORT__URL": f"{cluster.url(node)}?connect_timeout=1",
+                                       "RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1",
+                                       "RELIABLE_RETRY__INITIAL_DELAY": "0.1"}))
+
+    @app.handler("payments", group="billing")
+    def bill(msg: Message, tx: object) -> None:
+        attempts.append(msg.attempt)
+        if len(attempts) == 1:
+            alarmed.wait(60)
+            raise ConnectionError("the bank is down")  # its retry copy meets the alarm
+
+    app.publish("payments", {"n": 1})
+    with capture_logs() as logs:
+        run = Running(app)
+        wait_until(lambda: attempts, "the first attempt")
+        with memory_alarm(cluster, node):
+            alarmed.set()
+            wait_until(lambda: any(e["event"] == "transport_unavailable" for e in logs), "the blocked retry copy")
+        wait_until(lambda: len(attempts) >= 2 and app.stats()["processed"] == 1, "the message handled")
+        app.stop()
+        run.join()
+    assert run.error is None, run.error
+    blocked = next(e for e in logs if e["event"] == "transport_unavailable")
+    assert "RabbitMQ blocked publishing on this connection (low on memory)" in blocked["error"]
     app.close()
