@@ -122,6 +122,7 @@ class EmbeddedBroker:
             if self._closed:
                 return
             self._closed = True
+            atexit.unregister(self.close)  # else the hook keeps this closed engine for the process's life
             if self._server is not None:
                 self._server.close()
             if self._engine is not None:
