@@ -135,9 +135,13 @@ def not_connected(exc: BaseException, doing: str, contact: FirstContact) -> Reli
     return translate(exc, doing)
 
 
-def unroutable(doing: str, returned: Sequence[str]) -> TransportError:
+class UnroutableError(TransportError):
+    """RabbitMQ returned a message (``mandatory``): no queue took it (none bound, or deleted)."""
+
+
+def unroutable(doing: str, returned: Sequence[str]) -> UnroutableError:
     """The error for messages RabbitMQ returned (``mandatory``): no queue was bound to take them."""
-    return TransportError(
+    return UnroutableError(
         f"amqp: {doing}: {', '.join(sorted(set(returned)))} had no queue to take the message: amqp:// "
         "keeps a message only for the groups that exist when it is published (subscribe them first, or "
         "declare them with Transport.declare)"

@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pika
+import structlog
 from pika.adapters.blocking_connection import BlockingChannel
 
 from backends.clock import Clock
 from backends.errors import BackendUnavailableError, TransportError
 from backends.refusal import FirstContact
-from backends.transport.amqp_client import Connection, Publish
+from backends.transport.amqp_client import Connection, Publish, UnroutableError
 from backends.transport.amqp_layout import (
     CAPABILITIES,
     DELIVERED_HEADER,
@@ -44,6 +46,8 @@ from backends.transport.amqp_topology import Topology
 from backends.transport.base import SubscribeOptions, Subscription
 from backends.transport.kafka_layout import failure_headers
 from backends.types import Failure, Message
+
+log = structlog.get_logger(__name__)
 
 SLICE = 0.05
 """Seconds a waiting fetch holds the connection at a time (keep-alive and acks get their turn)."""
@@ -179,7 +183,8 @@ class AmqpSubscription(Subscription):
         headers[DELIVERED_HEADER] = str(message.attempt)
         copy = Publish("", self._layout.dead_letter_queue(self.group), delivery.body,
                        _with_headers(delivery.properties, headers))
-        self._settle(delivery, copy, f"dead-letter for group {self.group!r}")
+        self._settle(delivery, copy, f"dead-letter for group {self.group!r}",
+                     lambda: self._topology.group(self.group, delivery.topic))
 
     def pending(self) -> int:
         """Ready in the group's queues and delay queues, plus what this member holds.
@@ -225,18 +230,30 @@ class AmqpSubscription(Subscription):
         headers = {**delivery.headers, DELIVERED_HEADER: str(delivered)}
         headers.pop(DELIVERY_COUNT_HEADER, None)
         bucket = bucket_for(due - self._clock.time())
+        declare: Callable[[], str]
         if bucket is None:
             headers.pop(DUE_HEADER, None)
             queue = self._layout.queue(delivery.topic, self.group)
+            declare = partial(self._topology.group, self.group, delivery.topic)
         else:
             headers[DUE_HEADER] = repr(due)
-            queue = self._topology.group_delay(self.group, delivery.topic, bucket)
+            declare = partial(self._topology.group_delay, self.group, delivery.topic, bucket)
+            queue = declare()
         copy = Publish("", queue, delivery.body, _with_headers(delivery.properties, headers))
-        self._settle(delivery, copy, f"redeliver for group {self.group!r}")
+        self._settle(delivery, copy, f"redeliver for group {self.group!r}", declare)
 
-    def _settle(self, delivery: Delivery, copy: Publish, doing: str) -> None:
+    def _settle(self, delivery: Delivery, copy: Publish, doing: str, declare: Callable[[], str]) -> None:
+        """Publish ``copy`` to the queue ``declare`` declares, then ack the original. A queue deleted
+        under the member (RabbitMQ returns the copy) is declared again and the copy sent again."""
         connection = self._topology.connection
-        connection.publish([copy], doing)
+        try:
+            connection.publish([copy], doing)
+        except UnroutableError:
+            self._topology.forget()
+            declare()
+            log.warning("transport.queue_declared_again", group=self.group, queue=copy.routing_key,
+                        reason="deleted while the group used it")
+            connection.publish([copy], doing)
 
         def ack() -> None:
             self._channel.basic_ack(delivery.tag)

@@ -99,6 +99,10 @@ class Topology:
             self._if_present(partial(self._delete_exchange, exchange), f"delete {exchange!r}", None)
         self._declared.clear()
 
+    def forget(self) -> None:
+        """Declare everything again when next used (a queue was deleted under this connection)."""
+        self._declared.clear()
+
     def _delay_queue(self, queue: str, arguments: dict[str, object]) -> str:
         if queue not in self._declared:
             self.connection.call(

@@ -22,12 +22,13 @@ import pytest
 from structlog.testing import capture_logs
 
 from backends.errors import BackendUnavailableError
-from backends.transport.amqp_layout import Layout
+from backends.transport.amqp_layout import BUCKETS_MS, Layout
 from backends.transport.amqp_transport import AmqpTransport
 from reliable import App, Message
 from reliable.settings import Settings
 from tests.cluster.rabbit_cluster import RabbitCluster
 from tests.framework.refusals import Running
+from tests.transports.test_amqp import queue_length
 from tests.waiting import wait_until
 
 
@@ -159,4 +160,51 @@ def test_a_worker_whose_retry_copy_is_blocked_names_the_alarm_and_loses_nothing(
     assert run.error is None, run.error
     blocked = next(e for e in logs if e["event"] == "transport_unavailable")
     assert "RabbitMQ blocked publishing on this connection (low on memory)" in blocked["error"]
+    app.close()
+
+
+@pytest.mark.parametrize("deleted", ["delay queues", "dead-letter queue"])
+def test_a_retry_or_dead_letter_queue_deleted_under_a_worker_is_declared_again(
+    tmp_path: Path, amqp_url: str, namespace: str, deleted: str
+) -> None:
+    """The old worker: a retry copy to a deleted delay queue ended ``run()`` with "had no queue to
+    take the message"; with the dead-letter queue deleted, every later copy was refused for good."""
+    attempts: list[tuple[int, int]] = []
+    app = App(Settings.load(None, env={"RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}",
+                                       "RELIABLE_TRANSPORT__URL": f"{amqp_url}?namespace={namespace}",
+                                       "RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1",
+                                       "RELIABLE_RETRY__INITIAL_DELAY": "0.3"}))
+
+    @app.handler("orders", group="shipping", fatal=[KeyError])
+    def ship(msg: Message, tx: object) -> None:
+        attempts.append((msg.body["n"], msg.attempt))
+        if msg.body["n"] == 2 and deleted == "dead-letter queue":
+            raise KeyError("never")
+        if msg.attempt == 1:
+            raise ConnectionError("the warehouse is down")
+
+    layout = Layout(namespace)
+    with capture_logs() as logs:
+        run = Running(app)
+        app.publish("orders", {"n": 1})  # retried through the delay queues: they exist
+        wait_until(lambda: (1, 2) in attempts or run.error, "the first message retried")
+        connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+        channel = connection.channel()
+        for queue in ([layout.group_delay_queue("orders", "shipping", b) for b in BUCKETS_MS]
+                      if deleted == "delay queues" else [layout.dead_letter_queue("shipping")]):
+            channel.queue_delete(queue)
+        app.publish("orders", {"n": 2})
+        if deleted == "delay queues":
+            wait_until(lambda: (2, 2) in attempts or run.error, "the second message retried")
+        else:
+            dead_letters = layout.dead_letter_queue("shipping")
+            wait_until(lambda: (queue_exists(amqp_url, dead_letters) and queue_length(amqp_url, dead_letters) == 1)
+                       or run.error,
+                       "the dead letter in the queue declared again")
+        connection.close()
+        app.stop()
+        run.join()
+    assert run.error is None, run.error
+    assert any(e["event"] == "transport.queue_declared_again" for e in logs)
+    assert not any(e["event"] == "dead_letter_copy_refused" for e in logs)
     app.close()
