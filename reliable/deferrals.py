@@ -7,13 +7,17 @@ minutes would give a message a delivery every ``initial_delay``, and its
 first real failure after the outage would find its attempts spent:
 dead-lettered because of the outage. Two things keep that from happening:
 
-* `StoreGate`: once a message was deferred because the store is down, the
-  worker fetches nothing until the store answers again (a ping, with a
-  growing wait); a worker starts with the gate closed, so one restarted
-  during an outage fetches nothing either. An outage costs a message in hand
-  when it began one delivery, whatever its length and however often the
-  worker is restarted meanwhile. A full disk still answers the ping (reads
-  work): the worker goes on fetching and deferring then, counted as below.
+* `StoreGate`: once a message was deferred because the store could not be
+  used, the worker fetches nothing until the store takes a write again (one
+  small committed write, with a growing wait between tries); a worker starts
+  with the gate closed, so one restarted during an outage fetches nothing
+  either. The probe writes because a read would pass on a full disk, which
+  still answers reads: the worker would fetch, defer and spend a delivery
+  every round. An outage or a full disk costs a message in hand when it began
+  one delivery, whatever its length and however often the worker is
+  restarted meanwhile. A disk with a little room left takes the probe's small
+  write but maybe not a handler's large one: each round then still costs a
+  delivery, counted as below.
 * `Deferrals`: the pipeline counts what it deferred, per message id, and the
   redelivery policy sees only the deliveries that were attempts. The count is
   kept in memory, bounded (`LIMIT` messages, the least recently deferred
@@ -70,7 +74,8 @@ class Deferrals:
 
 
 class StoreGate:
-    """Whether a worker may fetch: not while its store is known to be down (closed at start)."""
+    """Whether a worker may fetch: not while its store is known to be down or refusing writes
+    (closed at start)."""
 
     def __init__(self, store: Store, clock: Clock, handler: str, stopping: threading.Event | None = None) -> None:
         self._store, self._handler, self._stopping = store, handler, stopping
@@ -78,21 +83,22 @@ class StoreGate:
         self._open = False
 
     def store_down(self) -> None:
-        """A message was deferred because the store could not be used: fetch no more until it answers."""
+        """A message was deferred because the store could not be used: fetch no more until it
+        takes a write."""
         self._open = False
 
     def passes(self) -> bool:
-        """True while the gate is open, or once the store answers a ping; else False after the
-        next wait of the backoff (cut short when the worker stops)."""
+        """True while the gate is open, or once the store takes a write (`Store.ping_write`); else
+        False after the next wait of the backoff (cut short when the worker stops)."""
         if self._open:
             return True
         try:
-            self._store.ping()
+            self._store.ping_write()
         except StoreUnavailableError as exc:
             error = str(exc)
             self._backoff.failed(lambda failures, delay: log.warning(
                 "store_unavailable", handler=self._handler, failures=failures, retry_in=round(delay, 3),
-                error=error, fetching="held until the store answers"), self._stopping)
+                error=error, fetching="held until the store takes a write"), self._stopping)
             return False
         if failures := self._backoff.succeeded():
             log.info("store_reachable", handler=self._handler, after_failures=failures)

@@ -15,9 +15,9 @@ subscribes again. Messages it held are redelivered by the transport and
 de-duplicated by their tokens. A transport whose disk is full
 (`DiskFullError`) is reachable: the worker keeps its membership and waits
 the same backoff; a message it could not hand back comes back when its
-lease expires. A store that is down holds fetching (`StoreGate`): each
-delivery of a message that can only be deferred would cost it one of its
-redeliveries.
+lease expires. A store that is down, or whose disk refuses writes, holds
+fetching (`StoreGate`): each delivery of a message that can only be deferred
+would cost it one of its redeliveries.
 """
 
 from __future__ import annotations

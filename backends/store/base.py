@@ -211,6 +211,12 @@ class Store(ABC):
         """One read, so a probe knows the store answers; `StoreUnavailableError` when it does not."""
         self.known("%ping", ["%ping"])
 
+    @abstractmethod
+    def ping_write(self) -> None:
+        """One small write, committed (a row of the store's own, replaced each time), so a probe
+        knows the store takes writes: a database whose disk is full still answers reads (`ping`).
+        `StoreUnavailableError` when the store cannot be reached or refuses the write."""
+
     def write_refusal(self) -> str | None:
         """Why the store's disk refuses writes right now (a full disk: the database's error), or
         None; readiness reports it (`reliable.health`). A store that cannot tell says None."""

@@ -3,7 +3,8 @@
 `SqlStore` writes every public operation once over a `Dialect`: how the
 engine is built, the ``INSERT`` that knows ``ON CONFLICT``, how a read-only
 unit begins, how a batch of tokens is claimed and looked up, whether a
-claim can be sent ahead, and how the outbox's rows are locked and announced. `backends.store.sqlite` and
+claim can be sent ahead, how a write probe proves the disk takes writes, and
+how the outbox's rows are locked and announced. `backends.store.sqlite` and
 `backends.store.postgresql` implement them; nothing else asks which
 database it is on.
 """
@@ -29,6 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import URL
 
 from backends.store.claims import Claim, ClaimPath
+from backends.store.schema import write_probe
 
 if TYPE_CHECKING:  # imported by the async path only: it loads SQLAlchemy's ORM (0.15 s a start)
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -94,6 +96,13 @@ class Dialect(ABC):
         disk: a crash of the machine (not of a process) may undo it. Only for writes that are
         safe to lose: the relay's marks, whose loss sends the rows again under the same message
         ids, as a relay killed before its commit does. Elsewhere the commit waits as any other."""
+
+    def ping_write(self, connection: Connection, now: float) -> None:
+        """Replace the write probe's row (`backends.store.schema.write_probe`): a write the disk
+        must find room for, as a handler's would (SQLite appends the pages it changed to its WAL
+        at commit); the database's refusal of it propagates."""
+        connection.execute(write_probe.delete())
+        connection.execute(insert(write_probe).values(written_at=now))
 
     def add_index(self, engine: Engine, index: Index) -> None:
         """Build ``index`` on its table, which exists already, unless it is there (an index that a

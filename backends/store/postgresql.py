@@ -51,7 +51,7 @@ from backends.store.claims import (
     on_conflict_reclaim,
 )
 from backends.store.dialect import Dialect
-from backends.store.schema import tokens
+from backends.store.schema import tokens, write_probe
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -199,6 +199,13 @@ class PostgreSQL(Dialect):
 
     def lazy_commit(self, connection: Connection) -> None:
         connection.execution_options(**{_LAZY_COMMIT: True})
+
+    def ping_write(self, connection: Connection, now: float) -> None:
+        # PostgreSQL refuses only a write that must grow a file (53100, "could not extend file"):
+        # a row that fits a page the table has passes on a full disk. TRUNCATE gives the table a
+        # new, empty file, which the row must grow by a page.
+        connection.execute(text(f"truncate {write_probe.name}"))
+        connection.execute(insert(write_probe).values(written_at=now))
 
     def claim_paths(self) -> ClaimPath:
         return _CopyFirst(OneRow(postgresql.insert) | _Batch())

@@ -1,4 +1,5 @@
-"""The store's tables: tokens, offsets, dead letters, batch fences and the outbox (SQLAlchemy Core).
+"""The store's tables: tokens, offsets, dead letters, batch fences, the write probe and the outbox
+(SQLAlchemy Core).
 
 Times are epoch seconds (floats) from the injected clock, never the database's
 own ``now()``, so a fake clock drives expiry in tests and every process agrees.
@@ -117,6 +118,14 @@ fences = Table(
     Column("run_id", String(255), nullable=False),
     Column("recorded_at", Double, nullable=False),
     PrimaryKeyConstraint("name", "batch_id", name="reliable_fences_pk"),
+)
+
+# One row, replaced by every write probe (`Store.ping_write`): what a worker holding its fetches
+# after a full disk writes to learn that the store takes writes again (`Dialect.ping_write`).
+write_probe = Table(
+    "reliable_write_probe",
+    metadata,
+    Column("written_at", Double, nullable=False),
 )
 
 # The transactional outbox: rows a transaction writes (`Transaction.publish`) that a relay

@@ -51,15 +51,13 @@ R = TypeVar("R")
 
 def _guarded(method: Callable[P, R]) -> Callable[P, R]:
     """Raise a database outage inside a framework operation as `StoreUnavailableError`."""
-
     @wraps(method)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return method(*args, **kwargs)
         except DBAPIError as exc:
             if is_unavailable(exc):
-                message = f"store unavailable during {method.__name__}: {exc.orig}"
-                raise StoreUnavailableError(message) from exc
+                raise StoreUnavailableError(f"store unavailable during {method.__name__}: {exc.orig}") from exc
             raise
 
     return wrapper
@@ -326,6 +324,10 @@ class SqlStore(Store):
                     publish.write(tx)
             except DBAPIError as exc:
                 self._raise(exc, "query")
+
+    def ping_write(self) -> None:
+        with self._unit() as connection:
+            self.dialect.ping_write(connection, self._now())
 
     def renew_lease(self, namespace: str, token: str, lease_seconds: float) -> bool:
         with self._unit() as connection:

@@ -67,15 +67,20 @@ def postgres_proxy(postgres_url: str) -> Iterator[TcpProxy]:
 
 
 def cut_once_the_store_answers(app: App, proxy: TcpProxy) -> None:
-    """Cut ``proxy`` (the store's) right after the worker's first ping reached the database: a
-    worker fetches nothing until its store answers (`reliable.deferrals.StoreGate`), so an outage
+    """Cut ``proxy`` (the store's) right after the worker's first write probe committed: a worker
+    fetches nothing until its store takes a write (`reliable.deferrals.StoreGate`), so an outage
     that meets messages in hand begins once the worker has found the store up."""
     assert isinstance(app.store, SqlStore)
-    pinged: list[bool] = []
+    probes: list[str] = []  # "written", then "cut"
 
-    def executed(_conn: Any, _cursor: Any, _statement: str, parameters: Any, *_: Any) -> None:
-        if not pinged and "%ping" in str(parameters):
-            pinged.append(True)
+    def executed(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if not probes and statement.lstrip().upper().startswith("INSERT INTO RELIABLE_WRITE_PROBE"):
+            probes.append("written")
+
+    def returned(*_: Any) -> None:  # the probe's connection back in the pool: its unit committed
+        if probes == ["written"]:
+            probes.append("cut")
             proxy.cut()
 
     event.listen(app.store.engine, "after_cursor_execute", executed)
+    event.listen(app.store.engine, "checkin", returned)
