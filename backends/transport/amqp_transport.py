@@ -24,14 +24,22 @@ dropped.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pika
+import structlog
 
 from backends.clock import SYSTEM_CLOCK, Clock
 from backends.errors import ConfigurationError
 from backends.refusal import FirstContact
-from backends.transport.amqp_client import Connection, Publish, alternatives, parameters
+from backends.transport.amqp_client import (
+    Connection,
+    Publish,
+    RefusedError,
+    UnroutableError,
+    alternatives,
+    parameters,
+)
 from backends.transport.amqp_layout import (
     CAPABILITIES,
     DUE_HEADER,
@@ -43,11 +51,12 @@ from backends.transport.amqp_layout import (
 )
 from backends.transport.amqp_publisher import Publisher
 from backends.transport.amqp_subscription import AmqpSubscription
-from backends.transport.amqp_topology import Topology
+from backends.transport.amqp_topology import NOT_FOUND, Topology
 from backends.transport.base import SubscribeOptions, Transport, count, seconds, server_list
 from backends.types import OutgoingMessage
 from backends.urls import redact
 
+log = structlog.get_logger(__name__)
 PERSISTENT = 2
 
 
@@ -95,28 +104,50 @@ class AmqpTransport(Transport):
         self._groups: set[tuple[str, str]] = set()
 
     def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
-        with self._lock:
+        def batch() -> list[Publish]:
             topology = self._open()
             exchange = topology.topic(topic)
             now = self._clock.time()
-            batch = []
+            found = []
             for message in messages:
                 bucket = bucket_for(message.delay)
                 if bucket is None:
-                    batch.append(Publish(exchange, "", message.payload, self._properties(message, now, {})))
+                    found.append(Publish(exchange, "", message.payload, self._properties(message, now, {})))
                 else:
                     due = {DUE_HEADER: repr(now + message.delay)}
-                    batch.append(Publish("", topology.publish_delay(topic, bucket), message.payload,
+                    found.append(Publish("", topology.publish_delay(topic, bucket), message.payload,
                                          self._properties(message, now, due)))
-            self._publishing().publish(batch, f"publish to {topic!r}")
+            return found
+
+        groups = sorted(group for group, of in self._groups if of == topic)
+        self._publish(batch, f"publish to {topic!r}", topic, groups)
 
     def _send_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         """Straight into the group's work queue (a replay)."""
-        with self._lock:
+        def batch() -> list[Publish]:
             queue = self._layout.queue(topic, group)
             now = self._clock.time()
-            batch = [Publish("", queue, m.payload, self._properties(m, now, {})) for m in messages]
-            self._publishing().publish(batch, f"publish to group {group!r}")
+            return [Publish("", queue, m.payload, self._properties(m, now, {})) for m in messages]
+
+        self._publish(batch, f"publish to group {group!r}", topic, [group] if (group, topic) in self._groups else [])
+
+    def _publish(self, batch: Callable[[], list[Publish]], doing: str, topic: str, groups: list[str]) -> None:
+        """Publish ``batch()``. RabbitMQ finding no exchange (404) or no queue (the message returned)
+        means what this transport declared was deleted under it: declared again, published again."""
+        with self._lock:
+            try:
+                self._publishing().publish(batch(), doing)
+                return
+            except (RefusedError, UnroutableError) as exc:
+                if isinstance(exc, RefusedError) and exc.code != NOT_FOUND:
+                    raise
+                topology = self._open()
+                topology.forget()
+                topology.topic(topic)
+                for group in groups:
+                    topology.group(group, topic)
+                log.warning("transport.declared_again", topic=topic, groups=groups, error=str(exc))
+            self._publishing().publish(batch(), doing)
 
     def declare(self, group: str, topics: Sequence[str]) -> None:
         """Make RabbitMQ keep what is published to ``topics`` from now on for ``group``."""

@@ -208,3 +208,27 @@ def test_a_retry_or_dead_letter_queue_deleted_under_a_worker_is_declared_again(
     assert any(e["event"] == "transport.queue_declared_again" for e in logs)
     assert not any(e["event"] == "dead_letter_copy_refused" for e in logs)
     app.close()
+
+
+def test_a_topic_exchange_deleted_under_a_worker_is_declared_again_by_the_next_publish(
+    tmp_path: Path, amqp_url: str, namespace: str
+) -> None:
+    """The old code: every publish refused with "404 NOT_FOUND - no exchange" (its declarations
+    cached) and the worker's queue, unbound with the exchange, received nothing again."""
+    done: list[int] = []
+    app = worker_app(tmp_path, f"{amqp_url}?namespace={namespace}", done, RELIABLE_TRANSPORT__PUBLISH_TIMEOUT="2")
+    with capture_logs() as logs:
+        run = Running(app)
+        app.publish("orders", {"n": 1})
+        wait_until(lambda: done == [1], "the first message handled")
+        connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+        connection.channel().exchange_delete(Layout(namespace).exchange("orders"))
+        connection.close()
+        app.publish("orders", {"n": 2})
+        wait_until(lambda: done == [1, 2], "the message published after the deletion handled")
+        app.stop()
+        run.join()
+    assert run.error is None, run.error
+    (again,) = [e for e in logs if e["event"] == "transport.declared_again"]
+    assert again["groups"] == ["shipping"] and "no exchange" in again["error"]
+    app.close()
