@@ -4,7 +4,7 @@ The worker's queue deleted under it (``rabbitmqctl delete_queue``, or ``queue.de
 another client): RabbitMQ cancels the consumer, and the old worker waited for ever on a queue
 that was gone, saying nothing, while a publisher declared it anew and filled it.
 
-A memory alarm (``set_vm_memory_high_watermark``) on a node of the test's own: RabbitMQ blocks
+A memory or disk alarm (``set_vm_memory_high_watermark``, ``set_disk_free_limit``) on a node of the test's own: RabbitMQ blocks
 a connection once it publishes; pika closes it after its blocked-connection timeout, and the
 error said only "Blocked connection timeout expired.". It now names the block and RabbitMQ's
 reason. Real RabbitMQ.
@@ -96,32 +96,43 @@ def own_rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Rabbi
         yield node, node.nodes[0]
 
 
+ALARMS = {  # rabbitmqctl's command, the value that raises the alarm, the value that clears it
+    "memory": ("set_vm_memory_high_watermark", "0.0000001", "0.4"),
+    "disk": ("set_disk_free_limit", "100000GB", "50MB"),
+}
+
+
 @contextmanager
-def memory_alarm(cluster: RabbitCluster, node: str) -> Iterator[None]:
-    """RabbitMQ blocking every connection that publishes, as when it runs low on memory."""
-    cluster.ctl(node, "set_vm_memory_high_watermark", "0.0000001")
+def resource_alarm(cluster: RabbitCluster, node: str, kind: str = "memory") -> Iterator[None]:
+    """RabbitMQ blocking every connection that publishes, as when it runs low on memory or disk."""
+    command, raised, cleared = ALARMS[kind]
+
+    def alarms() -> str:
+        return cluster.ctl(node, "eval", "rabbit_alarm:get_alarms().")
+
+    cluster.ctl(node, command, raised)
     try:
-        wait_until(lambda: "memory" in cluster.ctl(node, "eval", "rabbit_alarm:get_alarms()."), "the memory alarm")
+        wait_until(lambda: kind in alarms(), f"the {kind} alarm")
         yield
     finally:
-        cluster.ctl(node, "set_vm_memory_high_watermark", "0.4")
-        wait_until(lambda: "memory" not in cluster.ctl(node, "eval", "rabbit_alarm:get_alarms()."),
-                   "the memory alarm to clear")
+        cluster.ctl(node, command, cleared)
+        wait_until(lambda: kind not in alarms(), f"the {kind} alarm to clear")
 
 
-def test_a_publish_under_a_memory_alarm_names_it_and_goes_through_once_it_clears(
-    tmp_path: Path, own_rabbit: tuple[RabbitCluster, str]
+@pytest.mark.parametrize("kind", ["memory", "disk"])
+def test_a_publish_under_a_resource_alarm_names_it_and_goes_through_once_it_clears(
+    tmp_path: Path, own_rabbit: tuple[RabbitCluster, str], kind: str
 ) -> None:
     cluster, node = own_rabbit
     done: list[int] = []
     app = worker_app(tmp_path, f"{cluster.url(node)}?connect_timeout=1", done,  # blocked 3 s at most
                      RELIABLE_TRANSPORT__PUBLISH_TIMEOUT="1")
     app.publish("orders", {"n": 1})
-    with memory_alarm(cluster, node), capture_logs() as logs:
-        with pytest.raises(BackendUnavailableError, match=r"RabbitMQ blocked publishing on this connection "
-                                                          r"\(low on memory\).*memory or disk alarm"):
+    with resource_alarm(cluster, node, kind), capture_logs() as logs:
+        with pytest.raises(BackendUnavailableError, match=rf"RabbitMQ blocked publishing on this connection "
+                                                          rf"\(low on {kind}\).*memory or disk alarm"):
             app.publish("orders", {"n": 2})  # the old error: "Blocked connection timeout expired."
-    assert any(e["event"] == "transport.publishing_blocked" and e["reason"] == "low on memory" for e in logs)
+    assert any(e["event"] == "transport.publishing_blocked" and e["reason"] == f"low on {kind}" for e in logs)
     app.publish("orders", {"n": 3})
     app.run(until_idle=True)
     # a publish that raised may still have reached the queue (RabbitMQ had read it before it stopped
@@ -151,7 +162,7 @@ def test_a_worker_whose_retry_copy_is_blocked_names_the_alarm_and_loses_nothing(
     with capture_logs() as logs:
         run = Running(app)
         wait_until(lambda: attempts, "the first attempt")
-        with memory_alarm(cluster, node):
+        with resource_alarm(cluster, node):
             alarmed.set()
             wait_until(lambda: any(e["event"] == "transport_unavailable" for e in logs), "the blocked retry copy")
         wait_until(lambda: len(attempts) >= 2 and app.stats()["processed"] == 1, "the message handled")
