@@ -36,6 +36,7 @@ ONE_WORKER: dict[str, str | None] = {
     "tests/spark/*": "spark",
     "tests/test_readme.py::*": "readme",
     "tests/cluster/test_rabbit_cluster.py::*": "rabbit cluster",  # one 3-node cluster (module fixture)
+    "tests/transports/test_amqp_server_events.py::*alarm*": "rabbit alarms",  # one node of their own
 }
 """Node id pattern -> group: the group's tests run on one worker, in order. The first pattern
 that matches decides; None means any worker."""

@@ -13,6 +13,7 @@ reason. Real RabbitMQ.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -90,8 +91,9 @@ def test_a_worker_whose_queue_is_deleted_declares_it_again_and_goes_on(
 
 @pytest.fixture(scope="module")
 def own_rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RabbitCluster, str]]:
-    """A RabbitMQ node of the module's own: an alarm on the shared one would stop every other test."""
-    with RabbitCluster(tmp_path_factory.mktemp("rabbit"), "alarm", size=1) as node:
+    """A RabbitMQ node of the module's own: an alarm on the shared one would stop every other test.
+    The tests that use it run on one worker (``tests/scheduling.py``), so one node serves them."""
+    with RabbitCluster(tmp_path_factory.mktemp("rabbit"), f"alarm{uuid.uuid4().hex[:8]}", size=1) as node:
         node.ctl(node.nodes[0], "await_startup")
         yield node, node.nodes[0]
 
