@@ -310,7 +310,8 @@ class App:
     def _wait_for_due(self, workers: list[Worker], announced: float | None) -> tuple[bool, float | None]:
         """Sleep until the next scheduled message is due (False when nothing is pending), saying
         once per redelivery that it waits for it (`waiting_for_redelivery`), unless it is due
-        within the second: a 10-minute delay was 10 minutes of silence. Returns the one said."""
+        within the second: a 10-minute delay was 10 minutes of silence. Returns the one said.
+        At least 1 ms, so a due time kept on the monotonic clock, read a rounding early, never spins it."""
         pending = [w.pending() for w in workers]
         if not any(pending):
             return False, announced
@@ -320,7 +321,7 @@ class App:
             log.info("waiting_for_redelivery", due_in=round(due - now, 3), pending=sum(pending))
             announced = due
         # nothing scheduled: a message is in flight elsewhere (its lease may expire): poll soon
-        self.clock.sleep(min(max(min(dues) - now, 0.0), 1.0) if dues else 0.05)
+        self.clock.sleep(min(max(min(dues) - now, 0.001), 1.0) if dues else 0.05)
         return True, announced
 
     def _select(self, names: Sequence[str] | None) -> list[Handler]:

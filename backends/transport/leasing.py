@@ -81,6 +81,17 @@ class LeasingTransport(Transport):
         """Seconds a fetched message stays leased to its member unless the member asks otherwise."""
         return self._visibility_timeout
 
+    def _due_now(self) -> float:
+        """The reading due times (leases, nacked and delayed messages) are kept on: the wall
+        clock, which every process sharing the backend reads alike. A backend of one process
+        measures them on the monotonic clock instead (`MemoryTransport`): a wall clock step
+        (an NTP correction, a resumed VM) then moves no lease or delay."""
+        return self._clock.time()
+
+    def _wall_time(self, due: float) -> float:
+        """``due``, a `_due_now` reading, as wall time (`Subscription.next_due` is one)."""
+        return due
+
     def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         self._append(topic, messages, self._clock.time())
 
@@ -127,13 +138,15 @@ class LeasingTransport(Transport):
 
     @abstractmethod
     def _append(self, topic: str, messages: Sequence[OutgoingMessage], now: float) -> None:
-        """Store ``messages`` on their queues (delayed ones due at ``now + delay``)."""
+        """Store ``messages`` on their queues, published at ``now`` (wall time); delayed ones due
+        ``delay`` seconds later."""
 
     @abstractmethod
     def _claim(
         self, group: str, topic: str, max_messages: int, now: float, lease: float
     ) -> list[Message]:
-        """Atomically lease up to ``max_messages`` due messages until ``now + lease``.
+        """Atomically lease up to ``max_messages`` due messages until ``now + lease`` (``now``, as
+        every due time the primitives take and give, a `_due_now` reading).
 
         A message claimed again (nacked, or its lease ended) has its delivery
         count (``attempt``) raised by one.
@@ -233,7 +246,7 @@ class LeasingSubscription(Subscription):
         transport, remaining = self._transport, max(timeout, 0.0)
         while True:
             version = transport._version()
-            now = transport._clock.time()
+            now = transport._due_now()
             claimed = self._claim(max_messages, now)
             if claimed or remaining <= 0:
                 return claimed
@@ -249,8 +262,8 @@ class LeasingSubscription(Subscription):
         self._check_open()
         if delay < 0:
             raise TransportError(f"nack delay {delay!r}: must be >= 0")
-        now = self._transport._clock.time()
-        self._transport._nack(self.group, message, now + delay, message.first_failure_at or now)
+        due_at, failed_at = self._transport._due_now() + delay, self._transport._clock.time()
+        self._transport._nack(self.group, message, due_at, message.first_failure_at or failed_at)
         self._transport._signal()
 
     def dead_letter(self, message: Message, failure: Failure) -> None:
@@ -261,7 +274,7 @@ class LeasingSubscription(Subscription):
     def in_progress(self, messages: Sequence[Message]) -> None:
         self._check_open()
         if messages:
-            self._transport._extend(self.group, messages, self._transport._clock.time() + self._lease)
+            self._transport._extend(self.group, messages, self._transport._due_now() + self._lease)
 
     def commit(self, offsets: Mapping[QueueRef, int]) -> None:
         self._check_open()
@@ -275,7 +288,7 @@ class LeasingSubscription(Subscription):
     def next_due(self) -> float | None:
         self._check_open()
         dues = [d for t in self.topics if (d := self._transport._next_due(self.group, t)) is not None]
-        return min(dues, default=None)
+        return self._transport._wall_time(min(dues)) if dues else None
 
     def close(self) -> None:
         if not self._closed and self.options.on_revoke is not None:

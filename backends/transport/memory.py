@@ -5,7 +5,9 @@ durable transports are checked against by the contract suite. Each queue is
 an append-only log (offsets are list indexes); each group keeps a cursor per
 queue, its outstanding deliveries, and two heaps (scheduled redeliveries,
 leases) ordered by due time. Delayed publishes wait in a per-topic heap and
-take their offset when due, as RocketMQ's schedule topic does.
+take their offset when due, as RocketMQ's schedule topic does. Due times are
+readings of the monotonic clock: they are durations inside this one process,
+which a wall clock step must not stretch or cut short.
 """
 
 from __future__ import annotations
@@ -88,6 +90,12 @@ class MemoryTransport(LeasingTransport):
         self._topics: dict[str, _Topic] = {}
         self._progress: dict[tuple[str, str], _Progress] = {}
         self._dead: dict[str, list[DeadLetter]] = {}
+
+    def _due_now(self) -> float:
+        return self._clock.monotonic()
+
+    def _wall_time(self, due: float) -> float:
+        return self._clock.time() + (due - self._clock.monotonic())
 
     def _ack(self, group: str, messages: Sequence[Message]) -> None:
         with self._changed:
@@ -191,9 +199,8 @@ class MemoryTransport(LeasingTransport):
                     now,
                 )
                 if message.delay > 0:
-                    heapq.heappush(
-                        stored.delayed, (now + message.delay, next(self._sequence), queue, record)
-                    )
+                    due_at = self._due_now() + message.delay
+                    heapq.heappush(stored.delayed, (due_at, next(self._sequence), queue, record))
                 else:
                     stored.logs[queue].append(record)
             self._signal()

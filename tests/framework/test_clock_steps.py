@@ -27,6 +27,7 @@ from backends.clock import FakeClock, SystemClock
 from backends.errors import BackendUnavailableError
 from backends.transport import open_transport
 from backends.transport.base import Transport
+from backends.transport.memory import MemoryTransport
 from backends.types import OutgoingMessage
 from reliable import Message
 from reliable.health import serve_probes
@@ -245,3 +246,43 @@ def test_a_batch_commit_acks_on_its_interval_after_the_wall_clock_steps_back(tmp
     finally:
         probe.close()
         app.close()
+
+
+@pytest.mark.parametrize("step", [HOUR, -HOUR], ids=["forward", "back"])
+def test_a_memory_transport_lease_lasts_its_timeout_whichever_way_the_wall_clock_steps(step: float) -> None:
+    clock = FakeClock()
+    transport = MemoryTransport(clock, visibility_timeout=30.0)
+    transport.publish("orders", [OutgoingMessage(b"o1")])
+    holder, twin = transport.subscribe(GROUP, ["orders"]), transport.subscribe(GROUP, ["orders"])
+    [held] = holder.fetch(1, 0)
+    clock.step(step)
+    clock.advance(29)
+    assert twin.fetch(1, 0) == []  # the holder's lease runs on: not handed out twice at once
+    clock.advance(2)  # the holder went silent: its lease ended on time
+    [again] = twin.fetch(1, 0)
+    assert (again.id, again.attempt) == (held.id, 2)
+    twin.in_progress([again])  # still working on it: 30 s more from now
+    clock.step(step)
+    clock.advance(29)
+    assert holder.fetch(1, 0) == []
+    clock.advance(2)
+    assert [m.attempt for m in holder.fetch(1, 0)] == [3]
+    transport.close()
+
+
+@pytest.mark.parametrize("step", [HOUR, -HOUR], ids=["forward", "back"])
+def test_a_memory_transport_delay_lasts_its_length_whichever_way_the_wall_clock_steps(step: float) -> None:
+    clock = FakeClock()
+    transport = MemoryTransport(clock)
+    transport.publish("orders", [OutgoingMessage(b"o1"), OutgoingMessage(b"o2", delay=10.0)])
+    member = transport.subscribe(GROUP, ["orders"])
+    [first] = member.fetch(2, 0)
+    member.nack(first, 10.0)
+    clock.step(step)
+    due = member.next_due()
+    assert due is not None and abs(due - (clock.time() + 10.0)) < 0.001  # wall time, 10 s ahead
+    clock.advance(9)
+    assert member.fetch(2, 0) == []
+    clock.advance(2)
+    assert sorted(m.payload for m in member.fetch(2, 0)) == [b"o1", b"o2"]  # the nacked and the delayed
+    transport.close()
