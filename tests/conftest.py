@@ -37,9 +37,17 @@ settings.load_profile("no-deadline")
 
 # The suite starts about fifteen Spark JVMs that live seconds (sessions, killed drivers, the examples).
 # For them the C2 compiler and the parallel collector cost more CPU than they give back: C1 alone and
-# the serial collector took the Spark example test from 40 to 27 CPU-seconds. Tests only (inherited
-# by the processes they start): `local_session` and the benchmarks keep the JVM's defaults.
-os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# the serial collector took the Spark example test from 40 to 27 CPU-seconds. A Spark start loads
+# some 15,000 classes from Spark's own jars: verifying their bytecode, and the full collections that
+# the default 21 MB first metaspace threshold triggers four times, cost about 3.5 of the 22
+# CPU-seconds of a session that runs one small query (median of 10 runs; 18.8 without them).
+# Tests only (inherited by the processes they start): `local_session` and the benchmarks keep the
+# JVM's defaults.
+os.environ.setdefault(
+    "JDK_JAVA_OPTIONS",
+    "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:MetaspaceSize=256m"
+    " -XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote",
+)
 
 # tmp_path on tmpfs (pytest's documented PYTEST_DEBUG_TEMPROOT; a numbered folder per run, as under /tmp).
 # The broker stores and SQLite databases of the tests fsync: on the root disk each fsync cost system CPU
