@@ -282,7 +282,7 @@ class Consuming:
         self._last_sweep = now
         if self.membership.expire(now):
             self._wakes.notify()
-        self.leases.expire(now, self.membership.cursors())
+        self.leases.expire(now, self.membership.leased_cursors())
         return True
 
     def _take(self, member: Member, max_messages: int, now: float) -> list[DeliveryColumns]:

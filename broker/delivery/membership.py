@@ -53,6 +53,7 @@ class Membership:
         self.acks = acks
         self._acked_before = acked_before  # taken by `_cursor`
         self.group_table: dict[str, Group] = {}
+        self._occupied: dict[str, Group] = {}  # the groups with members: only they hold leases
         self._members: dict[str, Member] = {}
         self._needed: dict[tuple[str, int], int] = offsets.lowest_needed()
 
@@ -68,7 +69,7 @@ class Membership:
             kind += ", ordered" if existing.ordered else ""
             raise DeliveryError(f"group {group!r} is {kind}; a member cannot join it otherwise")
         found = existing or Group(group, broadcast=broadcast, strategy=self._strategy, ordered=ordered)
-        self.group_table[group] = found
+        self.group_table[group] = self._occupied[group] = found
         member = found.new_member(tuple(topics), prefetch or self._config.prefetch,
                                   lease or self._config.lease, self._clock.monotonic(),
                                   frozenset(tags) if tags else None)
@@ -143,9 +144,11 @@ class Membership:
         ``sync`` (a broadcasting member keeps its own offsets)."""
         return None if self.acks is None or self.group_table[member.group].broadcast else self.acks
 
-    def cursors(self) -> Iterator[tuple[Group, QueueCursor]]:
-        """Every cursor of every group, with its group."""
-        return ((group, cursor) for group in self.group_table.values() for cursor in group.all_cursors())
+    def leased_cursors(self) -> Iterator[tuple[Group, QueueCursor]]:
+        """The cursors that may hold leases, with their group: those of groups with members (a
+        member that leaves lapses what it held, so an empty group holds nothing out). A sweep
+        costs the groups in use, not every group ever joined."""
+        return ((group, cursor) for group in self._occupied.values() for cursor in group.all_cursors())
 
     def _drop(self, member: Member, event: str) -> None:
         group = self.group_table[member.group]
@@ -154,6 +157,8 @@ class Membership:
                                  member.own.values() if group.broadcast else group.cursors.values())
         del group.members[member.ident]
         del self._members[member.ident]
+        if not group.members:
+            del self._occupied[group.name]
         self._leases.close_window(member.ident)
         self._rebalance(group, from_end=False)
         log.info(event, group=member.group, member=member.ident)
