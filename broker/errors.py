@@ -80,6 +80,10 @@ class InvalidNameError(DeliveryError):
     """Raised when a topic or group name is empty, too long, or reserved (``%...%``)."""
 
 
+class TooManyGroupsError(DeliveryError):
+    """Raised when a member would join a new group while the broker holds ``max_groups`` groups."""
+
+
 class BrokerUnavailableError(DeliveryError):
     """Raised when the process that owns an embedded broker's directory cannot be reached."""
 

@@ -40,6 +40,10 @@ class DeliveryConfig:
     max_deliveries: int = -1
     """Deliveries after which a message goes to ``%DLQ%<group>`` when its last one ends without an
     ack (a nack, its lease expiring, its member leaving); -1: the consumer decides."""
+    max_groups: int = 10_000
+    """Consumer groups the engine holds at most (RabbitMQ's per-vhost ``max-queues``): past it a join
+    of a new group name is refused (`TooManyGroupsError`); members of existing groups still join.
+    A group is never deleted and keeps its cursors when its members leave (about 10 KB each)."""
     read_batch: int = 256
     """Messages read from the store per queue at a time (paging: nothing more is held)."""
     max_fetch_bytes: int = 16 * 1024 * 1024

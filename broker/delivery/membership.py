@@ -30,7 +30,7 @@ from broker.delivery.leases import Leases
 from broker.delivery.offsets import OffsetBook
 from broker.delivery.reading import first_at
 from broker.delivery.values import GroupInfo, QueueLag
-from broker.errors import DeliveryError, UnknownMemberError
+from broker.errors import DeliveryError, TooManyGroupsError, UnknownMemberError
 from broker.store import Clock, MessageStore
 
 log = structlog.get_logger("broker.delivery")
@@ -64,6 +64,10 @@ class Membership:
              from_time: float | None) -> str:
         """A new member of ``group`` (see `Broker.join`); names already checked."""
         existing = self.group_table.get(group)
+        if existing is None and len(self.group_table) >= self._config.max_groups:
+            raise TooManyGroupsError(
+                f"group {group!r}: the broker holds max_groups={self._config.max_groups} groups, so a new "
+                "group cannot join (members of existing groups still can); raise max_groups")
         if existing is not None and (existing.broadcast, existing.ordered) != (broadcast, ordered):
             kind = "broadcasting" if existing.broadcast else "clustering"
             kind += ", ordered" if existing.ordered else ""

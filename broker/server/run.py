@@ -4,7 +4,7 @@
 and ``reliable broker serve --settings reliable.toml`` both end here. The
 ``[broker]`` table of the settings file configures it (``data_dir``,
 ``flush``, ``retention``, ``clean_at``, ``force_at``, ``refuse_at``, ``selection``,
-``max_deliveries``, ``host``, ``port``, ``stomp_port``, ``metrics_port``, users, TLS,
+``max_deliveries``, ``max_groups``, ``host``, ``port``, ``stomp_port``, ``metrics_port``, users, TLS,
 limits); flags override it. SIGTERM or SIGINT stops it gracefully: the
 listeners close, every session's members leave, offsets are written and the
 store is checkpointed; the next start recovers from whatever a crash left.
@@ -57,7 +57,8 @@ def run(table: dict[str, Any], *, data_dir: str | None = None, host: str | None 
     given = {"host": host, "port": port, "stomp_port": stomp_port}
     config = ServerConfig.from_mapping({**table, **{k: v for k, v in given.items() if v is not None}})
     directory = data_dir or table.get("data_dir", DEFAULT_DATA_DIR)
-    delivery = DeliveryConfig(**{key: table[key] for key in ("selection", "max_deliveries", "max_fetch_bytes")
+    delivery = DeliveryConfig(**{key: table[key] for key in ("selection", "max_deliveries", "max_fetch_bytes",
+                                                         "max_groups")
                                  if key in table})
     broker = Broker(directory, delivery, store_config=store_config(table))
     engine = Engine(broker)

@@ -66,7 +66,7 @@ def test_the_connection_caps_come_from_the_settings_file_the_most_specific_overr
 
 
 @pytest.mark.parametrize(("key", "value"), [("idle_timeout", '"abc"'), ("flush", '"sometimes"'),
-                                            ("max_deliveries", '"often"'), ("max_fetch_bytes", "0"),
+                                            ("max_deliveries", '"often"'), ("max_fetch_bytes", "0"), ("max_groups", "0"),
                                             ("retention", '"3d"'), ("force_at", "0.95")])
 def test_a_server_with_a_bad_value_does_not_start(tmp_path, key: str, value: str) -> None:
     settings = tmp_path / "reliable.toml"
