@@ -22,6 +22,8 @@ from pathlib import Path
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
+from reliable.testing import FakeClock
+
 SIZE = 24 * 1024 * 1024
 
 
@@ -59,6 +61,30 @@ def fill(disk: Path, name: str = "ballast") -> Ballast:
     finally:
         os.close(fd)
     return Ballast(ballast, error)
+
+
+class SpaceComesBack(FakeClock):
+    """A fake clock on which the ballast of `fill` is deleted once ``outage`` seconds have passed
+    on it since the fill: a full disk that an operator clears."""
+
+    def __init__(self, outage: float = 60.0) -> None:
+        super().__init__()
+        self.outage = outage
+        self.ballast: Ballast | None = None
+        self.filled_at = 0.0
+
+    def fill(self, disk: Path) -> None:
+        self.ballast, self.filled_at = fill(disk), self.time()
+
+    @property
+    def full(self) -> bool:
+        return self.ballast is not None and self.ballast.path.exists()
+
+    def sleep(self, seconds: float) -> None:
+        super().sleep(seconds)
+        if self.full and self.time() - self.filled_at >= self.outage:
+            assert self.ballast is not None
+            self.ballast.free()
 
 
 @contextmanager

@@ -9,8 +9,8 @@ from pathlib import Path
 from sqlalchemy import text
 
 from reliable.testing import test_app
+from tests.disk import SpaceComesBack
 from tests.framework.conftest import create_effects, effects
-from tests.framework.test_full_disk import SpaceComesBack
 
 disk = Path(sys.argv[1])
 clock = SpaceComesBack()

@@ -24,29 +24,11 @@ from structlog.testing import capture_logs
 from reliable import App
 from reliable.errors import DiskFullError
 from reliable.testing import FakeClock, test_app
-from tests.disk import Ballast, fill
+from tests.disk import SpaceComesBack, fill
 from tests.framework.conftest import create_effects, effects
 from tests.framework.test_outbox_cli import reliable_exe
 
-OUTAGE = 60.0  # seconds on the fake clock between the disk filling and space coming back
 ORDERS = 20
-
-
-class SpaceComesBack(FakeClock):
-    """A fake clock on which the ballast is deleted once `OUTAGE` seconds have been slept."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ballast: Ballast | None = None
-        self.filled_at = 0.0
-
-    def fill(self, disk: Path) -> None:
-        self.ballast, self.filled_at = fill(disk), self.time()
-
-    def sleep(self, seconds: float) -> None:
-        super().sleep(seconds)
-        if self.ballast is not None and self.ballast.path.exists() and self.time() - self.filled_at >= OUTAGE:
-            self.ballast.free()
 
 
 def embedded_app(disk: Path, clock: FakeClock) -> App:

@@ -20,35 +20,13 @@ from structlog.testing import capture_logs
 
 from reliable import App
 from reliable.testing import FakeClock, test_app
-from tests.disk import Ballast, SmallDatabase, fill
+from tests.disk import SmallDatabase, SpaceComesBack
 from tests.framework.conftest import create_effects, effects
 
 INSERT = text("insert into effects (token, attempt) values (:t, :a)")
 DOCUMENT = text("insert into documents (token, body) values (:t, :b)")
 OUTAGE = 600.0  # seconds on the fake clock the disk stays full: a long outage
 MAX_REDELIVERIES = 2
-
-
-class SpaceComesBack(FakeClock):
-    """A fake clock on which the ballast is deleted once `OUTAGE` seconds have passed on it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ballast: Ballast | None = None
-        self.filled_at = 0.0
-
-    def fill(self, disk: Path) -> None:
-        self.ballast, self.filled_at = fill(disk), self.time()
-
-    @property
-    def full(self) -> bool:
-        return self.ballast is not None and self.ballast.path.exists()
-
-    def sleep(self, seconds: float) -> None:
-        super().sleep(seconds)
-        if self.full and self.time() - self.filled_at >= OUTAGE:
-            assert self.ballast is not None
-            self.ballast.free()
 
 
 def app_on(disk: Path, broker: Path, clock: FakeClock, store: str | None = None) -> App:
@@ -76,7 +54,7 @@ def full_store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, st
 def test_a_long_full_store_disk_costs_a_message_one_delivery(full_store: tuple[Path, str | None], tmp_path: Path,
                                                              shape: str) -> None:
     disk, url = full_store
-    clock = SpaceComesBack()
+    clock = SpaceComesBack(OUTAGE)
     app = app_on(disk, tmp_path / "broker", clock, url)
     attempts: list[int] = []
 
@@ -120,14 +98,14 @@ class StopsMidway(SpaceComesBack):
 
     def sleep(self, seconds: float) -> None:
         super().sleep(seconds)
-        if self.app is not None and self.full and self.time() - self.filled_at >= OUTAGE / 2:
+        if self.app is not None and self.full and self.time() - self.filled_at >= self.outage / 2:
             self.app.stop()
 
 
 @pytest.mark.parametrize("restarted", ["while the disk is full", "once space is back"])
 def test_a_worker_restarted_after_a_full_store_disk_does_not_dead_letter(small_disk: Path, tmp_path: Path,
                                                                            restarted: str) -> None:
-    clock = StopsMidway()
+    clock = StopsMidway(OUTAGE)
     first = clock.app = app_on(small_disk, tmp_path / "broker", clock)
     attempts: list[tuple[str, int]] = []
 

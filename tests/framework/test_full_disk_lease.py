@@ -20,10 +20,10 @@ from sqlalchemy import text
 from structlog.testing import capture_logs
 
 from reliable.testing import test_app
-from tests.framework.test_full_disk import SpaceComesBack
+from tests.disk import SpaceComesBack
 
 ORDERS = 20
-LEASE = 30.0  # seconds on the fake clock; space comes back after OUTAGE (60) of them
+LEASE = 30.0  # seconds on the fake clock; space comes back after 60 of them (SpaceComesBack)
 
 
 def test_a_lease_call_whose_result_a_full_disk_refused_runs_again_and_nothing_is_lost(small_disk: Path) -> None:

@@ -26,8 +26,8 @@ from reliable import Middleware
 from reliable.health import serve_probes
 from reliable.outcome import Outcome, Result
 from reliable.testing import test_app
+from tests.disk import SpaceComesBack
 from tests.framework.conftest import create_effects, effects
-from tests.framework.test_full_disk import SpaceComesBack
 from tests.framework.test_health import get
 
 ORDERS = 6

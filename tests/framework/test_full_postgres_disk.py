@@ -30,9 +30,8 @@ from backends.types import Message
 from reliable import App, Middleware
 from reliable.handler import Handler
 from reliable.testing import test_app
-from tests.disk import SmallDatabase
+from tests.disk import SmallDatabase, SpaceComesBack
 from tests.framework.conftest import create_effects, effects
-from tests.framework.test_full_disk import SpaceComesBack
 
 ORDERS = 12
 FILL_AT = 4  # the order whose handler fills the disk
