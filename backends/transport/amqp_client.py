@@ -44,6 +44,10 @@ import pika.exceptions
 import pika.frame
 import structlog
 from pika.adapters.blocking_connection import BlockingChannel
+from pika.adapters.utils.connection_workflow import (
+    AMQPConnectionWorkflowFailed,
+    AMQPConnectorPhaseErrorBase,
+)
 
 from backends.errors import (
     BackendUnavailableError,
@@ -130,9 +134,22 @@ host (530 NOT_ALLOWED: no such vhost, or no access to it)."""
 def not_connected(exc: BaseException, doing: str, contact: FirstContact) -> ReliableError:
     """Our error for a connection that could not be made: a refused login or virtual host as
     ``contact`` says (`backends.refusal`), anything else as `translate` does."""
-    if isinstance(exc, LOGIN_REFUSED):
-        return contact.refused(f"amqp: {doing}: {exc.args[0] if exc.args else exc}", BackendUnavailableError)
+    cause = _workflow_cause(exc)
+    if isinstance(cause, LOGIN_REFUSED):
+        return contact.refused(f"amqp: {doing}: {cause.args[0] if cause.args else cause}", BackendUnavailableError)
     return translate(exc, doing)
+
+
+def _workflow_cause(exc: BaseException) -> BaseException:
+    """What ``exc`` wraps, where pika's asynchronous connection workflow (the publisher's
+    `pika.SelectConnection`) wrapped it; the blocking connection raises the cause itself."""
+    while True:
+        if isinstance(exc, AMQPConnectionWorkflowFailed) and exc.exceptions:
+            exc = exc.exceptions[-1]
+        elif isinstance(exc, AMQPConnectorPhaseErrorBase):
+            exc = exc.exception
+        else:
+            return exc
 
 
 class UnroutableError(TransportError):
