@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from backends.errors import OutboxMessageError
-from backends.types import storable
+from backends.types import not_text, storable
 
 MESSAGE_ID_MAX = 64  # the column's width
 TOPIC_MAX, KEY_MAX = 255, 512  # the columns' widths: PostgreSQL refuses more at the commit, SQLite does not
@@ -34,8 +34,10 @@ def check_publish(topic: Any, key: Any, headers: Any, delay: Any, message_id: An
         raise OutboxMessageError(f"{where}: key={key!r} must be None or at most {KEY_MAX} characters of text, "
                                  "no NUL")
     if headers is not None and not (
-        isinstance(headers, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+        isinstance(headers, Mapping)
+        and all(isinstance(k, str) and not not_text(k) and isinstance(v, str) for k, v in headers.items())
     ):
-        raise OutboxMessageError(f"{where}: headers={headers!r} must map strings to strings")
+        raise OutboxMessageError(f"{where}: headers={headers!r} must map strings to strings, names with a "
+                                 "UTF-8 form (no transport carries a lone surrogate in a header name)")
     if isinstance(delay, bool) or not isinstance(delay, int | float) or not math.isfinite(delay) or delay < 0:
         raise OutboxMessageError(f"{where}: delay={delay!r} must be a number of seconds >= 0")

@@ -62,6 +62,8 @@ T = TypeVar("T")
 
 KEEP_ALIVE = 1.0
 """Seconds between the keep-alive thread's turns (heartbeats, and the server's closing notices)."""
+SHORT_STRING = 255
+"""Bytes an AMQP short string holds at most: a message id, a header name."""
 
 
 @dataclass(frozen=True)
@@ -170,12 +172,25 @@ def check_frames(messages: Sequence[Publish], frame_max: int, doing: str) -> Non
     larger than the connection's ``frame_max``: RabbitMQ would close the connection for it
     (``FRAME_ERROR``), which looks like an outage and would be retried for ever."""
     for message in messages:
+        _check_short_strings(message, doing)
         size = len(pika.frame.Header(1, len(message.body), message.properties).marshal())
         if size > frame_max:
             raise TransportError(
                 f"amqp: {doing}: message {message.properties.message_id!r}: its headers take {size} bytes, above "
                 f"the connection's frame_max={frame_max} (AMQP carries headers in one frame; send large "
                 "values in the body)")
+
+
+def _check_short_strings(message: Publish, doing: str) -> None:
+    """A `TransportError` for a message id or header name longer than an AMQP short string
+    (255 bytes): pika fails on it with an error of its own, which no caller takes for a refusal."""
+    message_id = message.properties.message_id
+    named = [("message id", message_id)] if message_id else []
+    for what, text in [*named, *(("header name", name) for name in message.properties.headers or {})]:
+        size = len(text.encode())
+        if size > SHORT_STRING:
+            raise TransportError(f"amqp: {doing}: {what} {text[:60]!r}... takes {size} bytes, above AMQP's "
+                                 f"{SHORT_STRING} for a short string")
 
 
 class Blocked:

@@ -33,6 +33,7 @@ Optional capabilities are declared in `Capabilities`, never faked:
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -293,25 +294,47 @@ class Transport(ABC):
 
 
 def check_name(kind: str, name: str) -> None:
-    """A `TransportError` unless ``name`` is a non-empty string."""
+    """A `TransportError` unless ``name`` is a non-empty string with a UTF-8 form."""
     if not isinstance(name, str) or not name:
         raise TransportError(f"{kind} name {name!r}: a non-empty string is required")
+    if not_text(name):
+        raise TransportError(f"{kind} name '{readable(name)}' holds a lone surrogate: no wire carries it")
 
 
 def check_outgoing(messages: Sequence[OutgoingMessage], *, binary_fields: bool = False) -> None:
-    """A `TransportError` naming the first message a transport cannot publish; a key or header
-    value holding bytes that are not UTF-8 (`backends.types.text_from_bytes`) only where
-    ``binary_fields``."""
+    """A `TransportError` naming the first message a transport cannot publish: a payload not
+    bytes, a delay not a finite number >= 0, a key, message id, header name or value not a str
+    (a client library fails on each in a way of its own: librdkafka's crashes the process on a
+    header name with no UTF-8 form), and a key or header value holding bytes that are not UTF-8
+    (`backends.types.text_from_bytes`) only where ``binary_fields``."""
     for message in messages:
         if not isinstance(message.payload, bytes):
             raise TransportError(f"message payload must be bytes, got {type(message.payload).__name__}")
-        if message.delay < 0:
-            raise TransportError(f"message delay {message.delay!r}: must be >= 0")
-        if message.key is not None and not_text(message.key):
-            _check_bytes("message key", message.key, binary_fields)
+        if not isinstance(message.delay, int | float) or not math.isfinite(message.delay) or message.delay < 0:
+            raise TransportError(f"message delay {message.delay!r}: must be a finite number of seconds >= 0")
+        if message.key is not None:
+            _check_text("message key", message.key, binary_fields)
+        if message.message_id is not None:
+            _check_text("message id", message.message_id, False)
+        if not isinstance(message.headers, Mapping):
+            raise TransportError(f"message headers must map names to values, got {type(message.headers).__name__}")
         for name, value in message.headers.items():
-            if not_text(value):
-                _check_bytes(f"header {name!r}", value, binary_fields)
+            if not isinstance(name, str) or not_text(name):
+                shown = f"'{readable(name)}'" if isinstance(name, str) else _shown(name)
+                raise TransportError(f"header name {shown}: a str with a UTF-8 form is required")
+            _check_text(f"header {name!r}", value, binary_fields)
+
+
+def _check_text(what: str, value: object, binary_fields: bool) -> None:
+    if not isinstance(value, str):
+        raise TransportError(f"{what} {_shown(value)}: a str is required, got {type(value).__name__}")
+    if not_text(value):
+        _check_bytes(what, value, binary_fields)
+
+
+def _shown(value: object) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 80 else f"{shown[:80]}..."
 
 
 def _check_bytes(what: str, value: str, binary_fields: bool) -> None:
