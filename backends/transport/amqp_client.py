@@ -117,9 +117,9 @@ def translate(exc: BaseException, doing: str, blocked: str | None = None) -> Rel
     RabbitMQ gave when it blocked the connection, if it did)."""
     if isinstance(exc, pika.exceptions.ConnectionBlockedTimeout):
         return BackendUnavailableError(
-            f"amqp: {doing}: RabbitMQ blocked publishing on this connection ({blocked or 'a resource alarm'}) "
-            "for longer than the blocked-connection timeout (3 x connect_timeout): a memory or disk alarm is in "
-            "effect on the server (rabbitmqctl status lists it); publishing resumes once it clears")
+            f"amqp: {doing}: RabbitMQ blocked publishing on this connection ({blocked or 'a resource alarm'}): "
+            "a memory or disk alarm is in effect on the server (rabbitmqctl status lists it); publishing "
+            "resumes once it clears")
     if isinstance(exc, pika.exceptions.ChannelClosedByBroker):
         return RefusedError(f"amqp: {doing}: refused by RabbitMQ: {exc.reply_code} {exc.reply_text}", exc.reply_code)
     if isinstance(exc, pika.exceptions.ConnectionClosedByBroker) and exc.reply_code not in (320, 501, 541):

@@ -13,11 +13,14 @@ one, for example while a quorum queue elects a leader) or a connection lost
 before the last ack raises `BackendUnavailableError`, and the caller
 publishes the whole batch again (its messages keep their ids); a returned
 message (``mandatory``, no queue bound) raises `TransportError`. A nack
-or any failure closes the publisher; its owner opens a new one.
+or any failure closes the publisher; its owner opens a new one. A
+connection RabbitMQ blocks (a memory or disk alarm) fails its batch after
+`BLOCKED_GRACE`, naming the alarm, so the caller's own bound holds.
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Sequence
 from functools import partial
@@ -43,6 +46,12 @@ from backends.transport.amqp_client import (
 )
 
 log = structlog.get_logger(__name__)
+
+BLOCKED_GRACE = 1.0
+"""Seconds a batch waits on a connection RabbitMQ blocked (a memory or disk alarm) before it
+fails naming the alarm. Not pika's blocked-connection timeout of the other connections (3 x
+``connect_timeout``, 30 s by default): a caller's own bound (``publish_timeout``) must hold,
+and the connection closes with the batch (a graceful close waits for a reader RabbitMQ stopped)."""
 
 _CLOSED_BY_US = (pika.exceptions.ConnectionClosedByClient, pika.exceptions.ChannelClosedByClient)
 
@@ -112,6 +121,7 @@ class Publisher:
         self._next_tag = 1
         self._blocked = Blocked(name)
         self._ioloop = IOLoop()
+        params = [_blocked_for(BLOCKED_GRACE, p) for p in params]
         self._thread = threading.Thread(target=self._run, args=(params,), name=f"amqp-{name}", daemon=True)
         self._thread.start()
         if not self._ready.wait(sum(p.stack_timeout for p in params)):
@@ -230,3 +240,10 @@ class Publisher:
         if confirms is not None:
             confirms.fail(exc, self._blocked.reason)
         self._ready.set()
+
+
+def _blocked_for(seconds: float, params: pika.URLParameters) -> pika.URLParameters:
+    """A copy of ``params`` whose connection pika closes once RabbitMQ blocked it ``seconds``."""
+    found = copy.copy(params)
+    found.blocked_connection_timeout = seconds
+    return found

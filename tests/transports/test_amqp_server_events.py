@@ -143,6 +143,33 @@ def test_a_publish_under_a_resource_alarm_names_it_and_goes_through_once_it_clea
     app.close()
 
 
+def test_a_publish_under_an_alarm_gives_up_by_publish_timeout_naming_the_alarm(
+    tmp_path: Path, own_rabbit: tuple[RabbitCluster, str]
+) -> None:
+    """The old publish waited out pika's blocked-connection timeout (3 x connect_timeout: here
+    30 minutes) whatever ``publish_timeout`` said."""
+    cluster, node = own_rabbit
+    app = worker_app(tmp_path, f"{cluster.url(node)}?connect_timeout=600", [],
+                     RELIABLE_TRANSPORT__PUBLISH_TIMEOUT="1")
+    app.publish("orders", {"n": 1})
+    raised: list[BaseException] = []
+
+    def publish() -> None:
+        try:
+            app.publish("orders", {"n": 2})
+        except BackendUnavailableError as exc:
+            raised.append(exc)
+
+    with resource_alarm(cluster, node):
+        publishing = threading.Thread(target=publish, daemon=True)
+        publishing.start()
+        wait_until(lambda: raised, "the publish to give up by its publish_timeout")
+    publishing.join()
+    assert "RabbitMQ blocked publishing on this connection (low on memory)" in str(raised[0])
+    assert "memory or disk alarm" in str(raised[0])
+    app.close()
+
+
 def test_a_worker_whose_retry_copy_is_blocked_names_the_alarm_and_loses_nothing(
     tmp_path: Path, own_rabbit: tuple[RabbitCluster, str]
 ) -> None:
