@@ -41,7 +41,7 @@ from reliable.handler import Handler
 from reliable.middleware import Middlewares
 from reliable.outcome import Outcome, Result
 from reliable.pipeline import Pipeline
-from reliable.pipeline.runner import OnLoop
+from reliable.pipeline.runner import OnLoop, drive
 from reliable.pipeline.steps import store_down
 from reliable.retry import Backoff
 from reliable.runtime import Runtime
@@ -237,7 +237,10 @@ class Worker:
         """Nack or dead-letter a message that was not done; True once the transport took it."""
         message, failure = result.message, result.failure
         if result.outcome is Outcome.REDELIVERED or result.outcome is Outcome.DEFERRED:
-            return self._settling(lambda s: s.nack(message, result.delay)) is not FAILED
+            try:
+                return self._settling(lambda s: s.nack(message, result.delay)) is not FAILED
+            except TransportError as exc:  # refused, not an outage: a retry copy above the wire's limit
+                return self._not_redelivered(result, exc)
         if result.outcome is Outcome.DEAD_LETTERED and failure is not None:
             try:  # the transport's copy carries the failure cut short: every wire bounds headers
                 return self._settling(lambda s: s.dead_letter(message, failure.summary())) is not FAILED
@@ -246,6 +249,25 @@ class Worker:
                           offset=message.offset, error=str(exc))
                 return self._settling(lambda s: s.ack([message])) is not FAILED
         return False
+
+    def _not_redelivered(self, result: Result, refusal: TransportError) -> bool:
+        """The transport refused ``result``'s redelivery for good: a failed message is dead-lettered
+        instead (recorded, then handed back as a dead letter), no longer ending the worker, which
+        met the same refusal at every restart. A deferred one (the store down) cannot be recorded:
+        it is left unacknowledged, to come back when the transport's lease on it ends."""
+        message = result.message
+        log.error("redelivery_refused", handler=self.handler.name, topic=message.topic, offset=message.offset,
+                  attempt=message.attempt, error=str(refusal))
+        if result.outcome is Outcome.DEFERRED:
+            return False
+        steps = self.pipeline.steps.not_redelivered(result, refusal)
+        letter = self._loop.run(steps) if self._loop is not None else drive(steps)
+        if letter.outcome is Outcome.DEFERRED:
+            return False
+        if letter.outcome is Outcome.DUPLICATE:
+            return self._settling(lambda s: s.ack([message])) is not FAILED
+        self.pipeline.middleware.emit("on_dead_letter", self.handler, letter)
+        return self._hand_back(letter)
 
     def _in_progress(self, messages: Sequence[Message]) -> None:
         """Extend the transport's lease on ``messages`` (from a lease heartbeat; lanes take turns).

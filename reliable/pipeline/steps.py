@@ -169,21 +169,36 @@ class Steps:
 
     def failed(self, message: Message, token: str | None, exc: BaseException) -> Result:
         """Classify: redeliver with the policy's next delay, or dead-letter (recorded later)."""
-        now = self.runtime.clock.time()
         policy = self.config.redelivery
         attempt = self.deferrals.attempt(message)  # deliveries that waited out an outage left out
         if classify(exc, self.handler.classifier) is Verdict.RETRY and not policy.gives_up(attempt):
             delay = policy.next_delay(None, self.runtime.rng, attempt=attempt)
             return Result(message, Outcome.REDELIVERED, token, delay=delay, error=exc)
-        failure = Failure(
+        return Result(message, Outcome.DEAD_LETTERED, token, failure=self._failure(message, exc, attempt), error=exc)
+
+    def _failure(self, message: Message, exc: BaseException, attempt: int, note: str = "") -> Failure:
+        now = self.runtime.clock.time()
+        return Failure(
             error_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
-            error_message=str(exc),
+            error_message=f"{exc}{note}",
             traceback="".join(traceback.format_exception(exc)),
             attempts=attempt,
             first_failure_at=message.first_failure_at or now,
             last_failure_at=now,
         )
-        return Result(message, Outcome.DEAD_LETTERED, token, failure=failure, error=exc)
+
+    async def not_redelivered(self, result: Result, refusal: Exception) -> Result:
+        """A REDELIVERED ``result`` whose redelivery the transport refused for good (its retry
+        copy, with the headers the copy adds, above the wire's limit): dead-lettered instead,
+        its failure saying why, recorded as `dead_letters` records (DUPLICATE if the group has
+        its record already, DEFERRED while the store is down)."""
+        assert result.error is not None
+        note = f" [not redelivered: the transport refused its retry copy: {refusal}]"
+        failure = self._failure(result.message, result.error, self.deferrals.attempt(result.message), note)
+        work = Work(result.message, result.token, replace(result, outcome=Outcome.DEAD_LETTERED, failure=failure))
+        await self.dead_letters([work])
+        assert work.result is not None
+        return work.result
 
     def deferred(self, message: Message, token: str | None, exc: Exception) -> Result:
         """The store was down: no ack at all, the message comes back after the policy's first delay."""

@@ -1,0 +1,87 @@
+"""A message that fits a transport's wire while its copies do not: a redelivery the transport makes
+by copying the message with headers of its own (the broker's ``%RETRY%<group>`` record, a Kafka
+retry topic) grows past the limit its original was just under.
+
+Real engines: the broker in process (``embedded://``, ``max_record_size``), the broker server
+(``reliable://``) and the mock Kafka cluster (the producer's ``message.max.bytes``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from backends.errors import TransportError
+from reliable import App
+from reliable.settings import Settings
+from tests.framework.refusals import Running
+from tests.waiting import wait_until
+
+
+class Flaky(Exception):
+    """A failure worth another try."""
+
+
+def largest_accepted(app: App, topic: str, low: int, high: int) -> int:
+    """The largest body ``app.publish`` gets through to ``topic`` (key ``big``), by bisection."""
+    while high - low > 1:
+        middle = (low + high) // 2
+        try:
+            app.publish(topic, b"x" * middle, key="big")
+        except TransportError:
+            high = middle
+        else:
+            low = middle
+    return low
+
+
+@pytest.mark.parametrize("engine", ["embedded", "embedded-async", "reliable", "kafka"])
+def test_a_redelivery_refused_for_its_copy_is_dead_lettered_with_why(
+    engine: str, request: pytest.FixtureRequest, tmp_path: Path, unique: str
+) -> None:
+    """The largest message the transport takes fails in its handler, worth another try: its retry
+    copy is refused for good. The worker ended with that `TransportError` (and met it again at every
+    restart); now the message is dead-lettered with the refusal in its failure, and the worker goes
+    on with its neighbour, retried and dead-lettered as usual."""
+    url, low, high = {
+        "embedded": (f"embedded://{tmp_path / 'broker'}", 4_000_000, 4_194_304),  # max_record_size
+        "embedded-async": (f"embedded://{tmp_path / 'broker'}", 4_000_000, 4_194_304),  # an async def handler
+        "reliable": (request.getfixturevalue("reliable_server").url if engine == "reliable" else "",
+                     4_000_000, 4_194_304),
+        "kafka": (request.getfixturevalue("kafka_url") if engine == "kafka" else "", 990_000, 1_000_000),
+    }[engine]
+    app = App(Settings.load(None, env={
+        "RELIABLE_TRANSPORT__URL": url, "RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}",
+        "RELIABLE_RETRY__INITIAL_DELAY": "0.1", "RELIABLE_RETRY__MAX_REDELIVERIES": "1"}))
+    topic, group = f"{unique}a", f"g{uuid.uuid4().hex[:12]}"
+
+    def fail(msg, tx):
+        raise Flaky(f"{len(msg.payload)} bytes")
+
+    async def fail_async(msg, tx):
+        fail(msg, tx)
+
+    app.handler(topic, group=group, retry_on=[Flaky], token=lambda msg: msg.id)(
+        fail_async if engine.endswith("async") else fail)
+
+    size = largest_accepted(app, f"{unique}b", low, high)  # a topic name as long: the same record size
+    app.publish(topic, b"x" * size, key="big")
+    app.publish(topic, b"small", key="small")
+    run = Running(app)  # not until idle: a Kafka member cannot tell it is (no `drain`)
+    try:
+        wait_until(lambda: not run.thread.is_alive() or len(app.dead_letters(group)) == 2,
+                   "both messages dead-lettered, or the worker ended")
+        app.stop()
+        run.join()
+        assert run.error is None, run.error
+        letters = {letter.message.key: letter.failure for letter in app.dead_letters(group)}
+        assert sorted(letters) == ["big", "small"]
+        assert letters["big"].error_message.startswith(f"{size} bytes [not redelivered: the transport refused "
+                                                       "its retry copy: ")
+        assert letters["big"].attempts == 1
+        assert letters["small"].error_message == "5 bytes"
+        assert letters["small"].attempts == 2
+    finally:
+        app.close()
