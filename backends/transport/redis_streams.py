@@ -38,6 +38,9 @@ from backends.values import positive
 
 log = structlog.get_logger(__name__)
 OUTSTANDING = ("inflight", "scheduled")
+MAX_BULK_SETTING = "proto-max-bulk-len"
+DEFAULT_MAX_BULK = 512 * 1024 * 1024
+"""Redis's default ``proto-max-bulk-len``, taken where ``CONFIG GET`` is refused."""
 PER_MESSAGE = ("state", "redelivered")
 
 
@@ -67,6 +70,7 @@ class RedisStreamsTransport(LeasingTransport):
         }
         self._rotation = itertools.count()
         self._queue_counts: dict[str, int] = {}
+        self._max_bulk: int | None = None  # the server's proto-max-bulk-len, asked at the first publish
 
     def _ack(self, group: str, messages: Sequence[Message]) -> None:
         by_topic: dict[str, list[str]] = {}
@@ -210,14 +214,17 @@ class RedisStreamsTransport(LeasingTransport):
     # primitives of LeasingTransport
 
     def _append(self, topic: str, messages: Sequence[OutgoingMessage], now: float) -> None:
+        entries = [layout.entry(cast(str, m.message_id), m.key, m.headers, m.payload, now) for m in messages]
+        limit = self._max_argument()
+        for fields in entries:
+            _check_arguments(topic, fields, limit)
         queues = self._queues_of(topic, create=True)
         ready: list[Any] = [self._keys.ns, topic]
         with self._errors() as client:
             pipe = client.pipeline()
-            for message in messages:
+            for message, fields in zip(messages, entries, strict=True):
                 queue = self._router.queue_for(topic, message.key, queues)
                 id_ = cast(str, message.message_id)  # stamped by Transport.publish
-                fields = layout.entry(id_, message.key, message.headers, message.payload, now)
                 if message.delay > 0:
                     seq = client.incr(f"{self._keys.ns}:delayed-seq")
                     pipe.hset(self._keys.delayed(topic, seq), mapping={**fields, "queue": queue})
@@ -291,6 +298,20 @@ class RedisStreamsTransport(LeasingTransport):
 
     # helpers
 
+    def _max_argument(self) -> int:
+        """The server's ``proto-max-bulk-len``: the largest argument it reads (it closes the
+        connection on a larger one, which looks like an outage); Redis's default where ``CONFIG``
+        is refused (an ACL, a managed Redis)."""
+        if self._max_bulk is None:
+            with self._errors() as client:
+                try:
+                    reply = client.config_get(MAX_BULK_SETTING)
+                except redis.ResponseError:
+                    reply = {}
+            told = {str(name, "utf-8") if isinstance(name, bytes) else name: value for name, value in reply.items()}
+            self._max_bulk = int(told.get(MAX_BULK_SETTING) or DEFAULT_MAX_BULK)
+        return self._max_bulk
+
     def _queues_of(self, topic: str, create: bool = False) -> int:
         """The number of queues of ``topic`` (0 while it does not exist); fixed once created."""
         if topic in self._queue_counts:
@@ -345,3 +366,17 @@ class RedisStreamsTransport(LeasingTransport):
             raise TransportError(f"Redis transport {self._url}: {exc}") from exc
         else:
             self._contact.accepted()
+
+
+def _check_arguments(topic: str, fields: Mapping[str, Any], limit: int) -> None:
+    """A `TransportError` for a field of an entry larger than the server's ``proto-max-bulk-len``
+    (the key travels as one argument with a character in front)."""
+    for name in ("payload", "headers", "key", "id"):
+        value = fields.get(name)
+        if value is None:
+            continue
+        size = len(value) if isinstance(value, bytes) else len(value.encode()) + (name == "key")
+        if size > limit:
+            raise TransportError(
+                f"redis: publish to {topic!r}: message {str(fields['id'])[:60]!r}: its {name} takes {size} bytes, "
+                f"above the server's {MAX_BULK_SETTING}={limit} (the largest argument Redis reads)")

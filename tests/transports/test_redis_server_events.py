@@ -88,8 +88,8 @@ def test_entries_deleted_or_trimmed_under_the_head_are_not_pending(
 class RedisServer:
     """A redis-server of the test's own, without persistence: a restart empties it."""
 
-    def __init__(self, folder: Path) -> None:
-        self.port, self.folder = free_ports(1)[0], folder
+    def __init__(self, folder: Path, *options: str) -> None:
+        self.port, self.folder, self.options = free_ports(1)[0], folder, options
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -99,7 +99,7 @@ class RedisServer:
     def start(self) -> None:
         self.process = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.folder)], stdout=subprocess.DEVNULL)
+             "--appendonly", "no", "--dir", str(self.folder), *self.options], stdout=subprocess.DEVNULL)
         wait_listening(self.port, 30)
 
     def stop(self) -> None:
