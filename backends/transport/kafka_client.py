@@ -85,6 +85,10 @@ NOT_A_MEMBER = frozenset(
 expired, a rebalance moved them): the group's new owners read them from the last commit."""
 
 
+MESSAGE_MAX_BYTES = 1_000_000
+"""The producer's largest record (librdkafka's default, set so that a refusal can name it)."""
+
+
 def not_a_member(exc: KafkaException) -> KafkaError | None:
     """The error of ``exc`` if it is one of `NOT_A_MEMBER`, else None."""
     error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
@@ -94,6 +98,9 @@ def not_a_member(exc: KafkaException) -> KafkaError | None:
 def translate(error: KafkaError, doing: str) -> ReliableError:
     """Our error for a librdkafka ``error`` met while ``doing`` something."""
     text = f"kafka: {doing}: {error.str()} ({error.name()})"
+    if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+        text += (f": a record (value, key and headers) above the producer's message.max.bytes={MESSAGE_MAX_BYTES} "
+                 "or the topic's max.message.bytes")
     if error.code() in _UNREACHABLE or error.retriable():
         return BackendUnavailableError(text)
     return TransportError(text)
@@ -193,6 +200,7 @@ class Publisher:
                 "message.timeout.ms": int(timeout * 1000),
                 "enable.idempotence": True,
                 "acks": "all",
+                "message.max.bytes": MESSAGE_MAX_BYTES,
                 **settings,
             }
         )

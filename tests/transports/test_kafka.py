@@ -159,6 +159,13 @@ def test_each_group_gets_every_message(transport: KafkaTransport, unique: str) -
             assert sorted(m.id for m in fetch_until(subscription, 30)) == sorted(f"m{n}" for n in range(30))
 
 
+def test_a_record_too_large_names_the_settings_that_bound_it(transport: KafkaTransport, unique: str) -> None:
+    """librdkafka says only "Message size too large": the error names message.max.bytes too."""
+    with pytest.raises(TransportError, match=r"MSG_SIZE_TOO_LARGE\): a record .* above the producer's "
+                                             r"message.max.bytes=1000000 or the topic's max.message.bytes"):
+        transport.publish(unique, [OutgoingMessage(b"x" * 1_000_001)])
+
+
 def test_bad_urls_options_and_names_are_named(cluster: MockCluster, transport: KafkaTransport) -> None:
     for url in ("kafka://", "kafka://localhost", "kafka://h:99999", "kafka://h:1,nohost"):
         with pytest.raises(ConfigurationError, match="host:port"):
