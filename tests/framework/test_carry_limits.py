@@ -8,12 +8,14 @@ Real engines: the broker in process (``embedded://``, ``max_record_size``), the 
 
 from __future__ import annotations
 
+import re
 import uuid
 from pathlib import Path
 
 import pytest
 
 from backends.errors import TransportError
+from backends.store.outbox import RowState
 from reliable import App
 from reliable.settings import Settings
 from tests.framework.refusals import Running
@@ -85,3 +87,60 @@ def test_a_redelivery_refused_for_its_copy_is_dead_lettered_with_why(
         assert letters["small"].attempts == 2
     finally:
         app.close()
+
+
+OUTBOX_PLACES = {  # a URL on the engine, and a row it refuses for good (the body, or one header)
+    "embedded": (lambda request, tmp_path, unique: f"embedded://{tmp_path / 'broker'}", {"body": "x" * 5_000_000}),
+    "reliable": (lambda request, tmp_path, unique: request.getfixturevalue("reliable_server").url,
+                 {"body": "x" * 5_000_000}),
+    "kafka": (lambda request, tmp_path, unique: request.getfixturevalue("kafka_url"), {"body": "x" * 2_000_000}),
+    "nats": (lambda request, tmp_path, unique: f"{request.getfixturevalue('nats_url')}?namespace={unique}",
+             {"body": "x" * 2_000_000}),
+    "amqp": (lambda request, tmp_path, unique: f"{request.getfixturevalue('amqp_url')}?namespace={unique}",
+             {"headers": {"big": "x" * 200_000}}),  # above the connection's frame_max
+}
+
+
+@pytest.mark.parametrize("engine", sorted(OUTBOX_PLACES))
+def test_the_relay_marks_a_row_the_transport_refuses_failed_and_sends_the_rest(
+    engine: str, request: pytest.FixtureRequest, tmp_path: Path, unique: str
+) -> None:
+    """A row too large for the wire is marked failed with the transport's reason, counted in
+    `status`; the rows of other keys and without a key are sent; the later row of its key waits
+    behind it (per-key order) until ``reliable outbox retry``, which puts it back in line."""
+    place, big = OUTBOX_PLACES[engine]
+    app = App(Settings.load(None, env={"RELIABLE_TRANSPORT__URL": place(request, tmp_path, unique),
+                                       "RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}"}))
+    topic, got = f"{unique}o", []
+
+    @app.handler(topic, group=f"g{unique}")  # amqp:// keeps messages only for the groups it knows
+    def take(msg, tx):
+        got.append(msg.body["n"])
+
+    with app.store.transaction() as tx:
+        tx.publish(topic, {"n": 1}, key="a")
+        tx.publish(topic, big.get("body", {"n": 0}), key="big", headers=big.get("headers"))
+        tx.publish(topic, {"n": 2}, key="big")
+        tx.publish(topic, {"n": 3}, key="c")
+        tx.publish(topic, {"n": 4})
+    relay = app.relay()
+    relay.drain()
+    outbox = app.store.outbox
+    (failed,) = outbox.rows(RowState.FAILED)
+    assert failed.key == "big"
+    assert re.search(r"max|frame|large", failed.error or ""), failed.error
+    assert [row.key for row in outbox.rows(RowState.PENDING)] == ["big"]
+    status = outbox.status()
+    assert (status.backlog, status.failed, status.sent) == (1, 1, 3)
+    run = Running(app)
+    try:
+        wait_until(lambda: sorted(got) == [1, 3, 4], "the rows of other keys handled")
+        assert outbox.retry() == [failed.id]  # failed again (the wire has not changed), then held again
+        relay.drain()
+        assert [row.key for row in outbox.rows(RowState.PENDING)] == ["big"]
+        assert [row.id for row in outbox.rows(RowState.FAILED)] == [failed.id]
+    finally:
+        app.stop()
+        run.join()
+        app.close()
+    assert run.error is None, run.error
