@@ -48,6 +48,7 @@ from backends.transport.kafka_layout import (
     ID_HEADER,
     PUBLISHED_HEADER,
     bucket_ms,
+    check_header_names,
     check_kafka_name,
     delayed_topic,
     encode_headers,
@@ -102,6 +103,7 @@ class KafkaTransport(Transport):
         self._subscriptions: list[KafkaSubscription] = []
 
     def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        check_header_names(messages)
         self._produce(
             [
                 (topic, message, {})
@@ -112,6 +114,7 @@ class KafkaTransport(Transport):
         )
 
     def _send_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        check_header_names(messages)
         self._produce([(retry_topic(topic, group, bucket_ms(message.delay)), message, {}) for message in messages])
 
     def subscribe(

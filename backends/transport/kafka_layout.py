@@ -31,7 +31,7 @@ from backends.transport.base import (
     PUBLISHED_HEADER,
     Capabilities,
 )
-from backends.types import Failure, Message, text_bytes, text_from_bytes
+from backends.types import Failure, Message, OutgoingMessage, readable, text_bytes, text_from_bytes
 
 CAPABILITIES = Capabilities(
     consumer_offsets=True, drain=False, native_delay=False, dead_letter_queue=True, reads_in_order=True
@@ -67,6 +67,16 @@ def check_kafka_name(kind: str, name: str) -> None:
         )
     if len(name) > MAX_TOPIC_LENGTH - 40:
         raise TransportError(f"{kind} name {name!r}: too long for Kafka topic names")
+
+
+def check_header_names(messages: Sequence[OutgoingMessage]) -> None:
+    """A `TransportError` for a header name holding a NUL: librdkafka takes a name as a C string
+    and would send only what comes before it."""
+    for message in messages:
+        for name in message.headers:
+            if "\x00" in name:
+                raise TransportError(f"header name '{readable(name)}': kafka:// cannot carry a NUL in a header "
+                                     "name (librdkafka would cut the name there)")
 
 
 def bucket_ms(delay: float) -> int:

@@ -236,7 +236,8 @@ def test_binary_keys_and_header_values_go_out_exactly_or_are_refused_by_name(
 
 
 AWKWARD_HEADERS = {"line": "one\ntwo", "crlf": "a\r\nb", "padded": " x ", "": "an empty name",
-                   "größe": "ü", "a b": "v", "a:b": "v", "n" * 300: "a name above AMQP's 255 bytes"}
+                   "größe": "ü", "a b": "v", "a:b": "v", "n" * 300: "a name above AMQP's 255 bytes",
+                   "nul": "a\x00b", "a\x00b": "a NUL in the name", "tab": "a\tb", "del": "a\x7fb"}
 
 
 def test_headers_arrive_as_given_or_are_refused_by_name(transport: Transport, members, unique: str) -> None:
