@@ -187,7 +187,7 @@ def _check_short_strings(message: Publish, doing: str) -> None:
     message_id = message.properties.message_id
     named = [("message id", message_id)] if message_id else []
     for what, text in [*named, *(("header name", name) for name in message.properties.headers or {})]:
-        size = len(text.encode())
+        size = len(text if isinstance(text, bytes) else text.encode())  # a foreign id that is not UTF-8: bytes
         if size > SHORT_STRING:
             raise TransportError(f"amqp: {doing}: {what} {text[:60]!r}... takes {size} bytes, above AMQP's "
                                  f"{SHORT_STRING} for a short string")
