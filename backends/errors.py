@@ -44,7 +44,12 @@ class StoreUnavailableError(BackendUnavailableError):
     """Raised when the store cannot be reached (the message is not acked)."""
 
 
-class DiskFullError(BackendUnavailableError):
+class WritesRefusedError(BackendUnavailableError):
+    """Raised when a backend is reachable but refuses writes for now (a full disk, a RabbitMQ
+    memory or disk alarm): an outage, not poison; a worker keeps its place in its group."""
+
+
+class DiskFullError(WritesRefusedError):
     """Raised when a backend refuses a write because its disk is full (an outage, not poison:
     the write is tried again once space is back)."""
 

@@ -20,6 +20,7 @@ from backends.errors import (
     TransportError,
     UnreadableMessageError,
     UnsupportedURLError,
+    WritesRefusedError,
 )
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "UnknownHandlerError",
     "UnreadableMessageError",
     "UnsupportedURLError",
+    "WritesRefusedError",
 ]
 
 

@@ -13,9 +13,10 @@ A transport that cannot be reached does not end the worker: the subscription
 is dropped, the worker waits with a growing backoff (`reliable.retry.Backoff`) and
 subscribes again. Messages it held are redelivered by the transport and
 de-duplicated by their tokens. A transport whose disk is full
-(`DiskFullError`) is reachable: the worker keeps its membership and waits
-the same backoff; a message it could not hand back comes back when its
-lease expires. A store that is down, or whose disk refuses writes, holds
+(`DiskFullError`), or that refuses writes for now (`WritesRefusedError`: a
+RabbitMQ resource alarm), is reachable: the worker keeps its membership and
+waits the same backoff; a message it could not hand back comes back when its
+lease expires (on RabbitMQ, the member sends its copy once the alarm clears). A store that is down, or whose disk refuses writes, holds
 fetching (`StoreGate`): each delivery of a message that can only be deferred
 would cost it one of its redeliveries.
 """
@@ -31,7 +32,12 @@ from typing import Any
 
 import structlog
 
-from backends.errors import BackendUnavailableError, DiskFullError, TransportError
+from backends.errors import (
+    BackendUnavailableError,
+    DiskFullError,
+    TransportError,
+    WritesRefusedError,
+)
 from backends.transport.base import SubscribeOptions, Subscription
 from backends.types import Message, QueueRef
 from reliable import metrics
@@ -308,10 +314,11 @@ class Worker:
         """``call()``, or `FAILED` after a transport outage (logged; the worker subscribes again)."""
         try:
             result = call()
-        except DiskFullError as exc:  # reachable, refusing writes: the membership is kept
+        except WritesRefusedError as exc:  # reachable, refusing writes: the membership is kept
             error = str(exc)
+            event = "transport_disk_full" if isinstance(exc, DiskFullError) else "transport_writes_refused"
             self._reconnect.failed(lambda failures, delay: log.warning(
-                "transport_disk_full", handler=self.handler.name, failures=failures,
+                event, handler=self.handler.name, failures=failures,
                 retry_in=round(delay, 3), error=error), self.stopping)
             return FAILED
         except BackendUnavailableError as exc:

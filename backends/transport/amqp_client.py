@@ -1,4 +1,4 @@
-"""The pika side of `amqp://`: one blocking connection, its calls serialised, publishes confirmed.
+"""The pika side of `amqp://`: one blocking connection, its calls serialised; what publishing shares.
 
 Why pika's `BlockingConnection` (``benchmarks/amqp_clients.py`` measures it
 against aio-pika on the same quorum queue): the framework calls its
@@ -16,12 +16,11 @@ came back for messages RabbitMQ had dropped (on 3.10, about 3 s of
 publishes lost per leader loss, in ``tests/cluster/test_rabbit_cluster.py``);
 under confirms the same messages are nacked and published again.
 
-pika's blocking channel waits for each confirm before the next publish
-(about 7x slower than a transaction per 500). `Connection.publish` does so
-only for the subscription's settle copies, one message at a time; the
-transport's publishes go through `amqp_publisher.Publisher`, which keeps a
-batch's confirms in flight together on pika's asynchronous connection
-(faster than the transactions were, ``benchmarks/amqp_clients.py``).
+Every publish, the subscription's settle copies included, goes through
+`amqp_publisher.Publisher` (a batch's confirms in flight together on pika's
+asynchronous connection, ``benchmarks/amqp_clients.py``), never through a
+`Connection`: during a memory or disk alarm RabbitMQ stops reading a
+connection that publishes, and a member's acks and heartbeats must go on.
 
 A pika connection is not thread-safe: every call holds the connection's
 lock, and a keep-alive thread lets pika answer heartbeats while no other
@@ -54,6 +53,7 @@ from backends.errors import (
     ConfigurationError,
     ReliableError,
     TransportError,
+    WritesRefusedError,
 )
 from backends.refusal import FirstContact
 
@@ -116,7 +116,7 @@ def translate(exc: BaseException, doing: str, blocked: str | None = None) -> Rel
     """Our error for a pika exception met while ``doing`` something (``blocked``: the reason
     RabbitMQ gave when it blocked the connection, if it did)."""
     if isinstance(exc, pika.exceptions.ConnectionBlockedTimeout):
-        return BackendUnavailableError(
+        return WritesRefusedError(
             f"amqp: {doing}: RabbitMQ blocked publishing on this connection ({blocked or 'a resource alarm'}): "
             "a memory or disk alarm is in effect on the server (rabbitmqctl status lists it); publishing "
             "resumes once it clears")
@@ -216,7 +216,8 @@ FAILURES = (pika.exceptions.AMQPError, OSError, AssertionError)
 
 
 class Connection:
-    """One pika connection: a channel for confirmed publishing, more on demand."""
+    """One pika connection: declarations, consuming and acks (it never publishes: RabbitMQ
+    blocks a connection that publishes during a memory or disk alarm, its acks with it)."""
 
     def __init__(self, params: Sequence[pika.URLParameters], name: str, contact: FirstContact) -> None:
         self.name = name
@@ -231,7 +232,6 @@ class Connection:
         # on pika's own connection: the blocking one holds its callbacks back while a publish waits
         self._connection._impl.add_on_connection_blocked_callback(self.blocked.on_blocked)
         self._connection._impl.add_on_connection_unblocked_callback(self.blocked.on_unblocked)
-        self._publisher: BlockingChannel | None = None
         self._keeper = threading.Thread(target=self._keep_alive, name=f"amqp-{name}", daemon=True)
         self._keeper.start()
 
@@ -262,23 +262,6 @@ class Connection:
     def channel(self, doing: str) -> BlockingChannel:
         return self.call(self._connection.channel, doing)
 
-    def publish(self, messages: Sequence[Publish], doing: str) -> None:
-        """Publish ``messages``, each confirmed by RabbitMQ; a `TransportError` if any had nowhere to
-        go, `BackendUnavailableError` if one was not confirmed (the caller publishes them again)."""
-        returned: list[str] = []
-        with self.using(doing):
-            check_frames(messages, self._connection._impl.params.frame_max, doing)  # negotiated at connect
-            publisher = self._publishing_channel()
-            for message in messages:
-                try:
-                    publisher.basic_publish(
-                        message.exchange, message.routing_key, message.body, message.properties, mandatory=True
-                    )
-                except pika.exceptions.UnroutableError:
-                    returned.append(message.exchange or message.routing_key)
-        if returned:
-            raise unroutable(doing, returned)
-
     def wait(self, seconds: float, doing: str) -> None:
         """Let pika read for up to ``seconds`` (deliveries reach their callbacks)."""
         with self.using(doing):
@@ -294,13 +277,6 @@ class Connection:
                     self._connection.close()
             except FAILURES as exc:
                 log.info("transport.close_failed", connection=self.name, error=str(exc))
-
-    def _publishing_channel(self) -> BlockingChannel:
-        """The channel in confirm mode publishes go through (again after RabbitMQ closed it)."""
-        if self._publisher is None or not self._publisher.is_open:
-            self._publisher = self._connection.channel()
-            self._publisher.confirm_delivery()
-        return self._publisher
 
     def _keep_alive(self) -> None:
         while not self._closed.wait(KEEP_ALIVE):

@@ -11,6 +11,15 @@ and ack the original only once RabbitMQ confirmed the copy: a crash
 between the two leaves both, and the framework's token check drops the
 duplicate. A delayed message that comes back before it is due (a delay is
 served by a sum of bucket TTLs) is sent on the same way, never handed out.
+
+The copies go through a connection of their own (`Publisher`), so that the
+member's connection never publishes: during a memory or disk alarm RabbitMQ
+blocks a connection that publishes, and pika would close the member's,
+returning every message it holds counted as delivered once more (a long
+alarm spent a retrying message's redeliveries). A copy the alarm refuses
+stays owed (`WritesRefusedError`: the worker keeps its place): the member
+holds its original, uncounted, and sends the copy before it hands out
+anything else, once RabbitMQ takes publishes again.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from backends.transport.amqp_layout import (
     text_headers,
     to_message,
 )
+from backends.transport.amqp_publisher import Publisher
 from backends.transport.amqp_topology import Topology
 from backends.transport.base import SubscribeOptions, Subscription
 from backends.transport.kafka_layout import failure_headers
@@ -62,6 +72,17 @@ class Delivery:
     properties: pika.BasicProperties
     body: bytes
     headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Owed:
+    """A copy RabbitMQ must confirm before the original it stands for is acked."""
+
+    delivery: Delivery
+    copy: Publish
+    doing: str
+    declare: Callable[[], str]
+    """Declares the copy's queue again, should it have been deleted (RabbitMQ returned the copy)."""
 
 
 class AmqpSubscription(Subscription):
@@ -90,6 +111,9 @@ class AmqpSubscription(Subscription):
         self._unsettled: dict[int, Delivery] = {}
         self._queues: dict[str, str] = {}  # consumer tag: its queue
         self._cancelled: list[str] = []  # queues whose consumer RabbitMQ cancelled
+        self._owed: deque[Owed] = deque()  # oldest first
+        self._parameters, self._contact = parameters, contact
+        self._publisher: Publisher | None = None  # the copies' connection, opened on first use
         self.closed = False
         connection = Connection(parameters, f"member of {group!r}", contact)
         try:
@@ -143,6 +167,7 @@ class AmqpSubscription(Subscription):
         while True:
             connection.wait(0, f"fetch for group {self.group!r}")
             self._check_consuming()
+            self._pay()
             messages = self._take(max_messages)
             remaining = deadline - time.monotonic()
             if messages or remaining <= 0:
@@ -173,6 +198,7 @@ class AmqpSubscription(Subscription):
         delivery = self._delivery(message)
         due = self._clock.time() + delay
         self._send_on(delivery, due, delivered=delivered_before(delivery.headers) + 1)
+        self._pay()
 
     def dead_letter(self, message: Message, failure: Failure) -> None:
         """A copy with its failure goes to the group's DLQ; the original is acked."""
@@ -183,8 +209,9 @@ class AmqpSubscription(Subscription):
         headers[DELIVERED_HEADER] = str(message.attempt)
         copy = Publish("", self._layout.dead_letter_queue(self.group), delivery.body,
                        _with_headers(delivery.properties, headers))
-        self._settle(delivery, copy, f"dead-letter for group {self.group!r}",
-                     lambda: self._topology.group(self.group, delivery.topic))
+        self._owed.append(Owed(delivery, copy, f"dead-letter for group {self.group!r}",
+                               lambda: self._topology.group(self.group, delivery.topic)))
+        self._pay()
 
     def pending(self) -> int:
         """Ready in the group's queues and delay queues, plus what this member holds.
@@ -208,11 +235,13 @@ class AmqpSubscription(Subscription):
             return
         self.closed = True
         self._topology.connection.close()  # RabbitMQ returns every unacked message to its queue
+        if self._publisher is not None:
+            self._publisher.close()
 
     # -- helpers ------------------------------------------------------------------------------
 
     def _take(self, max_messages: int) -> list[Message]:
-        """Up to ``max_messages`` due messages from the buffer; early ones are sent on."""
+        """Up to ``max_messages`` due messages from the buffer; early ones are owed on (`_pay`)."""
         messages: list[Message] = []
         now = self._clock.time()
         while self._buffer and len(messages) < max_messages:
@@ -226,7 +255,7 @@ class AmqpSubscription(Subscription):
         return messages
 
     def _send_on(self, delivery: Delivery, due: float, *, delivered: int) -> None:
-        """A copy due at ``due`` to the delay queue that serves it next (or the work queue); ack the original."""
+        """Owe a copy due at ``due`` to the delay queue that serves it next (or the work queue)."""
         headers = {**delivery.headers, DELIVERED_HEADER: str(delivered)}
         headers.pop(DELIVERY_COUNT_HEADER, None)
         bucket = bucket_for(due - self._clock.time())
@@ -240,26 +269,39 @@ class AmqpSubscription(Subscription):
             declare = partial(self._topology.group_delay, self.group, delivery.topic, bucket)
             queue = declare()
         copy = Publish("", queue, delivery.body, _with_headers(delivery.properties, headers))
-        self._settle(delivery, copy, f"redeliver for group {self.group!r}", declare)
+        self._owed.append(Owed(delivery, copy, f"redeliver for group {self.group!r}", declare))
 
-    def _settle(self, delivery: Delivery, copy: Publish, doing: str, declare: Callable[[], str]) -> None:
-        """Publish ``copy`` to the queue ``declare`` declares, then ack the original. A queue deleted
-        under the member (RabbitMQ returns the copy) is declared again and the copy sent again."""
-        connection = self._topology.connection
+    def _pay(self) -> None:
+        """Send the copies owed, oldest first, acking each original once RabbitMQ confirmed its
+        copy. One that an alarm refuses raises `WritesRefusedError` and stays owed with the rest."""
+        while self._owed:
+            owed = self._owed[0]
+            self._send(owed)
+            self._owed.popleft()
+
+            def ack(delivery: Delivery = owed.delivery) -> None:
+                self._channel.basic_ack(delivery.tag)
+                self._unsettled.pop(delivery.tag, None)
+
+            self._topology.connection.call(ack, owed.doing)
+
+    def _send(self, owed: Owed) -> None:
+        """Publish the copy, confirmed. A queue deleted under the member (RabbitMQ returns the
+        copy) is declared again and the copy sent again."""
         try:
-            connection.publish([copy], doing)
+            self._copies().publish([owed.copy], owed.doing)
         except UnroutableError:
             self._topology.forget()
-            declare()
-            log.warning("transport.queue_declared_again", group=self.group, queue=copy.routing_key,
+            owed.declare()
+            log.warning("transport.queue_declared_again", group=self.group, queue=owed.copy.routing_key,
                         reason="deleted while the group used it")
-            connection.publish([copy], doing)
+            self._copies().publish([owed.copy], owed.doing)
 
-        def ack() -> None:
-            self._channel.basic_ack(delivery.tag)
-            self._unsettled.pop(delivery.tag, None)
-
-        connection.call(ack, doing)
+    def _copies(self) -> Publisher:
+        """The connection the copies go through (a new one after a failure)."""
+        if self._publisher is None or not self._publisher.open:
+            self._publisher = Publisher(self._parameters, f"copies of group {self.group!r}", self._contact)
+        return self._publisher
 
     def _delivery(self, message: Message) -> Delivery:
         delivery = self._unsettled.get(int(message.receipt or -1))

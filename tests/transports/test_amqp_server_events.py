@@ -5,14 +5,16 @@ another client): RabbitMQ cancels the consumer, and the old worker waited for ev
 that was gone, saying nothing, while a publisher declared it anew and filled it.
 
 A memory or disk alarm (``set_vm_memory_high_watermark``, ``set_disk_free_limit``) on a node of the test's own: RabbitMQ blocks
-a connection once it publishes; pika closes it after its blocked-connection timeout, and the
+a connection once it publishes; pika closed it after its blocked-connection timeout, and the
 error said only "Blocked connection timeout expired.". It now names the block and RabbitMQ's
-reason. Real RabbitMQ.
+reason, a publish gives up by its ``publish_timeout``, and a member's blocked retry copy waits
+for the alarm's end without closing the member's connection. Real RabbitMQ.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -170,21 +172,27 @@ def test_a_publish_under_an_alarm_gives_up_by_publish_timeout_naming_the_alarm(
     app.close()
 
 
-def test_a_worker_whose_retry_copy_is_blocked_names_the_alarm_and_loses_nothing(
+def test_a_long_alarm_costs_a_retrying_message_none_of_its_redeliveries(
     tmp_path: Path, own_rabbit: tuple[RabbitCluster, str]
 ) -> None:
+    """The old worker: each blocked retry copy closed the member's connection after pika's
+    blocked-connection timeout, RabbitMQ counted the message it held as delivered again, and an
+    alarm longer than ``max_redeliveries`` such timeouts dead-lettered a message whose handler
+    failed only for want of the alarm's end (here attempts 1, 2, 3 for a message retried once)."""
     cluster, node = own_rabbit
-    alarmed, attempts = threading.Event(), []
+    alarm_on, attempts = threading.Event(), []
     app = App(Settings.load(None, env={"RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}",
                                        "RELIABLE_TRANSPORT__URL": f"{cluster.url(node)}?connect_timeout=1",
                                        "RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1",
+                                       "RELIABLE_RETRY__MAX_REDELIVERIES": "2",
                                        "RELIABLE_RETRY__INITIAL_DELAY": "0.1"}))
 
     @app.handler("payments", group="billing")
     def bill(msg: Message, tx: object) -> None:
         attempts.append(msg.attempt)
         if len(attempts) == 1:
-            alarmed.wait(60)
+            alarm_on.wait(60)
+        if alarm_on.is_set():
             raise ConnectionError("the bank is down")  # its retry copy meets the alarm
 
     app.publish("payments", {"n": 1})
@@ -192,14 +200,22 @@ def test_a_worker_whose_retry_copy_is_blocked_names_the_alarm_and_loses_nothing(
         run = Running(app)
         wait_until(lambda: attempts, "the first attempt")
         with resource_alarm(cluster, node):
-            alarmed.set()
-            wait_until(lambda: any(e["event"] == "transport_unavailable" for e in logs), "the blocked retry copy")
-        wait_until(lambda: len(attempts) >= 2 and app.stats()["processed"] == 1, "the message handled")
+            alarm_on.set()
+            wait_until(lambda: sum(e["event"] == "transport.publishing_blocked" for e in logs) >= 2 or run.error,
+                       "the retry copy blocked twice")
+            held_from = time.monotonic()  # the alarm outlasts pika's blocked-connection timeout (3 s) 4 times
+            wait_until(lambda: time.monotonic() - held_from > 4 * 3, "the alarm held for 4 blocked timeouts")
+            alarm_on.clear()
+        wait_until(lambda: app.stats()["processed"] + app.stats()["dead_lettered"] or run.error,
+                   "the message handled or dead-lettered")
         app.stop()
         run.join()
     assert run.error is None, run.error
-    blocked = next(e for e in logs if e["event"] == "transport_unavailable")
-    assert "RabbitMQ blocked publishing on this connection (low on memory)" in blocked["error"]
+    assert app.stats()["dead_lettered"] == 0 and app.stats()["processed"] == 1
+    assert attempts == [1, 2]  # the retry after the alarm is the message's second delivery
+    refused = next(e for e in logs if e["event"] == "transport_writes_refused")
+    assert "RabbitMQ blocked publishing on this connection (low on memory)" in refused["error"]
+    assert not any(e["event"] == "transport_unavailable" for e in logs)  # the member kept its place
     app.close()
 
 
