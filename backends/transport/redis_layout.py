@@ -12,7 +12,9 @@ set of sequence numbers by due time) with one hash per delayed message;
 of ``<queue>:<offset>`` by due time); ``ns:state:%s`` the first failure time
 a nack stored; ``ns:redelivered:%s`` how often each message was claimed
 again (its delivery count less one); ``ns:committed:%s`` the position the
-consumer committed per queue; ``ns:%DLQ%<group>`` the dead-letter stream.
+consumer committed per queue; ``ns:joined:%s`` the queues the group has read
+(a group missing from one of them was deleted under it: `CLAIM` makes it again
+and says so); ``ns:%DLQ%<group>`` the dead-letter stream.
 The scripts name keys they build, so they suit a single Redis, not a cluster.
 """
 
@@ -43,17 +45,27 @@ return adopted
 """
 
 # ARGV: ns, group, topic, queues, now, lease_until, max_messages, first queue
-# Returns {claimed, adopted, vanished}: {member, kind, stored state or false, entry fields,
-# redeliveries} per claimed message, what it adopted, and the members due again whose entry
-# is gone from the stream (dropped, not leased again). A queue is adopted before it is read.
+# Returns {claimed, adopted, vanished, recreated}: {member, kind, stored state or false, entry
+# fields, redeliveries} per claimed message, what it adopted, the members due again whose entry
+# is gone from the stream (dropped, not leased again), and {queue, offset reading resumes from}
+# per queue the group was made again on (it had read it, and was deleted since: XGROUP DESTROY,
+# the stream deleted). A queue is adopted before it is read.
 CLAIM = ADOPT + """
 local ns, group, topic = ARGV[1], ARGV[2], ARGV[3]
 local queues, now, lease = tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local limit, start = tonumber(ARGV[7]), tonumber(ARGV[8])
 local base = ':' .. group .. ':' .. topic
 local inflight, scheduled, state = ns .. ':inflight' .. base, ns .. ':scheduled' .. base, ns .. ':state' .. base
-local redelivered = ns .. ':redelivered' .. base
+local redelivered, joined = ns .. ':redelivered' .. base, ns .. ':joined' .. base
 local function stream(q) return ns .. ':stream:' .. topic .. ':' .. q end
+local recreated = {}
+
+-- the offset a group made on queue q reads first: the stream's first entry, or the next appended
+local function first_unread(q)
+  local first = redis.call('XRANGE', stream(q), '-', '+', 'COUNT', 1)[1]
+  if first then return tonumber(string.match(first[1], '%d+-(%d+)')) - 1 end
+  return tonumber(redis.call('GET', ns .. ':head:' .. topic .. ':' .. q) or 0)
+end
 
 local delayed = ns .. ':delayed:' .. topic
 for _, seq in ipairs(redis.call('ZRANGEBYSCORE', delayed, '-inf', now)) do
@@ -93,12 +105,13 @@ end
 for pass = 1, 2 do
   for i = 0, queues - 1 do
     local remaining = limit - #claimed
-    if remaining <= 0 then return {claimed, adopted, vanished} end
+    if remaining <= 0 then return {claimed, adopted, vanished, recreated} end
     local q = (start + i) % queues
     local share = remaining
     if pass == 1 then share = math.ceil(remaining / (queues - i)) end
-    redis.pcall('XGROUP', 'CREATE', stream(q), group, '0', 'MKSTREAM')
+    local made = redis.pcall('XGROUP', 'CREATE', stream(q), group, '0', 'MKSTREAM')
     adopt(ns, topic, q)
+    if redis.call('HSETNX', joined, q, 1) == 0 and made['ok'] then table.insert(recreated, {q, first_unread(q)}) end
     local read = redis.call('XREADGROUP', 'GROUP', group, 'reliable', 'COUNT', share, 'NOACK',
                             'STREAMS', stream(q), '>')
     if read then
@@ -113,7 +126,7 @@ for pass = 1, 2 do
     end
   end
 end
-return {claimed, adopted, vanished}
+return {claimed, adopted, vanished, recreated}
 """
 
 # ARGV: ns, group, topic, member, due_at, state JSON (kept from the first nack).

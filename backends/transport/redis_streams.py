@@ -262,8 +262,13 @@ class RedisStreamsTransport(LeasingTransport):
             next(self._rotation) % queues,
         ]
         with self._errors():
-            claimed, adopted, vanished = self._scripts["CLAIM"](args=args)
+            claimed, adopted, vanished, recreated = self._scripts["CLAIM"](args=args)
         adoption.log_adopted(topic, adopted)
+        for queue, offset in recreated:
+            log.warning("transport.group_recreated", group=group, topic=topic, queue=queue, offset=offset,
+                        reason="the group was deleted from Redis (XGROUP DESTROY, or its stream deleted) and "
+                               "made again: it reads the stream again from this offset, its start (what was "
+                               "done is skipped by its token)")
         for name in vanished:
             queue, offset = layout.position(name)
             log.warning("transport.message_vanished", group=group, topic=topic, queue=queue,

@@ -136,3 +136,32 @@ def test_a_worker_goes_on_after_redis_restarts_empty(tmp_path: Path) -> None:
         app.close()
     finally:
         server.stop()
+
+
+def test_a_group_destroyed_under_a_worker_is_made_again_and_says_where_it_reads_from(
+    tmp_path: Path, redis_url: str, client: redis.Redis, unique: str
+) -> None:
+    """The old worker made the group again and read the stream again from its start in silence."""
+    app = test_app(tmp_path, transport=f"{redis_url}?namespace={unique}&queues=1")
+    done: list[int] = []
+
+    @app.handler("orders", group="shipping")
+    def ship(msg: Message, tx: object) -> None:
+        done.append(msg.body["n"])
+
+    with capture_logs() as logs:
+        run = Running(app)
+        app.publish("orders", {"n": 1})
+        wait_until(lambda: done == [1] or run.error, "the first message handled")
+        client.xgroup_destroy(f"{unique}:stream:orders:0", "shipping")
+        app.publish("orders", {"n": 2})
+        wait_until(lambda: done == [1, 2] or run.error, "the message published after the deletion handled")
+        app.stop()
+        run.join()
+    assert run.error is None, run.error
+    assert app.stats()["duplicate"] == 1  # 1, read again from the stream's start, skipped by its token
+    (recreated,) = [e for e in logs if e["event"] == "transport.group_recreated"]  # not when first made
+    assert (recreated["group"], recreated["topic"], recreated["queue"], recreated["offset"]) == (
+        "shipping", "orders", 0, 0)
+    assert recreated["log_level"] == "warning" and "XGROUP DESTROY" in recreated["reason"]
+    app.close()
