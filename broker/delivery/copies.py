@@ -16,6 +16,10 @@ from broker.delivery.group import (
 from broker.delivery.values import Delivery
 from broker.store import Record
 
+MAX_CAUSE = 256
+"""Characters of a dead letter's cause its copy keeps: the copy must fit in the headroom its
+original left (`broker.store.prepare.COPY_HEADROOM`)."""
+
 Copy = tuple[QueueCursor, int, Record]
 """A copy to append, and the cursor and offset of its original (finished once it is appended)."""
 
@@ -40,6 +44,8 @@ def retry(group: str, message: Delivery, due: float) -> Record:
 def dead_letter(group: str, message: Delivery, cause: str) -> Record:
     """``message``'s copy to ``%DLQ%<group>``, with its ``cause`` and delivery count."""
     count = message.delivery_count
+    if len(cause) > MAX_CAUSE:
+        cause = f"{cause[:MAX_CAUSE - 20]}... [{len(cause) - MAX_CAUSE + 20} cut]"
     headers = {**origin(message), DLQ_CAUSE: cause, DELIVERY_COUNT: str(count)}
     return Record(dlq_topic(group), 0, message.body, message.key, message.tag, headers,
                   message.message_id, count)

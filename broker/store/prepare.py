@@ -23,6 +23,15 @@ from broker.store.queues import check_place
 from broker.store.record import NO_HEADERS, RecordColumns
 
 GENERATED_ID_LENGTH = 24
+COPY_TOPICS = ("%RETRY%", "%DLQ%")
+"""The topics the delivery layer writes copies to (a nack's retry, a dead letter): each copy is
+its original with a few headers more and a topic name of its own."""
+COPY_HEADROOM = 2048
+"""Bytes of ``max_record_size`` (an eighth, where that is less) that a record of any other topic
+leaves for its copies: the origin headers (a topic name of up to 200 characters), a delivery
+count, a due time, a dead-letter cause (cut to `broker.delivery.copies.MAX_CAUSE` characters)
+and the copy topic's name. A copy the store refused made the nack fail, and a fetch whose sweep
+dead-lettered an expired lease failed for every member of the group, again at every fetch."""
 MAX_FIELD = 65_535
 MAX_ATTEMPT = 2**32 - 1
 _FRAME_MIN = codec.FRAME_MIN
@@ -67,6 +76,25 @@ class Prepared(NamedTuple):
     header_maps: Sequence[Mapping[str, str]]  # each an immutable copy
 
 
+def copy_headroom(max_record_size: int) -> int:
+    """Bytes a record outside `COPY_TOPICS` leaves of ``max_record_size`` for its copies."""
+    return min(COPY_HEADROOM, max_record_size // 8)
+
+
+def _check_sizes(sizes: Sequence[int], topics: Sequence[str], max_record_size: int) -> None:
+    """A `RecordTooLargeError` for the first record above ``max_record_size``, less the headroom
+    of its copies where it is an original."""
+    headroom = copy_headroom(max_record_size)
+    for size, topic in zip(sizes, topics, strict=True):
+        if size > max_record_size:
+            raise RecordTooLargeError(f"record for {topic} is {size} bytes framed, above "
+                                      f"max_record_size={max_record_size}")
+        if size > max_record_size - headroom and not topic.startswith(COPY_TOPICS):
+            raise RecordTooLargeError(
+                f"record for {topic} is {size} bytes framed, above max_record_size={max_record_size} less the "
+                f"{headroom} bytes kept for the headers of its retry and dead-letter copies")
+
+
 def prepare(records: RecordColumns, max_record_size: int) -> Prepared:
     """Validate ``records`` and encode their fields; raise a clear error naming what is wrong."""
     if (not isinstance(records, RecordColumns) or len(set(map(len, records[:-1]))) != 1
@@ -99,10 +127,8 @@ def prepare(records: RecordColumns, max_record_size: int) -> Prepared:
     lengths = _sums(codec.HEADER.size, topic_lengths, id_lengths, key_lengths, tag_lengths,
                     header_lengths, body_lengths)
     sizes = list(map(codec.PREFIX.size.__add__, lengths))
-    if max(sizes) > max_record_size:
-        size, topic = next((s, t) for s, t in zip(sizes, topics) if s > max_record_size)
-        raise RecordTooLargeError(f"record for {topic} is {size} bytes framed, above "
-                                  f"max_record_size={max_record_size}")
+    if max(sizes) > max_record_size - copy_headroom(max_record_size):
+        _check_sizes(sizes, topics, max_record_size)
     keyed = list(map(bool, key_lengths)) if any(key_lengths) else [False] * len(key_lengths)
     named = ([True] * len(ids_b) if not generated
              else list(map(bool, ids_b)) if any(ids_b) else [False] * len(ids_b))
