@@ -92,10 +92,12 @@ class BrokerTransport(Transport):
         self.contact: FirstContact | None = None  # a server's login (`reliable://`): its history
 
     def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        _check_keys(messages)
         with translated(f"publish to {topic!r}", self.contact):
             self.api.publish(topic, [self._outgoing(m) for m in messages])
 
     def _send_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        _check_keys(messages)
         with translated(f"publish to group {group!r}", self.contact):
             self.api.publish_to_group(group, topic, [self._outgoing(m) for m in messages])
 
@@ -112,6 +114,14 @@ class BrokerTransport(Transport):
         deliver_at = self._clock.time() + message.delay if message.delay > 0 else 0.0
         return BrokerMessage(message.payload, message.key or "", "", dict(message.headers),
                              message.message_id or "", None, deliver_at)
+
+
+def _check_keys(messages: Sequence[OutgoingMessage]) -> None:
+    """A `TransportError` for an empty key: the broker keeps a message without a key under an
+    empty one, so it would arrive as no key (``None``), kept in no key's order."""
+    if any(message.key == "" for message in messages):
+        raise TransportError("message key '': the broker keeps an empty key as no key; publish with key=None, "
+                             "or a key of at least one character")
 
 
 class BrokerSubscription(Subscription):

@@ -297,6 +297,26 @@ def test_fields_no_wire_carries_are_refused_by_name_and_nothing_is_sent(
         assert [m.id for m in receive(g, 1)] == ["i" * 300]
 
 
+def test_an_empty_payload_key_and_header_arrive_empty_or_are_refused_by_name(
+    transport: Transport, members, unique: str
+) -> None:
+    """The broker keeps no key as an empty one: an empty key arrived as None (no key, so in no
+    key's order), changed in silence; it refuses it now, naming it."""
+    g = members("g", unique)
+    try:
+        transport.publish(unique, [OutgoingMessage(b"", key="", headers={"h": ""}, message_id="empty")])
+    except BackendUnavailableError:
+        raise
+    except TransportError as exc:
+        assert "message key ''" in str(exc)
+        transport.publish(unique, [OutgoingMessage(b"", headers={"h": ""}, message_id="empty")])
+        (message,) = receive(g, 1)
+        assert (message.payload, message.key, message.headers.get("h")) == (b"", None, "")
+    else:
+        (message,) = receive(g, 1)
+        assert (message.payload, message.key, message.headers.get("h")) == (b"", "", "")
+
+
 def test_a_message_too_large_for_the_wire_is_refused_and_publishing_goes_on(
     transport: Transport, members, unique: str
 ) -> None:
