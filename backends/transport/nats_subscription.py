@@ -58,6 +58,24 @@ NO_WAIT = 0.01
 ACK, TERM, WPI = b"+ACK", b"+TERM", b"+WPI"
 
 
+class Durables:
+    """When JetStream created each durable consumer one transport's members pull from: a consumer
+    created anew since (``nats consumer rm``, its stream deleted) is made again under its group,
+    which reads the stream again from its start, and says so (``transport.group_recreated``)."""
+
+    def __init__(self) -> None:
+        self._created: dict[tuple[str, str], object] = {}
+        self._lock = threading.Lock()
+
+    def made_again(self, stream: str, durable: str, created: object) -> bool:
+        """Record that ``durable`` on ``stream`` was created at ``created``; True if it was
+        created at another time before."""
+        with self._lock:
+            before = self._created.get((stream, durable))
+            self._created[(stream, durable)] = created
+        return before is not None and before != created
+
+
 class NatsSubscription(Subscription):
     """A member of a group on JetStream (see `backends.transport.nats_transport`)."""
 
@@ -71,6 +89,7 @@ class NatsSubscription(Subscription):
         layout: Layout,
         ensure_stream: Callable[[str], None],
         streams: Streams,
+        durables: Durables,
         ack_wait: float,
         clock: Clock,
     ) -> None:
@@ -82,6 +101,7 @@ class NatsSubscription(Subscription):
         self._connection = connection
         self._layout = layout
         self._streams = streams
+        self._durables = durables
         self._clock = clock
         self._ack_wait = options.lease or ack_wait
         self._lock = threading.Lock()
@@ -108,7 +128,14 @@ class NatsSubscription(Subscription):
             filter_subject=subject,
         )
         stream = self._layout.stream(topic)
-        await self._connection.js.add_consumer(stream, config)
+        info = await self._connection.js.add_consumer(stream, config)
+        if self._durables.made_again(stream, durable, info.created):
+            state = (await self._connection.js.stream_info(stream)).state
+            first = state.first_seq if state.messages else state.last_seq + 1  # empty: the next one published
+            log.warning("transport.group_recreated", group=self.group, topic=topic, consumer=durable, offset=first,
+                        reason="the group's durable consumer was deleted from JetStream (or its stream) and made "
+                               "again: it reads the stream again from this offset, its start (what was done is "
+                               "skipped by its token)")
         return await self._connection.js.pull_subscribe_bind(durable, stream)
 
     def fetch(self, max_messages: int, timeout: float) -> list[Message]:

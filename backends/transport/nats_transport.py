@@ -43,7 +43,7 @@ from backends.transport.nats_layout import (
     check_nats_name,
 )
 from backends.transport.nats_streams import Streams
-from backends.transport.nats_subscription import NatsSubscription
+from backends.transport.nats_subscription import Durables, NatsSubscription
 from backends.types import OutgoingMessage
 
 log = structlog.get_logger(__name__)
@@ -82,6 +82,7 @@ class NatsTransport(Transport):
         self._duplicate_window = seconds("duplicate_window", duplicate_window)
         self._connection = Connection(addresses, seconds("request_timeout", request_timeout))
         self._streams = Streams(self._connection, replicas=_replicas(replicas), duplicate_window=self._duplicate_window)
+        self._durables = Durables()
         self._subscriptions: list[NatsSubscription] = []
 
     def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
@@ -112,7 +113,8 @@ class NatsTransport(Transport):
         self.ensure_dead_letter_stream(group)
         subscription = NatsSubscription(
             group, topics, options or SubscribeOptions(), connection=self._connection, layout=self._layout,
-            ensure_stream=self.ensure_stream, streams=self._streams, ack_wait=self._ack_wait, clock=self._clock,
+            ensure_stream=self.ensure_stream, streams=self._streams, durables=self._durables, ack_wait=self._ack_wait,
+            clock=self._clock,
         )
         self._subscriptions.append(subscription)
         return subscription

@@ -66,6 +66,18 @@ def delete(nats_url: str, stream: str, consumer: str | None = None) -> None:
     asyncio.run(run())
 
 
+def nothing_unacked(nats_url: str, stream: str, consumer: str) -> bool:
+    """Whether ``consumer`` has every message it handed out acknowledged."""
+    async def run() -> bool:
+        client = await nats.connect(nats_url)
+        try:
+            return (await client.jetstream().consumer_info(stream, consumer)).num_ack_pending == 0
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
 def stream_exists(nats_url: str, stream: str) -> bool:
     async def run() -> bool:
         client = await nats.connect(nats_url)
@@ -91,6 +103,8 @@ def test_a_worker_whose_consumer_or_stream_is_deleted_joins_again_and_goes_on(
         run = Running(app)
         app.publish("orders", {"n": 1})
         wait_until(lambda: done == [1], "the first message handled")
+        wait_until(lambda: nothing_unacked(nats_url, stream, Layout.consumers("shipping")[0]),
+                   "the first message acknowledged")  # else its ack meets the deletion
         delete(nats_url, stream, Layout.consumers("shipping")[0] if deleted == "consumer" else None)
         wait_until(lambda: any(e["event"] == "transport_unavailable" for e in logs) or run.error,
                    "the worker to notice")
@@ -102,6 +116,13 @@ def test_a_worker_whose_consumer_or_stream_is_deleted_joins_again_and_goes_on(
     assert done == [1, 2]  # 1 read again by the new consumer: skipped by its token
     (left,) = [e for e in logs if e["event"] == "transport_unavailable"]
     assert f"the {deleted} was deleted from JetStream (stream {stream!r}" in left["error"]
+    # said once, not when first made (the old worker re-read the stream in silence): the deleted
+    # consumer, or both of the group's when their stream went
+    recreated = [e for e in logs if e["event"] == "transport.group_recreated"]
+    assert {e["consumer"] for e in recreated} == (
+        {Layout.consumers("shipping")[0]} if deleted == "consumer" else set(Layout.consumers("shipping")))
+    assert all((e["group"], e["topic"], e["log_level"]) == ("shipping", "orders", "warning") for e in recreated)
+    assert all(e["offset"] == 1 for e in recreated)  # the stream's first sequence: its start
     app.close()
 
 
