@@ -273,10 +273,22 @@ class AmqpSubscription(Subscription):
 
     def _pay(self) -> None:
         """Send the copies owed, oldest first, acking each original once RabbitMQ confirmed its
-        copy. One that an alarm refuses raises `WritesRefusedError` and stays owed with the rest."""
+        copy. One that an alarm refuses raises `WritesRefusedError` and stays owed with the rest.
+        One refused for good (a `TransportError`: headers above ``frame_max`` with those the copy
+        adds) is owed no more, its original held until the member leaves: it raises for the call
+        that owed it, and is logged for a later one. It stayed owed, so every later nack and
+        dead letter of the member raised its error."""
+        own = self._owed[-1] if self._owed else None
         while self._owed:
             owed = self._owed[0]
-            self._send(owed)
+            try:
+                self._send(owed)
+            except TransportError as exc:
+                self._owed.popleft()
+                if owed is own:
+                    raise
+                log.error("transport.copy_refused", group=self.group, doing=owed.doing, error=str(exc))
+                continue
             self._owed.popleft()
 
             def ack(delivery: Delivery = owed.delivery) -> None:

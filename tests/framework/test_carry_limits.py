@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -27,13 +29,13 @@ class Flaky(Exception):
     """A failure worth another try."""
 
 
-def largest_accepted(app: App, topic: str, low: int, high: int) -> int:
-    """The largest body ``app.publish`` gets through to ``topic`` (key ``big``), by bisection,
-    less 32 bytes: the time a message carries (``repr`` of a float) varies in length."""
+def largest_accepted(app: App, topic: str, low: int, high: int, padded: Padded | None = None) -> int:
+    """The largest body (or ``padded`` field) ``app.publish`` gets through to ``topic`` (key ``big``),
+    by bisection, less 32 bytes: the time a message carries (``repr`` of a float) varies in length."""
     while high - low > 1:
         middle = (low + high) // 2
         try:
-            app.publish(topic, b"x" * middle, key="big")
+            app.publish(topic, **(padded or in_body)(middle))
         except TransportError:
             high = middle
         else:
@@ -41,7 +43,19 @@ def largest_accepted(app: App, topic: str, low: int, high: int) -> int:
     return low - 32
 
 
-@pytest.mark.parametrize("engine", ["kafka", "kafka-async", "embedded", "reliable"])
+Padded = Callable[[int], dict[str, Any]]
+"""The fields of ``app.publish`` for a message padded to a size."""
+
+
+def in_body(size: int) -> dict[str, Any]:
+    return {"body": b"x" * size, "key": "big"}
+
+
+def in_header(size: int) -> dict[str, Any]:  # AMQP's headers travel in one frame of frame_max bytes
+    return {"body": b"", "key": "big", "headers": {"pad": "x" * size}}
+
+
+@pytest.mark.parametrize("engine", ["kafka", "kafka-async", "amqp", "embedded", "reliable"])
 def test_the_largest_message_is_retried_or_dead_lettered_saying_why_not(
     engine: str, request: pytest.FixtureRequest, tmp_path: Path, unique: str
 ) -> None:
@@ -51,8 +65,9 @@ def test_the_largest_message_is_retried_or_dead_lettered_saying_why_not(
     the worker goes on with its neighbour, retried and dead-lettered as usual (sync and ``async def``
     handlers). The broker (``embedded://``, ``reliable://``) refused its ``%RETRY%`` copy the
     same way; it now keeps room for the copy's headers, so the message is retried like any other."""
-    kafka = engine.startswith("kafka")
-    url, low, high = (request.getfixturevalue("kafka_url"), 990_000, 1_000_000) if kafka else (
+    refused, padded = engine.startswith(("kafka", "amqp")), in_header if engine == "amqp" else in_body
+    url, low, high = (request.getfixturevalue("kafka_url"), 990_000, 1_000_000) if engine.startswith("kafka") else (
+        f"{request.getfixturevalue('amqp_url')}?namespace={unique}", 120_000, 131_072) if engine == "amqp" else (
         request.getfixturevalue("reliable_server").url if engine == "reliable" else f"embedded://{tmp_path / 'b'}",
         4_000_000, 4_194_304)  # max_record_size
     app = App(Settings.load(None, env={
@@ -61,7 +76,7 @@ def test_the_largest_message_is_retried_or_dead_lettered_saying_why_not(
     topic, group = f"{unique}a", f"g{uuid.uuid4().hex[:12]}"
 
     def fail(msg, tx):
-        raise Flaky(f"{len(msg.payload)} bytes")
+        raise Flaky(f"{len(msg.headers.get('pad', msg.payload))} bytes")
 
     async def fail_async(msg, tx):
         fail(msg, tx)
@@ -69,8 +84,12 @@ def test_the_largest_message_is_retried_or_dead_lettered_saying_why_not(
     app.handler(topic, group=group, retry_on=[Flaky], token=lambda msg: msg.id)(
         fail_async if engine.endswith("async") else fail)
 
-    size = largest_accepted(app, f"{unique}b", low, high)  # a topic name as long: the same record size
-    app.publish(topic, b"x" * size, key="big")
+    @app.handler(f"{unique}b", group=f"probe{group}")  # amqp:// keeps only what a group takes
+    def probed(msg, tx):
+        pass
+
+    size = largest_accepted(app, f"{unique}b", low, high, padded)  # a topic name as long: the same size
+    app.publish(topic, **padded(size))
     app.publish(topic, b"small", key="small")
     run = Running(app)  # not until idle: a Kafka member cannot tell it is (no `drain`)
     try:
@@ -81,7 +100,7 @@ def test_the_largest_message_is_retried_or_dead_lettered_saying_why_not(
         assert run.error is None, run.error
         letters = {letter.message.key: letter.failure for letter in app.dead_letters(group)}
         assert sorted(letters) == ["big", "small"]
-        if kafka:
+        if refused:
             assert letters["big"].error_message.startswith(
                 f"{size} bytes [not redelivered: the transport refused its retry copy: ")
             assert letters["big"].attempts == 1
