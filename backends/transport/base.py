@@ -219,6 +219,9 @@ class Transport(ABC):
         """Append ``messages`` to ``topic``; a message with ``delay`` is delivered later."""
         self._check_open()
         self._check_names(topic=topic)
+        if topic.startswith((RETRY_PREFIX, DLQ_PREFIX)):  # a group's own: publish_to_group reaches it
+            raise TransportError(f"topic name {topic!r}: names starting with {RETRY_PREFIX} or {DLQ_PREFIX} are "
+                                 "the transport's own queues of a group")
         check_outgoing(messages, binary_fields=self.binary_fields)
         if messages:
             self._send(topic, self._stamped(messages, None))

@@ -286,6 +286,9 @@ def test_fields_no_wire_carries_are_refused_by_name_and_nothing_is_sent(
             transport.publish(unique, [*outgoing(1, "first"), OutgoingMessage(b"x", **fields)])  # type: ignore[arg-type]
     with pytest.raises(TransportError, match="lone surrogate"):
         transport.publish(text_from_bytes(b"t\xff"), outgoing(1))
+    for topic in ("%RETRY%g", "%DLQ%g"):  # a group's own queue: Redis and memory took a publish to it
+        with pytest.raises(TransportError, match=re.escape(topic)):
+            transport.publish(topic, outgoing(1))
     assert quiet(g) == []
     try:  # above AMQP's 255 bytes for a short string: pika's own error
         transport.publish(unique, [OutgoingMessage(b"x", message_id="i" * 300)])
