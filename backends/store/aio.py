@@ -82,9 +82,12 @@ class AsyncSqlTransaction:
         """Write the published rows (one ``executemany``) and announce them; just before the commit.
         No publish joins them after this."""
         if rows := self._outgoing.end():
+            reused = self._outgoing.reused(self._dialect)
             try:
+                if reused is not None:
+                    Outgoing.refuse_reused((await self.connection.execute(reused)).scalars().all())
                 await self.connection.execute(self._outgoing.writer.statement, rows)
-                if (reused := self._outgoing.reused(self._dialect)) is not None:
+                if reused is not None:
                     Outgoing.refuse_reused((await self.connection.execute(reused)).scalars().all())
             except DBAPIError as exc:
                 _raise(exc, "write_outbox")

@@ -146,13 +146,13 @@ class Claimed:
         self._connection, self.rows, self._clock, self._dialect = connection, rows, clock, dialect
 
     def sent(self, rows: Sequence[OutboxRow]) -> None:
-        """The transport confirmed ``rows``: moved to the sent rows, kept there for the retention."""
+        """The transport confirmed ``rows``: marked SENT (`Dialect.mark_sent`: moved to the sent rows,
+        or where they are), kept for the retention."""
         if not rows:
             return
         marked: dict[str, ColumnElement[Any]] = {"state": literal(RowState.SENT.value),
                                                  "sent_at": literal(self._clock.time())}
-        self._dialect.move(self._connection, outbox, outbox_sent, self._dialect.among(outbox.c.id, [r.id for r in rows]),
-                           marked)
+        self._dialect.mark_sent(self._connection, self._dialect.among(outbox.c.id, [r.id for r in rows]), marked)
 
     def failed(self, row: OutboxRow, error: str) -> None:
         """The transport refused ``row`` for good: it waits, with the rows of its key, for a retry."""

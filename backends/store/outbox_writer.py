@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from sqlalchemy import Executable, Select, insert, select
+from sqlalchemy import CompoundSelect, Executable, insert, select, union_all
 
 from backends.clock import Clock
 from backends.errors import OutboxMessageError
@@ -122,14 +122,20 @@ class Outgoing:
             self._ended = True
             return list(self.rows)
 
-    def reused(self, dialect: Dialect) -> Select[Any] | None:
+    def reused(self, dialect: Dialect) -> CompoundSelect | None:
         """The statement finding the message ids the caller chose that a sent row (kept for the
-        retention) carries already; None when the caller chose none. Run after the rows' ``INSERT``:
-        there, on PostgreSQL, a row of the same id that a relay is moving out made the ``INSERT``
-        wait on the unique index for the relay's commit, which the next statement then sees."""
+        retention, moved out or where it was) carries already; None when the caller chose none.
+        Run before the rows' ``INSERT`` (a sent row kept in ``reliable_outbox``, under its unique
+        index, would fail it) and again after it: there, on PostgreSQL, a row of the same id that
+        a relay is moving out made the ``INSERT`` wait on the unique index for the relay's commit,
+        which the next statement then sees."""
         if not self.chosen:
             return None
-        return select(outbox_sent.c.message_id).where(dialect.among(outbox_sent.c.message_id, self.chosen)).limit(3)
+        return union_all(
+            select(outbox_sent.c.message_id).where(dialect.among(outbox_sent.c.message_id, self.chosen)),
+            select(outbox.c.message_id).where(dialect.among(outbox.c.message_id, self.chosen),
+                                              outbox.c.state == RowState.SENT.value),
+        ).limit(3)
 
     @staticmethod
     def refuse_reused(found: Sequence[str]) -> None:

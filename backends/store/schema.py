@@ -157,16 +157,15 @@ outbox = Table(
           postgresql_where=text("state <> 'sent'"), sqlite_where=text("state <> 'sent'")),
     Index("reliable_outbox_failed", "outbox", "key", "id",
           postgresql_where=text("state = 'failed'"), sqlite_where=text("state = 'failed'")),
-    Index("reliable_outbox_sent", "outbox", "sent_at"),  # SENT rows kept here by an earlier version
+    Index("reliable_outbox_sent", "outbox", "sent_at"),  # SENT rows kept here (SQLite, or an earlier version)
     sqlite_autoincrement=True,  # ids only grow, also after the newest rows were purged
 )
 
-# The rows the transport confirmed, moved out of ``reliable_outbox`` (deleted there, inserted
-# here in the relay's transaction) and kept for the retention: a delete and an insert into a
-# table of two indexes cost the database far less than updating the row in place, which gives
-# it a new version in three of the outbox's indexes. ``reliable_outbox`` keeps only unsent rows.
-# A store written by an earlier version also has SENT rows in ``reliable_outbox``: reading and
-# purging look at both tables.
+# The rows the transport confirmed, moved out of ``reliable_outbox`` on PostgreSQL (deleted
+# there, inserted here in the relay's transaction) and kept for the retention: a delete and an
+# insert into a table of two indexes cost it far less than updating the row in place, which
+# gives it a new version in three of the outbox's indexes. SQLite updates them in place, which
+# writes fewer pages there (`Dialect.mark_sent`). Reading and purging look at both tables.
 outbox_sent = Table(
     "reliable_outbox_sent_rows",
     metadata,

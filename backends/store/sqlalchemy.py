@@ -87,8 +87,11 @@ class SqlTransaction(Transaction):
         """Write the published rows (one ``executemany``) and announce them; just before the commit.
         No publish joins them after this."""
         if rows := self._outgoing.end():
+            reused = self._outgoing.reused(self._dialect)
+            if reused is not None:
+                Outgoing.refuse_reused(self.connection.execute(reused).scalars().all())
             self.connection.execute(self._outgoing.writer.statement, rows)
-            if (reused := self._outgoing.reused(self._dialect)) is not None:
+            if reused is not None:
                 Outgoing.refuse_reused(self.connection.execute(reused).scalars().all())
             self._dialect.announce_outbox(self.connection, self._outgoing.writer.name)
 

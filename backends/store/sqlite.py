@@ -30,6 +30,7 @@ from sqlalchemy import (
     select,
     text,
     true,
+    update,
 )
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import URL
@@ -44,7 +45,7 @@ from backends.store.claims import (
     on_conflict_reclaim,
 )
 from backends.store.dialect import Dialect
-from backends.store.schema import tokens
+from backends.store.schema import outbox, tokens
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -131,6 +132,13 @@ class SQLite(Dialect):
 
     def claim_paths(self) -> ClaimPath:
         return OneRow(sqlite.insert) | _JsonBatch()
+
+    def mark_sent(self, connection: Connection, where: ColumnElement[bool], changed: dict[str, ColumnElement[Any]]) -> None:
+        # in place: a move deletes each row from five B-trees (its random message id's among them)
+        # and inserts it into three, where the update changes the row and its three state indexes;
+        # 500 rows wrote 150 pages to the WAL moved and 58 updated, and every page is written
+        # again, and synced, by the checkpoint
+        connection.execute(update(outbox).where(where).values(changed))
 
     def among(self, column: ColumnElement[Any], values: Sequence[Any]) -> ColumnElement[bool]:
         listed = func.json_each(bindparam(None, json.dumps(list(values)), type_=String)).table_valued("value")
