@@ -38,7 +38,7 @@ from reliable.log import Counters, configure_logging
 from reliable.message import CONTENT_TYPE
 from reliable.middleware import Middleware, Middlewares
 from reliable.outage import through_outages
-from reliable.outbox import Relay
+from reliable.outbox import Relay, checked_publish
 from reliable.reporting import built_in
 from reliable.retry import Backoff
 from reliable.runtime import Runtime
@@ -139,7 +139,7 @@ class App:
     def _opened(self, runtime: Runtime) -> None:
         """Route the store's ``tx.publish`` calls through the middleware, watch its disk
         (`metrics.watch_store`), and tell the middleware the app is open."""
-        runtime.store.hook_publish(self.middleware.outbox_hook)
+        runtime.store.hook_publish(checked_publish(runtime.transport, self.middleware.outbox_hook))
         metrics.watch_store(runtime.store.write_refusal)
         self.middleware.emit("on_open", self)
 

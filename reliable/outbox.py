@@ -40,9 +40,15 @@ from tenacity import (
 from tenacity.stop import StopBaseT
 
 from backends.clock import Clock
-from backends.errors import BackendRefusedError, BackendUnavailableError, TransportError
+from backends.errors import (
+    BackendRefusedError,
+    BackendUnavailableError,
+    OutboxMessageError,
+    TransportError,
+)
 from backends.store.base import Store
 from backends.store.outbox import Claimed, OutboxRow
+from backends.store.outbox_writer import PublishHook
 from backends.transport.base import Transport
 from reliable import metrics
 from reliable.retry import Backoff
@@ -63,6 +69,19 @@ RelayHook = Callable[[str, Sequence[Mapping[str, str]]], AbstractContextManager[
 
 def _no_hook(topic: str, rows: Sequence[Mapping[str, str]]) -> AbstractContextManager[object]:
     return nullcontext()
+
+
+def checked_publish(transport: Transport, hook: PublishHook) -> PublishHook:
+    """``hook`` after ``transport``'s check of the topic (`Transport.check_topic`): a name it never
+    takes is refused at ``tx.publish`` (`OutboxMessageError`: the handler's transaction fails)
+    instead of a row the relay marks failed, every later row of its key held behind it."""
+    def publishing(topic: str, headers: Mapping[str, str] | None) -> AbstractContextManager[Mapping[str, str]]:
+        try:
+            transport.check_topic(topic)
+        except TransportError as exc:
+            raise OutboxMessageError(f"tx.publish to {topic!r}: {exc}") from exc
+        return hook(topic, headers)
+    return publishing
 
 
 class _Pass:

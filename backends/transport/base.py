@@ -218,10 +218,7 @@ class Transport(ABC):
     def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         """Append ``messages`` to ``topic``; a message with ``delay`` is delivered later."""
         self._check_open()
-        self._check_names(topic=topic)
-        if topic.startswith((RETRY_PREFIX, DLQ_PREFIX)):  # a group's own: publish_to_group reaches it
-            raise TransportError(f"topic name {topic!r}: names starting with {RETRY_PREFIX} or {DLQ_PREFIX} are "
-                                 "the transport's own queues of a group")
+        self.check_topic(topic)
         check_outgoing(messages, binary_fields=self.binary_fields)
         if messages:
             self._send(topic, self._stamped(messages, None))
@@ -234,6 +231,14 @@ class Transport(ABC):
         check_outgoing(messages, binary_fields=self.binary_fields)
         if messages:
             self._send_to_group(group, topic, self._stamped(messages, topic))
+
+    def check_topic(self, topic: str) -> None:
+        """A `TransportError` unless ``publish`` takes ``topic`` as a name (``tx.publish`` asks
+        before it writes a row the relay could never send)."""
+        self._check_names(topic=topic)
+        if topic.startswith((RETRY_PREFIX, DLQ_PREFIX)):  # a group's own: publish_to_group reaches it
+            raise TransportError(f"topic name {topic!r}: names starting with {RETRY_PREFIX} or {DLQ_PREFIX} are "
+                                 "the transport's own queues of a group")
 
     @abstractmethod
     def subscribe(

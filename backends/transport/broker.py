@@ -37,9 +37,16 @@ from backends.types import Failure, Message, OutgoingMessage
 from backends.values import positive
 from broker.delivery.api import BrokerApi
 from broker.delivery.group import ORIGIN_TOPIC as BROKER_ORIGIN_HEADER
+from broker.delivery.topics import check_name as check_broker_name
 from broker.delivery.values import Delivery
 from broker.delivery.values import OutgoingMessage as BrokerMessage
-from broker.errors import BrokerError, BrokerUnavailableError, DeliveryError, UnknownMemberError
+from broker.errors import (
+    BrokerError,
+    BrokerUnavailableError,
+    DeliveryError,
+    InvalidNameError,
+    UnknownMemberError,
+)
 from broker.errors import DiskFullError as BrokerDiskFullError
 from broker.protocol.errors import AuthenticationError, LockedOutError
 
@@ -90,6 +97,12 @@ class BrokerTransport(Transport):
         self._lease = float(positive("transport option visibility_timeout", visibility_timeout))
         self._owns_api = owns_api
         self.contact: FirstContact | None = None  # a server's login (`reliable://`): its history
+
+    def _check_name(self, kind: str, name: str) -> None:
+        try:
+            check_broker_name(kind, name)
+        except InvalidNameError as exc:
+            raise TransportError(str(exc)) from None
 
     def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         _check_keys(messages)

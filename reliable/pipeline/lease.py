@@ -24,6 +24,7 @@ from backends.errors import StoreUnavailableError
 from backends.store.base import TokenState
 from backends.store.outbox_writer import Deferred
 from backends.types import Message
+from reliable.outbox import checked_publish
 from reliable.outcome import Outcome
 from reliable.pipeline.steps import Steps, Work, undecided
 
@@ -99,7 +100,8 @@ class Leased:
             w.decide(Outcome.DEFERRED, delay=wait)
             return
         async def attempt() -> tuple[Any, Deferred]:
-            publish = Deferred(steps.middleware.outbox_hook)  # per attempt: a failed one publishes nothing
+            # per attempt: a failed one publishes nothing
+            publish = Deferred(checked_publish(steps.runtime.transport, steps.middleware.outbox_hook))
             try:
                 return await steps.call([w.message], publish), publish
             except BaseException:

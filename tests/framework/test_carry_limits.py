@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from backends.errors import TransportError
+from backends.errors import OutboxMessageError, TransportError
 from backends.store.outbox import RowState
 from reliable import App
 from reliable.settings import Settings
@@ -207,5 +207,48 @@ def test_a_dead_letter_whose_copy_is_refused_keeps_its_whole_record(
         assert len(letters["big"].error_message) > 20_000
         refused = [log for log in logs if log["event"] == "dead_letter_copy_refused"]
         assert len(refused) == (1 if engine == "kafka" else 0)
+    finally:
+        app.close()
+
+
+@pytest.mark.parametrize("engine", ["embedded", "nats", "amqp", "kafka", "redis"])
+def test_tx_publish_refuses_a_topic_the_transport_never_takes(
+    engine: str, request: pytest.FixtureRequest, tmp_path: Path, unique: str
+) -> None:
+    """A topic name the transport refuses ('a b') was written to the outbox and marked failed by
+    the relay, every later row of its key held behind it; `tx.publish` now refuses it, naming the
+    transport's rule, so the handler's transaction fails instead (lease mode too). Redis takes
+    any name."""
+    url = {"embedded": f"embedded://{tmp_path / 'b'}", "nats": f"{request.getfixturevalue('nats_url')}?namespace={unique}"
+           if engine == "nats" else "", "amqp": f"{request.getfixturevalue('amqp_url')}?namespace={unique}"
+           if engine == "amqp" else "", "kafka": request.getfixturevalue("kafka_url") if engine == "kafka" else "",
+           "redis": f"{request.getfixturevalue('redis_url')}?namespace={unique}" if engine == "redis" else ""}[engine]
+    app = App(Settings.load(None, env={"RELIABLE_TRANSPORT__URL": url,
+                                       "RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}"}))
+    try:
+        if engine == "redis":
+            with app.store.transaction() as tx:
+                tx.publish("a b", {"n": 1}, key="k")
+            assert [row.topic for row in app.store.outbox.rows()] == ["a b"]
+            return
+        with app.store.transaction() as tx:
+            with pytest.raises(OutboxMessageError, match=r"tx.publish to 'a b': topic name 'a b'"):
+                tx.publish("a b", {"n": 1}, key="k")
+            tx.publish(f"{unique}ok", {"n": 2}, key="k")
+        assert [row.topic for row in app.store.outbox.rows()] == [f"{unique}ok"]
+        if engine != "embedded":
+            return
+        topic, tried = f"{unique}in", []
+
+        @app.handler(topic, group=f"g{unique}", lease=5.0, retry_on=[])
+        def leased(msg, tx):
+            tried.append(msg.id)
+            tx.publish("a b", {"n": 3})
+
+        app.publish(topic, {"n": 0})
+        app.run(until_idle=True)
+        (letter,) = app.dead_letters(f"g{unique}")
+        assert "tx.publish to 'a b': topic name 'a b'" in letter.failure.error_message
+        assert [row.topic for row in app.store.outbox.rows()] == [f"{unique}ok"]
     finally:
         app.close()

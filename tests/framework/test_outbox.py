@@ -346,7 +346,7 @@ def test_a_running_relay_purges_sent_rows_past_the_retention_and_reports_the_bac
     app = test_app(tmp_path, clock=clock, transport=f"embedded://{tmp_path / 'broker'}",
                    settings={"RELIABLE_OUTBOX__NAME": unique, "RELIABLE_OUTBOX__RETENTION": "1h"})
     with app.store.transaction() as tx:
-        tx.publish("bad/topic", {"n": 0}, key="k")  # refused: FAILED, the oldest unsent row
+        tx.publish("orders", "x" * 5_000_000, key="k")  # above max_record_size: FAILED, the oldest unsent row
         tx.publish("orders", {"n": 1})
     app.relay().drain()
     clock.advance(2 * 3600)  # the sent row is past the retention

@@ -124,7 +124,7 @@ def test_status_list_and_retry_show_and_release_a_row_the_transport_refused(tmp_
     env = {"RELIABLE_OUTBOX__NAME": unique}
     app = test_app(tmp_path, transport=f"embedded://{tmp_path / 'broker'}", settings=env)
     with app.store.transaction() as tx:
-        tx.publish("bad/topic", {"n": 1}, key="k")  # the broker refuses the name
+        tx.publish("orders", "x" * 5_000_000, key="k")  # above the broker's max_record_size: refused
         tx.publish("orders", {"n": 2}, key="k")  # waits behind it: same key
         tx.publish("orders", {"n": 3}, key="other")
     assert app.relay().drain()
@@ -144,8 +144,8 @@ def test_status_list_and_retry_show_and_release_a_row_the_transport_refused(tmp_
     assert (status["pending"], status["failed"], status["sent"]) == (1, 1, 1)
     assert status["oldest_unsent_age_seconds"] >= 0 and status["oldest_unsent"]
     [failed] = [json.loads(line) for line in reliable("outbox", "list", "--state", "failed").splitlines()]
-    assert (failed["topic"], failed["key"]) == ("bad/topic", "k")
-    assert "bad/topic" in failed["error"]
+    assert (failed["topic"], failed["key"], failed["bytes"]) == ("orders", "k", 5_000_002)
+    assert "max_record_size" in failed["error"]
     assert len(reliable("outbox", "list").splitlines()) == 3
     assert reliable("outbox", "retry", "--id", str(failed["id"])).startswith("1 failed row(s)")
     status = json.loads(reliable("outbox", "status"))

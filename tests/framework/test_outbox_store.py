@@ -60,7 +60,7 @@ def test_sent_rows_stay_listed_until_the_retention_moved_out_on_postgresql_and_i
     row in three indexes); on SQLite it is marked where it is (its move wrote 2.6 times the pages)."""
     with app.store.transaction() as tx:
         first = tx.publish("orders", {"n": 1}, key="k")
-        tx.publish("bad/topic", {"n": 2}, key="j")  # refused by the broker: FAILED, stays
+        tx.publish("orders", "x" * 5_000_000, key="j")  # above max_record_size: refused, FAILED, stays
         third = tx.publish("orders", {"n": 3}, key="k")
     app.relay().drain()
 
