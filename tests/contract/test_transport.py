@@ -300,6 +300,29 @@ def test_fields_no_wire_carries_are_refused_by_name_and_nothing_is_sent(
         assert [m.id for m in receive(g, 1)] == ["i" * 300]
 
 
+AWKWARD_TEXT = ["one\ntwo", "a\r\nb", " x ", "a\x00b", "größe", "a\tb", "x" * 300]
+
+
+def test_keys_and_message_ids_arrive_as_given_or_are_refused_by_name(
+    transport: Transport, members, unique: str
+) -> None:
+    """The key and the message id travel in a field or a header of each wire: never changed in
+    silence (this held on every transport)."""
+    g = members("g", unique)
+    sent: set[tuple[str | None, str]] = set()
+    for n, text in enumerate(AWKWARD_TEXT):
+        for key, message_id in ((text, f"k{n}"), (f"i{n}", text)):
+            try:
+                transport.publish(unique, [OutgoingMessage(b"x", key=key, message_id=message_id)])
+            except BackendUnavailableError:
+                raise
+            except TransportError as exc:
+                assert "message id" in str(exc) or repr(text)[1:20] in str(exc), exc
+            else:
+                sent.add((key, message_id))
+    assert {(m.key, m.id) for m in receive(g, len(sent))} == sent
+
+
 def test_an_empty_payload_key_and_header_arrive_empty_or_are_refused_by_name(
     transport: Transport, members, unique: str
 ) -> None:
