@@ -13,17 +13,20 @@ start) and its batches alone (the progress's triggerExecution: what a long-runni
 query sees):
 
   broker source, body     spark.readStream.format("reliable") over embedded://, all columns
-                          (the body as bytes, the json column as text)
+                          (the body as bytes, the json column as text): a partition per queue
+                          (4), so two waves of tasks on the two cores
+  ... maxPartitions=2     the same with option("maxPartitions", 2): one task per core, each
+                          reading two queues (the file source too makes two partitions here)
   file source, text       spark.readStream.text() over the same rows in JSON-lines files
                           (one file per queue): each line as it is
   broker source, parsed   the broker source's json column parsed by Spark's from_json into
                           the rows' three fields
   file source, json       spark.readStream.json() over the files: the same three fields
-  python source floor     a Python data source of the broker source's schema and shape (a
-                          partition per queue, 10,000 rows per Arrow batch) that hands Spark
-                          one Arrow batch it made once, again and again: what Spark's way
-                          from a Python reader to the JVM costs any such source, whatever
-                          it reads (body, and parsed with from_json)
+  python source floor     a Python data source of the broker source's schema in two
+                          partitions (10,000 rows per Arrow batch) that hands Spark one Arrow
+                          batch it made once, again and again: what Spark's way from a Python
+                          reader to the JVM costs any such source, whatever it reads (body,
+                          and parsed with from_json)
   broker read             the engine's read by position, 1,000 at a time, column by column
                           (what the source's executors ask for, without Spark)
 
@@ -145,15 +148,22 @@ def main() -> None:
         spark.dataSource.register(FloorSource)
         source = spark.readStream.format("reliable").option("url", f"embedded://{root / 'broker'}").option(
             "topic", "orders").load()
-        floor = spark.readStream.format("python-floor").option("rows", count).option("queues", 4).load()
+        two = spark.readStream.format("reliable").option("url", f"embedded://{root / 'broker'}").option(
+            "topic", "orders").option("maxPartitions", 2).load()
+        floor = spark.readStream.format("python-floor").option("rows", count).option("queues", 2).load()
+
+        def parsed(stream: Any) -> Any:
+            return stream.select(F.from_json("json", ROW_SCHEMA).alias("row")).select("row.*")
+
         streams = {
             "broker source, body": source,
+            "broker source, body, maxPartitions=2": two,
             "file source, text": spark.readStream.text(str(root / "orders")),
             "python source floor, body": floor,
-            "broker source, parsed (from_json)": source.select(
-                F.from_json("json", ROW_SCHEMA).alias("row")).select("row.*"),
+            "broker source, parsed (from_json)": parsed(source),
+            "broker source, parsed, maxPartitions=2": parsed(two),
             "file source, json": spark.readStream.schema(ROW_SCHEMA).json(str(root / "orders")),
-            "python source floor, parsed": floor.select(F.from_json("json", ROW_SCHEMA).alias("row")).select("row.*"),
+            "python source floor, parsed": parsed(floor),
         }
         rates, batch_rates = {}, {}
         for run in ("warm-up", "timed"):  # the same rows twice: each stream's second run is timed
@@ -163,13 +173,13 @@ def main() -> None:
                 rates[name], batch_rates[name] = count / seconds, count / max(batches, 1e-3)
         spark.stop()
     print(f"{count} rows, local[2], one run\n")
-    print(f"{'':<36}{'query rows/s':>14}{'vs file':>9}{'batch rows/s':>14}{'vs file':>9}")
+    print(f"{'':<40}{'query rows/s':>14}{'vs file':>9}{'batch rows/s':>14}{'vs file':>9}")
     for kind, peer in (("body", "file source, text"), ("parsed", "file source, json")):
         for name in [n for n in rates if n.startswith(("broker source, " + kind, "python source floor, " + kind))]:
-            print(f"{name:<36}{rates[name]:>14,.0f}{rates[name] / rates[peer]:>8.2f}x"
+            print(f"{name:<40}{rates[name]:>14,.0f}{rates[name] / rates[peer]:>8.2f}x"
                   f"{batch_rates[name]:>14,.0f}{batch_rates[name] / batch_rates[peer]:>8.2f}x")
-        print(f"{peer:<36}{rates[peer]:>14,.0f}{'':>9}{batch_rates[peer]:>14,.0f}")
-    print(f"{'broker read by position, no Spark':<36}{read_rate:>12,.0f}")
+        print(f"{peer:<40}{rates[peer]:>14,.0f}{'':>9}{batch_rates[peer]:>14,.0f}")
+    print(f"{'broker read by position, no Spark':<40}{read_rate:>14,.0f}")
 
 
 if __name__ == "__main__":

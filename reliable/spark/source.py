@@ -9,9 +9,11 @@
 The queues' offsets are the stream's offsets (``{"q0": 12, "q1": 7, ...}``);
 a range always yields the same rows, because the broker is read by position
 (`BrokerApi.read_columns`), outside any group. Each queue with rows in the
-range is one partition, read on the executors, which hand Spark Arrow record
-batches made from the read's columns (`reliable.spark.arrow`): no Python
-object per row between the broker and the JVM. ``maxRowsPerBatch`` is admission
+range is one partition (``maxPartitions``: at most that many, a partition
+then reading several queues' ranges one after another), read on the
+executors, which hand Spark Arrow record batches made from the read's
+columns (`reliable.spark.arrow`): no Python object per row between the
+broker and the JVM. ``maxRowsPerBatch`` is admission
 control (shared fairly between the queues); ``trigger(availableNow=True)``
 reads what is there and stops. When Spark commits a range (it does so when
 it plans the next batch), the group's broker offsets move to its end
@@ -83,10 +85,22 @@ class QueueRange(InputPartition):  # type: ignore[misc]
     start: int
     end: int
 
+    @property
+    def rows(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class QueueRanges(InputPartition):  # type: ignore[misc]
+    """Several queues' rows of a micro-batch, read by one Spark task one range after another."""
+
+    ranges: tuple[QueueRange, ...]
+
 
 class ReliableSource(DataSource):  # type: ignore[misc]
     """``format("reliable")``: options ``url`` (or ``settings``: a reliable.toml whose
-    ``[transport] url`` names the broker), ``topic``, ``group``, ``maxRowsPerBatch``."""
+    ``[transport] url`` names the broker), ``topic``, ``group``, ``maxRowsPerBatch``,
+    ``maxPartitions``."""
 
     @classmethod
     def name(cls) -> str:
@@ -115,10 +129,8 @@ class ReliableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise ConfigurationError(f"reliable source: option(s) {', '.join(missing)} required")
         self.url, self.topic = options["url"], options["topic"]
         self.group = options.get("group") or None
-        limit = options.get("maxRowsPerBatch") or options.get("maxrowsperbatch")
-        if limit is not None and (not str(limit).isdigit() or int(limit) < 1):
-            raise ConfigurationError(f"reliable source: maxRowsPerBatch={limit!r}: an integer >= 1 is required")
-        self.max_rows = int(limit) if limit is not None else None
+        self.max_rows = _at_least_one(options, "maxRowsPerBatch")
+        self.max_partitions = _at_least_one(options, "maxPartitions")
         self._api: Any = None
         self._target: dict[str, int] | None = None  # availableNow: the end at the query's start
 
@@ -158,34 +170,21 @@ class ReliableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _ends(self) -> dict[str, int]:
         return {f"q{q}": end for q, (_, end) in enumerate(self.api.queue_offsets(self.topic))}
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[QueueRange]:
-        return [QueueRange(self.url, self.topic, int(name[1:]), start.get(name, 0), stop)
-                for name, stop in sorted(end.items()) if stop > start.get(name, 0)]
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[QueueRange | QueueRanges]:
+        ranges = [QueueRange(self.url, self.topic, int(name[1:]), start.get(name, 0), stop)
+                  for name, stop in sorted(end.items()) if stop > start.get(name, 0)]
+        if self.max_partitions is None or len(ranges) <= self.max_partitions:
+            return list(ranges)
+        return [QueueRanges(tuple(group)) for group in balanced(ranges, self.max_partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """The partition's rows as Arrow batches, one per broker read (see reliable.spark.arrow).
-
-        Each read asks for as many messages as make about `READ_BYTES` of bodies at the size
-        of the last read's: few round trips to the broker for small messages, small replies
-        for large ones."""
-        from reliable.spark.arrow import record_batch
-
-        assert isinstance(partition, QueueRange)
-        api = open_api(partition.url)  # on an executor: a client of the broker
+        """The partition's rows as Arrow batches, one per broker read (see reliable.spark.arrow)."""
+        assert isinstance(partition, QueueRange | QueueRanges)
+        ranges = partition.ranges if isinstance(partition, QueueRanges) else (partition,)
+        api = open_api(ranges[0].url)  # on an executor: a client of the broker
         try:
-            offset, size = partition.start, FIRST_READ
-            while offset < partition.end:
-                read = api.read_columns(partition.topic, partition.queue, offset, min(size, partition.end - offset))
-                if not read.count:
-                    return
-                offsets = read.column("offset")
-                if offsets[-1] >= partition.end:  # retention moved the start: never past the range
-                    read = read.split([bisect_left(offsets, partition.end)])[0]
-                if read.count:
-                    batch = record_batch(read.count, dict(read.same), dict(read.columns))
-                    size = next_read(batch.column("body").nbytes, batch.num_rows)
-                    yield batch
-                offset = offsets[-1] + 1
+            for queue_range in ranges:
+                yield from read_range(api, queue_range)
         finally:
             api.close()
 
@@ -196,6 +195,44 @@ class ReliableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def stop(self) -> None:
         if self._api is not None:
             self._api.close()
+
+
+def read_range(api: Any, queue_range: QueueRange) -> Iterator[pa.RecordBatch]:
+    """One queue's range as Arrow batches. Each read asks for as many messages as make about
+    `READ_BYTES` of bodies at the size of the last read's: few round trips to the broker for
+    small messages, small replies for large ones."""
+    from reliable.spark.arrow import record_batch
+
+    offset, size, end = queue_range.start, FIRST_READ, queue_range.end
+    while offset < end:
+        read = api.read_columns(queue_range.topic, queue_range.queue, offset, min(size, end - offset))
+        if not read.count:
+            return
+        offsets = read.column("offset")
+        if offsets[-1] >= end:  # retention moved the start: never past the range
+            read = read.split([bisect_left(offsets, end)])[0]
+        if read.count:
+            batch = record_batch(read.count, dict(read.same), dict(read.columns))
+            size = next_read(batch.column("body").nbytes, batch.num_rows)
+            yield batch
+        offset = offsets[-1] + 1
+
+
+def balanced(ranges: list[QueueRange], parts: int) -> list[list[QueueRange]]:
+    """``ranges`` in at most ``parts`` groups of about as many rows each (the largest range
+    first into the group with the fewest rows), each group in queue order."""
+    groups: list[list[QueueRange]] = [[] for _ in range(parts)]
+    for queue_range in sorted(ranges, key=lambda r: -r.rows):
+        min(groups, key=lambda group: sum(r.rows for r in group)).append(queue_range)
+    return [sorted(group, key=lambda r: r.queue) for group in groups if group]
+
+
+def _at_least_one(options: dict[str, str], name: str) -> int | None:
+    """The option ``name`` (Spark may hand it over lower-cased) as an integer >= 1, or None."""
+    value = options.get(name) or options.get(name.lower())
+    if value is not None and (not str(value).isdigit() or int(value) < 1):
+        raise ConfigurationError(f"reliable source: {name}={value!r}: an integer >= 1 is required")
+    return int(value) if value is not None else None
 
 
 def next_read(body_bytes: int, rows: int) -> int:

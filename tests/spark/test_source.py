@@ -73,6 +73,40 @@ def test_options_come_from_the_settings_file_and_bad_ones_are_named(tmp_path):
     assert share({"q0": 0, "q1": 0, "q2": 5}, {"q0": 100, "q1": 3, "q2": 5}, 10) == {"q0": 7, "q1": 3, "q2": 5}
 
 
+def test_max_partitions_reads_every_queue_in_fewer_tasks(spark, tmp_path, unique):
+    """``maxPartitions`` below the queue count: a partition reads several queues' ranges one
+    after another, the rows shared about evenly, every message once."""
+    from backends.errors import ConfigurationError
+    from reliable.spark.source import QueueRanges, ReliableStreamReader
+
+    reader = ReliableStreamReader({"url": "embedded://x", "topic": "t", "maxPartitions": "2"})
+    parts = reader.partitions({"q0": 0, "q1": 0, "q2": 0, "q3": 10}, {"q0": 90, "q1": 40, "q2": 50, "q3": 10})
+    assert [[(r.queue, r.start, r.end) for r in part.ranges] for part in parts] == [
+        [(0, 0, 90)], [(1, 0, 40), (2, 0, 50)]]  # q3 has no rows in the range
+    assert all(isinstance(part, QueueRanges) for part in parts)
+    with pytest.raises(ConfigurationError, match="maxPartitions"):
+        ReliableStreamReader({"url": "embedded://x", "topic": "t", "maxPartitions": "0"})
+
+    directory = tmp_path / "broker"
+    broker = open_embedded(directory)
+    broker.publish(unique, [OutgoingMessage(json.dumps({"n": n}).encode(), key=f"k{n}") for n in range(400)])
+    assert sum(1 for first, end in broker.queue_offsets(unique) if end > first) > 1
+    spark.dataSource.register(ReliableSource)
+    seen: list[tuple[int, list[int]]] = []
+
+    def collect(df, batch_id):  # type: ignore[no-untyped-def]
+        seen.append((df.rdd.getNumPartitions(), [json.loads(r.body)["n"] for r in df.select("body").collect()]))
+
+    stream = (spark.readStream.format("reliable").option("url", f"embedded://{directory}")
+              .option("topic", unique).option("maxPartitions", 1).load())
+    query = (stream.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "checkpoint"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    assert [tasks for tasks, _ in seen] == [1]
+    assert sorted(n for _, numbers in seen for n in numbers) == list(range(400))
+    broker.close()
+
+
 def test_a_read_becomes_one_arrow_batch_of_the_schema_spark_checks(spark, tmp_path):
     """The executors' conversion: Spark's own Arrow schema for `SCHEMA`, keys and tags "" as null,
     ``json`` only where the content type says JSON and the body is text, one map per row."""
