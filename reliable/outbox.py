@@ -11,9 +11,10 @@ after the transport confirmed them. One pass:
 
     claim rows → publish runs of one topic, in id order → mark sent → commit
 
-A transport that refuses a row for good (not an outage) gets it marked
-FAILED with the reason; the rows of its key wait behind it until
-``reliable outbox retry``. An outage of the transport or the store commits
+A transport that refuses a row for good (not an outage), or whose client
+library fails on it with an error of its own, gets it marked FAILED with
+the reason; the rows of its key wait behind it until ``reliable outbox
+retry``. An outage of the transport or the store commits
 what was confirmed, then waits with a growing backoff (tenacity) and tries
 again: a row is never lost, at worst sent again.
 
@@ -44,6 +45,7 @@ from backends.errors import (
     BackendRefusedError,
     BackendUnavailableError,
     OutboxMessageError,
+    ReliableError,
     TransportError,
 )
 from backends.store.base import Store
@@ -97,7 +99,7 @@ class _Pass:
     def may_send(self, row: OutboxRow) -> bool:
         return row.key is None or row.key not in self.refused_keys
 
-    def refuse(self, row: OutboxRow, exc: TransportError) -> None:
+    def refuse(self, row: OutboxRow, exc: Exception) -> None:
         self.claimed.failed(row, f"{type(exc).__name__}: {exc}")
         self.failed += 1
         if row.key is not None:
@@ -146,19 +148,32 @@ class Relay:
             self._publish(topic, run, done.now)
         except BackendUnavailableError as exc:
             done.outage = exc
-        except TransportError:
-            for row in run:
-                if done.outage is None and done.may_send(row):
-                    self._send_alone(done, row)
+        except ReliableError as exc:
+            if not isinstance(exc, TransportError):  # settings refused: the relay stops
+                raise
+            self._each_alone(done, run)
+        except Exception:  # the client library's own failure: on which row, each alone tells
+            self._each_alone(done, run)
         else:
             done.sent += run
+
+    def _each_alone(self, done: _Pass, run: list[OutboxRow]) -> None:
+        """``run`` was refused as a whole: each row again alone, so only the one at fault fails."""
+        for row in run:
+            if done.outage is None and done.may_send(row):
+                self._send_alone(done, row)
 
     def _send_alone(self, done: _Pass, row: OutboxRow) -> None:
         try:
             self._publish(row.topic, [row], done.now)
         except BackendUnavailableError as exc:
             done.outage = exc
-        except TransportError as exc:
+        except ReliableError as exc:
+            if not isinstance(exc, TransportError):
+                raise
+            done.refuse(row, exc)
+        except Exception as exc:  # a client library's own failure on this row: it stalled the whole outbox
+            log.exception("outbox_row_failed_in_client", row=row.id, topic=row.topic, error=str(exc))
             done.refuse(row, exc)
         else:
             done.sent.append(row)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,10 @@ from structlog.testing import capture_logs
 
 from backends.errors import OutboxMessageError, TransportError
 from backends.store.outbox import RowState
+from backends.transport.base import Transport
+from backends.types import OutgoingMessage
 from reliable import App
+from reliable.outbox import Relay
 from reliable.settings import Settings
 from tests.framework.refusals import Running
 from tests.waiting import wait_until
@@ -250,5 +253,53 @@ def test_tx_publish_refuses_a_topic_the_transport_never_takes(
         (letter,) = app.dead_letters(f"g{unique}")
         assert "tx.publish to 'a b': topic name 'a b'" in letter.failure.error_message
         assert [row.topic for row in app.store.outbox.rows()] == [f"{unique}ok"]
+    finally:
+        app.close()
+
+
+class FailsOnOneMessage(Transport):
+    """The broker in process behind a client that fails on a message with the header ``bug``, after
+    sending the messages of the call before it, with an error of its own (neither a refusal nor an
+    outage): what a client library's bug looks like to the relay."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner, self.capabilities = inner, inner.capabilities
+
+    def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        for message in messages:
+            if "bug" in message.headers:
+                raise UnicodeError("the client library failed on it")
+            self.inner.publish(topic, [message])
+
+    def _send_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        self.inner.publish_to_group(group, topic, messages)
+
+    def subscribe(self, group, topics, options=None):  # type: ignore[no-untyped-def]
+        return self.inner.subscribe(group, topics, options)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_row_the_client_library_fails_on_is_marked_failed_not_resent_for_ever(tmp_path: Path, unique: str) -> None:
+    """The relay took such an error for neither a refusal nor an outage: each pass rolled back,
+    the rows the transport had confirmed were sent again every ``poll_interval``, and no row after
+    it ever left. Now the row is marked failed with the error, the rest are sent once."""
+    app = App(Settings.load(None, env={"RELIABLE_TRANSPORT__URL": f"embedded://{tmp_path / 'b'}",
+                                       "RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}"}))
+    try:
+        with app.store.transaction() as tx:
+            tx.publish("orders", {"n": 1}, key="a")
+            tx.publish("orders", {"n": 2}, key="b", headers={"bug": "1"})
+            tx.publish("orders", {"n": 3}, key="b")
+            tx.publish("orders", {"n": 4}, key="c")
+        member = app.transport.subscribe("g", ["orders"])
+        relay = Relay(app.store, FailsOnOneMessage(app.transport), app.settings.outbox, app.clock)
+        relay.drain()
+        (failed,) = app.store.outbox.rows(RowState.FAILED)
+        assert (failed.key, failed.error) == ("b", "UnicodeError: the client library failed on it")
+        assert [row.key for row in app.store.outbox.rows(RowState.PENDING)] == ["b"]
+        assert sorted(m.body["n"] for m in member.fetch(10, 5)) == [1, 4]
+        member.close()
     finally:
         app.close()
