@@ -63,6 +63,10 @@ _PENDING = text("reliable_outbox.state = 'pending'")  # literal, so SQLite uses 
 _UNSENT = text("reliable_outbox.state <> 'sent'")
 _FAILED = text("failed.state = 'failed'")  # of the alias in `_pending`
 _FAILED_HERE = text("reliable_outbox.state = 'failed'")
+_STATE_IS = {RowState.PENDING: _PENDING, RowState.FAILED: _FAILED_HERE,
+             RowState.SENT: text("reliable_outbox.state = 'sent'")}
+"""Written as the partial indexes' own conditions, so that the planner may find pending and
+failed rows through them rather than among the sent rows SQLite keeps in place."""
 
 
 def _up_to(state: TextClause) -> ScalarSelect[int]:
@@ -168,6 +172,7 @@ class SqlOutbox:
         self._write, self._read, self._claim = write, read, claim
         self.wakeup = Wakeup()
         self._pending = _pending(dialect)
+        self._status = _status(name)
 
     def listen(self, stopping: threading.Event) -> None:
         """Wake this outbox's relays when another process commits rows, until ``stopping`` is set
@@ -210,12 +215,13 @@ class SqlOutbox:
     def status(self) -> OutboxStatus:
         """How many rows wait, failed and were sent, and when the oldest unsent one was written.
         One statement over both tables: on PostgreSQL each statement of a read sees its own
-        snapshot, and a row moved between two would be counted twice."""
-        per_state = select(outbox.c.state, func.count(), func.min(outbox.c.created_at)).where(
-            outbox.c.outbox == self.name).group_by(outbox.c.state)
-        moved = select(literal(RowState.SENT.value), func.count(), literal(None)).where(outbox_sent.c.outbox == self.name)
+        snapshot, and a row moved between two would be counted twice. The sent rows kept in
+        ``reliable_outbox`` (SQLite's, an earlier version's) are counted in the index of their
+        ``sent_at``, which only they have, and passed over there when the unsent rows are read
+        (through that index or the unsent rows' own, as the planner likes): a day of them read from
+        the table took 10 times longer."""
         with self._read() as connection:
-            found = connection.execute(union_all(per_state, moved)).all()
+            found = connection.execute(self._status).all()
         counts = Counter[str]()
         for state, count, _ in found:
             counts[state] += count
@@ -229,7 +235,7 @@ class SqlOutbox:
         so a row moved meanwhile is listed once)."""
         statement = select(*_COLUMNS).where(outbox.c.outbox == self.name, outbox.c.id > after_id)
         if state is not None:
-            statement = statement.where(outbox.c.state == state.value)
+            statement = statement.where(_STATE_IS[state])
         listed: Select[Any] | CompoundSelect = statement
         if state in (None, RowState.SENT):
             listed = union_all(statement, select(*_SENT_COLUMNS).where(
@@ -239,7 +245,7 @@ class SqlOutbox:
 
     def retry(self, ids: Sequence[int] | None = None) -> list[int]:
         """Make FAILED rows (all, or those of ``ids``) pending again; return their ids."""
-        statement = update(outbox).where(outbox.c.outbox == self.name, outbox.c.state == RowState.FAILED.value)
+        statement = update(outbox).where(outbox.c.outbox == self.name, _FAILED_HERE)
         if ids is not None:
             statement = statement.where(outbox.c.id.in_(list(ids)))
         with self._write() as connection:
@@ -253,10 +259,20 @@ class SqlOutbox:
         with self._write() as connection:
             moved = connection.execute(outbox_sent.delete().where(
                 outbox_sent.c.outbox == self.name, outbox_sent.c.sent_at < before)).rowcount
-            kept_in_place = connection.execute(outbox.delete().where(  # by an earlier version
+            kept_in_place = connection.execute(outbox.delete().where(  # SQLite's, an earlier version's
                 outbox.c.outbox == self.name, outbox.c.state == RowState.SENT.value,
                 outbox.c.sent_at < before)).rowcount
         return int(moved) + int(kept_in_place)
+
+
+def _status(name: str) -> CompoundSelect:
+    """Per state: the rows of outbox ``name``, and the written-at of the oldest unsent one."""
+    unsent = select(outbox.c.state, func.count(), func.min(outbox.c.created_at)).where(
+        outbox.c.outbox == name, _UNSENT, outbox.c.sent_at.is_(None)).group_by(outbox.c.state)
+    sent, none = literal(RowState.SENT.value), literal(None)
+    in_place = select(sent, func.count(), none).where(outbox.c.outbox == name, outbox.c.sent_at.is_not(None))
+    moved = select(sent, func.count(), none).where(outbox_sent.c.outbox == name)
+    return union_all(unsent, in_place, moved)
 
 
 def _pending(dialect: Dialect) -> Select[Any]:

@@ -83,6 +83,40 @@ def test_sent_rows_stay_listed_until_the_retention_moved_out_on_postgresql_and_i
     assert [r.state for r in app.store.outbox.rows()] == [RowState.FAILED]
 
 
+def test_on_sqlite_status_counts_the_sent_rows_kept_in_place_without_reading_them(
+    tmp_path: Path, unique: str
+) -> None:
+    """Sent rows stay in ``reliable_outbox`` on SQLite, a day of them at the default retention:
+    ``status`` (every running relay's metrics, each second) counts them in the index of their
+    ``sent_at`` alone, and reads the unsent rows through theirs. Read from the table, 100,000
+    sent rows made a status take 41 ms instead of 3."""
+    app = test_app(tmp_path, store=f"sqlite:///{tmp_path / 'store.db'}",
+                   transport=f"embedded://{tmp_path / 'broker'}", settings={"RELIABLE_OUTBOX__NAME": unique})
+    with app.store.transaction() as tx:
+        tx.publish("orders", {"n": 1}, key="k")
+    app.relay().drain()
+    statements: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if "reliable_outbox" in statement and statement.lstrip().upper().startswith("SELECT"):
+            statements.append((statement, parameters))
+
+    event.listen(app.store.engine, "before_cursor_execute", record)
+    try:
+        assert app.store.outbox.status().sent == 1
+    finally:
+        event.remove(app.store.engine, "before_cursor_execute", record)
+    with app.store.engine.connect() as connection:
+        plans = [row[-1] for statement, parameters in statements
+                 for row in connection.exec_driver_sql(f"explain query plan {statement}", parameters)]
+    app.close()
+    reads = [p for p in plans if p.startswith(("SCAN reliable_outbox ", "SEARCH reliable_outbox "))
+             or p in ("SCAN reliable_outbox", "SEARCH reliable_outbox")]
+    assert len(reads) == 2, plans  # the unsent rows, the sent ones kept in place
+    assert all("COVERING INDEX" in p or "INDEX reliable_outbox_unsent_key " in p
+               or "INDEX reliable_outbox_sent (outbox=? AND sent_at=?)" in p for p in reads), reads
+
+
 def test_sent_rows_updated_in_place_by_the_previous_version_are_counted_listed_and_purged(
     app: App, unique: str, clock: FakeClock
 ) -> None:
