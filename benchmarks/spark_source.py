@@ -1,16 +1,17 @@
 """Rows per second through the broker's Spark source, next to Spark's file source and the broker's own read.
 
-One run, local[2], the same N JSON messages (about 60 bytes each), every stream
-read with availableNow and written by foreachBatch to Spark's ``noop`` sink (every
-column of every row made, nothing kept; the rows counted from the query's progress),
-each stream run twice over all the rows and the second run timed: the first starts
-Spark's Python workers and has the JVM compile the stream's code, as a long-running
-query has them (a warm-up over 1% of the rows, as before, left the broker source's
-per-row code to be compiled inside the timed batch: 2-3 times its steady time). Two
-rates: the whole query (its start and stop included: for the broker source, Spark
-starts a fresh Python process on the driver for the source's offsets at every query
-start) and its batches alone (the progress's triggerExecution: what a long-running
-query sees):
+local[2], the same N JSON messages (about 60 bytes each), every stream read with
+availableNow and written by foreachBatch to Spark's ``noop`` sink (every column of
+every row made, nothing kept; the rows counted from the query's progress). The
+streams take turns, round after round over all the rows: the first round, untimed,
+starts Spark's Python workers and has the JVM compile each stream's code, as a
+long-running query has them (a warm-up over 1% of the rows left the broker source's
+per-row code to be compiled inside the timed batch: 2-3 times its steady time); each
+stream's figure is its median over the ``--runs`` timed rounds (a shared machine's
+load moves single runs by 2x). Two rates: the whole query (its start and stop
+included: for the broker source, Spark starts a fresh Python process on the driver
+for the source's offsets at every query start) and its batches alone (the progress's
+triggerExecution: what a long-running query sees):
 
   broker source, body     spark.readStream.format("reliable") over embedded://, all columns
                           (the body as bytes, the json column as text): a partition per queue
@@ -30,13 +31,14 @@ query sees):
   broker read             the engine's read by position, 1,000 at a time, column by column
                           (what the source's executors ask for, without Spark)
 
-    python -m benchmarks.spark_source [--messages N]
+    python -m benchmarks.spark_source [--messages N] [--runs R]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -123,7 +125,9 @@ def timed_stream(stream: Any, checkpoint: Path) -> tuple[float, float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=200_000)
-    count = parser.parse_args().messages
+    parser.add_argument("--runs", type=int, default=3, help="timed rounds (after one untimed)")
+    arguments = parser.parse_args()
+    count, runs = arguments.messages, arguments.runs
     with tempfile.TemporaryDirectory() as folder, open_embedded(Path(folder) / "broker") as broker:
         root = Path(folder)  # the broker closes before its folder goes, also when a query fails
         rows = [{"token": f"o-{n}", "customer": f"c-{n % 97}", "amount": f"{n % 1000}.50"} for n in range(count)]
@@ -165,14 +169,17 @@ def main() -> None:
             "file source, json": spark.readStream.schema(ROW_SCHEMA).json(str(root / "orders")),
             "python source floor, parsed": parsed(floor),
         }
-        rates, batch_rates = {}, {}
-        for run in ("warm-up", "timed"):  # the same rows twice: each stream's second run is timed
+        timings: dict[str, list[tuple[float, float]]] = {name: [] for name in streams}
+        for run in range(runs + 1):  # the streams in turn; round 0 warms up
             for number, (name, stream) in enumerate(streams.items()):
                 seconds, batches, seen = timed_stream(stream, root / f"checkpoint-{run}-{number}")
                 assert seen == count, (name, seen, count)
-                rates[name], batch_rates[name] = count / seconds, count / max(batches, 1e-3)
+                if run:
+                    timings[name].append((seconds, batches))
         spark.stop()
-    print(f"{count} rows, local[2], one run\n")
+    rates = {name: count / statistics.median(s for s, _ in found) for name, found in timings.items()}
+    batch_rates = {name: count / max(statistics.median(b for _, b in found), 1e-3) for name, found in timings.items()}
+    print(f"{count} rows, local[2], median of {runs} timed rounds\n")
     print(f"{'':<40}{'query rows/s':>14}{'vs file':>9}{'batch rows/s':>14}{'vs file':>9}")
     for kind, peer in (("body", "file source, text"), ("parsed", "file source, json")):
         for name in [n for n in rates if n.startswith(("broker source, " + kind, "python source floor, " + kind))]:
