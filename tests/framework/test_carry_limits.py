@@ -32,6 +32,15 @@ class Flaky(Exception):
     """A failure worth another try."""
 
 
+def closed(app: App) -> None:
+    """Close ``app``, first deleting what its transport keeps under the test's namespace (the
+    queues and streams of RabbitMQ, NATS and Redis, which the servers would keep)."""
+    purge = getattr(app.transport, "purge", None)
+    if purge is not None:
+        purge()
+    app.close()
+
+
 def largest_accepted(app: App, topic: str, low: int, high: int, padded: Padded | None = None) -> int:
     """The largest body (or ``padded`` field) ``app.publish`` gets through to ``topic`` (key ``big``),
     by bisection, less 32 bytes: the time a message carries (``repr`` of a float) varies in length."""
@@ -112,7 +121,7 @@ def test_the_largest_message_is_retried_or_dead_lettered_saying_why_not(
         assert letters["small"].error_message == "5 bytes"
         assert letters["small"].attempts == 2
     finally:
-        app.close()
+        closed(app)
 
 
 OUTBOX_PLACES = {  # a URL on the engine, and a row it refuses for good (the body, or one header)
@@ -168,7 +177,7 @@ def test_the_relay_marks_a_row_the_transport_refuses_failed_and_sends_the_rest(
     finally:
         app.stop()
         run.join()
-        app.close()
+        closed(app)
     assert run.error is None, run.error
 
 
@@ -211,7 +220,7 @@ def test_a_dead_letter_whose_copy_is_refused_keeps_its_whole_record(
         refused = [log for log in logs if log["event"] == "dead_letter_copy_refused"]
         assert len(refused) == (1 if engine == "kafka" else 0)
     finally:
-        app.close()
+        closed(app)
 
 
 @pytest.mark.parametrize("engine", ["embedded", "nats", "amqp", "kafka", "redis"])
@@ -254,7 +263,7 @@ def test_tx_publish_refuses_a_topic_the_transport_never_takes(
         assert "tx.publish to 'a b': topic name 'a b'" in letter.failure.error_message
         assert [row.topic for row in app.store.outbox.rows()] == [f"{unique}ok"]
     finally:
-        app.close()
+        closed(app)
 
 
 class FailsOnOneMessage(Transport):
@@ -302,4 +311,4 @@ def test_a_row_the_client_library_fails_on_is_marked_failed_not_resent_for_ever(
         assert sorted(m.body["n"] for m in member.fetch(10, 5)) == [1, 4]
         member.close()
     finally:
-        app.close()
+        closed(app)
