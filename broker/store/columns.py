@@ -173,5 +173,9 @@ def _slices(data: bytes, starts: Iterable[int], ends: Iterable[int]) -> Iterable
 
 
 def _headers(data: bytes, starts: list[int], ends: list[int]) -> list[Mapping[str, str]]:
-    return [MappingProxyType(msgpack.unpackb(data[start:end], raw=False)) if start != end else NO_HEADERS
-            for start, end in zip(starts, ends)]
+    """Each record's headers, decoded once per distinct encoding: records published together
+    mostly carry the same headers, which then share one read-only mapping (a run's headers
+    compare equal by identity, as a reply's table looks for one value in every row)."""
+    encoded = list(_slices(data, starts, ends))
+    decoded = {blob: MappingProxyType(msgpack.unpackb(blob, raw=False)) for blob in set(encoded) if blob}
+    return [decoded[blob] if blob else NO_HEADERS for blob in encoded]

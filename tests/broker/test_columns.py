@@ -89,3 +89,18 @@ def test_read_batch_gives_the_columns_of_read(tmp_path: Path) -> None:
                 batch = store.read_batch("orders", queue, start, count)
                 assert batch.messages() == store.read("orders", queue, start, count)
                 assert list(batch.queue_offsets) == list(range(start, min(start + count, 200)))
+
+
+def test_records_with_the_same_headers_share_one_decoded_mapping() -> None:
+    """Headers are decoded once per distinct encoding (a batch published together carries the
+    same headers): the rows share the mapping, other headers and none stay their own."""
+    same = codec.encode_headers({"content-type": "application/json"})
+    frames = [codec.encode(b"orders", 2, 7 + n, 1.5, 0, b"%024x" % n, b"", b"", headers, b"{}")
+              for n, headers in enumerate([same, same, codec.encode_headers({"h": "v"}), b"", same])]
+    columns = decode_run(*run_of(frames), 7, b"orders", 2)
+    assert columns is not None
+    headers = columns.headers
+    assert [dict(h) for h in headers] == [{"content-type": "application/json"}] * 2 + [{"h": "v"}, {}] + [
+        {"content-type": "application/json"}]
+    assert headers[0] is headers[1] is headers[4]
+    assert headers[2] is not headers[0]
