@@ -93,8 +93,9 @@ def decode_run(data: bytes, starts: Sequence[int], sizes: Sequence[int], first_q
             keys = tags = [""] * count
             headers: Sequence[Mapping[str, str]] = [NO_HEADERS] * count
         else:
-            keys = list(map(bytes.decode, _slices(data, id_ends, tag_starts)))
-            tags = list(map(bytes.decode, _slices(data, tag_starts, header_starts)))
+            keys = list(map(bytes.decode, _slices(data, id_ends, tag_starts))) if any(key_lengths) else [""] * count
+            tags = (list(map(bytes.decode, _slices(data, tag_starts, header_starts))) if any(tag_lengths)
+                    else [""] * count)  # none with a key or a tag (headers alone): nothing to cut
             headers = _headers(data, header_starts, body_starts)
     except _BAD:
         return None

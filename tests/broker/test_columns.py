@@ -104,3 +104,4 @@ def test_records_with_the_same_headers_share_one_decoded_mapping() -> None:
         {"content-type": "application/json"}]
     assert headers[0] is headers[1] is headers[4]
     assert headers[2] is not headers[0]
+    assert list(columns.keys) == list(columns.tags) == [""] * 5  # headers alone: no key or tag to cut
