@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import make_url
 
-from backends.errors import BackendUnavailableError, OutboxMessageError
+from backends.errors import BackendRefusedError, BackendUnavailableError, OutboxMessageError
 from backends.store import SqlStore
 from backends.store.outbox import RowState
 from reliable import App
@@ -275,8 +275,9 @@ def test_a_relay_pass_that_failed_leaves_no_connection_committing_lazily(
 ) -> None:
     """The claim's lazy commit is per transaction (PostgreSQL's SET LOCAL) or set back before the
     next one begins (SQLite's synchronous, per connection): after a pass cut by a transport
-    outage or by an exception in the middle of it, the pool's connection a handler gets next and
-    the async store's commit durably."""
+    outage or by an error that stops the relay in the middle of it (a refused login; a client
+    library's own error only fails its row), the pool's connection a handler gets next and the
+    async store's commit durably."""
     query, relayed, durable = SYNCHRONOUS[store_url.split(":")[0].split("+")[0]]
     (port,) = free_ports(1)  # nothing listens: the transport is down
     app = test_app(tmp_path, store=store_url, transport=f"redis://127.0.0.1:{port}/0?namespace={unique}",
@@ -284,11 +285,11 @@ def test_a_relay_pass_that_failed_leaves_no_connection_committing_lazily(
 
     @contextmanager
     def broken(topic: str, headers: Any) -> Iterator[None]:
-        raise RuntimeError("a middleware's bug")
+        raise BackendRefusedError("[transport] url", "a login refused mid-pass")
         yield
 
     relays = {BackendUnavailableError: app.relay(),
-              RuntimeError: Relay(app.store, app.transport, app.settings.outbox, app.clock, hook=broken)}
+              BackendRefusedError: Relay(app.store, app.transport, app.settings.outbox, app.clock, hook=broken)}
     try:
         for error, relay in relays.items():
             with app.store.transaction() as tx:
