@@ -13,14 +13,21 @@ one, for example while a quorum queue elects a leader) or a connection lost
 before the last ack raises `BackendUnavailableError`, and the caller
 publishes the whole batch again (its messages keep their ids); a returned
 message (``mandatory``, no queue bound) raises `TransportError`. A nack
-or any failure closes the publisher; its owner opens a new one. A
-connection RabbitMQ blocks (a memory or disk alarm) fails its batch after
-`BLOCKED_GRACE`, naming the alarm, so the caller's own bound holds.
+or any failure closes the publisher; its owner opens a new one.
+
+A connection RabbitMQ blocks (a memory or disk alarm) fails its batch after
+`BLOCKED_GRACE` with `WritesRefusedError` naming the alarm, so the caller's
+own bound holds, and stays open: RabbitMQ read the publish that made it block
+(it enqueues it, and confirms it once the alarm clears), and every batch until
+``connection.unblocked`` is refused at once without being sent. A caller that
+retries through the alarm sends nothing more into a broker short of memory or
+disk, where a new connection per retry had each retry enqueued (six
+duplicates in 8 s). pika still closes a connection blocked for 3 x
+``connect_timeout``.
 """
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Sequence
 from functools import partial
@@ -33,7 +40,7 @@ from pika.adapters.utils.connection_workflow import AMQPConnectionWorkflowFailed
 from pika.channel import Channel
 from pika.frame import Method
 
-from backends.errors import BackendUnavailableError, ReliableError
+from backends.errors import BackendUnavailableError, ReliableError, WritesRefusedError
 from backends.refusal import FirstContact
 from backends.transport.amqp_client import (
     FAILURES,
@@ -49,9 +56,8 @@ log = structlog.get_logger(__name__)
 
 BLOCKED_GRACE = 1.0
 """Seconds a batch waits on a connection RabbitMQ blocked (a memory or disk alarm) before it
-fails naming the alarm. Not pika's blocked-connection timeout of the other connections (3 x
-``connect_timeout``, 30 s by default): a caller's own bound (``publish_timeout``) must hold,
-and the connection closes with the batch (a graceful close waits for a reader RabbitMQ stopped)."""
+fails naming the alarm, not pika's blocked-connection timeout (3 x ``connect_timeout``, 30 s
+by default): a caller's own bound (``publish_timeout``) must hold."""
 
 _CLOSED_BY_US = (pika.exceptions.ConnectionClosedByClient, pika.exceptions.ChannelClosedByClient)
 
@@ -121,7 +127,6 @@ class Publisher:
         self._next_tag = 1
         self._blocked = Blocked(name)
         self._ioloop = IOLoop()
-        params = [_blocked_for(BLOCKED_GRACE, p) for p in params]
         self._thread = threading.Thread(target=self._run, args=(params,), name=f"amqp-{name}", daemon=True)
         self._thread.start()
         if not self._ready.wait(sum(p.stack_timeout for p in params)):
@@ -143,12 +148,16 @@ class Publisher:
             with self._state:
                 if self._failure is not None or self._connection is None:
                     raise BackendUnavailableError(f"amqp: {doing}: the connection ({self.name}) is closed")
+                if self._blocked.reason is not None:  # nothing more into a broker short of memory or disk
+                    raise translate(pika.exceptions.ConnectionBlockedTimeout(), doing, self._blocked.reason)
                 check_frames(messages, self._connection.params.frame_max, doing)  # negotiated at connect
                 self._confirms = confirms
                 self._ioloop.add_callback_threadsafe(partial(self._publish, messages, confirms))
             confirms.done.wait()
         try:
             confirms.check()
+        except WritesRefusedError:
+            raise  # blocked: the connection stays, the next batch waits for it to be unblocked
         except BackendUnavailableError:
             # RabbitMQ 3.10 went on nacking every publish on a channel whose quorum queue had lost its
             # leader (30 s in the cluster test): the next batch goes through a new connection
@@ -179,7 +188,7 @@ class Publisher:
             return
         self._connection = result
         result.add_on_close_callback(self._on_connection_closed)
-        result.add_on_connection_blocked_callback(self._blocked.on_blocked)
+        result.add_on_connection_blocked_callback(self._on_blocked)
         result.add_on_connection_unblocked_callback(self._blocked.on_unblocked)
         result.channel(on_open_callback=self._on_channel)
 
@@ -213,6 +222,15 @@ class Publisher:
         if self._confirms is not None:
             self._confirms.returned(method.exchange or method.routing_key)
 
+    def _on_blocked(self, connection: pika.connection.Connection, frame: Method) -> None:
+        self._blocked.on_blocked(connection, frame)
+        self._ioloop.call_later(BLOCKED_GRACE, self._refuse_blocked)
+
+    def _refuse_blocked(self) -> None:
+        """The batch in flight fails naming the alarm if RabbitMQ still blocks the connection."""
+        if self._blocked.reason is not None and self._confirms is not None:
+            self._confirms.fail(pika.exceptions.ConnectionBlockedTimeout(), self._blocked.reason)
+
     def _on_channel_closed(self, _channel: Channel, reason: BaseException) -> None:
         self._fail(reason)  # a channel RabbitMQ closed (a 404): the connection goes with it
         self._close()
@@ -240,10 +258,3 @@ class Publisher:
         if confirms is not None:
             confirms.fail(exc, self._blocked.reason)
         self._ready.set()
-
-
-def _blocked_for(seconds: float, params: pika.URLParameters) -> pika.URLParameters:
-    """A copy of ``params`` whose connection pika closes once RabbitMQ blocked it ``seconds``."""
-    found = copy.copy(params)
-    found.blocked_connection_timeout = seconds
-    return found

@@ -146,13 +146,13 @@ def test_a_publish_under_a_resource_alarm_names_it_and_goes_through_once_it_clea
 
 
 def test_a_publish_under_an_alarm_gives_up_by_publish_timeout_naming_the_alarm(
-    tmp_path: Path, own_rabbit: tuple[RabbitCluster, str]
+    tmp_path: Path, own_rabbit: tuple[RabbitCluster, str], unique: str
 ) -> None:
     """The old publish waited out pika's blocked-connection timeout (3 x connect_timeout: here
     30 minutes) whatever ``publish_timeout`` said."""
     cluster, node = own_rabbit
-    app = worker_app(tmp_path, f"{cluster.url(node)}?connect_timeout=600", [],
-                     RELIABLE_TRANSPORT__PUBLISH_TIMEOUT="1")
+    app = worker_app(tmp_path, f"{cluster.url(node)}?connect_timeout=600&namespace={unique}", [],
+                     RELIABLE_TRANSPORT__PUBLISH_TIMEOUT="3")
     app.publish("orders", {"n": 1})
     raised: list[BaseException] = []
 
@@ -169,6 +169,10 @@ def test_a_publish_under_an_alarm_gives_up_by_publish_timeout_naming_the_alarm(
     publishing.join()
     assert "RabbitMQ blocked publishing on this connection (low on memory)" in str(raised[0])
     assert "memory or disk alarm" in str(raised[0])
+    app.publish("orders", {"n": 3})
+    # 1, 3, and 2 at most once: RabbitMQ enqueues the publish it read as it blocked the connection,
+    # which then sends nothing more; a new connection per retry had each retry enqueued as well
+    assert queue_length(cluster.url(node), Layout(unique).queue("orders", "shipping")) <= 3
     app.close()
 
 
@@ -216,6 +220,50 @@ def test_a_long_alarm_costs_a_retrying_message_none_of_its_redeliveries(
     refused = next(e for e in logs if e["event"] == "transport_writes_refused")
     assert "RabbitMQ blocked publishing on this connection (low on memory)" in refused["error"]
     assert not any(e["event"] == "transport_unavailable" for e in logs)  # the member kept its place
+    app.close()
+
+
+def test_a_dead_letter_copy_blocked_by_an_alarm_waits_for_its_end_and_is_sent_once(
+    tmp_path: Path, own_rabbit: tuple[RabbitCluster, str], unique: str
+) -> None:
+    """The old worker left its group at each blocked dead-letter copy: the message came back and
+    its handler ran again (attempts 1, 2, ...) until the alarm ended."""
+    cluster, node = own_rabbit
+    alarm_on, attempts = threading.Event(), []
+    app = App(Settings.load(None, env={"RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}",
+                                       "RELIABLE_TRANSPORT__URL":
+                                           f"{cluster.url(node)}?connect_timeout=1&namespace={unique}"}))
+
+    @app.handler("refunds", group="audit", fatal=[KeyError])
+    def audit(msg: Message, tx: object) -> None:
+        attempts.append(msg.attempt)
+        alarm_on.wait(60)
+        raise KeyError("never")  # its dead-letter copy meets the alarm
+
+    app.publish("refunds", {"n": 1})
+    with capture_logs() as logs, resource_alarm(cluster, node, "disk"):
+        run = Running(app)
+        wait_until(lambda: attempts, "the first attempt")
+        alarm_on.set()
+        wait_until(lambda: sum(e["event"] == "transport.publishing_blocked" for e in logs) >= 2 or run.error,
+                   "the dead-letter copy blocked twice")
+    layout, url = Layout(unique), cluster.url(node)
+    work = layout.queue("refunds", "audit")
+
+    def paid() -> bool:  # the member acks the original once RabbitMQ confirmed its owed copy
+        listed = cluster.ctl(node, "list_queues", "-q", "name", "messages_unacknowledged")
+        return any(line.split() == [work, "0"] for line in listed.splitlines())
+
+    wait_until(lambda: paid() or run.error, "the owed dead-letter copy sent")
+    app.stop()
+    run.join()
+    assert run.error is None, run.error
+    assert attempts == [1]  # held, never handed back
+    # a blocked publish may have been enqueued too: a copy more, never none
+    assert queue_length(url, layout.dead_letter_queue("audit")) >= 1
+    assert queue_length(url, work) == 0  # the original acked, not returned
+    refused = next(e for e in logs if e["event"] == "transport_writes_refused")
+    assert "RabbitMQ blocked publishing on this connection (low on disk)" in refused["error"]
     app.close()
 
 
