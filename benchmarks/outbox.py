@@ -43,6 +43,18 @@ BATCH = 500
 T = TypeVar("T")
 
 
+SERVER_TOPOLOGY = ("amqp", "amqps", "redis", "rediss", "nats", "tls")
+"""Schemes whose server keeps what a run declares (queues, streams) after it ends."""
+
+
+def own_namespace(transport: str, name: str) -> tuple[str, bool]:
+    """``transport`` under a namespace of the run's own where its server keeps queues or streams,
+    and whether it is the run's to delete afterwards (not when the URL names a namespace)."""
+    if transport.split("://")[0] not in SERVER_TOPOLOGY or "namespace=" in transport:
+        return transport, False
+    return f"{transport}{'&' if '?' in transport else '?'}namespace={name}", True
+
+
 def make_app(folder: Path, store: str, transport: str, name: str) -> App:
     env = {"RELIABLE_STORE__URL": store, "RELIABLE_TRANSPORT__URL": transport, "RELIABLE_CACHE__URL": "memory://",
            "RELIABLE_OUTBOX__NAME": name, "RELIABLE_LOG__LEVEL": "warning"}
@@ -160,7 +172,8 @@ def main(argv: list[str] | None = None) -> None:
         def fresh(label: str, run: Callable[[App, str], T]) -> T:
             name = f"b{uuid.uuid4().hex[:10]}"
             store = DATABASE_URL if args.store == "postgresql" else f"sqlite:///{root / label / 'store.db'}"
-            app = make_app(root / label, store, args.transport or f"embedded://{root / label / 'broker'}", name)
+            transport, ours = own_namespace(args.transport or f"embedded://{root / label / 'broker'}", name)
+            app = make_app(root / label, store, transport, name)
             if args.store == "postgresql":
                 vacuum_outbox(app)
             try:
@@ -170,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
                     tx.execute(text(f"drop table if exists {name}_rows"))
                     for table in ("reliable_outbox", "reliable_outbox_sent_rows"):
                         tx.execute(text(f"delete from {table} where outbox = :n"), {"n": name})
+                if ours:  # a run left a RabbitMQ its queues (file handles: 235 of them stopped it)
+                    app.transport.purge()  # type: ignore[attr-defined]
                 app.close()
 
         outbox = fresh("outbox", lambda app, name: handler_rate(app, name, args.messages, True))
