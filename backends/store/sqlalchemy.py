@@ -1,14 +1,12 @@
 """`SqlStore`: the `Store` on any supported SQLAlchemy database (SQLite, PostgreSQL).
 
-Every public operation is written once here, over the primitives of the
-URL's `Dialect` (`backends.store.sqlite`, `backends.store.postgresql`): the
-template method, with the primitives supplied per database. Core only (no
-ORM): the claim and the lookups are one statement each. A store is safe to
-share between threads; every transaction takes its own pooled connection.
-Database errors that mean "cannot reach the database" become
-`StoreUnavailableError`; the user's own exceptions inside a transaction
-propagate unchanged. A transaction that published (``tx.publish``) wakes the
-outbox's relays once it commits.
+Every public operation is written once here, over the primitives of the URL's `Dialect`
+(`backends.store.sqlite`, `backends.store.postgresql`): the template method, with the primitives
+supplied per database. Core only (no ORM): the claim and the lookups are one statement each. A
+store is safe to share between threads; every transaction takes its own pooled connection. Database
+errors that mean "cannot reach the database" become `StoreUnavailableError`; the user's own
+exceptions inside a transaction propagate unchanged. A transaction that published (``tx.publish``)
+wakes the outbox's relays once it commits.
 """
 
 from __future__ import annotations
