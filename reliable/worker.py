@@ -16,9 +16,10 @@ de-duplicated by their tokens. A transport whose disk is full
 (`DiskFullError`), or that refuses writes for now (`WritesRefusedError`: a
 RabbitMQ resource alarm), is reachable: the worker keeps its membership and
 waits the same backoff; a message it could not hand back comes back when its
-lease expires (on RabbitMQ, the member sends its copy once the alarm clears). A store that is down, or whose disk refuses writes, holds
-fetching (`StoreGate`): each delivery of a message that can only be deferred
-would cost it one of its redeliveries.
+lease expires (on RabbitMQ, the member sends its copy once the alarm clears).
+A store that is down, or whose disk refuses writes, holds fetching
+(`StoreGate`): each delivery of a message that can only be deferred would cost
+it one of its redeliveries.
 """
 
 from __future__ import annotations
