@@ -58,6 +58,12 @@ class CapNames:
     total: str = "max_connections"
     per_address: str = "max_connections_per_address"
     remedy: str = "ask for an override for this address"
+    settings: bool = True
+    """False: the caps are constants of the code, which no setting changes (the metrics listener's)."""
+
+    def cap(self, name: str, value: int) -> str:
+        """How a refusal names a cap: the setting and its value, or a fixed cap."""
+        return f"{name}={value}" if self.settings else f"fixed cap of {value} {name} (no setting changes it)"
 
 
 class Admission:
@@ -76,12 +82,14 @@ class Admission:
         send it (counted and logged)."""
         address = _address(host)
         if self.open >= self.limits.max_connections:
+            total = self.names.cap(self.names.total, self.limits.max_connections)
             return self._refuse(listener, EVERYONE, "max_connections", ConnectionLimitError(
-                f"{self.names.holder} already holds {self.names.total}={self.limits.max_connections}"))
+                f"{self.names.holder} already holds {total if self.names.settings else 'its ' + total}"))
         held = self._per_address.get(address, 0) if address is not None else 0
         if address is not None and held >= (cap := self.cap(host)):
             return self._refuse(listener, address, "per_address", ConnectionLimitError(
-                f"{address} already holds {held} connections, its {self.names.per_address}={cap}; "
+                f"{address} already holds {held} connections, "
+                f"its {self.names.cap(self.names.per_address, cap)}; "
                 f"close some, or {self.names.remedy}"))
         self.open += 1
         if address is not None:

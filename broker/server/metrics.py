@@ -24,7 +24,8 @@ def refusals(registry: CollectorRegistry) -> Counter:
     """``broker_connections_refused_total``: connections a listener closed unread, by reason."""
     return Counter("broker_connections_refused", "Connections refused unread: max_connections or the "
                    "address's max_connections_per_address reached (console_max_connections and "
-                   "console_max_connections_per_address for listener=\"console\")", ["listener", "reason"],
+                   "console_max_connections_per_address for listener=\"console\"; the fixed 32 "
+                   "and 4 per address for listener=\"metrics\")", ["listener", "reason"],
                    registry=registry)
 
 

@@ -26,7 +26,7 @@ from broker.errors import BrokerConfigError
 from broker.local import bind_owner_only
 from broker.protocol import codec as native_codec
 from broker.protocol.errors import ConnectionLimitError
-from broker.server.admission import Admission
+from broker.server.admission import Admission, CapNames
 from broker.server.config import Limits, ServerConfig
 from broker.server.connection import Connection
 from broker.server.engine import Engine
@@ -41,6 +41,9 @@ log = structlog.get_logger("broker.server")
 METRICS_CONNECTIONS, METRICS_PER_ADDRESS = 32, 4
 """Connections the metrics listener holds at once, in all and from one address: a scraper needs
 one; each waits up to 10 s for its request, so uncapped they were file descriptors for the taking."""
+METRICS_CAPS = CapNames("the metrics listener", "connections", "connections from one address",
+                        "scrape over fewer connections", settings=False)
+"""What the metrics listener's refusals name: its fixed caps, not the broker's max_connections."""
 Session = Callable[[Connection], Awaitable[None]]
 
 
@@ -58,7 +61,8 @@ class BrokerServer:
         self.guard = AuthGuard(self.authenticator, self.config.limits, self.metrics, clock)
         self.admission = Admission(self.config.limits, self.metrics, clock)
         self.scrapes = Admission(Limits(max_connections=METRICS_CONNECTIONS,
-                                        max_connections_per_address=METRICS_PER_ADDRESS), self.metrics, clock)
+                                        max_connections_per_address=METRICS_PER_ADDRESS), self.metrics, clock,
+                                 METRICS_CAPS)
         self._servers: dict[str, asyncio.Server] = {}
         self._sessions: set[asyncio.Task[None]] = set()
         self._scraping: set[asyncio.Task[None]] = set()  # requests to the metrics listener
