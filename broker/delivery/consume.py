@@ -30,6 +30,7 @@ from broker.delivery.group import Group, Member
 from broker.delivery.leases import Leases
 from broker.delivery.membership import Membership
 from broker.delivery.offsets import OffsetBook
+from broker.delivery.sizes import stored_bytes
 from broker.delivery.taken import Taken
 from broker.delivery.values import Delivery, DeliveryColumns, GroupInfo, QueueLag
 from broker.store import Clock, MessageStore, StoredBatch
@@ -330,7 +331,7 @@ class Consuming:
         offsets = batch.queue_offsets
         if not offsets:
             return False
-        taken.bytes_read += sum(map(len, batch.bodies))
+        taken.bytes_read += stored_bytes(batch)
         if offsets[0] > cursor.next:
             skipped = cursor.skip_to(offsets[0])
             if skipped:

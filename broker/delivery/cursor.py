@@ -24,9 +24,10 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import add
+from operator import add, itemgetter
 from typing import Any
 
+from broker.delivery.sizes import column_sizes
 from broker.delivery.values import Delivery, DeliveryColumns
 
 DELIVER_AT_HEADER = "x-deliver-at"
@@ -34,7 +35,7 @@ DELIVER_AT_HEADER = "x-deliver-at"
 
 
 class ByteWindow:
-    """The bytes of message bodies held unacknowledged by the members that share it (a member's
+    """The bytes of messages (`broker.delivery.sizes`) held unacknowledged by the members that share it (a member's
     own, or one connection's on the server), and how many they may hold before they are handed
     more (``limit``; None: no bound)."""
 
@@ -68,7 +69,8 @@ Receipts = dict[str, Lease]
 
 Held = tuple[Any, ...]
 """A delivery out under a lease, as one tuple: its row of the fetch's columns (the receipt first),
-then the shape of those columns (`Shape`); its `Delivery` is made only when needed (`delivery_of`)."""
+its size (`broker.delivery.sizes`), then the shape of those columns (`Shape`); its `Delivery` is
+made only when needed (`delivery_of`)."""
 Shape = tuple[dict[str, Any], tuple[str, ...]]
 """The fields the same for every delivery of a fetch, and the names of the fields of its rows."""
 
@@ -82,15 +84,12 @@ def delivery_of(held: Held) -> Delivery:
     return Delivery(**same, **dict(zip(names, held)))
 
 
-def body_bytes(rows: Iterable[Held]) -> int:
-    """The bytes of the bodies of held deliveries (a column of every fetch's rows)."""
-    total, names, at = 0, None, 0
-    for row in rows:
-        if row[-1][1] is not names:
-            names = row[-1][1]
-            at = names.index("body")
-        total += len(row[at])
-    return total
+_SIZE = itemgetter(-2)
+
+
+def held_bytes(rows: Iterable[Held]) -> int:
+    """The bytes held deliveries count in their window (each row's size, kept beside its fields)."""
+    return sum(map(_SIZE, rows))
 
 
 class ReceiptNames:
@@ -157,8 +156,9 @@ class QueueCursor:
         if names[0] != "receipt":
             raise ValueError(f"held deliveries' columns start with the receipt, not {names[0]!r}")
         shape: Shape = (dict(handed.same), names)
-        self.held.update(zip(offsets, zip(*handed.columns.values(), repeat(shape))))
-        lease.window.held += sum(map(len, handed.columns["body"]))
+        sizes = column_sizes(handed)
+        self.held.update(zip(offsets, zip(*handed.columns.values(), sizes, repeat(shape))))
+        lease.window.held += sum(sizes)
         lease.offsets.update(zip(receipts, offsets))
         self.receipts.update(zip(receipts, repeat(lease)))
         self.leases[lease] = None
@@ -189,7 +189,7 @@ class QueueCursor:
             offsets = list(map(lease.offsets.pop, receipts))
         if not lease.offsets:
             del self.leases[lease]
-        lease.window.held -= body_bytes(map(self.held.pop, offsets))
+        lease.window.held -= held_bytes(map(self.held.pop, offsets))
         low, high = min(offsets), max(offsets)
         if low == self.committed and high - low == len(offsets) - 1:  # exactly the next ones
             self.committed = high + 1
@@ -208,7 +208,7 @@ class QueueCursor:
         """The held delivery at ``offset`` (if any) is out no more: its receipt and bytes let go."""
         held = self.held.pop(offset, None)
         if held is not None:
-            self.receipts[receipt_of(held)].window.held -= body_bytes((held,))
+            self.receipts[receipt_of(held)].window.held -= held_bytes((held,))
             self._let_go(receipt_of(held))
         return held
 
@@ -250,7 +250,7 @@ class QueueCursor:
     def seek(self, offset: int) -> None:
         """Start again at ``offset``: everything held, ready, parked or done is forgotten."""
         for lease in self.leases:
-            lease.window.held -= body_bytes(map(self.held.__getitem__, lease.offsets.values()))
+            lease.window.held -= held_bytes(map(self.held.__getitem__, lease.offsets.values()))
             _run(map(self.receipts.pop, lease.offsets))
             lease.offsets.clear()
         self.committed = self.next = offset

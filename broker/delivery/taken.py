@@ -1,6 +1,6 @@
-"""`Taken`: what one fetch hands out, counted in deliveries and in bytes of bodies.
+"""`Taken`: what one fetch hands out, counted in deliveries and in bytes (`broker.delivery.sizes`).
 
-A fetch may hand out at most ``max_fetch_bytes`` of bodies, and no more than the
+A fetch may hand out at most ``max_fetch_bytes`` of messages, and no more than the
 member's byte window leaves room for (``max_unacked_bytes`` on the server); the
 first message is handed out whatever its size, so a message larger than either
 still goes out, alone.
@@ -9,6 +9,7 @@ still goes out, alone.
 from __future__ import annotations
 
 from broker.delivery.cursor import QueueCursor
+from broker.delivery.sizes import delivery_size
 from broker.delivery.values import Delivery, DeliveryColumns
 
 
@@ -31,7 +32,7 @@ class Taken:
         bytes left (one at least, if nothing was taken yet): taken out of ``cursor.ready``."""
         chosen: list[Delivery] = []
         for offset in sorted(cursor.ready)[:count]:
-            size = len(cursor.ready[offset].body)
+            size = delivery_size(cursor.ready[offset])
             if self.bytes_read and self.bytes_read + size > self.max_bytes:
                 break
             chosen.append(cursor.ready.pop(offset))

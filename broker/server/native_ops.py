@@ -30,7 +30,7 @@ Reply = dict[str, Any]
 @dataclass
 class Context:
     """What an operation may use: the engine, the caller, the members this connection joined
-    and the window their unacknowledged bodies share (``max_unacked_bytes``)."""
+    and the window their unacknowledged messages share (``max_unacked_bytes``)."""
 
     engine: Engine
     principal: Principal

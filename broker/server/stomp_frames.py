@@ -61,7 +61,7 @@ class StompPeer(Protocol):
 
 class StompHandlers:
     """The connected state of one STOMP connection: its subscriptions, the window their
-    unacknowledged bodies share (``max_unacked_bytes``) and its open transactions."""
+    unacknowledged messages share (``max_unacked_bytes``) and its open transactions."""
 
     def __init__(self, session: StompPeer, principal: Principal) -> None:
         self.session = session

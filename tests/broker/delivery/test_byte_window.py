@@ -1,4 +1,4 @@
-"""A member's byte window counts the bodies it holds unacknowledged, through every end of a delivery.
+"""A member's byte window counts the messages it holds unacknowledged (`broker.delivery.sizes`), through every end of a delivery.
 
 The server bounds what one connection holds by it (``max_unacked_bytes``): a window that drifted
 up would stop a connection for good, one that drifted down would let it hold more than the bound.
@@ -11,6 +11,7 @@ from __future__ import annotations
 from broker.delivery.config import DeliveryConfig
 from broker.delivery.cursor import ByteWindow
 from broker.delivery.engine import Broker
+from broker.delivery.sizes import delivery_size
 from broker.delivery.values import OutgoingMessage
 from broker.store.clock import FakeClock
 
@@ -24,21 +25,21 @@ def test_every_end_of_a_delivery_gives_its_bytes_back(tmp_path, unique) -> None:
         member = broker.join(unique, [unique], prefetch=100)
         broker.consuming.share_window(member, window)
         held = broker.fetch(member, 6, 0)
-        assert window.held == 1 + 2 + 3 + 4 + 5 + 6
+        assert window.held == sum(map(delivery_size, held)) == 1 + 2 + 3 + 4 + 5 + 6 + 6 * len(held[0].message_id)
         broker.ack(member, [held[0].receipt, held[2].receipt])  # 1, 3: not in a row
-        assert window.held == 2 + 4 + 5 + 6
+        assert window.held == sum(map(delivery_size, (held[1], held[3], held[4], held[5])))
         broker.delivered(member, [held[1].receipt])
         broker.extend(member, [held[3].receipt])
-        assert window.held == 2 + 4 + 5 + 6
+        assert window.held == sum(map(delivery_size, (held[1], held[3], held[4], held[5])))
         broker.nack(member, [held[1].receipt], 0)
         broker.dead_letter(member, [held[3].receipt], "poison")
         broker.release(member, [held[4].receipt])
-        assert window.held == 6
+        assert window.held == delivery_size(held[5])
         clock.advance(11)  # the lease of 6 ends
         again = broker.fetch(member, 100, 0)  # its sweep lapses the lease; 5, 6, 7-10 and 2's retry copy
-        assert window.held == sum(len(d.body) for d in again)
+        assert window.held == sum(map(delivery_size, again))
         broker.commit(member, {(unique, 0): 10})  # a seek lets go of what it held there
-        assert window.held == sum(len(d.body) for d in again if d.topic != unique)
+        assert window.held == sum(delivery_size(d) for d in again if d.topic != unique)
         broker.leave(member)
         assert window.held == 0
     finally:
@@ -55,7 +56,8 @@ def test_a_member_is_handed_nothing_while_its_window_is_full(tmp_path, unique) -
         held = []
         while got := broker.fetch(member, 100, 0):  # a fetch reads within the room left...
             held += got
-        assert 250 <= window.held == 100 * len(held) <= 350  # ...the first of one whatever its size
+        size = delivery_size(held[0])  # the body's 100 bytes and the message id's
+        assert 250 <= window.held == size * len(held) <= 250 + size  # ...the first of one whatever its size
         broker.ack(member, [held[0].receipt])
         assert broker.fetch(member, 100, 0)
     finally:
