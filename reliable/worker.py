@@ -245,16 +245,17 @@ class Worker:
         message, failure = result.message, result.failure
         if result.outcome is Outcome.REDELIVERED or result.outcome is Outcome.DEFERRED:
             try:
-                return self._settling(lambda s: s.nack(message, result.delay)) is not FAILED
+                return self._settling("nack", [message], lambda s: s.nack(message, result.delay)) is not FAILED
             except TransportError as exc:  # refused, not an outage: a retry copy above the wire's limit
                 return self._not_redelivered(result, exc)
         if result.outcome is Outcome.DEAD_LETTERED and failure is not None:
             try:  # the transport's copy carries the failure cut short: every wire bounds headers
-                return self._settling(lambda s: s.dead_letter(message, failure.summary())) is not FAILED
+                return self._settling("dead_letter", [message],
+                                      lambda s: s.dead_letter(message, failure.summary())) is not FAILED
             except TransportError as exc:  # refused, not an outage: the store's record is the letter
                 log.error("dead_letter_copy_refused", handler=self.handler.name, topic=message.topic,
                           offset=message.offset, error=str(exc))
-                return self._settling(lambda s: s.ack([message])) is not FAILED
+                return self._settling("ack", [message], lambda s: s.ack([message])) is not FAILED
         return False
 
     def _not_redelivered(self, result: Result, refusal: TransportError) -> bool:
@@ -272,7 +273,7 @@ class Worker:
         if letter.outcome is Outcome.DEFERRED:
             return False
         if letter.outcome is Outcome.DUPLICATE:
-            return self._settling(lambda s: s.ack([message])) is not FAILED
+            return self._settling("ack", [message], lambda s: s.ack([message])) is not FAILED
         self.pipeline.middleware.emit("on_dead_letter", self.handler, letter)
         return self._hand_back(letter)
 
@@ -288,7 +289,7 @@ class Worker:
                 subscription.in_progress(messages)
 
     def _ack(self, messages: Sequence[Message]) -> None:
-        if self._settling(lambda s: s.ack(messages)) is not FAILED:
+        if self._settling("ack", messages, lambda s: s.ack(messages)) is not FAILED:
             self._advance(messages)
 
     def _advance(self, messages: Sequence[Message]) -> None:
@@ -296,23 +297,27 @@ class Worker:
             return
         advanced = self.watermark.mark_done(messages)
         if advanced:
-            self._settling(lambda s: s.commit(advanced))
+            self._settling("commit", messages, lambda s: s.commit(advanced))
 
-    def _settling(self, call: Callable[[Subscription], Any]) -> Any:
-        """``call`` on the membership that fetched the messages being settled, guarded.
+    def _settling(self, doing: str, messages: Sequence[Message], call: Callable[[Subscription], Any]) -> Any:
+        """``call`` (``doing``: ack, nack, dead_letter, commit) on the membership that fetched the
+        ``messages`` being settled, guarded.
 
         Once an outage made the worker leave (a nack or dead letter of the same
         batch failed, say), the rest of the batch is not settled through a new
         membership, which never held those messages: they come back to the group
-        and are skipped by their tokens.
+        and are skipped by their tokens. An outage met here is logged with what
+        was being settled: those messages come again.
         """
         subscription = self._subscription
         if subscription is None:
             return FAILED
-        return self._guarded(lambda: call(subscription))
+        return self._guarded(lambda: call(subscription), settling=doing,
+                             messages=[m.id for m in messages])
 
-    def _guarded(self, call: Callable[[], Any]) -> Any:
-        """``call()``, or `FAILED` after a transport outage (logged; the worker subscribes again)."""
+    def _guarded(self, call: Callable[[], Any], **settling: Any) -> Any:
+        """``call()``, or `FAILED` after a transport outage (logged, with ``settling``'s fields
+        where it settled messages; the worker subscribes again)."""
         try:
             result = call()
         except WritesRefusedError as exc:  # reachable, refusing writes: the membership is kept
@@ -320,14 +325,14 @@ class Worker:
             event = "transport_disk_full" if isinstance(exc, DiskFullError) else "transport_writes_refused"
             self._reconnect.failed(lambda failures, delay: log.warning(
                 event, handler=self.handler.name, failures=failures,
-                retry_in=round(delay, 3), error=error), self.stopping)
+                retry_in=round(delay, 3), error=error, **settling), self.stopping)
             return FAILED
         except BackendUnavailableError as exc:
             self._leave()
             error = str(exc)
             self._reconnect.failed(lambda failures, delay: log.warning(
                 "transport_unavailable", handler=self.handler.name, failures=failures,
-                retry_in=round(delay, 3), error=error), self.stopping)
+                retry_in=round(delay, 3), error=error, **settling), self.stopping)
             return FAILED
         if failures := self._reconnect.succeeded():
             log.info("transport_reconnected", handler=self.handler.name, after_failures=failures)

@@ -32,6 +32,7 @@ from backends.transport.leasing import (
     DEFAULT_VISIBILITY_TIMEOUT,
     LeasingTransport,
 )
+from backends.transport.redis_errors import translate
 from backends.types import DeadLetter, Failure, Message, OutgoingMessage, QueueRef
 from backends.urls import redact
 from backends.values import positive
@@ -363,12 +364,8 @@ class RedisStreamsTransport(LeasingTransport):
             yield self._redis
         except redis.AuthenticationError as exc:  # WRONGPASS, NOAUTH: the URL's login
             raise self._contact.refused(f"Redis: {exc}", BackendUnavailableError) from exc
-        except redis.ConnectionError as exc:
-            raise BackendUnavailableError(
-                f"Redis transport {self._url} is unreachable: {exc}"
-            ) from exc
-        except redis.RedisError as exc:
-            raise TransportError(f"Redis transport {self._url}: {exc}") from exc
+        except redis.RedisError as exc:  # an outage, writes refused for now, or a refusal
+            raise translate(exc, self._url) from exc
         else:
             self._contact.accepted()
 

@@ -11,6 +11,7 @@ restarted without persistence under a worker, which goes on. Real Redis only.
 from __future__ import annotations
 
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -165,3 +166,66 @@ def test_a_group_destroyed_under_a_worker_is_made_again_and_says_where_it_reads_
         "shipping", "orders", 0, 0)
     assert recreated["log_level"] == "warning" and "XGROUP DESTROY" in recreated["reason"]
     app.close()
+
+
+@pytest.mark.parametrize("settling", ["ack", "nack"])
+def test_an_ack_or_nack_meeting_a_busy_redis_leaves_the_group_and_goes_on(tmp_path: Path, settling: str) -> None:
+    """Another client's script runs past ``busy-reply-threshold``: Redis answers every other
+    command ``BUSY`` until ``SCRIPT KILL``. The old worker took it for a refusal: an ack ended
+    ``run()``; a nack had the message dead-lettered, whose copy met ``BUSY`` too, and ended it."""
+    server = RedisServer(tmp_path, "--busy-reply-threshold", "100")
+    server.start()
+    admin = redis.Redis.from_url(server.url)
+    try:
+        app = App(Settings.load(None, env={"RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}",
+                                           "RELIABLE_TRANSPORT__URL": server.url,
+                                           "RELIABLE_TRANSPORT__VISIBILITY_TIMEOUT": "1",
+                                           "RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1",
+                                           "RELIABLE_RETRY__INITIAL_DELAY": "0.1"}))
+        done: list[int] = []
+        held: list[str] = []
+
+        def busy() -> None:  # this client waits for its script's end: SCRIPT KILL ends it with an error
+            with pytest.raises(redis.ResponseError, match="killed"):
+                redis.Redis.from_url(server.url).eval("while true do end", 0)
+
+        def answers_busy() -> bool:
+            try:
+                admin.ping()
+            except redis.ResponseError as exc:
+                return str(exc).startswith("BUSY")
+            return False
+
+        @app.handler("orders", group="shipping")
+        def ship(msg: Message, tx: object) -> None:
+            if msg.body["n"] == 1 and not held:
+                held.append(msg.id)
+                threading.Thread(target=busy, daemon=True).start()
+                wait_until(answers_busy, "Redis to answer BUSY")  # what the ack or nack meets
+                if settling == "nack":
+                    raise ConnectionError("the warehouse is down")
+            done.append(msg.body["n"])
+
+        app.publish("orders", {"n": 1})
+        with capture_logs() as logs:
+            run = Running(app)
+            wait_until(lambda: any(e["event"] == "transport_unavailable" and e.get("settling") == settling
+                                   for e in logs) or run.error, f"the {settling} to meet BUSY")
+            admin.script_kill()
+            app.publish("orders", {"n": 2})
+            came_again = (lambda: app.stats()["duplicate"] == 1) if settling == "ack" else (lambda: True)
+            wait_until(lambda: (sorted(done) == [1, 2] and came_again()) or run.error,
+                       "both messages handled" + (", the unacked one come again" if settling == "ack" else ""))
+            assert run.thread.is_alive()
+            app.stop()
+            run.join()
+        assert run.error is None, run.error
+        assert sorted(done) == [1, 2]  # each handled once: a duplicate is skipped by its token
+        met = [e for e in logs if e.get("settling") is not None]
+        assert len(met) == 1 and met[0]["messages"] == held and "BUSY" in met[0]["error"]
+        if settling == "nack":
+            assert app.stats()["dead_lettered"] == 0 and app.stats()["processed"] == 2
+        app.close()
+    finally:
+        admin.close()
+        server.stop()
