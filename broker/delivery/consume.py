@@ -31,6 +31,7 @@ from broker.delivery.leases import Leases
 from broker.delivery.membership import Membership
 from broker.delivery.offsets import OffsetBook
 from broker.delivery.sizes import stored_bytes
+from broker.delivery.spill import reload
 from broker.delivery.taken import Taken
 from broker.delivery.values import Delivery, DeliveryColumns, GroupInfo, QueueLag
 from broker.store import Clock, MessageStore, StoredBatch
@@ -303,6 +304,7 @@ class Consuming:
             if group.ordered:
                 self._take_in_order(group, member, cursor, now, taken)
                 continue
+            reload(self._store, cursor, room - len(taken))
             if cursor.ready:
                 taken.add(self.leases.hand_again(member, cursor, taken.again(cursor, room - len(taken)), now))
             while len(taken) < room and not taken.full and self._read(group, member, cursor,
@@ -315,6 +317,7 @@ class Consuming:
         """Ordered: the queue's next message only when nothing of it is held or waiting."""
         if cursor.held or cursor.parked:
             return
+        reload(self._store, cursor, 1)
         if cursor.ready:
             taken.add(self.leases.hand_again(member, cursor, taken.again(cursor, 1), now))
             return

@@ -130,6 +130,7 @@ class QueueCursor:
         self.done: set[int] = set()
         self.acked_ahead: set[int] = set()  # acked before a restart (the ack journal), not read again yet
         self.ready: dict[int, Delivery] = {}  # offset -> its last delivery (count: deliveries so far)
+        self.spilled: list[tuple[int, int]] = []  # ready, its group empty: (offset, deliveries so far), sorted
         self.parked: list[tuple[float, int, Delivery]] = []  # heap of (monotonic due, offset, message)
         self.receipts = receipts
 
@@ -243,6 +244,7 @@ class QueueCursor:
         self.skip_to(offset)
         self.acked_ahead = {o for o in self.acked_ahead if o >= offset}
         self.ready = {o: message for o, message in self.ready.items() if o >= offset}
+        self.spilled = [entry for entry in self.spilled if entry[0] >= offset]
         self.parked = [entry for entry in self.parked if entry[1] >= offset]
         heapq.heapify(self.parked)
         self._advance()
@@ -259,7 +261,17 @@ class QueueCursor:
         self.done.clear()
         self.acked_ahead.clear()
         self.ready.clear()
+        self.spilled.clear()
         self.parked.clear()
+
+    def spill(self) -> None:
+        """Its group has no member left: the messages ready again leave memory, their offsets and
+        delivery counts kept, to be read from the store again when a member comes
+        (`broker.delivery.spill`). Bodies, keys and headers stayed in memory for as long as the
+        group stayed empty: a client could pin its window's worth in each of ``max_groups``."""
+        if self.ready:
+            self.spilled = sorted([*self.spilled, *((o, m.delivery_count) for o, m in self.ready.items())])
+            self.ready.clear()
 
     def park(self, due: float, message: Delivery) -> None:
         heapq.heappush(self.parked, (due, message.offset, message))

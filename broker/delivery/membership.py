@@ -163,6 +163,8 @@ class Membership:
         del self._members[member.ident]
         if not group.members:
             del self._occupied[group.name]
+            for cursor in group.all_cursors():
+                cursor.spill()
         self._leases.close_window(member.ident)
         self._rebalance(group, from_end=False)
         log.info(event, group=member.group, member=member.ident)
