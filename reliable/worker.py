@@ -12,9 +12,11 @@ handler's transaction and seeks back to it when queues are assigned.
 A transport that cannot be reached does not end the worker: the subscription
 is dropped, the worker waits with a growing backoff (`reliable.retry.Backoff`) and
 subscribes again. Messages it held are redelivered by the transport and
-de-duplicated by their tokens. A transport whose disk is full
-(`DiskFullError`), or that refuses writes for now (`WritesRefusedError`: a
-RabbitMQ resource alarm), is reachable: the worker keeps its membership and
+de-duplicated by their tokens. An ack or commit the server refused is met the
+same way (the effects are committed with the token), logged with the message
+ids; a nack or dead letter refused has its own way out (`Worker._hand_back`).
+A transport whose disk is full (`DiskFullError`), or that refuses writes for
+now (`WritesRefusedError`: a RabbitMQ resource alarm), is reachable: the worker keeps its membership and
 waits the same backoff; a message it could not hand back comes back when its
 lease expires (on RabbitMQ, the member sends its copy once the alarm clears).
 A store that is down, or whose disk refuses writes, holds fetching
@@ -308,12 +310,30 @@ class Worker:
         membership, which never held those messages: they come back to the group
         and are skipped by their tokens. An outage met here is logged with what
         was being settled: those messages come again.
+
+        An ack or a commit the server refused (a `TransportError` raised from the
+        client library's error: a channel RabbitMQ closed, a commit for a topic
+        deleted under the member) is met the same way: the handler's effects are
+        committed with its token, so the message coming again is harmless, and the
+        membership that could not settle it is left. A nack or dead letter refused
+        has its own way out (`_hand_back`); a refusal without such a cause is a
+        check of our own and still ends the run.
         """
         subscription = self._subscription
         if subscription is None:
             return FAILED
-        return self._guarded(lambda: call(subscription), settling=doing,
-                             messages=[m.id for m in messages])
+        fields = {"settling": doing, "messages": [m.id for m in messages]}
+        try:
+            return self._guarded(lambda: call(subscription), **fields)
+        except TransportError as exc:
+            if doing not in ("ack", "commit") or exc.__cause__ is None:
+                raise
+            self._leave()
+            error = str(exc)
+            self._reconnect.failed(lambda failures, delay: log.error(
+                "transport_settle_refused", handler=self.handler.name, failures=failures,
+                retry_in=round(delay, 3), error=error, **fields), self.stopping)
+            return FAILED
 
     def _guarded(self, call: Callable[[], Any], **settling: Any) -> Any:
         """``call()``, or `FAILED` after a transport outage (logged, with ``settling``'s fields

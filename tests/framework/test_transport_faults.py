@@ -23,6 +23,7 @@ import structlog
 from sqlalchemy import Engine, create_engine, text
 
 from backends.clock import SYSTEM_CLOCK
+from backends.errors import TransportError
 from backends.store import open_store
 from reliable import Message
 from reliable.testing import test_app
@@ -180,4 +181,25 @@ def test_a_replayed_dead_letter_reaches_only_its_group(tmp_path) -> None:
     app.run(until_idle=True)
     assert seen == {"billing": ["p1"], "audit": ["p1"]}  # audit did not see the replay
     assert app.dead_letters("billing") == [] and letter.message.topic == "payments"
+    app.close()
+
+
+@pytest.mark.parametrize("error", [TransportError("message 'm' is not held by this member"),
+                                   TypeError("a bug of ours")], ids=["own check", "bug"])
+def test_an_ack_failing_on_a_check_or_a_bug_of_ours_still_ends_the_run(tmp_path, monkeypatch, error) -> None:
+    """An ack or commit the server refused leaves the group and goes on; a refusal raised by a check
+    of our own (no client library's error as its cause) or any other error of our code does not."""
+    app = test_app(tmp_path)
+
+    @app.handler("orders", group="shipping")
+    def ship(msg: Message, tx) -> None:
+        pass
+
+    def failing(group: str, messages: object) -> None:
+        raise error
+
+    app.publish("orders", {"n": 1})
+    monkeypatch.setattr(app.transport, "_ack", failing)
+    with pytest.raises(type(error), match=str(error)):
+        app.run(until_idle=True)
     app.close()

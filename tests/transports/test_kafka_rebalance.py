@@ -34,6 +34,7 @@ from backends.transport.kafka_mock import MockCluster
 from backends.types import OutgoingMessage, QueueRef
 from reliable import App, Message, Settings
 from tests import forked
+from tests.framework.refusals import Running
 from tests.transports import keyed_worker
 from tests.transports.effects import query, wait_until
 from tests.transports.framework import without_reliable_variables
@@ -424,3 +425,40 @@ def test_a_member_frozen_past_its_session_commits_nothing_once_thawed(
         child.wait()
     assert thawed == {"commit": "returned", "told": True}
     assert committed(cluster, unique, queue) == 20
+
+
+def test_a_commit_refused_for_a_topic_deleted_under_a_worker_leaves_the_group_and_goes_on(
+    cluster: MockCluster, tmp_path: Path, unique: str
+) -> None:
+    """The topic deleted while a handler holds its message: the commit of its offset is refused
+    (``UNKNOWN_TOPIC_OR_PART``), and the old worker's ``run()`` ended with it. The effect is
+    committed with its token; the worker logs the refusal once, joins again and goes on."""
+    app = App(Settings.load(None, env={"RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}",
+                                       "RELIABLE_TRANSPORT__URL": cluster.url,
+                                       "RELIABLE_TRANSPORT__VISIBILITY_TIMEOUT": str(SESSION_TIMEOUT)}))
+    done: list[int] = []
+    held: list[str] = []
+
+    @app.handler(unique, group=unique)
+    def handle(msg: Message, tx: object) -> None:
+        if not held:
+            held.append(msg.id)
+            cluster.delete_topic(unique)  # what the commit after this handler meets
+        done.append(msg.body["n"])
+
+    app.publish(unique, {"n": 1})
+    with capture_logs() as logs:
+        run = Running(app)
+        wait_until(lambda: any(e["event"] == "transport_settle_refused" for e in logs), lambda: run.error is None)
+        cluster.create_topic(unique, 2)
+        app.publish(unique, {"n": 2})
+        wait_until(lambda: done == [1, 2], lambda: run.error is None)
+        assert run.thread.is_alive()
+        app.stop()
+        run.join()
+    assert run.error is None, run.error
+    assert done == [1, 2]
+    (refused,) = [e for e in logs if e.get("settling") is not None]
+    assert refused["event"] == "transport_settle_refused" and refused["settling"] == "commit"
+    assert refused["messages"] == held and "UNKNOWN_TOPIC_OR_PART" in refused["error"]
+    app.close()
