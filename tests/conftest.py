@@ -97,8 +97,17 @@ def redis_url() -> str:
 
 
 @pytest.fixture(scope="session")
-def amqp_url() -> str:
-    return require_service("RabbitMQ", AMQP_URL, 5672)
+def amqp_url() -> Iterator[str]:
+    """The shared RabbitMQ; when the process's tests are done, nothing may be left on it under their
+    names (`tests.rabbit_leftovers`): what is left is deleted, and the run fails naming the tests."""
+    yield require_service("RabbitMQ", AMQP_URL, 5672)
+    from tests import rabbit_leftovers
+
+    found = rabbit_leftovers.leftovers(_UNIQUE_OWNERS)
+    if found:
+        rabbit_leftovers.delete(AMQP_URL, found)
+        pytest.fail("tests left queues or exchanges on RabbitMQ (deleted now):\n"
+                    + rabbit_leftovers.report(found, _UNIQUE_OWNERS))
 
 
 @pytest.fixture(scope="session")
@@ -107,13 +116,16 @@ def nats_url() -> str:
 
 
 _UNIQUE_NAMES: list[str] = []
+_UNIQUE_OWNERS: dict[str, str] = {}
+"""Each `unique` name of this process, and the test it was made for."""
 
 
 @pytest.fixture
-def unique() -> str:
+def unique(request: pytest.FixtureRequest) -> str:
     """A fresh name for a group, topic or namespace, so tests never see each other's data."""
     name = f"t{uuid.uuid4().hex[:12]}"
     _UNIQUE_NAMES.append(name)
+    _UNIQUE_OWNERS[name] = request.node.nodeid
     return name
 
 

@@ -179,8 +179,8 @@ class CutSuite(FrameworkSuite):
         raise NotImplementedError
 
     def test_a_cut_connection_reconnects_and_loses_nothing(
-        self, server: Any, postgres_url: str, cache_url: str, effects: str, unique: str
-    ) -> None:
+        self, server: Any, place: str, postgres_url: str, cache_url: str, effects: str, unique: str
+    ) -> None:  # ``place``: the namespace ``unique`` it uses, cleaned up afterwards
         proxy = TcpProxy(*self.proxied_address(server))
         app = App(Settings.load(None, env=self.settings_env(self.through(server, proxy, unique), postgres_url,
                                                              cache_url)))

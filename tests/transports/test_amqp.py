@@ -130,8 +130,11 @@ def test_a_queue_declared_otherwise_is_refused_with_rabbitmq_s_reason(amqp_url: 
         with AmqpTransport(amqp_url, namespace=unique) as transport:
             with pytest.raises(TransportError, match="PRECONDITION_FAILED"):
                 transport.subscribe("g", [unique])
-    finally:
-        connection.channel().queue_delete(layout.queue(unique, "g"))
+    finally:  # and what the refused subscribe declared before the queue
+        channel = connection.channel()
+        for queue in (layout.queue(unique, "g"), layout.dead_letter_queue("g")):
+            channel.queue_delete(queue)
+        channel.exchange_delete(layout.exchange(unique))
         connection.close()
 
 

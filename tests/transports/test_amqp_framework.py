@@ -29,10 +29,12 @@ class TestAmqpFramework(CutSuite):
 
     @pytest.fixture
     def place(self, amqp_url: str, unique: str) -> Iterator[str]:
-        """A namespace of its own on the real server, its queues deleted afterwards."""
+        """A namespace of its own on the real server, its queues deleted afterwards: the suite's
+        topics (each consumed by a group of its name) are ``unique`` and the outbox chain's two."""
         yield f"{amqp_url}?namespace={unique}"
         with AmqpTransport(amqp_url, namespace=unique) as transport:
-            transport.declare(unique, [unique])  # so that purge knows the group's queues
+            for topic in (unique, f"{unique}-a", f"{unique}-b"):
+                transport.declare(topic, [topic])  # so that purge knows the group's queues
             transport.purge()
 
     def check_acked(self, server: str, app: App, group: str, flaky_attempts: list[int]) -> None:

@@ -64,4 +64,5 @@ def test_a_batch_whose_dead_letter_meets_an_outage_is_not_acked_by_a_new_member(
         app.close()
         proxy.close()
         with AmqpTransport(amqp_url, namespace=unique) as transport:
+            transport.declare(handle.group, [unique])  # so that purge knows the group's queues
             transport.purge()
