@@ -20,7 +20,7 @@ from backends.store.outbox import RowState
 from backends.transport.base import Transport
 from backends.types import Message, OutgoingMessage, text_from_bytes
 from reliable import App
-from reliable.outbox import Relay
+from reliable.outbox import QUICK_PASS, Relay
 from reliable.settings import Settings
 from reliable.testing import FakeClock, test_app
 from tests.framework.conftest import create_effects, effects, write_effect
@@ -360,3 +360,53 @@ def test_a_running_relay_purges_sent_rows_past_the_retention_and_reports_the_bac
     assert REGISTRY.get_sample_value("reliable_outbox_rows_total", {**labels, "state": "failed"}) == 1
     assert REGISTRY.get_sample_value("reliable_outbox_rows_total", {**labels, "state": "sent"}) == 2
     app.close()
+
+
+class Timed(Transport):
+    """A real transport whose every publish is recorded and takes ``each`` seconds of ``clock``."""
+
+    def __init__(self, inner: Transport, clock: FakeClock, each: float) -> None:
+        self.inner, self.clock, self.each = inner, clock, each
+        self.capabilities = inner.capabilities
+        self.sends: list[list[OutgoingMessage]] = []
+
+    def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+        self.inner.publish(topic, messages)
+        self.sends.append(list(messages))
+        self.clock.advance(self.each)
+
+    def subscribe(self, group, topics, options=None):  # type: ignore[no-untyped-def]
+        return self.inner.subscribe(group, topics, options)
+
+    def _send_to_group(self, group, topic, messages):  # type: ignore[no-untyped-def]
+        self.inner.publish_to_group(group, topic, messages)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.mark.parametrize("each", [0.0, QUICK_PASS], ids=["quick", "slow"])
+def test_a_backlog_grows_the_passes_while_they_are_quick_and_sends_batches_of_batch_size(
+    app: App, unique: str, each: float
+) -> None:
+    for start in range(0, 3150, 525):
+        with app.store.transaction() as tx:
+            for n in range(start, start + 525):
+                tx.publish("ledger", {"n": n}, key=f"k{n % 7}")
+    settings = Settings.load(None, env={"RELIABLE_OUTBOX__NAME": unique, "RELIABLE_OUTBOX__BATCH_SIZE": "100"})
+    clock = FakeClock()
+    timed = Timed(app.transport, clock, each)
+    relay = Relay(app.store, timed, settings.outbox, clock)
+    passes = []
+    while settled := relay.step():
+        passes.append(settled)
+    if each:  # a pass that takes the time a quick one may hold the database: no growth
+        assert passes == [100] * 31 + [50]
+    else:  # each full, quick pass claims twice the rows of the last one
+        assert passes == [100, 200, 400, 800, 1600, 50]
+    assert {len(batch) for batch in timed.sends} <= {100, 50}  # the direct publish's batches, however large the pass
+    assert [m.payload for batch in timed.sends for m in batch] == [f'{{"n":{n}}}'.encode() for n in range(3150)]
+    with app.store.transaction() as tx:  # the backlog sent: the next pass is batch_size again
+        for n in range(150):
+            tx.publish("ledger", {"n": n})
+    assert relay.step() == 100
