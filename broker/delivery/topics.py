@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import zlib
 from collections.abc import Sequence
 from itertools import repeat
@@ -11,6 +9,7 @@ from pathlib import Path
 
 from broker.delivery.group import DLQ_PREFIX, RETRY_PREFIX
 from broker.delivery.selection import QueueSelector, RoundRobin
+from broker.delivery.topicfile import TopicFile
 from broker.errors import InvalidNameError
 from broker.store.queues import TOPIC_NAME
 
@@ -35,13 +34,15 @@ def check_name(kind: str, name: str, *, internal: bool = False) -> None:
 
 
 class Topics:
-    """The topic table (``topics.json``): created on first use with the default queue count."""
+    """The topic table (``topics.json`` and its log, `broker.delivery.topicfile`): a topic is
+    created on first use with the default queue count."""
 
     def __init__(self, path: Path, default_queues: int, selector: QueueSelector | None = None) -> None:
         self.path = path
         self.default_queues = default_queues
         self.selector = selector or RoundRobin()
-        self._queues: dict[str, int] = json.loads(path.read_text()) if path.exists() else {}
+        self._file = TopicFile(path)
+        self._queues = self._file.table
 
     def queues(self, topic: str) -> int:
         """The queue count of ``topic``, creating it (internal topics get one queue)."""
@@ -49,8 +50,7 @@ class Topics:
         if count is None:
             check_name("topic", topic, internal=True)  # also %RETRY%/%DLQ% of a group's name
             count = 1 if topic.startswith((RETRY_PREFIX, DLQ_PREFIX)) else self.default_queues
-            self._queues[topic] = count
-            self._save()
+            self._file.add(topic, count)
         return count
 
     def known(self) -> dict[str, int]:
@@ -73,10 +73,3 @@ class Topics:
         if any(keys) or asked.count(None) != len(asked):
             return list(map(self.select, repeat(topic), keys, asked))
         return self.selector.spread(topic, self.queues(topic), len(keys))
-
-    def _save(self) -> None:
-        partial = self.path.with_suffix(".tmp")
-        partial.write_text(json.dumps(self._queues))
-        with open(partial) as handle:
-            os.fsync(handle.fileno())
-        os.replace(partial, self.path)
