@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from reliable import App
+from tests import forked
 from tests.waiting import wait_until
 
 JOIN = 60.0
@@ -19,11 +18,10 @@ JOIN = 60.0
 
 
 def reliable_cmd(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``reliable ARGS --settings reliable.toml`` in ``project``, to its end (or `JOIN` seconds)."""
-    exe = shutil.which("reliable", path=str(Path(sys.executable).parent)) or "reliable"
+    """``reliable ARGS --settings reliable.toml`` in ``project``, to its end (or `JOIN` seconds), in a
+    process of its own forked from the fork server (`tests.forked`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
-    return subprocess.run([exe, *args, "--settings", "reliable.toml"], cwd=project, env=env, capture_output=True,
-                          text=True, timeout=JOIN)
+    return forked.reliable([*args, "--settings", "reliable.toml"], project, env, timeout=JOIN)
 
 
 def said(done: subprocess.CompletedProcess[str]) -> list[str]:

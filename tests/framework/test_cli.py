@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from reliable.cli import cli
+from tests import forked
 
 APP_MODULE = '''
 import reliable
@@ -47,15 +48,22 @@ def project(tmp_path: Path) -> Path:
 
 
 def reliable_cmd(project: Path, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("reliable", path=str(Path(sys.executable).parent)) or "reliable"
+    """``reliable ARGS`` in a process of its own, forked from the fork server (`tests.forked`):
+    `test_version` runs the installed ``reliable`` script itself."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
-    return subprocess.run([exe, *args], cwd=project, env=env, capture_output=True, text=True, timeout=120, input=input)
+    return forked.reliable(args, project, env, input=input)
+
+
+def publish_payments(project: Path, env: dict[str, str]) -> None:
+    """``python billing_app.py``: its three payments published (forked as `reliable_cmd`)."""
+    done = forked.python(["billing_app.py"], project, env)
+    assert done.returncode == 0, done.stderr
 
 
 def test_run_then_inspect_replay_and_purge_dead_letters(project: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
     env["RELIABLE_SETTINGS"] = str(project / "reliable.toml")
-    subprocess.run([sys.executable, "billing_app.py"], cwd=project, env=env, check=True, timeout=60)
+    publish_payments(project, env)
 
     run = reliable_cmd(project, "run", "billing_app:app", "--settings", "reliable.toml", "--until-idle")
     assert run.returncode == 0, run.stderr
@@ -88,7 +96,7 @@ def test_a_group_without_dead_letters_names_the_groups_that_have_some(project: P
     """A misspelt group passed for an empty one: `dlq replay billingg` said only "replayed 0
     dead letter(s) of billingg", and `dlq purge billingg` asked to delete them all first."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
-    subprocess.run([sys.executable, "billing_app.py"], cwd=project, env=env, check=True, timeout=60)
+    publish_payments(project, env)
     assert reliable_cmd(project, "run", "billing_app:app", "--until-idle").returncode == 0
 
     note = "group 'billingg' has no dead letters; groups with dead letters: billing\n"
@@ -105,7 +113,7 @@ def test_a_dead_letter_on_embedded_is_replayed_once_and_never_again_from_the_bro
     """One user-facing place: `reliable dlq replay` replays the letter; the broker's %DLQ%billing
     holds no copy of it, so `reliable broker dlq replay billing` delivers nothing again."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
-    subprocess.run([sys.executable, "billing_app.py"], cwd=project, env=env, check=True, timeout=60)
+    publish_payments(project, env)
     first = reliable_cmd(project, "run", "billing_app:app", "--settings", "reliable.toml", "--until-idle")
     assert json.loads(first.stdout.strip().splitlines()[-1])["dead_lettered"] == 1, first.stderr
 
@@ -163,7 +171,7 @@ def test_run_rejects_a_target_that_is_not_an_app(project: Path) -> None:
 
 def test_broker_topics_groups_and_lag_from_the_shell(project: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")}
-    subprocess.run([sys.executable, "billing_app.py"], cwd=project, env=env, check=True, timeout=60)
+    publish_payments(project, env)
     topics = reliable_cmd(project, "broker", "topics", "--settings", "reliable.toml", "--json")
     [payments] = [row for row in map(json.loads, topics.stdout.splitlines()) if row["name"] == "payments"]
     assert payments["queues"] == 4 and payments["messages"] == 3 and payments["bytes"] > 0
@@ -189,7 +197,8 @@ def test_run_with_a_misspelt_app_names_the_module_and_the_attribute(project: Pat
 
 
 def test_version(project: Path) -> None:
-    result = reliable_cmd(project, "--version")
+    exe = shutil.which("reliable", path=str(Path(sys.executable).parent)) or "reliable"
+    result = subprocess.run([exe, "--version"], cwd=project, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.startswith("reliable, version ")
 
 
