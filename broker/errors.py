@@ -81,7 +81,8 @@ class InvalidNameError(DeliveryError):
 
 
 class TooManyGroupsError(DeliveryError):
-    """Raised when a member would join a new group while the broker holds ``max_groups`` groups."""
+    """Raised when a member would join a new group while the broker holds ``max_groups`` groups,
+    or its user made ``max_groups_per_user`` on this server already."""
 
 
 class BrokerUnavailableError(DeliveryError):

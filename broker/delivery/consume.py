@@ -173,6 +173,10 @@ class Consuming:
             due = self.membership.next_due(group)
             return None if due is None else due - self._clock.monotonic() + self._clock.time()
 
+    def has_group(self, group: str) -> bool:
+        """Whether ``group`` is among the groups ``max_groups`` counts (one read: no lock)."""
+        return group in self.membership.group_table
+
     def groups(self) -> list[GroupInfo]:
         with self.lock:
             return self.membership.groups()

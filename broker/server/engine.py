@@ -68,6 +68,10 @@ class Engine:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._waits, functools.partial(call, *args))
 
+    def has_group(self, group: str) -> bool:
+        """Whether the engine knows ``group`` already (an engine of another process: it cannot say, False)."""
+        return self._broker is not None and self._broker.consuming.has_group(group)
+
     def observe_fsync(self, observer: Callable[[float], None] | None) -> None:
         """Tell ``observer`` the seconds each fsync of the store takes (an engine in this process)."""
         if self._broker is not None:

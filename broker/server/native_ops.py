@@ -23,6 +23,7 @@ from broker.protocol.tables import Table, column_table
 from broker.server.auth import Principal
 from broker.server.engine import ByteWindow, DeliveryColumns, Engine, PlacementColumns
 from broker.server.metrics import ServerMetrics
+from broker.server.quota import GroupQuota
 
 Reply = dict[str, Any]
 
@@ -35,6 +36,7 @@ class Context:
     engine: Engine
     principal: Principal
     metrics: ServerMetrics
+    quota: GroupQuota
     max_fetch_wait: float
     max_subscriptions: int = 1000
     max_fetch_messages: int = 10_000
@@ -106,7 +108,8 @@ async def _subscribe(ctx: Context, op: Operation, args: dict[str, Any]) -> Reply
     if len(ctx.members) >= ctx.max_subscriptions:  # each member costs the group a rebalance
         raise RequestLimitError(f"subscribe: this connection holds {len(ctx.members)} members, "
                                      f"max_subscriptions={ctx.max_subscriptions}; unsubscribe some first")
-    member = await ctx.engine.call(op, args)
+    with ctx.quota.joining(ctx.principal, args["group"]):
+        member = await ctx.engine.call(op, args)
     ctx.members[member] = tuple(args["topics"])
     await ctx.engine.share_window(member, ctx.window)
     return op.answer(member)

@@ -35,6 +35,7 @@ from broker.server.connection import Connection, ConnectionTimedOut
 from broker.server.engine import ByteWindow, Engine
 from broker.server.guard import AuthGuard
 from broker.server.inbox import Inbox, Pending
+from broker.server.quota import GroupQuota
 
 SERVER_NAME = "reliable-broker"
 INBOX_BYTES = 4 * 1024 * 1024
@@ -44,10 +45,11 @@ INBOX_BYTES = 4 * 1024 * 1024
 class NativeSession:
     """Serves one connection until the client leaves, breaks the protocol or times out."""
 
-    def __init__(self, conn: Connection, engine: Engine, guard: AuthGuard) -> None:
+    def __init__(self, conn: Connection, engine: Engine, guard: AuthGuard, quota: GroupQuota) -> None:
         self.conn = conn
         self.engine = engine
         self.guard = guard
+        self.quota = quota
         self.ctx: native_ops.Context | None = None
         self._inbox = Inbox(INBOX_BYTES)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -201,7 +203,7 @@ class NativeSession:
         return self.ctx
 
     def _new_context(self, principal: Principal) -> native_ops.Context:
-        return native_ops.Context(self.engine, principal, self.conn.metrics,
+        return native_ops.Context(self.engine, principal, self.conn.metrics, self.quota,
                                   self.conn.limits.max_fetch_wait, self.conn.limits.max_subscriptions,
                                   self.conn.limits.max_fetch_messages,
                                   window=ByteWindow(self.conn.limits.max_unacked_bytes))

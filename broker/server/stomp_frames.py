@@ -21,6 +21,7 @@ from broker.protocol.operations import OPERATIONS
 from broker.server.auth import Principal
 from broker.server.connection import Connection
 from broker.server.engine import ByteWindow, Delivery, Engine, OutgoingMessage
+from broker.server.quota import GroupQuota
 from broker.server.stomp_codec import StompFrame, parse_number
 from broker.server.stomp_subscription import (
     ACK_MODES,
@@ -51,6 +52,7 @@ class StompPeer(Protocol):
 
     conn: Connection
     engine: Engine
+    quota: GroupQuota
     version: str  # the STOMP version agreed at CONNECT
     session_id: str
 
@@ -125,8 +127,9 @@ class StompHandlers:
         else:  # a broadcasting member of its own: reading the topic, as a native read
             TOPIC_ACCESS.check(self.principal, {"topic": destination.topic})
         broadcast = destination.kind == "topic"
-        member = await self.session.engine.join(destination.group, [destination.topic],
-                                                broadcast=broadcast, from_end=broadcast)
+        with self.session.quota.joining(self.principal, destination.group):
+            member = await self.session.engine.join(destination.group, [destination.topic],
+                                                    broadcast=broadcast, from_end=broadcast)
         await self.session.engine.share_window(member, self.window)
         subscription = StompSubscription(
             sub_id, destination, _mode(ack_mode), prefetch, member, self.session.engine, self._message,
