@@ -7,7 +7,7 @@ messages published / delivered / acked per topic, auth failures.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import attrgetter
 from typing import Any
 
@@ -81,12 +81,23 @@ class ServerMetrics:
         self.fsync_seconds = Histogram(
             "broker_fsync_seconds", "Seconds each fsync of the commit log took", registry=r,
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
+        self.groups = Gauge("broker_groups", "Consumer groups the broker holds (at most max_groups)",
+                            registry=r)
+        self.user_groups = Gauge("broker_user_groups", "New groups each user made on this server (at most "
+                                 "max_groups_per_user; admins unbounded)", ["user"], registry=r)
         self.lag_source: Callable[[], Iterable[tuple[str, str, int, int]]] | None = None
+        self.groups_source: Callable[[], int] | None = None
+        self.user_groups_source: Callable[[], Mapping[str, int]] | None = None
 
     def exposition(self) -> bytes:
         if self.lag_source is not None:  # lag is read from the engine when scraped
             for group, topic, queue, lag in self.lag_source():
                 self.lag.labels(group, topic, str(queue)).set(lag)
+        if self.groups_source is not None:
+            self.groups.set(self.groups_source())
+        if self.user_groups_source is not None:
+            for user, made in self.user_groups_source().items():
+                self.user_groups.labels(user).set(made)
         return generate_latest(self.registry)
 
     def count_deliveries(self, deliveries: Sequence[Delivery]) -> None:

@@ -24,17 +24,18 @@ class GroupQuota:
         self.limit, self.known = limit, known
         self._made: dict[str, set[str]] = {}
 
-    def made(self, user: str) -> int:
-        return len(self._made.get(user, ()))
+    def made(self) -> dict[str, int]:
+        """How many new groups each user made (``broker_user_groups``)."""
+        return {user: len(groups) for user, groups in self._made.items()}
 
     @contextmanager
     def joining(self, rights: Rights, group: str) -> Iterator[None]:
         """Around a join of ``group`` by ``rights``' user: counted as made by it if new (not if
         the join fails); `TooManyGroupsError` past the user's limit."""
-        made = self._made.setdefault(rights.name, set())
-        if rights.admin or group in made or self.known(group):
+        if rights.admin or group in self._made.get(rights.name, ()) or self.known(group):
             yield
             return
+        made = self._made.setdefault(rights.name, set())
         if len(made) >= self.limit:
             raise TooManyGroupsError(
                 f"group {group!r}: user {rights.name!r} made max_groups_per_user={self.limit} groups "

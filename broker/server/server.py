@@ -83,6 +83,8 @@ class BrokerServer:
 
     async def start(self) -> None:
         self.metrics.lag_source = self._lag
+        self.metrics.groups_source = lambda: len(self.engine.api.groups())
+        self.metrics.user_groups_source = self.quota.made
         self.engine.observe_fsync(self.metrics.fsync_seconds.observe)
         tls = self.config.tls.context() if self.config.tls else None
         host = self.config.host

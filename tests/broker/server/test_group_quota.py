@@ -8,6 +8,8 @@ A group is never deleted, and past ``max_groups`` the broker refuses every new g
 
 from __future__ import annotations
 
+import re
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -32,7 +34,7 @@ def _user(name: str, topics: str, groups: str) -> str:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("quota")
     settings = folder / "reliable.toml"
-    settings.write_text(f"[broker]\nmax_groups = {MAX_GROUPS}\nmax_groups_per_user = {PER_USER}\n"
+    settings.write_text(f"[broker]\nmax_groups = {MAX_GROUPS}\nmax_groups_per_user = {PER_USER}\nmetrics_port = 0\n"
                         + _user("billing", "payments.*", "billing-*") + _user("orders", "orders.*", "orders-*"))
     started = ServerProcess(folder / "data", "--settings", str(settings)).start()
     yield started
@@ -74,3 +76,7 @@ def test_a_user_making_groups_in_a_loop_leaves_room_for_other_teams(server, uniq
     billing.leave(billing.join(f"billing-{unique}", [f"payments.{unique}"]))
     orders.close()
     billing.close()
+    scraped = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+    assert 'broker_user_groups{user="orders"} 3.0' in scraped  # what an operator watches
+    assert 'broker_user_groups{user="billing"} 1.0' in scraped
+    assert re.search(r"^broker_groups 4\.0$", scraped, re.MULTILINE)  # orders' 3 and billing's
