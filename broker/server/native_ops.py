@@ -36,12 +36,12 @@ class Context:
     engine: Engine
     principal: Principal
     metrics: ServerMetrics
-    quota: GroupQuota
     max_fetch_wait: float
     max_subscriptions: int = 1000
     max_fetch_messages: int = 10_000
     members: dict[str, tuple[str, ...]] = field(default_factory=dict)
     window: ByteWindow = field(default_factory=ByteWindow)
+    quota: GroupQuota = field(default_factory=GroupQuota.unbounded)  # the server's (max_groups_per_user)
 
     def member(self, member: str, op: str) -> str:
         if member not in self.members:  # it left, or joined on another connection (or none)

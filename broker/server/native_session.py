@@ -203,10 +203,10 @@ class NativeSession:
         return self.ctx
 
     def _new_context(self, principal: Principal) -> native_ops.Context:
-        return native_ops.Context(self.engine, principal, self.conn.metrics, self.quota,
+        return native_ops.Context(self.engine, principal, self.conn.metrics,
                                   self.conn.limits.max_fetch_wait, self.conn.limits.max_subscriptions,
                                   self.conn.limits.max_fetch_messages,
-                                  window=ByteWindow(self.conn.limits.max_unacked_bytes))
+                                  window=ByteWindow(self.conn.limits.max_unacked_bytes), quota=self.quota)
 
     async def _hello(self, request_id: int, request: Mapping[str, Any]) -> None:
         if self.ctx is not None:

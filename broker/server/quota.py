@@ -24,6 +24,11 @@ class GroupQuota:
         self.limit, self.known = limit, known
         self._made: dict[str, set[str]] = {}
 
+    @classmethod
+    def unbounded(cls) -> GroupQuota:
+        """No bound: a context served by no server (a test's)."""
+        return cls(2**62, lambda group: True)
+
     def made(self) -> dict[str, int]:
         """How many new groups each user made (``broker_user_groups``)."""
         return {user: len(groups) for user, groups in self._made.items()}
