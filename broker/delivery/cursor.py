@@ -4,7 +4,9 @@ The committed offset is the lowest offset not yet done, so a restart, which
 resumes there, redelivers only what was not acknowledged. Above it the
 cursor knows which offsets are done, which are *held* (delivered, leased to
 a member until a deadline), which are *ready again* (a lease ended, a queue
-moved) and which are *parked* (not due yet: scheduled or delayed).
+moved) and which are *parked* (not due yet: scheduled or delayed; kept by
+offset and delivery count, read from the store again once due, as the ready
+messages of a group that emptied are: `broker.delivery.spill`).
 
 What a fetch takes from one queue is out under one `Lease` (member, deadline,
 the receipts and offsets it covers), and the broker's receipt table (one for
@@ -17,6 +19,7 @@ released, never for the server, which sends the columns as they are.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import secrets
@@ -130,8 +133,10 @@ class QueueCursor:
         self.done: set[int] = set()
         self.acked_ahead: set[int] = set()  # acked before a restart (the ack journal), not read again yet
         self.ready: dict[int, Delivery] = {}  # offset -> its last delivery (count: deliveries so far)
-        self.spilled: list[tuple[int, int]] = []  # ready, its group empty: (offset, deliveries so far), sorted
-        self.parked: list[tuple[float, int, Delivery]] = []  # heap of (monotonic due, offset, message)
+        # ready, to be read from the store again (its group emptied, or it was parked and fell due):
+        # (offset, deliveries so far), sorted
+        self.spilled: list[tuple[int, int]] = []
+        self.parked: list[tuple[float, int, int]] = []  # heap of (monotonic due, offset, deliveries so far)
         self.receipts = receipts
 
     @property
@@ -274,12 +279,15 @@ class QueueCursor:
             self.ready.clear()
 
     def park(self, due: float, message: Delivery) -> None:
-        heapq.heappush(self.parked, (due, message.offset, message))
+        """``message`` waits until ``due``, by its offset and delivery count alone: it is read from
+        the store again when due (`broker.delivery.spill`). Kept whole, a producer scheduling a
+        gigabyte for next year made every group reading the topic hold that gigabyte until then."""
+        heapq.heappush(self.parked, (due, message.offset, message.delivery_count))
 
     def unpark_due(self, now: float) -> None:
         while self.parked and self.parked[0][0] <= now:
-            _, offset, message = heapq.heappop(self.parked)
-            self.ready[offset] = message
+            _, offset, delivered = heapq.heappop(self.parked)
+            bisect.insort(self.spilled, (offset, delivered))
 
     def next_due(self) -> float | None:
         return self.parked[0][0] if self.parked else None

@@ -1,11 +1,12 @@
-"""Messages ready again in a group that emptied, read from the store again when a member comes.
+"""Messages ready again in a group that emptied, or parked and now due, read from the store again.
 
 A group whose members all left keeps its cursors (a group is never deleted), and kept whatever
 its members had been handed and not acknowledged, bodies and all, in memory: a client joining a
 new group, fetching its window's worth and leaving pinned that much per group, ``max_groups``
 times over. An empty group now keeps their offsets and delivery counts only (`QueueCursor.spill`);
-a fetch reads what it may hand out back from the store first. One that retention removed
-meanwhile is done (as a gap a fetch skips).
+a fetch reads what it may hand out back from the store first. A parked message (scheduled, or
+retried in place after a delay) is kept so too until due. One that retention removed meanwhile
+is done (as a gap a fetch skips).
 """
 
 from __future__ import annotations
