@@ -80,6 +80,10 @@ class InvalidNameError(DeliveryError):
     """Raised when a topic or group name is empty, too long, or reserved (``%...%``)."""
 
 
+class TooManyTopicsError(DeliveryError):
+    """Raised when a publish would make a new topic while the broker holds ``max_topics`` topics."""
+
+
 class TooManyGroupsError(DeliveryError):
     """Raised when a member would join a new group while the broker holds ``max_groups`` groups,
     or its user made ``max_groups_per_user`` on this server already."""

@@ -44,6 +44,12 @@ class DeliveryConfig:
     """Consumer groups the engine holds at most (RabbitMQ's per-vhost ``max-queues``): past it a join
     of a new group name is refused (`TooManyGroupsError`); members of existing groups still join.
     A group is never deleted and keeps its cursors when its members leave (about 10 KB each)."""
+    max_topics: int = 10_000
+    """Topics (not counting groups' ``%RETRY%`` and ``%DLQ%``, which ``max_groups`` bounds) the
+    engine holds at most: past it a publish to a new topic name is refused (`TooManyTopicsError`);
+    topics that exist take messages still. Each queue a topic used keeps a file open and mapped
+    (a file descriptor and a memory map of the process: 65,530 maps by default on Linux), so a
+    user allowed ``orders.*`` publishing to a new name each time made the broker fail for all."""
     read_batch: int = 256
     """Messages read from the store per queue at a time (paging: nothing more is held)."""
     max_fetch_bytes: int = 16 * 1024 * 1024

@@ -78,7 +78,8 @@ class Broker:
                 if self.store.config.flush is FlushPolicy.SYNC else None)  # an ack durable before confirmed
         wakes = consume.Wakes()
         self.publishing = publishing.Publishing(
-            self.store, Topics(state / "topics.json", self.config.queues, self.config.queue_selector(clock)),
+            self.store, Topics(state / "topics.json", self.config.queues, self.config.queue_selector(clock),
+                               self.config.max_topics),
             DedupWindow(clock, self.config.dedup_window, self.config.dedup_entries), clock, self.config,
             wakes.notify)
         self.consuming = consume.Consuming(

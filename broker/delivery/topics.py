@@ -10,7 +10,7 @@ from pathlib import Path
 from broker.delivery.group import DLQ_PREFIX, RETRY_PREFIX
 from broker.delivery.selection import QueueSelector, RoundRobin
 from broker.delivery.topicfile import TopicFile
-from broker.errors import InvalidNameError
+from broker.errors import InvalidNameError, TooManyTopicsError
 from broker.store.queues import TOPIC_NAME
 
 MAX_NAME = 200
@@ -37,20 +37,29 @@ class Topics:
     """The topic table (``topics.json`` and its log, `broker.delivery.topicfile`): a topic is
     created on first use with the default queue count."""
 
-    def __init__(self, path: Path, default_queues: int, selector: QueueSelector | None = None) -> None:
+    def __init__(self, path: Path, default_queues: int, selector: QueueSelector | None = None,
+                 max_topics: int = 10_000) -> None:
         self.path = path
         self.default_queues = default_queues
         self.selector = selector or RoundRobin()
+        self.max_topics = max_topics
         self._file = TopicFile(path)
         self._queues = self._file.table
+        self._named = sum(not _internal(topic) for topic in self._queues)  # what max_topics counts
 
     def queues(self, topic: str) -> int:
         """The queue count of ``topic``, creating it (internal topics get one queue)."""
         count = self._queues.get(topic)
         if count is None:
             check_name("topic", topic, internal=True)  # also %RETRY%/%DLQ% of a group's name
-            count = 1 if topic.startswith((RETRY_PREFIX, DLQ_PREFIX)) else self.default_queues
+            internal = _internal(topic)
+            if not internal and self._named >= self.max_topics:
+                raise TooManyTopicsError(
+                    f"topic {topic!r}: the broker holds max_topics={self.max_topics} topics, so a new "
+                    "topic cannot be made (the topics there still take messages); raise max_topics")
+            count = 1 if internal else self.default_queues
             self._file.add(topic, count)
+            self._named += not internal
         return count
 
     def known(self) -> dict[str, int]:
@@ -73,3 +82,8 @@ class Topics:
         if any(keys) or asked.count(None) != len(asked):
             return list(map(self.select, repeat(topic), keys, asked))
         return self.selector.spread(topic, self.queues(topic), len(keys))
+
+
+def _internal(topic: str) -> bool:
+    """A group's own topic (``%RETRY%``, ``%DLQ%``): ``max_groups`` bounds those."""
+    return topic.startswith((RETRY_PREFIX, DLQ_PREFIX))

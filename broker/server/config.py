@@ -22,7 +22,7 @@ from broker.server.auth import Authenticator, User, load_users
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 #: keys of the ``[broker]`` table that configure the engine, not the server
-ENGINE_KEYS = frozenset({"data_dir", "flush", "selection", "max_deliveries", "max_fetch_bytes", "max_groups",
+ENGINE_KEYS = frozenset({"data_dir", "flush", "selection", "max_deliveries", "max_fetch_bytes", "max_groups", "max_topics",
                          "retention", "clean_at", "force_at", "refuse_at"})
 
 

@@ -58,7 +58,7 @@ def run(table: dict[str, Any], *, data_dir: str | None = None, host: str | None 
     config = ServerConfig.from_mapping({**table, **{k: v for k, v in given.items() if v is not None}})
     directory = data_dir or table.get("data_dir", DEFAULT_DATA_DIR)
     delivery = DeliveryConfig(**{key: table[key] for key in ("selection", "max_deliveries", "max_fetch_bytes",
-                                                         "max_groups")
+                                                         "max_groups", "max_topics")
                                  if key in table})
     broker = Broker(directory, delivery, store_config=store_config(table))
     engine = Engine(broker)
