@@ -25,10 +25,9 @@ from reliable.settings import Settings
 from tests import forked
 from tests.transports import chaos_worker
 from tests.transports.effects import (
-    dead_letter_count,
     dead_letter_counts,
-    effect_count,
     effect_counts,
+    effects_and_dead_letters,
     wait_until,
 )
 from tests.transports.kill_points import JITTER, held_back, points
@@ -62,7 +61,7 @@ def kill_9_chaos(env: Mapping[str, str], postgres_url: str, effects: str, topic:
         return forked.start(chaos_worker.main, (effects, topic, topic, handler), env, ROOT)
 
     def done() -> int:
-        return effect_count(postgres_url, effects) + dead_letter_count(postgres_url, topic)
+        return effects_and_dead_letters(postgres_url, effects, topic)
 
     rng, work = random.Random(), len({body["token"] for body in head})
     landed: list[int] = []  # the progress after each kill

@@ -60,6 +60,13 @@ def dead_letter_count(postgres_url: str, group: str) -> int:
                      g=group)[0][0])
 
 
+def effects_and_dead_letters(postgres_url: str, table: str, group: str) -> int:
+    """`effect_count` plus `dead_letter_count` in one query: the kill -9 run's progress, which it
+    polls 20 times a second (two queries cost 1.5 ms of CPU a poll, client and server)."""
+    return int(query(postgres_url, f'select (select count(*) from {table}) + (select count(distinct token)'
+                     ' from reliable_dead_letters where "group" = :g)', g=group)[0][0])
+
+
 def wait_until(condition: Callable[[], bool], alive: Callable[[], bool] = lambda: True, every: float = 0.2) -> None:
     """Poll ``condition`` (a database query) every ``every`` seconds until it holds; bounded by `WAIT`."""
     deadline = time.monotonic() + WAIT
