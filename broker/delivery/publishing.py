@@ -101,6 +101,10 @@ class Publishing:
         """How a message without a key or a queue asked for is given a queue."""
         return self._topics.selector
 
+    def has_topic(self, topic: str) -> bool:
+        """Whether ``topic`` exists (one read: no lock)."""
+        return self._topics.exists(topic)
+
     def known(self) -> dict[str, int]:
         with self._lock:
             return self._topics.known()

@@ -62,6 +62,9 @@ class Topics:
             self._named += not internal
         return count
 
+    def exists(self, topic: str) -> bool:
+        return topic in self._queues
+
     def known(self) -> dict[str, int]:
         return dict(self._queues)
 

@@ -104,6 +104,10 @@ class Access:
             raise PermissionDeniedError(f"user {rights.name!r} may not consume from topic "
                                         f"{dlq_topic(args[self.dead_letters])!r}")
 
+    def topics(self, args: Mapping[str, Any]) -> list[str]:
+        """The topics a request of this operation names (to produce to or consume from)."""
+        return [topic for name in (*self.produce, *self.consume) for topic in _names(args[name])]
+
     def visible(self, rights: Rights, items: list[Any]) -> list[Any]:
         """The items of a listing ``rights`` may see (all of them for an admin)."""
         if self.shows is None or rights.admin:

@@ -48,6 +48,7 @@ class Limits:
     max_waiting_requests: int = 64  # per native connection: fetch, read, ... running beside the others
     max_subscriptions: int = 1000  # per connection: native members, STOMP subscriptions (ActiveMQ's default)
     max_groups_per_user: int = 1000  # new groups one user (not an admin) may make (`broker.server.quota`)
+    max_topics_per_user: int = 1000  # new topics one user (not an admin) may make (`broker.server.quota`)
     max_transactions: int = 16  # open STOMP transactions per connection
     max_transaction_bytes: int = 16 * 1024 * 1024  # what they may hold together, per connection
     # bodies delivered and not yet acknowledged, per connection (all its members or subscriptions
@@ -67,7 +68,7 @@ class Limits:
     def __post_init__(self) -> None:
         for name in ("max_frame_size", "max_handshake_frame_size", "max_connections", "max_connections_per_address",
                      "stomp_prefetch", "max_fetch_messages", "max_waiting_requests", "max_subscriptions",
-                     "max_groups_per_user", "max_transactions", "max_transaction_bytes", "max_unacked_bytes"):
+                     "max_groups_per_user", "max_topics_per_user", "max_transactions", "max_transaction_bytes", "max_unacked_bytes"):
             _require(f"broker.{name}", getattr(self, name), int, 1)
         for name in ("idle_timeout", "slow_client_timeout", "handshake_timeout", "max_fetch_wait"):
             _require(f"broker.{name}", getattr(self, name), (int, float), 0.001)

@@ -72,6 +72,10 @@ class Engine:
         """Whether the engine knows ``group`` already (an engine of another process: it cannot say, False)."""
         return self._broker is not None and self._broker.consuming.has_group(group)
 
+    def has_topic(self, topic: str) -> bool:
+        """Whether the engine knows ``topic`` already (an engine of another process: False)."""
+        return self._broker is not None and self._broker.publishing.has_topic(topic)
+
     def observe_fsync(self, observer: Callable[[float], None] | None) -> None:
         """Tell ``observer`` the seconds each fsync of the store takes (an engine in this process)."""
         if self._broker is not None:

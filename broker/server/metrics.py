@@ -85,7 +85,10 @@ class ServerMetrics:
                             registry=r)
         self.user_groups = Gauge("broker_user_groups", "New groups each user made on this server (at most "
                                  "max_groups_per_user; admins unbounded)", ["user"], registry=r)
+        self.user_topics = Gauge("broker_user_topics", "New topics each user named on this server (at "
+                                 "most max_topics_per_user; admins unbounded)", ["user"], registry=r)
         self.lag_source: Callable[[], Iterable[tuple[str, str, int, int]]] | None = None
+        self.user_topics_source: Callable[[], Mapping[str, int]] | None = None
         self.groups_source: Callable[[], int] | None = None
         self.user_groups_source: Callable[[], Mapping[str, int]] | None = None
 
@@ -98,6 +101,9 @@ class ServerMetrics:
         if self.user_groups_source is not None:
             for user, made in self.user_groups_source().items():
                 self.user_groups.labels(user).set(made)
+        if self.user_topics_source is not None:
+            for user, made in self.user_topics_source().items():
+                self.user_topics.labels(user).set(made)
         return generate_latest(self.registry)
 
     def count_deliveries(self, deliveries: Sequence[Delivery]) -> None:

@@ -23,7 +23,7 @@ from broker.protocol.tables import Table, column_table
 from broker.server.auth import Principal
 from broker.server.engine import ByteWindow, DeliveryColumns, Engine, PlacementColumns
 from broker.server.metrics import ServerMetrics
-from broker.server.quota import GroupQuota
+from broker.server.quota import GroupQuota, TopicQuota
 
 Reply = dict[str, Any]
 
@@ -42,6 +42,7 @@ class Context:
     members: dict[str, tuple[str, ...]] = field(default_factory=dict)
     window: ByteWindow = field(default_factory=ByteWindow)
     quota: GroupQuota = field(default_factory=GroupQuota.unbounded)  # the server's (max_groups_per_user)
+    topic_quota: TopicQuota = field(default_factory=TopicQuota.unbounded)  # max_topics_per_user
 
     def member(self, member: str, op: str) -> str:
         if member not in self.members:  # it left, or joined on another connection (or none)
@@ -77,6 +78,7 @@ async def serve(ctx: Context, op: Operation, request: Mapping[str, Any]) -> Repl
     """Parse, authorise and run one request of ``op``; its reply's fields."""
     args = op.parse(request)
     ctx.authorise(op, args)
+    ctx.topic_quota.charge(ctx.principal, op.access.topics(args))
     for name in COUNTS.intersection(args):  # "up to": a client asking for more gets this many
         if args[name] is not None:
             args[name] = min(args[name], ctx.max_fetch_messages)

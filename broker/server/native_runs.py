@@ -76,6 +76,7 @@ def _publishing(ctx: Context, request: Mapping[str, Any]) -> tuple[MessageColumn
     """The messages of one publish request, checked, and the batch id naming them ("" if none)."""
     topic, batch_id = _PUBLISH_TOPIC.parse("publish", request), _BATCH.parse("publish", request)
     _PUBLISH.access.check(ctx.principal, {"topic": topic})
+    ctx.topic_quota.charge(ctx.principal, [topic])
     if not _MESSAGES.kind.check(request.get("messages")):
         _MESSAGES.parse("publish", request)  # the error naming the field
     messages = checked_columns(request["messages"], "publish: messages")  # no object per message

@@ -35,7 +35,7 @@ from broker.server.connection import Connection, ConnectionTimedOut
 from broker.server.engine import ByteWindow, Engine
 from broker.server.guard import AuthGuard
 from broker.server.inbox import Inbox, Pending
-from broker.server.quota import GroupQuota
+from broker.server.quota import GroupQuota, TopicQuota
 
 SERVER_NAME = "reliable-broker"
 INBOX_BYTES = 4 * 1024 * 1024
@@ -45,11 +45,12 @@ INBOX_BYTES = 4 * 1024 * 1024
 class NativeSession:
     """Serves one connection until the client leaves, breaks the protocol or times out."""
 
-    def __init__(self, conn: Connection, engine: Engine, guard: AuthGuard, quota: GroupQuota) -> None:
+    def __init__(self, conn: Connection, engine: Engine, guard: AuthGuard, quota: GroupQuota,
+                 topic_quota: TopicQuota) -> None:
         self.conn = conn
         self.engine = engine
         self.guard = guard
-        self.quota = quota
+        self.quota, self.topic_quota = quota, topic_quota
         self.ctx: native_ops.Context | None = None
         self._inbox = Inbox(INBOX_BYTES)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -206,7 +207,8 @@ class NativeSession:
         return native_ops.Context(self.engine, principal, self.conn.metrics,
                                   self.conn.limits.max_fetch_wait, self.conn.limits.max_subscriptions,
                                   self.conn.limits.max_fetch_messages,
-                                  window=ByteWindow(self.conn.limits.max_unacked_bytes), quota=self.quota)
+                                  window=ByteWindow(self.conn.limits.max_unacked_bytes), quota=self.quota,
+                                  topic_quota=self.topic_quota)
 
     async def _hello(self, request_id: int, request: Mapping[str, Any]) -> None:
         if self.ctx is not None:

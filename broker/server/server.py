@@ -33,7 +33,7 @@ from broker.server.engine import Engine
 from broker.server.guard import AuthGuard
 from broker.server.metrics import ServerMetrics
 from broker.server.native_session import NativeSession
-from broker.server.quota import GroupQuota
+from broker.server.quota import GroupQuota, TopicQuota
 from broker.server.stomp_codec import StompFrame, encode
 from broker.server.stomp_session import StompSession
 from broker.store.clock import SYSTEM_CLOCK, Clock
@@ -61,6 +61,7 @@ class BrokerServer:
         self.authenticator = self.config.authenticator()
         self.guard = AuthGuard(self.authenticator, self.config.limits, self.metrics, clock)
         self.quota = GroupQuota(self.config.limits.max_groups_per_user, engine.has_group)
+        self.topic_quota = TopicQuota(self.config.limits.max_topics_per_user, engine.has_topic)
         self.admission = Admission(self.config.limits, self.metrics, clock)
         self.scrapes = Admission(Limits(max_connections=METRICS_CONNECTIONS,
                                         max_connections_per_address=METRICS_PER_ADDRESS), self.metrics, clock,
@@ -85,6 +86,7 @@ class BrokerServer:
         self.metrics.lag_source = self._lag
         self.metrics.groups_source = lambda: len(self.engine.api.groups())
         self.metrics.user_groups_source = self.quota.made
+        self.metrics.user_topics_source = self.topic_quota.made
         self.engine.observe_fsync(self.metrics.fsync_seconds.observe)
         tls = self.config.tls.context() if self.config.tls else None
         host = self.config.host
@@ -193,10 +195,10 @@ class BrokerServer:
             self.scrapes.release(host)
 
     async def _native(self, conn: Connection) -> None:
-        await NativeSession(conn, self.engine, self.guard, self.quota).run()
+        await NativeSession(conn, self.engine, self.guard, self.quota, self.topic_quota).run()
 
     async def _stomp(self, conn: Connection) -> None:
-        await StompSession(conn, self.engine, self.guard, self.quota).run()
+        await StompSession(conn, self.engine, self.guard, self.quota, self.topic_quota).run()
 
     async def _refuse(self, conn: Connection, error: ConnectionLimitError) -> None:
         """Tell a client over a connection cap why, unread (counted and logged by the admission)."""

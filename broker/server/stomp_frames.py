@@ -21,7 +21,7 @@ from broker.protocol.operations import OPERATIONS
 from broker.server.auth import Principal
 from broker.server.connection import Connection
 from broker.server.engine import ByteWindow, Delivery, Engine, OutgoingMessage
-from broker.server.quota import GroupQuota
+from broker.server.quota import GroupQuota, TopicQuota
 from broker.server.stomp_codec import StompFrame, parse_number
 from broker.server.stomp_subscription import (
     ACK_MODES,
@@ -53,6 +53,7 @@ class StompPeer(Protocol):
     conn: Connection
     engine: Engine
     quota: GroupQuota
+    topic_quota: TopicQuota
     version: str  # the STOMP version agreed at CONNECT
     session_id: str
 
@@ -84,6 +85,7 @@ class StompHandlers:
             if frame.command == "SEND":  # refused here, before the frame is kept
                 topic = Destination.parse(frame.get("destination")).topic
                 SEND_ACCESS.check(self.principal, {"topic": topic})
+                self.session.topic_quota.charge(self.principal, [topic])
             self.transactions.add(transaction, frame)
         else:
             await handler(frame)
@@ -99,6 +101,7 @@ class StompHandlers:
         for topic, batch in itertools.groupby(frames, lambda f: Destination.parse(f.get("destination")).topic):
             messages = [self._outgoing(f) for f in batch]
             SEND_ACCESS.check(self.principal, {"topic": topic})
+            self.session.topic_quota.charge(self.principal, [topic])
             placed = await self.session.engine.publish(topic, messages)
             self.session.conn.metrics.published.labels(topic).inc(len(placed))
 
@@ -126,6 +129,7 @@ class StompHandlers:
             QUEUE_ACCESS.check(self.principal, {"group": destination.topic, "topics": [destination.topic]})
         else:  # a broadcasting member of its own: reading the topic, as a native read
             TOPIC_ACCESS.check(self.principal, {"topic": destination.topic})
+        self.session.topic_quota.charge(self.principal, [destination.topic])
         broadcast = destination.kind == "topic"
         with self.session.quota.joining(self.principal, destination.group):
             member = await self.session.engine.join(destination.group, [destination.topic],

@@ -18,7 +18,7 @@ from broker.server.auth import Principal
 from broker.server.connection import Connection, ConnectionTimedOut
 from broker.server.engine import Engine
 from broker.server.guard import AuthGuard
-from broker.server.quota import GroupQuota
+from broker.server.quota import GroupQuota, TopicQuota
 from broker.server.stomp_codec import HEARTBEAT, StompDecoder, StompFrame, encode, parse_number
 from broker.server.stomp_frames import CLIENT_COMMANDS, StompHandlers
 
@@ -33,11 +33,12 @@ class StompSession:
 
     _ids = itertools.count(1)
 
-    def __init__(self, conn: Connection, engine: Engine, guard: AuthGuard, quota: GroupQuota) -> None:
+    def __init__(self, conn: Connection, engine: Engine, guard: AuthGuard, quota: GroupQuota,
+                 topic_quota: TopicQuota) -> None:
         self.conn = conn
         self.engine = engine
         self.guard = guard
-        self.quota = quota
+        self.quota, self.topic_quota = quota, topic_quota
         self.version = "1.2"
         self.session_id = f"session-{next(self._ids)}"
         # until CONNECT passes, frames are small: an unauthenticated client cannot make the server
