@@ -42,7 +42,7 @@ class ByteWindow:
     own, or one connection's on the server), and how many they may hold before they are handed
     more (``limit``; None: no bound)."""
 
-    __slots__ = ("held", "limit")
+    __slots__ = ("__weakref__", "held", "limit")
 
     def __init__(self, limit: int | None = None) -> None:
         self.held = 0

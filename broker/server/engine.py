@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -57,6 +58,11 @@ class Engine:
         self._broker = api if isinstance(api, Broker) else None  # whose lock may be tried on the loop
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="broker-engine")
         self._waits = ThreadPoolExecutor(max_workers=waiting_threads, thread_name_prefix="broker-wait")
+        self._windows: weakref.WeakSet[ByteWindow] = weakref.WeakSet()  # of open connections
+
+    def unacked_bytes(self) -> int:
+        """Bytes of messages the open connections hold unacknowledged (``broker_unacked_bytes``)."""
+        return sum(window.held for window in list(self._windows))
 
     async def _run(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -110,9 +116,10 @@ class Engine:
         return await self._run(self.api.join, group, topics, **options)
 
     async def share_window(self, member: str, window: ByteWindow) -> None:
-        """``member``'s unacknowledged bodies count in ``window`` (one per connection, bounded by
+        """``member``'s unacknowledged messages count in ``window`` (one per connection, bounded by
         ``max_unacked_bytes``): past its limit the member is handed nothing until acks free room.
         Called right after the join, before its first fetch (an engine of another process: no bound)."""
+        self._windows.add(window)
         if self._broker is not None:
             await self._run(self._broker.consuming.share_window, member, window)
 

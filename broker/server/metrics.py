@@ -89,6 +89,9 @@ class ServerMetrics:
                                  "most max_topics_per_user; admins unbounded)", ["user"], registry=r)
         self.lag_source: Callable[[], Iterable[tuple[str, str, int, int]]] | None = None
         self.user_topics_source: Callable[[], Mapping[str, int]] | None = None
+        self.unacked = Gauge("broker_unacked_bytes", "Bytes of messages (bodies, keys, headers) the open "
+                             "connections hold unacknowledged (each at most max_unacked_bytes)", registry=r)
+        self.unacked_source: Callable[[], int] | None = None
         self.groups_source: Callable[[], int] | None = None
         self.user_groups_source: Callable[[], Mapping[str, int]] | None = None
 
@@ -101,6 +104,8 @@ class ServerMetrics:
         if self.user_groups_source is not None:
             for user, made in self.user_groups_source().items():
                 self.user_groups.labels(user).set(made)
+        if self.unacked_source is not None:
+            self.unacked.set(self.unacked_source())
         if self.user_topics_source is not None:
             for user, made in self.user_topics_source().items():
                 self.user_topics.labels(user).set(made)

@@ -87,6 +87,7 @@ class BrokerServer:
         self.metrics.groups_source = lambda: len(self.engine.api.groups())
         self.metrics.user_groups_source = self.quota.made
         self.metrics.user_topics_source = self.topic_quota.made
+        self.metrics.unacked_source = self.engine.unacked_bytes
         self.engine.observe_fsync(self.metrics.fsync_seconds.observe)
         tls = self.config.tls.context() if self.config.tls else None
         host = self.config.host

@@ -60,6 +60,7 @@ def test_a_native_consumer_of_header_heavy_messages_is_held_to_the_bound(server,
     assert sum(len(d.body) for d in held) <= len(held)  # the bodies alone: nothing, a byte each
     assert HEADERS <= held_bytes(held) // len(held)  # each delivery does hold its headers
     assert LIMIT <= held_bytes(held) <= LIMIT + 2 * HEADERS  # all 40 (800 KiB) when bodies were counted
+    assert f"broker_unacked_bytes {float(held_bytes(held))}" in server.metrics.exposition().decode()  # as watched
     keys = [d.key for d in held]
     while len(keys) < MESSAGES:  # a consumer that acks gets everything, once
         client.ack(member, [held.pop(0).receipt])
