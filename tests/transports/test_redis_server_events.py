@@ -229,3 +229,48 @@ def test_an_ack_or_nack_meeting_a_busy_redis_leaves_the_group_and_goes_on(tmp_pa
     finally:
         admin.close()
         server.stop()
+
+
+def test_an_ack_meeting_redis_out_of_memory_keeps_the_group_and_goes_on(tmp_path: Path) -> None:
+    """``maxmemory`` reached (``noeviction``): Redis refuses every write with ``OOM``. The old worker
+    took it for a refusal for good and ended ``run()`` at its first write, here the ack; it is now a refusal of writes for now, as a full disk: the member keeps its
+    place, waits its backoff, and goes on once memory is back."""
+    server = RedisServer(tmp_path, "--maxmemory-policy", "noeviction")
+    server.start()
+    admin = redis.Redis.from_url(server.url)
+    try:
+        app = App(Settings.load(None, env={"RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}",
+                                           "RELIABLE_TRANSPORT__URL": server.url}))
+        done: list[int] = []
+        held: list[str] = []
+
+        @app.handler("orders", group="shipping")
+        def ship(msg: Message, tx: object) -> None:
+            if not held:
+                held.append(msg.id)
+                admin.set("ballast", b"x" * 3_000_000)
+                admin.config_set("maxmemory", "1mb")  # below what Redis holds: every write refused
+                with pytest.raises(redis.exceptions.OutOfMemoryError):
+                    admin.set("probe", b"x")
+            done.append(msg.body["n"])
+
+        app.publish("orders", {"n": 1})
+        with capture_logs() as logs:
+            run = Running(app)
+            wait_until(lambda: any(e.get("settling") == "ack" for e in logs) or run.error, "the ack to meet OOM")
+            admin.config_set("maxmemory", "0")
+            app.publish("orders", {"n": 2})
+            wait_until(lambda: done == [1, 2] or run.error, "the message published after it handled")
+            assert run.thread.is_alive()
+            app.stop()
+            run.join()
+        assert run.error is None, run.error
+        (met,) = [e for e in logs if e.get("settling") is not None]
+        assert met["event"] == "transport_writes_refused" and met["messages"] == held
+        assert "maxmemory" in met["error"]
+        assert not any(e["event"] in ("transport_unavailable", "transport_settle_refused") for e in logs)
+        assert app.stats()["processed"] == 2 and app.stats()["dead_lettered"] == 0
+        app.close()
+    finally:
+        admin.close()
+        server.stop()
