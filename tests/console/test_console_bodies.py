@@ -1,0 +1,75 @@
+"""Large and binary bodies on the console's pages: the first `SHOWN` bytes, and saying so.
+
+A 100 MiB body made a hex dump of about 500 MB in memory and a page as large,
+and the listing's one-line preview decoded each row's body whole.
+"""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+from collections.abc import Iterator
+
+import pytest
+
+from backends.types import DeadLetter, Failure, Message
+from broker.console import render
+from tests.console.deployment import PASSWORDS, Deployment, start
+from tests.console.http import Visitor
+
+BIG = 8 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    deployment = start(tmp_path_factory.mktemp("console"))
+    yield deployment
+    deployment.console.stop()
+    deployment.app.close()
+
+
+def alice(deployment: Deployment) -> Visitor:
+    visitor = Visitor(deployment.url)
+    assert visitor.log_in("alice", PASSWORDS["alice"]) == 303
+    return visitor
+
+
+def test_a_large_binary_dead_letter_shows_its_first_bytes_and_says_so(deployment: Deployment) -> None:
+    message = Message(id="m-big", topic="payments", queue=0, offset=0, payload=os.urandom(BIG), key="k")
+    with deployment.app.store.transaction() as tx:
+        letter_id = tx.add_dead_letter(DeadLetter("billing", message, None, Failure("E", "e", "t", 1, 1.0, 2.0)))
+    status, page = alice(deployment).get(f"/letters/{letter_id}")
+    assert status == 200
+    assert len(page) < 1024 * 1024  # a hex dump of the whole body was over 40 MB
+    assert "The first 64.0 KiB (65,536 B) of 8.0 MiB (8,388,608 B) shown." in page
+    status, page = alice(deployment).get("/groups/billing/letters")
+    assert status == 200 and "m-big" not in page and len(page) < 64 * 1024
+
+
+def test_a_large_message_found_by_key_shows_its_first_bytes(deployment: Deployment) -> None:
+    deployment.app.publish("receipts", {"receipt": "r-1", "lines": "é" * (1024 * 1024)}, key="r-1")  # 2 MiB
+    ops = Visitor(deployment.url)
+    assert ops.log_in("ops", PASSWORDS["ops"]) == 303
+    status, page = ops.get("/lookup?topic=receipts&key=r-1")
+    assert status == 200, page[:500]
+    assert len(page) < 1024 * 1024 and "The first 64.0 KiB" in page
+    assert "00000000  " not in page  # cut on a character boundary: text, not a hex dump
+
+
+def test_a_preview_reads_only_the_head_of_a_body() -> None:
+    body = os.urandom(BIG)
+    tracemalloc.start()
+    try:
+        line = render.preview(body)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 * 1024  # decoding and dumping the whole body took over 40 MB
+    assert line.endswith("…") and len(line) == render.PREVIEW
+
+
+def test_a_small_body_is_shown_whole() -> None:
+    assert render.show(b'{"a": 1}') == render.Body("json", '{\n  "a": 1\n}', 8, 8)
+    assert not render.show(b"\xff\x00").cut and render.show(b"\xff\x00").kind == "hex"
+    cut = render.show("é".encode() * 10, limit=5)  # the head ends inside the third é
+    assert (cut.kind, cut.text, cut.shown, cut.cut) == ("text", "éé", 4, True)
