@@ -1,7 +1,8 @@
 """Every code block of the README runs as written.
 
 * a ```python block runs as a script of its own, in a fresh folder, with the
-  repository on ``PYTHONPATH``; it must exit 0;
+  repository on ``PYTHONPATH``; it must exit 0 (a process forked from the fork
+  server of `tests.forked`, which imported the framework already);
 * a ```sh block runs line by line with bash from the repository's root (the
   README's commands are written for it), each line must exit 0; the line
   ``scripts/dev test`` is what CI itself runs and is not run again here;
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from reliable.settings import Settings
+from tests import forked
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -54,8 +56,7 @@ def test_the_readme_has_the_two_setup_commands():
 def test_python_block_runs(line, code, tmp_path):
     script = tmp_path / f"readme_line_{line}.py"
     script.write_text(code)
-    run = subprocess.run([sys.executable, script.name], cwd=tmp_path, env=env(),
-                         capture_output=True, text=True, timeout=300)
+    run = forked.python([script.name], tmp_path, env(), timeout=300)  # `python SCRIPT`, without its imports
     assert run.returncode == 0, f"README.md line {line}:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
 
 
