@@ -24,8 +24,9 @@ sockets rather than keep them out.) So each connection is:
   full (a client that pipelines requests and reads nothing held the
   connection for ever: the response waited for room). Past them it is closed.
 
-A request's head is bounded by h11 (`MAX_HEAD`: 400 past it), its body by
-`BodyLimit`.
+A request's head is bounded by `SizeLimits` (`MAX_HEAD`: 431 past it; h11
+answers 400 only to an unfinished head past it, so a whole head of 100 KiB
+arriving in one read was served), its body too (`MAX_BODY`: 413).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from broker.server.config import Limits
 from broker.store.clock import SYSTEM_CLOCK, Clock
 
 MAX_HEAD = 16 * 1024
-"""Bytes of a request line and headers (h11's own default, pinned here)."""
+"""Bytes of a request line and headers (h11's own bound on an unfinished head, pinned here)."""
 MAX_BODY = 1024 * 1024
 """Bytes of a request body: the largest form (replaying a page of 1000 letters) is a few dozen KiB."""
 WAITING = (h11.IDLE, h11.SEND_BODY)
@@ -133,8 +134,9 @@ class _BodyTooLarge(Exception):
     """Raised when a request's body grows past `MAX_BODY` while the console reads it."""
 
 
-class BodyLimit:
-    """Answers 413 to a request whose body is over `MAX_BODY` bytes, declared or sent chunked.
+class SizeLimits:
+    """Answers 431 to a request whose head is over `MAX_HEAD` bytes, and 413 to one whose body is
+    over `MAX_BODY` bytes, declared or sent chunked.
 
     Starlette reads a form whole before the handler sees it: up to 1000 fields
     of 1 MiB each in memory, and multipart files of any size spooled to disk
@@ -147,6 +149,9 @@ class BodyLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if _head_size(scope) > MAX_HEAD:
+            await _refuse(send, 431, f"a request line and headers may have {MAX_HEAD} bytes\n")
             return
         declared = dict(scope["headers"]).get(b"content-length", b"0")  # h11 checked: digits
         if int(declared) > MAX_BODY:
@@ -175,7 +180,17 @@ class BodyLimit:
             await _too_large(send)
 
 
+def _head_size(scope: Scope) -> int:
+    """The bytes of the request line and headers, as sent (but for spaces and the version)."""
+    line = len(scope["method"]) + len(scope.get("raw_path") or b"") + len(scope.get("query_string", b""))
+    return line + sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+
+
 async def _too_large(send: Send) -> None:
-    await send({"type": "http.response.start", "status": 413,
+    await _refuse(send, 413, f"a request body may have {MAX_BODY} bytes\n")
+
+
+async def _refuse(send: Send, status: int, why: str) -> None:
+    await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]})
-    await send({"type": "http.response.body", "body": f"a request body may have {MAX_BODY} bytes\n".encode()})
+    await send({"type": "http.response.body", "body": why.encode()})

@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from broker.console import access, render
 from broker.console.config import ConsoleConfig
 from broker.console.history import History, plot
-from broker.console.listener import BodyLimit
+from broker.console.listener import SizeLimits
 from broker.console.session import Sessions
 from broker.console.sources import Backlog, BrokerView, Counters, Letter, LetterBook
 from broker.console.throttle import LoginThrottle, retry_after
@@ -340,7 +340,7 @@ def build_console(config: ConsoleConfig, authenticator: Authenticator, view: Bro
         Route("/outbox", console.outbox), Route("/handlers", console.handlers),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    middleware = [Middleware(SecurityHeaders), Middleware(BodyLimit),
+    middleware = [Middleware(SecurityHeaders), Middleware(SizeLimits),
                   Middleware(SessionMiddleware, secret_key=secret or secrets.token_urlsafe(32),
                              session_cookie="reliable_console", max_age=config.session_max_age,
                              same_site="strict")]

@@ -160,6 +160,18 @@ def test_a_head_over_the_limit_is_refused(console) -> None:
         assert answer(sock).startswith(b"HTTP/1.1 400")
 
 
+def test_a_whole_head_over_the_limit_is_refused(console) -> None:
+    """h11 bounds only an unfinished head: a whole one of 32 KiB arriving in one read was served."""
+    server = console()
+    head = b"GET /login HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: "
+    with socket.create_connection(address(server)) as sock:
+        sock.sendall(head + b"a" * (2 * MAX_HEAD) + b"\r\n\r\n")
+        assert answer(sock).startswith(b"HTTP/1.1 431")
+    with socket.create_connection(address(server)) as sock:  # just under the limit: served
+        sock.sendall(head + b"a" * (MAX_HEAD - 200) + b"\r\n\r\n")
+        assert answer(sock).startswith(b"HTTP/1.1 200")
+
+
 def test_the_listeners_settings_are_validated() -> None:
     with pytest.raises(BrokerConfigError, match="console_request_timeout = 0"):
         ConsoleConfig(request_timeout=0)
