@@ -50,6 +50,7 @@ SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
     (b"x-frame-options", b"DENY"),
+    (b"cache-control", b"no-store"),  # a page of dead letters is not kept on a shared machine's disk
 ]
 
 # a lookup by key covers all time, with the native protocol's own bounds (begin, end, limit)
@@ -57,7 +58,7 @@ LOOKUP_KEY_RANGE = tuple(f.default for f in OPERATIONS["lookup_key"].fields if f
 
 
 class SecurityHeaders:
-    """Adds the headers that forbid scripts, framing and sniffing to every response."""
+    """Adds the headers that forbid scripts, framing, sniffing and caching to every response."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

@@ -68,6 +68,15 @@ def test_pages_forbid_scripts_and_framing(deployment: Deployment) -> None:
     assert headers["x-frame-options"] == "DENY"
 
 
+def test_a_page_of_dead_letters_is_not_kept_in_the_browsers_cache(deployment: Deployment) -> None:
+    """Without no-store a browser keeps the page on disk and shows it with Back after the log-out."""
+    alice = visitor(deployment, "alice")
+    letter = deployment.app.dead_letters("billing")[0]
+    for path in ("/groups/billing/letters", f"/letters/{letter.id}", "/login"):
+        status, headers, _ = alice.request("GET", path)
+        assert status == 200 and headers["cache-control"] == "no-store", path
+
+
 def test_listings_show_only_what_the_native_protocol_would(deployment: Deployment) -> None:
     alice, carol = visitor(deployment, "alice"), visitor(deployment, "carol")
     assert "payments" in alice.get("/topics")[1]
