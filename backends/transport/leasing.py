@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from enum import StrEnum
 
 from backends.clock import Clock, SystemClock
-from backends.errors import TransportError
+from backends.errors import ReliableError, TransportError
 from backends.transport.base import (
     Capabilities,
     SubscribeOptions,
@@ -296,16 +296,30 @@ class LeasingSubscription(Subscription):
         self._closed = True
 
     def _claim(self, max_messages: int, now: float) -> list[Message]:
-        """Claim from each topic in turn, starting one further each time, until full."""
+        """Claim from each topic in turn, starting one further each time, until full.
+
+        A topic whose claim fails does not keep what the others leased from the
+        caller: those are leased and counted as delivered already, and raising
+        lost them until their lease ended, a delivery spent for each failed
+        fetch (on Redis out of memory, every fetch: a claim that moved a lease
+        went through, the ``%RETRY%`` queue's first write was refused). Only a
+        fetch that claimed nothing raises the (first) error.
+        """
         claimed: list[Message] = []
+        failed: ReliableError | None = None
         start, self._turn = self._turn, self._turn + 1
         for i in range(len(self.topics)):
             if len(claimed) >= max_messages:
                 break
             topic = self.topics[(start + i) % len(self.topics)]
-            claimed += self._transport._claim(
-                self.group, topic, max_messages - len(claimed), now, self._lease
-            )
+            try:
+                claimed += self._transport._claim(
+                    self.group, topic, max_messages - len(claimed), now, self._lease
+                )
+            except ReliableError as exc:
+                failed = failed or exc
+        if failed is not None and not claimed:
+            raise failed
         return claimed
 
     def _check_open(self) -> None:

@@ -274,3 +274,36 @@ def test_an_ack_meeting_redis_out_of_memory_keeps_the_group_and_goes_on(tmp_path
     finally:
         admin.close()
         server.stop()
+
+
+def test_a_fetch_under_redis_out_of_memory_spends_no_delivery_of_a_due_message(tmp_path: Path) -> None:
+    """A fetch claims from each topic in turn: the group's topic, then its ``%RETRY%`` queue. Out of
+    memory, the topic's claim of a message whose lease ended went through (a script that has
+    written may go on writing) and the retry queue's was refused at its first write: the fetch
+    raised, the message was leased and counted once more and lost to the caller until its lease
+    ended (measured: after three such fetches its next delivery was its third, not its second)."""
+    server = RedisServer(tmp_path, "--maxmemory-policy", "noeviction")
+    server.start()
+    admin = redis.Redis.from_url(server.url)
+    clock = FakeClock()
+    transport = RedisStreamsTransport(server.url, clock, queues=1)
+    try:
+        transport.publish("orders", [OutgoingMessage(b"{}", message_id="m1")])
+        member = transport.subscribe("shipping", ["orders"])
+        assert [m.attempt for m in member.fetch(10, 0)] == [1]
+        admin.set("ballast", b"x" * 3_000_000)
+        admin.config_set("maxmemory", "1mb")  # below what Redis holds: every write refused
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            admin.set("probe", b"x")
+        attempts = []
+        for _ in range(3):
+            clock.advance(transport.visibility_timeout + 1)  # the lease of m1 ends: due again
+            attempts += [m.attempt for m in member.fetch(10, 0)]
+        assert attempts == [2, 3, 4]  # each fetch hands it out: a delivery counted is a delivery made
+        admin.config_set("maxmemory", "0")
+        member.close()
+    finally:
+        transport.purge()
+        transport.close()
+        admin.close()
+        server.stop()
