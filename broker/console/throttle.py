@@ -36,8 +36,11 @@ class LoginThrottle:
         return wait
 
     def settle(self, user: str, address: str, succeeded: bool | None) -> None:
+        """A success forgets the user name's failures, not the address's: an account of one's own
+        logged in every few guesses reset the address's count, so its bound on trying one password
+        over many user names held no one who had an account."""
         self.by_user.settle(user, succeeded)
-        self.by_address.settle(address, succeeded)
+        self.by_address.settle(address, False if succeeded is False else None)
 
 
 def retry_after(seconds: float) -> int:

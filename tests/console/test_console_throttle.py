@@ -93,6 +93,17 @@ def test_one_address_trying_many_user_names_is_locked_out(deployment, clock) -> 
     assert attempt(deployment, "bob", PASSWORDS["bob"], "127.0.2.2")[0] == 303  # another address is not
 
 
+def test_logging_in_to_an_account_of_ones_own_does_not_reset_the_addresss_count(deployment) -> None:  # type: ignore[no-untyped-def]
+    """carol, a user with rights on another team's group, tries one password over many user names
+    (password spraying), logging in as herself every few guesses: each log-in forgot her address's
+    failures, so its bound never came."""
+    guesses = [attempt(deployment, f"user-{n}", "guess", "127.0.2.5")[0] for n in range(5)]
+    assert guesses == [401] * 5
+    assert attempt(deployment, "carol", PASSWORDS["carol"], "127.0.2.5")[0] == 303
+    guesses = [attempt(deployment, f"user-{n}", "guess", "127.0.2.5")[0] for n in range(5, 7)]
+    assert guesses == [401, 429]  # the sixth failure from the address locks it out
+
+
 def test_x_forwarded_for_is_not_believed_from_a_client(deployment) -> None:  # type: ignore[no-untyped-def]
     """Without ``console_trusted_proxies``, a client naming a new address per attempt is still one."""
     statuses = [attempt(deployment, f"user-{n}", "guess", "127.0.3.1",
