@@ -5,9 +5,11 @@ Screenshots of the main pages land in docs/console/ (docs/console.md shows them)
 
 from __future__ import annotations
 
+import http.server
 import shutil
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -183,3 +185,60 @@ def fetch(api, member: str, count: int) -> list:  # type: ignore[no-untyped-def,
         assert batch, f"expected {count} messages, got {len(got)}"
         got += batch
     return got
+
+
+@pytest.fixture
+def attacker() -> Iterator[Callable[[str], str]]:
+    """Another site on this machine (127.0.0.1, another port: the same *site* as the console, so
+    even a SameSite=strict cookie goes with its requests): serves the page given, returns its URL."""
+    pages: dict[str, bytes] = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the http.server name)
+            body = pages.get(self.path, b"")
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    def serve(html: str) -> str:
+        path = f"/{len(pages)}.html"
+        pages[path] = html.encode()
+        return f"http://127.0.0.1:{server.server_address[1]}{path}"
+
+    yield serve
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def forged_form(action: str, fields: dict[str, str]) -> str:
+    inputs = "".join(f'<input type="hidden" name="{k}" value="{v}">' for k, v in fields.items())
+    return f'<body onload="document.forms[0].submit()"><form method="post" action="{action}">{inputs}</form></body>'
+
+
+def test_another_sites_forms_reach_the_console_with_the_cookie_and_change_nothing(browser, deployment, attacker) -> None:  # type: ignore[no-untyped-def]
+    """A page on another port of the same host is the same site: the browser sends alice's
+    session cookie with its auto-submitted forms. Only the CSRF token, which that page cannot
+    read, stops them: a purge, a log-out and a log-in into carol's account (login CSRF)."""
+    [letter] = deployment.app.dead_letters("billing")
+    alice = session(browser, deployment, "alice")
+    for action, fields in (("/groups/billing/purge", {"source": "framework", "id": str(letter.id)}),
+                           ("/logout", {}),
+                           ("/login", {"user": "carol", "password": PASSWORDS["carol"]})):
+        with alice.expect_response(lambda r, a=action: r.url.endswith(a) and r.request.method == "POST") as sent:
+            alice.goto(attacker(forged_form(deployment.url + action, {**fields, "csrf": "guessed"})))
+        assert sent.value.status == 403, action
+        alice.wait_for_url(deployment.url + action)  # the forged form's page, loaded
+        if action != "/login":  # the forged request came as alice: her session's cookie went with it
+            assert alice.inner_text("#user") == "alice"
+    assert [d.id for d in deployment.app.dead_letters("billing")] == [letter.id]
+    alice.goto(f"{deployment.url}/groups")
+    assert alice.inner_text("#user") == "alice"  # still logged in, and as herself
