@@ -290,22 +290,26 @@ def test_a_worker_whose_log_file_is_on_the_full_disk_goes_on(small_disk: Path) -
     assert '"event": "log_write_failed"' in written  # the disk really refused the log, and it says so
 
 
-def test_a_second_process_on_the_embedded_broker_waits_out_a_full_disk(small_disk: Path) -> None:
+def test_a_second_process_on_the_embedded_broker_waits_out_a_full_disk(small_disk: Path, tmp_path: Path) -> None:
     clock = SpaceComesBack()  # one clock for both processes' time, as the wall clock would be
     owner = embedded_app(small_disk, clock)  # owns the broker's directory (and its local socket)
     owner.publish("warm-up", {"id": 0})
-    other = test_app(small_disk, clock=clock, transport=f"embedded://{small_disk / 'broker'}")  # its client
+    # its client, with a store of its own on a disk with room: only the broker's disk is full
+    other = test_app(tmp_path, clock=clock, transport=f"embedded://{small_disk / 'broker'}")
+    create_effects(other, "effects")
 
     @other.handler("orders", token="body.id", group="billing")
     def bill(msg, tx):
-        tx.execute(text("insert into effects (token, attempt) values (:t, :a)"), {"t": "billed-1", "a": 1})
+        if msg.attempt == 1:
+            raise TimeoutError("a service the handler calls timed out")
+        tx.execute(text("insert into effects (token, attempt) values (:t, :a)"), {"t": "billed-1", "a": msg.attempt})
 
     try:
-        other.publish("orders", {"id": 1})  # through the owner; the group billing is declared
+        other.publish("orders", {"id": 1, "lines": "x" * 256 * 1024})  # through the owner; group billing declared
         clock.fill(small_disk)
         assert clock.ballast is not None and clock.ballast.hit_enospc
         with capture_logs() as logs:
-            other.run(until_idle=True)  # joining writes the owner's topic table: refused by the full disk
+            other.run(until_idle=True)  # the retry's copy of 256 KiB: refused by the owner's full disk
         refusals = [e["error"] for e in logs if e["event"] == "transport_disk_full"]
         assert refusals and "full" in refusals[0], refusals[:1]
         assert effects(other) == ["billed-1"], Counter(e["event"] for e in logs)
