@@ -100,3 +100,20 @@ def test_an_ordered_group_emptied_delivers_its_spilled_messages_in_order(tmp_pat
         assert seen == [(b"1", 1), (b"2", 1)]
     finally:
         broker.close()
+
+
+def test_a_position_reader_moving_an_empty_group_past_its_spilled_messages_drops_them(tmp_path: Path, unique) -> None:
+    broker = Broker(tmp_path / "broker", DeliveryConfig(queues=1))
+    try:
+        broker.publish(unique, [OutgoingMessage(f"{n}".encode()) for n in range(6)])
+        member = broker.join(unique, [unique])
+        assert len(broker.fetch(member, 5, 0)) == 5  # 0-4 handed out, never acked
+        broker.leave(member)
+        cursor = broker.consuming.membership.group_table[unique].cursors[(unique, 0)]
+        assert [offset for offset, _ in cursor.spilled] == [0, 1, 2, 3, 4]
+        broker.commit_group(unique, unique, [3])  # the reader is done below 3
+        member = broker.join(unique, [unique])
+        got = broker.fetch(member, 10, 0)
+        assert sorted((d.body, d.delivery_count) for d in got) == [(b"3", 2), (b"4", 2), (b"5", 1)]
+    finally:
+        broker.close()
