@@ -18,7 +18,9 @@ class ConsoleConfig:
     the ``login_*`` limits throttle failed log-ins (`broker.console.throttle`), per user name and
     per client address, read from ``X-Forwarded-For`` only behind one of ``trusted_proxies``; the
     listener holds ``max_connections`` in all and ``max_connections_per_address`` from one peer
-    (`broker.console.listener`), each given ``request_timeout`` s to send a request."""
+    (`broker.console.listener`), each given ``request_timeout`` s to send a request; the session
+    cookie is marked Secure (sent over HTTPS only) with ``secure_cookie``, for a console served
+    through a TLS proxy."""
 
     host: str = "127.0.0.1"
     port: int = 8700
@@ -39,6 +41,7 @@ class ConsoleConfig:
     max_connections: int = 64
     max_connections_per_address: int = 16
     request_timeout: float = 10.0
+    secure_cookie: bool = False
 
     def __post_init__(self) -> None:
         _require("console_port", self.port, int, 0, 65535)
@@ -58,6 +61,8 @@ class ConsoleConfig:
         _require("console_max_connections", self.max_connections, int, 1, 100_000)
         _require("console_max_connections_per_address", self.max_connections_per_address, int, 1, 100_000)
         _require("console_request_timeout", self.request_timeout, (int, float), 0.01, 3600)
+        if not isinstance(self.secure_cookie, bool):
+            raise BrokerConfigError(f"broker.console_secure_cookie = {self.secure_cookie!r}: must be true or false")
         object.__setattr__(self, "trusted_proxies", _networks(self.trusted_proxies))
 
     @property
@@ -105,7 +110,7 @@ KEYS = {"console_host": "host", "console_port": "port", "console_page_size": "pa
         "console_login_concurrency": "login_concurrency", "console_trusted_proxies": "trusted_proxies",
         "console_max_connections": "max_connections",
         "console_max_connections_per_address": "max_connections_per_address",
-        "console_request_timeout": "request_timeout"}
+        "console_request_timeout": "request_timeout", "console_secure_cookie": "secure_cookie"}
 
 
 def _require(key: str, value: object, kind: type | tuple[type, ...], low: float, high: float) -> None:

@@ -344,7 +344,7 @@ def build_console(config: ConsoleConfig, authenticator: Authenticator, view: Bro
     middleware = [Middleware(SecurityHeaders), Middleware(SizeLimits),
                   Middleware(SessionMiddleware, secret_key=secret or secrets.token_urlsafe(32),
                              session_cookie="reliable_console", max_age=config.session_max_age,
-                             same_site="strict")]
+                             same_site="strict", https_only=config.secure_cookie)]
     if not authenticator.required:  # open, so bound to loopback: refuse other names (DNS rebinding)
         own = f"[{config.host}]" if ":" in config.host else config.host
         middleware.insert(0, Middleware(TrustedHostMiddleware, allowed_hosts=["localhost", "127.0.0.1", "[::1]", own]))

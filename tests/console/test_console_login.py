@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from backends.clock import FakeClock
+from broker.console.config import ConsoleConfig
 from broker.console.session import LiveSessions
+from broker.errors import BrokerConfigError
 from tests.console.deployment import PASSWORDS, Deployment, start
 from tests.console.http import Visitor
 
@@ -53,6 +55,26 @@ def test_the_log_in_form_carries_its_token_and_a_refused_form_a_fresh_one(deploy
     alice.post("/login", {"user": "alice", "password": PASSWORDS["alice"]})  # refused, but now has a form
     assert alice.log_in("alice", PASSWORDS["alice"]) == 303
     assert alice.get("/groups")[0] == 200
+
+
+def test_the_session_cookie_is_httponly_strict_and_secure_when_told(deployment: Deployment, tmp_path: Path) -> None:
+    """Behind a TLS proxy the cookie must not go out over plain HTTP: it had no Secure flag, and no
+    setting gave it one."""
+    _, headers, _ = Visitor(deployment.url).request("GET", "/login")
+    flags = {part.strip().lower() for part in headers["set-cookie"].split(";")[1:]}
+    assert {"httponly", "samesite=strict"} <= flags and "secure" not in flags  # plain HTTP by default
+    proxied = start(tmp_path, secure_cookie=True)
+    try:
+        alice = Visitor(proxied.url)
+        _, headers, _ = alice.request("GET", "/login")
+        assert "secure" in {part.strip().lower() for part in headers["set-cookie"].split(";")[1:]}
+        assert alice.log_in("alice", PASSWORDS["alice"]) == 303  # the proxy's client sends it back
+        assert alice.get("/groups")[0] == 200
+    finally:
+        proxied.console.stop()
+        proxied.app.close()
+    with pytest.raises(BrokerConfigError, match="console_secure_cookie = 'yes'"):
+        ConsoleConfig.from_mapping({"console_port": 0, "console_secure_cookie": "yes"})
 
 
 def test_live_sessions_are_bounded_per_user_and_in_all_the_oldest_ending_first(tmp_path: Path) -> None:
