@@ -19,6 +19,7 @@ import redis
 from structlog.testing import capture_logs
 
 from backends.store import open_store
+from backends.transport.amqp_transport import AmqpTransport
 from reliable import App, Message
 from reliable.errors import BackendRefusedError
 from reliable.settings import Settings
@@ -157,10 +158,21 @@ def test_relay_stops_and_leaves_the_outbox_rows_pending(tmp_path: Path, request:
     store.close()
 
 
-def test_a_transport_down_from_the_start_is_waited_out(tmp_path: Path, amqp_url: str, unique: str) -> None:
+@pytest.fixture
+def shipping(amqp_url: str, unique: str) -> Iterator[str]:
+    """The query of a URL whose queues are the test's own (namespace ``unique``): those of the group
+    ``shipping`` on the topic ``unique`` are deleted afterwards."""
+    yield f"?namespace={unique}"
+    with AmqpTransport(amqp_url, namespace=unique) as transport:
+        transport.declare("shipping", [unique])  # so that purge knows the group's queues
+        transport.purge()
+
+
+def test_a_transport_down_from_the_start_is_waited_out(tmp_path: Path, amqp_url: str, unique: str,
+                                                      shipping: str) -> None:
     parts = urlsplit(amqp_url)
     proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5672)
-    url = with_login(amqp_url, parts.username or "guest", parts.password or "guest", port=proxy.port)
+    url = with_login(amqp_url, parts.username or "guest", parts.password or "guest", port=proxy.port) + shipping
     seen: list[str] = []
     env = {"RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}", "RELIABLE_TRANSPORT__URL": url}
     app = App(Settings.load(None, env=env))
@@ -193,10 +205,10 @@ def amqp_user(amqp_url: str, unique: str) -> Iterator[str]:
 
 
 def test_a_login_refused_after_it_worked_is_waited_out_as_an_error(tmp_path: Path, amqp_url: str, unique: str,
-                                                                   amqp_user: str) -> None:
+                                                                   shipping: str, amqp_user: str) -> None:
     seen: list[str] = []
     env = {"RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}",
-           "RELIABLE_TRANSPORT__URL": with_login(amqp_url, amqp_user, "right")}
+           "RELIABLE_TRANSPORT__URL": with_login(amqp_url, amqp_user, "right") + shipping}
     app = App(Settings.load(None, env=env))
 
     @app.handler(unique, group="shipping")
