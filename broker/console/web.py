@@ -230,8 +230,8 @@ class Console:
         principal = self.who(request)
         if isinstance(principal, Response):
             return principal
-        letter_id: int = request.path_params["id"]
-        letter: Letter | None = self.letters.get(letter_id) if self.letters and letter_id < 2**62 else None
+        letter_id = _int(request.path_params["id"], -1)  # not Starlette's int: 5000 digits raised, a 500
+        letter: Letter | None = self.letters.get(letter_id) if self.letters and letter_id >= 0 else None
         if letter is None or not access.reads_letters(principal, letter.group):
             return self.page(request, "error.html", status=404, message="no such dead letter you may see")
         return self.page(request, "letter.html", letter=letter, body=render.show(letter.body),
@@ -337,7 +337,7 @@ def build_console(config: ConsoleConfig, authenticator: Authenticator, view: Bro
         Route("/groups/{group}/letters", console.letters_page),
         Route("/groups/{group}/{action:str}", console.act, methods=["POST"]),
         Route("/groups/{group}", console.group_page),
-        Route("/letters/{id:int}", console.letter_page), Route("/lookup", console.lookup),
+        Route("/letters/{id}", console.letter_page), Route("/lookup", console.lookup),
         Route("/outbox", console.outbox), Route("/handlers", console.handlers),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]

@@ -68,6 +68,16 @@ def test_pages_forbid_scripts_and_framing(deployment: Deployment) -> None:
     assert headers["x-frame-options"] == "DENY"
 
 
+def test_a_letter_id_that_is_no_number_is_not_found(deployment: Deployment) -> None:
+    """Starlette's int converter raised on 5000 digits (Python's limit on int strings) while routing,
+    before any log-in: a 500 and a traceback in the log for each such request from anyone."""
+    alice = visitor(deployment, "alice")
+    for letter in ("9" * 5000, "9" * 30, "-1", "1e3", "%D9%A3"):  # the last: an Arabic-Indic 3
+        assert alice.get(f"/letters/{letter}")[0] == 404, letter[:10]
+    status, headers, _ = visitor(deployment, None).request("GET", "/letters/" + "9" * 5000)
+    assert (status, headers["location"]) == (303, "/login")
+
+
 def test_a_page_of_dead_letters_is_not_kept_in_the_browsers_cache(deployment: Deployment) -> None:
     """Without no-store a browser keeps the page on disk and shows it with Back after the log-out."""
     alice = visitor(deployment, "alice")
