@@ -310,7 +310,8 @@ class Console:
         found, error = [], None
         try:
             if self.view and message_id:
-                found = access.visible(principal, "lookup_id", [self.view.lookup_id(message_id)])
+                message = self.view.lookup_id(message_id)  # None: no such message (an admin's 500)
+                found = access.visible(principal, "lookup_id", [message] if message else [])
             elif self.view and topic and key:
                 access.check(principal, "lookup_key", topic=topic)
                 found = self.view.lookup_key(topic, key, *LOOKUP_KEY_RANGE)
