@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,8 @@ from backends.clock import FakeClock
 from broker.console.config import ConsoleConfig
 from broker.console.session import LiveSessions
 from broker.errors import BrokerConfigError
-from tests.console.deployment import PASSWORDS, Deployment, start
+from broker.server.auth import Authenticator, load_users
+from tests.console.deployment import PASSWORDS, USERS, Deployment, start
 from tests.console.http import Visitor
 
 
@@ -124,3 +126,31 @@ def test_expired_sessions_are_dropped_not_kept() -> None:
     assert len(live) == 1 and live.user_of(session) == "alice"
     clock.advance(61)
     assert live.user_of(session) is None and len(live) == 0  # an expired one asked for is dropped too
+
+
+def test_a_session_id_planted_before_the_log_in_is_not_the_logged_in_one(deployment: Deployment) -> None:
+    """Session fixation: an attacker gets a pre-log-in cookie of its own (the log-in form gives
+    one to anyone) and plants it in the victim's browser; the victim logs in with it."""
+    attacker = Visitor(deployment.url)
+    attacker.login_token()
+    victim = Visitor(deployment.url)
+    victim.cookie = attacker.cookie  # planted
+    assert victim.log_in("alice", PASSWORDS["alice"]) == 303
+    assert victim.cookie != attacker.cookie and victim.get("/groups")[0] == 200
+    assert attacker.get("/groups")[0] == 303  # the planted cookie logs no one in
+
+
+def test_a_user_removed_or_narrowed_loses_the_pages_at_once(tmp_path: Path) -> None:
+    """Rights are read from the user table on every request, not kept in the session."""
+    authenticator = Authenticator(load_users(USERS))
+    deployment = start(tmp_path, authenticator)
+    try:
+        alice, bob = visitor(deployment, "alice"), visitor(deployment, "bob")
+        assert alice.get("/groups/billing/letters")[0] == 200
+        authenticator.users["alice"] = replace(authenticator.users["alice"], consume=("payments",))
+        assert alice.get("/groups/billing/letters")[0] == 403  # no consume on %DLQ%billing now
+        del authenticator.users["bob"]
+        assert bob.get("/groups")[0] == 303  # to the log-in form
+    finally:
+        deployment.console.stop()
+        deployment.app.close()
