@@ -27,6 +27,7 @@ from backends.errors import BackendUnavailableError, TransportError
 from backends.refusal import FirstContact
 from backends.transport import redis_adoption as adoption
 from backends.transport import redis_layout as layout
+from backends.transport.base import seconds
 from backends.transport.leasing import (
     DEFAULT_QUEUES,
     DEFAULT_VISIBILITY_TIMEOUT,
@@ -43,6 +44,9 @@ MAX_BULK_SETTING = "proto-max-bulk-len"
 DEFAULT_MAX_BULK = 512 * 1024 * 1024
 """Redis's default ``proto-max-bulk-len``, taken where ``CONFIG GET`` is refused."""
 PER_MESSAGE = ("state", "redelivered")
+DEFAULT_REQUEST_TIMEOUT = 5.0
+"""Seconds a command may go unanswered (redis-py 6's default socket timeout, set here so that an
+older redis-py, whose default is none, does not wait on a hung server for ever)."""
 
 
 class RedisStreamsTransport(LeasingTransport):
@@ -57,14 +61,19 @@ class RedisStreamsTransport(LeasingTransport):
         queues: int = DEFAULT_QUEUES,
         visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT,
         poll_interval: float = 0.05,
+        request_timeout: float | str = DEFAULT_REQUEST_TIMEOUT,
     ) -> None:
         super().__init__(
             clock, queues, visibility_timeout, positive("transport option poll_interval", poll_interval)
         )
         self._url, self._keys = url, layout.Keys(namespace)
         self._contact = FirstContact("[transport] url", redact(url))
+        # every command here answers at once (a fetch polls, it never blocks on the server): a reply
+        # later than request_timeout, or a connection not made by then, is a server hung or cut off
+        # (an outage), not a slow one
+        timeout = seconds("request_timeout", request_timeout)
         # Any: redis-py's stubs type replies as bytes | str; without decode_responses they are bytes
-        self._redis: Any = redis.Redis.from_url(url)
+        self._redis: Any = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
         self._scripts = {
             name: self._redis.register_script(getattr(layout, name))
             for name in ("PUBLISH", "CLAIM", "NACK", "DEAD_LETTER")

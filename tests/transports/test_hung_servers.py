@@ -1,0 +1,122 @@
+"""A server that stops answering without closing the connection (a hung process, a partition
+that drops packets): a server of the test's own is stopped (SIGSTOP: the kernel keeps its
+sockets open and acknowledges what is sent, nothing answers), then continued (SIGCONT).
+
+The worker must take the silence for an outage (``transport_unavailable``: its backoff, then
+joining again), not wait on it for ever, and go on consuming once the server answers; a publish
+must raise `BackendUnavailableError` once ``publish_timeout`` has passed. Real servers only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from backends.errors import BackendUnavailableError
+from reliable import App, Message
+from reliable.settings import Settings
+from tests.framework.refusals import Running
+from tests.transports.test_redis_server_events import RedisServer
+from tests.waiting import wait_until
+
+BOUND = 60.0
+"""Seconds a publish to a stopped server may take before the test calls it blocked (it gives up
+after its publish_timeout plus one request timeout)."""
+
+
+def process_state(pid: int) -> str:
+    """The state letter of process ``pid`` (``T``: stopped by a signal)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rpartition(")")[2].split()[0]
+
+
+@contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """Process ``pid`` stopped (checked in /proc) for the block's duration, continued after."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: process_state(pid) == "T", "the server process stopped")
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def worker_app(folder: Path, url: str, done: list[int]) -> App:
+    app = App(Settings.load(None, env={"RELIABLE_STORE__URL": f"sqlite:///{folder / 'store.db'}",
+                                       "RELIABLE_TRANSPORT__URL": url,
+                                       "RELIABLE_TRANSPORT__PUBLISH_TIMEOUT": "2"}))
+
+    @app.handler("orders", group="shipping")
+    def ship(msg: Message, tx: object) -> None:
+        done.append(msg.body["n"])
+
+    return app
+
+
+def publish_outcome(app: App, body: dict[str, int]) -> BaseException | None:
+    """What ``app.publish`` raised (None: it returned); fails the test if it is still blocked."""
+    outcome: list[BaseException | None] = []
+
+    def send() -> None:
+        try:
+            app.publish("orders", body)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    thread.join(BOUND)
+    assert outcome, f"app.publish still blocked on the stopped server after {BOUND} s"
+    return outcome[0]
+
+
+def rides_through_a_hang(app: App, pid: int, done: list[int], restore: Callable[[], None] = lambda: None) -> None:
+    """Run ``app``'s worker, stop the server under it, then continue it; what each side did."""
+    with capture_logs() as logs:
+        run = Running(app)
+        try:
+            app.publish("orders", {"n": 1})
+            wait_until(lambda: done == [1], "the first message handled")
+            with stopped(pid):
+                wait_until(lambda: any(e["event"] == "transport_unavailable" for e in logs) or run.error,
+                           "the worker to take the stopped server for an outage")  # the old code: blocked
+                assert isinstance(publish_outcome(app, {"n": 99}), BackendUnavailableError)
+                assert run.thread.is_alive()
+            restore()
+            app.publish("orders", {"n": 2})
+            wait_until(lambda: 2 in done or run.error, "the message published after SIGCONT handled")
+        finally:
+            app.stop()
+            run.join()
+    assert run.error is None, run.error
+    # 99 may have reached the server before it stopped answering: handled once if so
+    assert sorted(n for n in done if n != 99) == [1, 2] and done.count(99) <= 1
+    unavailable = [e for e in logs if e["event"] == "transport_unavailable"]
+    assert unavailable and all(e["log_level"] == "warning" for e in unavailable)
+
+
+@pytest.mark.timeout(240)
+def test_a_redis_server_that_stops_answering_is_an_outage_waited_out(tmp_path: Path) -> None:
+    """The old transport had no socket timeout: the worker's claim and ``app.publish`` waited on
+    the silent connection for ever."""
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        assert server.process is not None
+        done: list[int] = []
+        app = worker_app(tmp_path, f"{server.url}?request_timeout=1", done)
+        rides_through_a_hang(app, server.process.pid, done)
+        app.close()
+    finally:
+        if server.process is not None:
+            os.kill(server.process.pid, signal.SIGCONT)
+        server.stop()
+
