@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from operator import add
+from typing import TYPE_CHECKING
 
 from broker.delivery.values import NO_HEADERS, Columns, Delivery
-from broker.store.record import StoredBatch
+
+if TYPE_CHECKING:  # the store's package imports the engine's, structlog and more: a Spark source's
+    from broker.store.record import StoredBatch  # offsets process must not pay for them
 
 TEXT_FIELDS = ("message_id", "key", "tag")
 
