@@ -176,6 +176,9 @@ class DeadLetter:
     failure: Failure
     id: int | None = None
     replays: int = 0
+    body_size: int | None = None
+    """The whole body's bytes when ``message.payload`` holds only its first bytes (a listing,
+    `Store.dead_letters` with ``body_limit``): such a letter is for reading, never replayed."""
 
 
 def encode_body(body: Any, content_type: str = JSON) -> bytes:

@@ -134,7 +134,7 @@ def dlq_list(group: str, limit: int, after_id: int, settings_path: str | None) -
     """List the dead letters of GROUP, oldest first, one JSON object a line."""
     app = _app(settings_path)
     letters, listed = app.dead_letter_queue, after_id
-    while limit > 0 and (page := letters.page(group, min(limit, LIST_PAGE), after_id)):
+    while limit > 0 and (page := letters.page(group, min(limit, LIST_PAGE), after_id, body_limit=0)):
         for letter in page:
             click.echo(json.dumps(_summary(letter)))
         limit, after_id = limit - len(page), page[-1].id or after_id

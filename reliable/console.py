@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backends.transport.broker import BrokerTransport
 from backends.types import DeadLetter, readable
+from broker.console import render
 from broker.console.config import ConsoleConfig
 from broker.console.serving import ConsoleServer, start_console
 from broker.console.sources import BrokerView, ConsoleActionError, Letter, broker_view
@@ -48,7 +49,9 @@ class StoreLetters:
         return self.letters.count(group)
 
     def page(self, group: str, limit: int, after_id: int) -> list[Letter]:
-        return [_letter(d) for d in self.letters.page(group, limit, after_id)]
+        # a listing shows a line of each body: the store reads no more of it (a page of 100 MiB
+        # bodies held them all in memory at once)
+        return [_letter(d) for d in self.letters.page(group, limit, after_id, body_limit=render.PREVIEW_READS)]
 
     def get(self, letter_id: int) -> Letter | None:
         found = self.letters.get(letter_id)
@@ -71,7 +74,7 @@ class StoreLetters:
 def _letter(letter: DeadLetter) -> Letter:
     m, f = letter.message, letter.failure
     return Letter(id=letter.id or 0, group=letter.group, topic=m.topic or "", message_id=m.id, key=readable(m.key or ""),
-                  headers={name: readable(value) for name, value in m.headers.items()}, body=m.payload, error_type=f.error_type, error=f.error_message,
+                  headers={name: readable(value) for name, value in m.headers.items()}, body=m.payload, body_size=letter.body_size, error_type=f.error_type, error=f.error_message,
                   traceback=f.traceback, attempts=f.attempts, replays=letter.replays,
                   last_failure_at=f.last_failure_at, extra={"token": letter.token or ""})
 

@@ -62,9 +62,11 @@ class DeadLetters:
         self.transport = transport
         self.middleware = middleware or Middlewares()
 
-    def page(self, group: str, limit: int = 100, after_id: int = 0) -> list[DeadLetter]:
-        """Up to ``limit`` dead letters of ``group`` with id > ``after_id``, oldest first."""
-        return self.store.dead_letters(group, limit=limit, after_id=after_id)
+    def page(self, group: str, limit: int = 100, after_id: int = 0, *,
+             body_limit: int | None = None) -> list[DeadLetter]:
+        """Up to ``limit`` dead letters of ``group`` with id > ``after_id``, oldest first; with
+        ``body_limit``, only the first bytes of each body (`Store.dead_letters`)."""
+        return self.store.dead_letters(group, limit=limit, after_id=after_id, body_limit=body_limit)
 
     def get(self, letter_id: int) -> DeadLetter | None:
         return self.store.get_dead_letter(letter_id)

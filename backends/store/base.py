@@ -139,8 +139,11 @@ class Store(ABC):
         """The offsets saved for ``group``."""
 
     @abstractmethod
-    def dead_letters(self, group: str, limit: int = 100, after_id: int = 0) -> list[DeadLetter]:
-        """Dead letters of ``group`` with id > ``after_id``, oldest first."""
+    def dead_letters(self, group: str, limit: int = 100, after_id: int = 0,
+                     body_limit: int | None = None) -> list[DeadLetter]:
+        """Dead letters of ``group`` with id > ``after_id``, oldest first. With ``body_limit``, each
+        body is cut to its first ``body_limit`` bytes by the database (a listing: a page of 100 MiB
+        bodies is not read whole into memory) and `DeadLetter.body_size` says how large it is."""
 
     @abstractmethod
     def get_dead_letter(self, letter_id: int) -> DeadLetter | None:

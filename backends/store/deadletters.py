@@ -10,6 +10,7 @@ from typing import Any, cast
 from sqlalchemy import (
     ColumnElement,
     Connection,
+    LargeBinary,
     String,
     delete,
     func,
@@ -120,10 +121,18 @@ def add_late_columns(connection: Connection) -> None:
             f'ON {dead_letters.name} ("group", identity, replays)'))
 
 
-def page(connection: Connection, group: str, limit: int, after_id: int) -> list[DeadLetter]:
-    """Dead letters of ``group`` with id > ``after_id``, oldest first."""
+def page(connection: Connection, group: str, limit: int, after_id: int,
+         body_limit: int | None = None) -> list[DeadLetter]:
+    """Dead letters of ``group`` with id > ``after_id``, oldest first; with ``body_limit``, each
+    body cut to its first bytes in the query and its whole size beside (`DeadLetter.body_size`)."""
+    columns: list[Any] = list(dead_letters.c)
+    if body_limit is not None:  # substr and length count bytes of a BLOB (SQLite) or a bytea
+        payload = dead_letters.c.payload
+        columns = [c for c in columns if c is not payload] + [
+            func.substr(payload, 1, body_limit, type_=LargeBinary).label("payload"),
+            func.length(payload).label("body_size")]
     statement = (
-        select(dead_letters)
+        select(*columns)
         .where(dead_letters.c.group == group, dead_letters.c.id > after_id)
         .order_by(dead_letters.c.id)
         .limit(limit)
@@ -238,4 +247,5 @@ def _from_row(row: Any) -> DeadLetter:
         failure=failure,
         id=row.id,
         replays=row.replays,
+        body_size=row._mapping.get("body_size"),
     )

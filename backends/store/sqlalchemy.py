@@ -353,9 +353,9 @@ class SqlStore(Store):
         with self._unit() as connection:
             progress.save_offsets(connection, self.dialect, group, offsets)
 
-    def dead_letters(self, group: str, limit: int = 100, after_id: int = 0) -> list[DeadLetter]:
+    def dead_letters(self, group: str, limit: int = 100, after_id: int = 0, body_limit: int | None = None) -> list[DeadLetter]:
         with self._unit(read_only=True) as connection:
-            return deadletters.page(connection, group, limit, after_id)
+            return deadletters.page(connection, group, limit, after_id, body_limit)
 
     def get_dead_letter(self, letter_id: int) -> DeadLetter | None:
         with self._unit(read_only=True) as connection:

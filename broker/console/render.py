@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 
 PREVIEW = 120
+PREVIEW_READS = PREVIEW * 4
+"""Bytes of a body a one-line preview reads (a listing asks its source for no more)."""
 SHOWN = 64 * 1024
 """Bytes of a body a page shows (a hex dump of them is about 320 KiB of text)."""
 
@@ -29,9 +31,10 @@ class Body:
         return self.shown < self.size
 
 
-def show(body: bytes, limit: int = SHOWN) -> Body:
-    """The first ``limit`` bytes of ``body`` as a person reads them (JSON only when whole)."""
-    head, size = bytes(body[:limit]), len(body)
+def show(body: bytes, limit: int = SHOWN, size: int | None = None) -> Body:
+    """The first ``limit`` bytes of ``body`` as a person reads them (JSON only when whole);
+    ``size``: the whole body's bytes when ``body`` is only its first bytes."""
+    head, size = bytes(body[:limit]), len(body) if size is None else size
     cut = size > len(head)
     try:  # a cut head may end inside a character: the incremental decoder leaves it out
         text = codecs.getincrementaldecoder("utf-8")().decode(head, final=not cut)
@@ -47,9 +50,9 @@ def show(body: bytes, limit: int = SHOWN) -> Body:
     return Body("hex", hexdump(head), size, len(head))
 
 
-def preview(body: bytes) -> str:
-    """One line of the body for a table cell (from its first few hundred bytes only)."""
-    shown = show(body, PREVIEW * 4)
+def preview(body: bytes, size: int | None = None) -> str:
+    """One line of the body for a table cell (from its first `PREVIEW_READS` bytes only)."""
+    shown = show(body, PREVIEW_READS, size)
     line = " ".join(shown.text.split()) if shown.kind != "hex" else body[:PREVIEW // 3].hex(" ")
     return line if len(line) <= PREVIEW and not shown.cut else line[: PREVIEW - 1] + "…"
 

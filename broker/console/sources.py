@@ -118,6 +118,8 @@ class Letter:
     replays: int
     last_failure_at: float
     extra: dict[str, str] = field(default_factory=dict)
+    body_size: int | None = None
+    """The whole body's bytes when ``body`` holds only its first bytes (a listing's letters)."""
 
 
 class LetterBook(Protocol):

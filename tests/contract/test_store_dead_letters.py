@@ -3,6 +3,8 @@ transaction) while they are sent."""
 
 from __future__ import annotations
 
+import tracemalloc
+
 from backends.clock import FakeClock
 from backends.store import SqlStore, Store, open_store
 from tests.contract.test_store import _letter
@@ -58,3 +60,23 @@ class TestDeadLetterReplayPrimitives:
         assert [letter.id for letter in other.take_dead_letters(unique, ids, 60.0)] == ids[2:]
         store.close()
         other.close()
+
+
+def test_a_listing_reads_only_the_head_of_each_body(store: Store, unique: str) -> None:
+    """A page of 100 MiB bodies was read whole into memory to show a line of each (the console's
+    listing, `reliable dlq list`); the database now cuts them, and says how large they are."""
+    body = bytes(range(256)) * (8 * 1024)  # 2 MiB, not text
+    with store.transaction() as tx:
+        ids = [tx.add_dead_letter(_letter(unique, offset, body)) for offset in range(4)]
+    tracemalloc.start()
+    try:
+        listed = store.dead_letters(unique, body_limit=480)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [letter.id for letter in listed] == ids
+    assert {(letter.message.payload, letter.body_size) for letter in listed} == {(body[:480], len(body))}
+    assert peak < len(body)  # four whole bodies were 8 MiB
+    assert {letter.message.payload for letter in store.dead_letters(unique, body_limit=0)} == {b""}
+    whole = store.dead_letters(unique, limit=1)[0]  # what a replay reads: the body as published
+    assert (whole.message.payload, whole.body_size) == (body, None)
