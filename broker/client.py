@@ -44,6 +44,12 @@ Connection = socket.socket | TlsSocket
 log = structlog.get_logger("broker.client")
 PUBLISH = OPERATIONS["publish"]
 CONNECT_TIMEOUT = 5.0
+ANSWER_TIMEOUT = CONNECT_TIMEOUT
+"""Seconds the connection may stay silent while a reply is owed before the client pings the
+server, and then waits for its answer: a server that answers nothing, not even a ping, in the
+time a connection may take to be made (a hung process, a partition dropping packets) is as
+unreachable as one that refuses the connection. A reply that is slow to come (a long poll, a long
+replay) is waited for as long as the server answers pings."""
 DEFAULT_MAX_WAITING = 64
 """The server's ``max_waiting_requests`` when its hello does not tell it."""
 FRAME_RESERVE = 256
@@ -91,6 +97,7 @@ class Client(SyncCalls):
         self._ids = itertools.count(1)
         self._waiting: dict[int, Future[dict[str, Any]]] = {}
         self._sock: Connection | None = None
+        self._heard = 0  # frames read from the server: a silence is one where it does not move
         self._closed = False
         self._refused = ""  # what the server said when it refused the connection last open
         self._max_frame_size = DEFAULT_MAX_FRAME_SIZE  # the server's, told at every connect's hello
@@ -163,7 +170,35 @@ class Client(SyncCalls):
             self._waiting.pop(request_id, None)
             self._lost(sock, exc)
             raise BrokerUnavailableError(f"broker {self._where()} unreachable: {self._refused or exc}") from exc
-        return result(waiting.result())
+        return result(self._awaited(sock, waiting))
+
+    def _awaited(self, sock: Connection, waiting: Future[dict[str, Any]]) -> dict[str, Any]:
+        """The reply ``waiting`` stands for, however late, while the server on ``sock`` is there;
+        a `BrokerUnavailableError` once it answers nothing (`ANSWER_TIMEOUT`): the connection is
+        given up then, every call on it fails and the next one connects again."""
+        while True:
+            heard = self._heard
+            try:
+                return waiting.result(ANSWER_TIMEOUT)
+            except TimeoutError:
+                if self._heard == heard and not self._answers(sock):
+                    self._lost(sock, TimeoutError(f"no answer in {ANSWER_TIMEOUT} s, not even to a ping"))
+
+    def _answers(self, sock: Connection) -> bool:
+        """Whether the server on ``sock`` answers a ping within `ANSWER_TIMEOUT` (a refusal is
+        an answer too)."""
+        request_id = next(self._ids)
+        answer: Future[dict[str, Any]] = Future()
+        self._waiting[request_id] = answer
+        try:
+            with self._send_lock:
+                sock.sendall(native_codec.encode({"id": request_id, "op": "ping"}))
+            answer.result(ANSWER_TIMEOUT)
+            return True
+        except (OSError, BrokerUnavailableError):  # TimeoutError is an OSError
+            return False
+        finally:
+            self._waiting.pop(request_id, None)
 
     def _connected(self) -> Connection:
         """The connection, made and greeted first if there is none: calls of other threads wait
@@ -213,6 +248,7 @@ class Client(SyncCalls):
         try:
             while data := sock.recv(1 << 20):
                 for payload in decoder.feed(data):
+                    self._heard += 1
                     reply = decode_body(payload)
                     waiting = self._waiting.pop(reply.get("id", 0), None)
                     if waiting is not None:

@@ -22,6 +22,7 @@ from structlog.testing import capture_logs
 from backends.errors import BackendUnavailableError
 from reliable import App, Message
 from reliable.settings import Settings
+from tests.broker.server.serving import ServerProcess
 from tests.framework.refusals import Running
 from tests.transports.test_redis_server_events import RedisServer
 from tests.waiting import wait_until
@@ -66,7 +67,7 @@ def publish_outcome(app: App, body: dict[str, int]) -> BaseException | None:
 
     def send() -> None:
         try:
-            app.publish("orders", body)
+            app.publish("orders", body, message_id=f"hung-{body['n']}")  # a retry's copy: the same id
             outcome.append(None)
         except BaseException as exc:
             outcome.append(exc)
@@ -97,7 +98,7 @@ def rides_through_a_hang(app: App, pid: int, done: list[int], restore: Callable[
             app.stop()
             run.join()
     assert run.error is None, run.error
-    # 99 may have reached the server before it stopped answering: handled once if so
+    # 99 reached the server's socket: handled once if the server read it after SIGCONT
     assert sorted(n for n in done if n != 99) == [1, 2] and done.count(99) <= 1
     unavailable = [e for e in logs if e["event"] == "transport_unavailable"]
     assert unavailable and all(e["log_level"] == "warning" for e in unavailable)
@@ -118,5 +119,22 @@ def test_a_redis_server_that_stops_answering_is_an_outage_waited_out(tmp_path: P
     finally:
         if server.process is not None:
             os.kill(server.process.pid, signal.SIGCONT)
+        server.stop()
+
+
+
+@pytest.mark.timeout(240)
+def test_a_broker_server_that_stops_answering_is_an_outage_waited_out(tmp_path: Path) -> None:
+    """The old client waited for every reply without a bound: the worker's fetch and
+    ``app.publish`` waited on the silent connection for ever."""
+    server = ServerProcess(tmp_path / "data").start()
+    assert server.process is not None and server.process.pid is not None
+    try:
+        done: list[int] = []
+        app = worker_app(tmp_path, f"{server.url}?publish_retry=1", done)
+        rides_through_a_hang(app, server.process.pid, done)
+        app.close()
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
         server.stop()
 
