@@ -24,6 +24,7 @@ from reliable import App, Message
 from reliable.settings import Settings
 from tests.broker.server.serving import ServerProcess
 from tests.framework.refusals import Running
+from tests.framework.test_refused_transports import NatsServer
 from tests.transports.test_redis_server_events import RedisServer
 from tests.waiting import wait_until
 
@@ -138,3 +139,20 @@ def test_a_broker_server_that_stops_answering_is_an_outage_waited_out(tmp_path: 
         os.kill(server.process.pid, signal.SIGCONT)
         server.stop()
 
+
+@pytest.mark.timeout(240)
+def test_a_nats_server_that_stops_answering_is_an_outage_waited_out(tmp_path: Path) -> None:
+    """nats-py's pings (``ping_interval``, ``max_outstanding_pings``) and the transport's
+    ``request_timeout`` already bound the wait: this keeps them."""
+    server = NatsServer(tmp_path / "js")
+    server.start()
+    try:
+        assert server.process is not None
+        done: list[int] = []
+        app = worker_app(tmp_path, f"{server.url}?request_timeout=1", done)
+        rides_through_a_hang(app, server.process.pid, done)
+        app.close()
+    finally:
+        if server.process is not None:
+            os.kill(server.process.pid, signal.SIGCONT)
+        server.stop()
