@@ -183,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
                     tx.execute(text(f"drop table if exists {name}_rows"))
                     for table in ("reliable_outbox", "reliable_outbox_sent_rows"):
                         tx.execute(text(f"delete from {table} where outbox = :n"), {"n": name})
+                    # the handlers' tokens (namespaces "<name>-in", ...): 10,000 rows a run were left
+                    tx.execute(text("delete from reliable_tokens where namespace like :p"), {"p": f"{name}-%"})
                 if ours:  # a run left a RabbitMQ its queues (file handles: 235 of them stopped it)
                     app.transport.purge()  # type: ignore[attr-defined]
                 app.close()
