@@ -19,6 +19,7 @@ import itertools
 import os
 import socket
 import ssl
+import struct
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -50,6 +51,10 @@ server, and then waits for its answer: a server that answers nothing, not even a
 time a connection may take to be made (a hung process, a partition dropping packets) is as
 unreachable as one that refuses the connection. A reply that is slow to come (a long poll, a long
 replay) is waited for as long as the server answers pings."""
+SEND_TIMEOUT = 2 * ANSWER_TIMEOUT
+"""Seconds a send may go without the server taking a byte (its buffers full: it reads nothing)
+before the connection is given up: as long as a silence and an unanswered ping. A send lock
+held for ever would keep every other call of the client, its pings too, from the connection."""
 DEFAULT_MAX_WAITING = 64
 """The server's ``max_waiting_requests`` when its hello does not tell it."""
 FRAME_RESERVE = 256
@@ -234,6 +239,8 @@ class Client(SyncCalls):
         else:
             sock = socket.create_connection(self.address, timeout=CONNECT_TIMEOUT)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # the kernel's own bound on a blocking send without progress (settimeout(None) keeps it)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(SEND_TIMEOUT), 0))
         if self._tls is None:
             return sock
         try:

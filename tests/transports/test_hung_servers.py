@@ -140,6 +140,42 @@ def test_a_broker_server_that_stops_answering_is_an_outage_waited_out(tmp_path: 
         server.stop()
 
 
+
+@pytest.mark.timeout(240)
+def test_a_publish_larger_than_the_socket_buffers_to_a_stopped_broker_server_raises(tmp_path: Path) -> None:
+    """The kernel takes a few MiB for a server that reads nothing: the rest of a larger publish
+    waited in ``sendall`` for ever, holding the connection's send lock (and so every other call
+    of the client, even the ping that tells a silent server)."""
+    server = ServerProcess(tmp_path / "data").start()
+    assert server.process is not None and server.process.pid is not None
+    app = App(Settings.load(None, env={"RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}",
+                                       "RELIABLE_TRANSPORT__URL": f"{server.url}?publish_retry=1",
+                                       "RELIABLE_TRANSPORT__PUBLISH_TIMEOUT": "2"}))
+    bodies = [{"n": n, "pad": "x" * (3 << 20)} for n in range(12)]  # 36 MiB over frames of 8 MiB
+    outcome: list[BaseException | None] = []
+
+    def send() -> None:
+        try:
+            app.publish_many("orders", bodies, message_ids=[f"big-{n}" for n in range(len(bodies))])
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    try:
+        app.publish("orders", {"n": -1})  # connected: its hello answered
+        with stopped(server.process.pid):
+            thread = threading.Thread(target=send, daemon=True)
+            thread.start()
+            thread.join(BOUND)
+            assert outcome, f"app.publish_many still blocked on the stopped server after {BOUND} s"
+            assert isinstance(outcome[0], BackendUnavailableError), outcome[0]
+        app.publish("orders", {"n": 1})  # the client connects again and goes on
+        app.close()
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        server.stop()
+
+
 @pytest.mark.timeout(240)
 def test_a_nats_server_that_stops_answering_is_an_outage_waited_out(tmp_path: Path) -> None:
     """nats-py's pings (``ping_interval``, ``max_outstanding_pings``) and the transport's
