@@ -24,23 +24,24 @@ from broker.delivery.values import OutgoingMessage
 
 def per_group(directory: str, topics: int, groups: int) -> float:
     """Milliseconds per new group's join and leave over a broker holding ``topics`` topics."""
-    broker = Broker(tempfile.mkdtemp(dir=directory), DeliveryConfig(queues=1, max_topics=topics + 1))
-    try:
-        for n in range(topics):
-            broker.publish(f"topic-{n:06}", [OutgoingMessage(b"x")])
-        started = time.perf_counter()
-        for n in range(groups):
-            broker.leave(broker.join(f"group-{n}", ["topic-000000"]))
-        return (time.perf_counter() - started) / groups * 1000
-    finally:
-        broker.close()
+    with tempfile.TemporaryDirectory(dir=directory, prefix="broker-groups-") as folder:
+        broker = Broker(folder, DeliveryConfig(queues=1, max_topics=topics + 1))
+        try:
+            for n in range(topics):
+                broker.publish(f"topic-{n:06}", [OutgoingMessage(b"x")])
+            started = time.perf_counter()
+            for n in range(groups):
+                broker.leave(broker.join(f"group-{n}", ["topic-000000"]))
+            return (time.perf_counter() - started) / groups * 1000
+        finally:
+            broker.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topics", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--groups", type=int, default=200)
-    parser.add_argument("--dir", default=".", help="where the brokers go (a real disk)")
+    parser.add_argument("--dir", default=".", help="where the brokers go, each in a temporary folder removed after it (a real disk; default: here)")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     print(f"{'topics':>8}  {'ms per new group':>16}")

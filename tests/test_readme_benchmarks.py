@@ -22,7 +22,7 @@ COMMAND = re.compile(r"^    \.venv/bin/python (.+?)(?:\s+#.*)?$", re.M)
 SMALL = {  # option -> a size that runs in seconds
     "--messages": "2000", "--per-message": "40", "--batch": "1000", "--repeats": "1",
     "--seconds": "0.2", "--log-mb": "8", "--batches": "1", "--rows": "500", "--preload": "1000",
-    "--rounds": "1", "--runs": "1",
+    "--rounds": "1", "--runs": "1", "--topics": "200", "--groups": "20",
 }
 SMALLER = {  # benchmarks whose small size is smaller still: every run is under valgrind
     "benchmarks.instructions": {"--messages": "500"},
@@ -34,6 +34,7 @@ DEFAULTED = {  # benchmarks whose README command relies on their default sizes
     "benchmarks/store.py": ["--seconds", "--log-mb"],
     "benchmarks.spark_overhead": ["--batches", "--rows", "--preload"],
     "benchmarks.spark_source": ["--runs"],
+    "benchmarks.broker_groups": ["--topics", "--groups"],
 }
 
 
