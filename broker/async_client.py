@@ -22,9 +22,11 @@ import structlog
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from broker.client import (
+    ANSWER_TIMEOUT,
     CONNECT_TIMEOUT,
     DEFAULT_MAX_WAITING,
     PUBLISH,
+    SEND_TIMEOUT,
     closed_by,
     fitting,
     frame_limit,
@@ -60,6 +62,7 @@ class AsyncClient(AsyncCalls):
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._link: _Link | None = None
+        self._heard = 0  # frames read from the server: a silence is one where it does not move
         self._connecting = asyncio.Lock()
         self._reader_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -116,10 +119,35 @@ class AsyncClient(AsyncCalls):
         self._waiting[request_id] = waiting
         try:
             link[1].write(frame)
-            await link[1].drain()
-        except OSError as exc:
+            await asyncio.wait_for(link[1].drain(), SEND_TIMEOUT)  # a server reading nothing: lost
+        except OSError as exc:  # TimeoutError is an OSError
             self._drop(link, exc)
-        return result(await waiting)
+        return result(await self._awaited(link, waiting))
+
+    async def _awaited(self, link: _Link, waiting: asyncio.Future[dict[str, Any]]) -> dict[str, Any]:
+        """`broker.client.Client._awaited`: the reply, however late, while the server answers a
+        ping after `ANSWER_TIMEOUT` of silence; the connection dropped once it does not."""
+        while True:
+            heard = self._heard
+            try:
+                return await asyncio.wait_for(asyncio.shield(waiting), ANSWER_TIMEOUT)
+            except TimeoutError:
+                if self._heard == heard and not await self._answers(link):
+                    self._drop(link, TimeoutError(f"no answer in {ANSWER_TIMEOUT} s, not even to a ping"))
+
+    async def _answers(self, link: _Link) -> bool:
+        """Whether the server on ``link`` answers a ping within `ANSWER_TIMEOUT` (a refusal too)."""
+        request_id = next(self._ids)
+        answer = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = answer
+        try:
+            link[1].write(native_codec.encode({"id": request_id, "op": "ping"}))
+            await asyncio.wait_for(asyncio.shield(answer), ANSWER_TIMEOUT)
+            return True
+        except (OSError, BrokerUnavailableError):  # TimeoutError is an OSError
+            return False
+        finally:
+            self._waiting.pop(request_id, None)
 
     async def _connected(self) -> _Link:
         async with self._connecting:
@@ -150,6 +178,7 @@ class AsyncClient(AsyncCalls):
         try:
             while data := await link[0].read(1 << 20):
                 for payload in decoder.feed(data):
+                    self._heard += 1
                     reply = decode_body(payload)
                     waiting = self._waiting.pop(reply.get("id", 0), None)
                     if waiting is not None and not waiting.done():

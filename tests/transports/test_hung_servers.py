@@ -9,6 +9,7 @@ must raise `BackendUnavailableError` once ``publish_timeout`` has passed. Real s
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -20,6 +21,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from backends.errors import BackendUnavailableError
+from broker.async_client import AsyncClient
+from broker.delivery.values import OutgoingMessage
+from broker.errors import BrokerUnavailableError
 from reliable import App, Message
 from reliable.settings import Settings
 from tests.broker.server.serving import ServerProcess
@@ -191,4 +195,35 @@ def test_a_nats_server_that_stops_answering_is_an_outage_waited_out(tmp_path: Pa
     finally:
         if server.process is not None:
             os.kill(server.process.pid, signal.SIGCONT)
+        server.stop()
+
+
+@pytest.mark.timeout(240)
+def test_the_async_broker_client_gives_up_a_stopped_server_and_goes_on_after(tmp_path: Path) -> None:
+    """`AsyncClient` awaited every reply without a bound: a fetch of a stopped server's member
+    (and every call behind it) waited for ever."""
+    server = ServerProcess(tmp_path / "data").start()
+    assert server.process is not None and server.process.pid is not None
+    pid = server.process.pid
+
+    async def run() -> None:
+        async with AsyncClient(server.url, publish_retry_seconds=1) as client:
+            member = await client.join("shipping", ["orders"])
+            with stopped(pid):
+                try:
+                    await asyncio.wait_for(client.fetch(member, 10, 1.0), BOUND)
+                except TimeoutError:
+                    raise AssertionError(f"fetch still waiting on the stopped server after {BOUND} s") from None
+                except BrokerUnavailableError:
+                    pass
+                else:
+                    raise AssertionError("a fetch of the stopped server returned")
+            await client.publish("orders", [OutgoingMessage(b"{}", message_id="after")])
+            member = await client.join("shipping", ["orders"])  # the first went with its connection
+            assert [d.message_id for d in await client.fetch(member, 10, 5.0)] == ["after"]
+
+    try:
+        asyncio.run(run())
+    finally:
+        os.kill(pid, signal.SIGCONT)
         server.stop()
