@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from backends.errors import BackendUnavailableError
+from backends.cache.redis import RedisCache
+from backends.errors import BackendUnavailableError, CacheUnavailableError
 from broker.async_client import AsyncClient
 from broker.delivery.values import OutgoingMessage
 from broker.errors import BrokerUnavailableError
@@ -226,4 +227,35 @@ def test_the_async_broker_client_gives_up_a_stopped_server_and_goes_on_after(tmp
         asyncio.run(run())
     finally:
         os.kill(pid, signal.SIGCONT)
+        server.stop()
+
+
+@pytest.mark.timeout(120)
+def test_the_redis_cache_of_a_stopped_server_is_unavailable_not_waited_on(tmp_path: Path) -> None:
+    """`RedisCache` sets its own socket timeouts (2 s): this keeps them."""
+    server = RedisServer(tmp_path)
+    server.start()
+    assert server.process is not None
+    cache = RedisCache(server.url)
+    outcome: list[BaseException | None] = []
+
+    def look() -> None:
+        try:
+            cache.seen("hung", ["t1"])
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    try:
+        cache.remember("hung", ["t1"], 60)
+        with stopped(server.process.pid):
+            thread = threading.Thread(target=look, daemon=True)
+            thread.start()
+            thread.join(BOUND)
+            assert outcome, f"the cache still waiting on the stopped server after {BOUND} s"
+            assert isinstance(outcome[0], CacheUnavailableError), outcome[0]
+        assert cache.seen("hung", ["t1"]) == {"t1"}  # connected again once it answers
+        cache.close()
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
         server.stop()
