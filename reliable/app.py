@@ -26,7 +26,7 @@ from backends.store import open_store
 from backends.store.base import Store
 from backends.transport import open_transport
 from backends.transport.base import Transport
-from backends.types import JSON, DeadLetter, OutgoingMessage, encode_body
+from backends.types import JSON, DeadLetter, OutgoingMessage, encode_body, new_message_id
 from backends.urls import redact
 from reliable import metrics
 from reliable.commit import CommitStrategy, commit_strategy
@@ -192,7 +192,8 @@ class App:
         leader) is retried for up to ``[transport] publish_timeout`` seconds, then raised.
         """
         bodies = list(bodies)
-        ids = list(message_ids or [None] * len(bodies))
+        # named once, before the first try: a retry after a lost reply is the same message again
+        ids = [i or new_message_id() for i in (message_ids or [None] * len(bodies))]
         doing = f"publish to {topic!r}"
         # open the backends first, so that every middleware's on_open ran before its before_publish
         through_outages(lambda: self.runtime, self.clock, self.settings.transport.publish_timeout, doing)

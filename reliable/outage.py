@@ -9,9 +9,10 @@ first attempt, then raises the outage error to the caller. Any other error
 is raised at once: a refused message does not get better by waiting.
 
 A publish retried after the outage may have reached the engine the first
-time (the answer was lost): messages with a ``message_id`` are de-duplicated
-by engines that keep ids (JetStream's ``Nats-Msg-Id``, the broker), and
-every consumer skips a second copy by its token.
+time (the answer was lost): ``App.publish`` names each message before its
+first try (a ``message_id`` the caller gave, else a new one), so every try
+sends the same ids; engines that keep ids drop the copy (JetStream's
+``Nats-Msg-Id``, the broker), and every consumer skips it by its token.
 """
 
 from __future__ import annotations

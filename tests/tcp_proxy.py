@@ -13,7 +13,9 @@ class TcpProxy:
     socket open (new ones are accepted too) but forwards nothing, as a server
     that stopped answering; `lose_next_reply()` lets requests through until
     the server answers one, then drops that answer and every connection: a
-    request the server carried out whose client never learns it did.
+    request the server carried out whose client never learns it did (and,
+    with ``then_cut``, a cut from that moment: the client cannot try again on
+    a new connection until `restore()`).
     `restore()` ends a cut or a hang (the connections that hung are dropped:
     a stream that lost bytes cannot be resumed).
     """
@@ -26,6 +28,7 @@ class TcpProxy:
         self._up.set()
         self._hung = threading.Event()
         self._lose_reply = threading.Event()
+        self._cut_after_reply = False
         self.replies_lost = 0
         self.chunks_swallowed = 0
         self._sockets: list[socket.socket] = []
@@ -39,7 +42,8 @@ class TcpProxy:
     def hang(self) -> None:
         self._hung.set()
 
-    def lose_next_reply(self) -> None:
+    def lose_next_reply(self, then_cut: bool = False) -> None:
+        self._cut_after_reply = then_cut
         self._lose_reply.set()
 
     def restore(self) -> None:
@@ -86,6 +90,8 @@ class TcpProxy:
                     continue
                 if replies and self._lose_reply.is_set():
                     self._lose_reply.clear()
+                    if self._cut_after_reply:
+                        self._up.clear()
                     self.replies_lost += 1
                     self._drop_connections()
                     return
