@@ -135,7 +135,10 @@ class Engine:
             return DeliveryColumns.of(await self._wait(self.api.fetch, member, max_messages, timeout))
         consuming = self._broker.consuming
         taken = consuming.fetch(member, max_messages, 0.0, blocking=False)
-        if taken is None or (not taken and timeout > 0):  # the lock is busy, or it is to wait
+        if taken is None:  # the lock is busy (a publish woke the long polls): look on the engine's pool,
+            # not on the pool of long waits, which long polls may all hold while messages wait here
+            taken = await self._run(consuming.fetch, member, max_messages, 0.0)
+        if not taken and timeout > 0:  # nothing there: wait for it
             taken = await self._fetch_waiting(consuming, member, max_messages, timeout)
         return joined(taken or [])
 

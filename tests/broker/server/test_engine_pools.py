@@ -63,6 +63,43 @@ def test_a_fetch_that_finds_messages_and_its_ack_need_no_free_thread(tmp_path) -
     asyncio.run(scenario())
 
 
+def test_a_fetch_that_finds_the_engine_busy_takes_its_messages_without_a_waiting_thread(tmp_path) -> None:
+    """A publish wakes every long poll, and each takes the engine's lock to look: a fetch whose
+    try without waiting met the lock held went to the pool of long waits, and with every waiting
+    thread held by long polls it waited there for one, its messages ready (CI: 60 s, a timeout)."""
+    async def scenario() -> None:
+        broker = Broker(tmp_path / "broker")
+        engine = Engine(broker, threads=1, waiting_threads=1)
+        waiting = await engine.join("idle", ["quiet"])
+        long_poll = asyncio.create_task(engine.fetch(waiting, 10, LONG_POLL))  # holds the one waiting thread
+        await asyncio.sleep(0)
+        broker.publish("busy", [OutgoingMessage(b"x"), OutgoingMessage(b"y")])
+        member = await engine.join("g", ["busy"])
+        held, done = threading.Event(), threading.Event()
+
+        def hold() -> None:  # as a woken long poll holds the lock while it looks
+            with broker.consuming.lock:
+                held.set()
+                done.wait(10)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        held.wait(10)
+        fetch = asyncio.create_task(engine.fetch_columns(member, 10, 2.0))
+        await asyncio.sleep(0.05)  # its try without waiting met the lock held
+        done.set()
+        holder.join()
+        taken = await asyncio.wait_for(fetch, 10)
+        assert sorted(d.body for d in taken.deliveries()) == [b"x", b"y"]
+        assert not long_poll.done()
+        broker.publish("quiet", [OutgoingMessage(b"end")])  # ends the long poll
+        assert [d.body for d in await asyncio.wait_for(long_poll, 10)] == [b"end"]
+        engine.close()
+        broker.close()
+
+    asyncio.run(scenario())
+
+
 @contextmanager
 def _sync_engine(path: Path, threads: int = 32) -> Iterator[tuple[Broker, Engine]]:
     """A broker under `sync` flush (the server's) and its `Engine`, closed after."""
