@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import pytest
@@ -41,24 +41,32 @@ def test_fetches_waiting_on_every_thread_do_not_hold_up_a_publish(tmp_path) -> N
     asyncio.run(scenario())
 
 
+@asynccontextmanager
+async def _waiting_threads_held(path: Path) -> AsyncIterator[tuple[Broker, Engine, str]]:
+    """An engine whose one waiting thread a long poll holds, and a member of a group whose topic
+    holds two messages ``x`` and ``y``; the long poll still waiting at the end, then ended."""
+    broker = Broker(path)
+    engine = Engine(broker, threads=1, waiting_threads=1)
+    waiting = await engine.join("idle", ["quiet"])
+    long_poll = asyncio.create_task(engine.fetch(waiting, 10, LONG_POLL))  # holds the one waiting thread
+    await asyncio.sleep(0)
+    broker.publish("busy", [OutgoingMessage(b"x"), OutgoingMessage(b"y")])
+    member = await engine.join("g", ["busy"])
+    yield broker, engine, member
+    assert not long_poll.done()
+    broker.publish("quiet", [OutgoingMessage(b"end")])  # ends the long poll
+    assert [d.body for d in await asyncio.wait_for(long_poll, 10)] == [b"end"]
+    engine.close()
+    broker.close()
+
+
 def test_a_fetch_that_finds_messages_and_its_ack_need_no_free_thread(tmp_path) -> None:
     async def scenario() -> None:
-        broker = Broker(tmp_path / "broker")
-        engine = Engine(broker, threads=1, waiting_threads=1)
-        waiting = await engine.join("idle", ["quiet"])
-        long_poll = asyncio.create_task(engine.fetch(waiting, 10, LONG_POLL))  # holds the one waiting thread
-        await asyncio.sleep(0)
-        broker.publish("busy", [OutgoingMessage(b"x"), OutgoingMessage(b"y")])
-        member = await engine.join("g", ["busy"])
-        taken = await asyncio.wait_for(engine.fetch_columns(member, 10, 2.0), 10)
-        assert sorted(d.body for d in taken.deliveries()) == [b"x", b"y"]
-        await asyncio.wait_for(engine.ack(member, list(taken.columns["receipt"])), 10)
-        assert broker.pending("g", ["busy"]) == 0
-        assert not long_poll.done()
-        broker.publish("quiet", [OutgoingMessage(b"end")])  # ends the long poll
-        assert [d.body for d in await asyncio.wait_for(long_poll, 10)] == [b"end"]
-        engine.close()
-        broker.close()
+        async with _waiting_threads_held(tmp_path / "broker") as (broker, engine, member):
+            taken = await asyncio.wait_for(engine.fetch_columns(member, 10, 2.0), 10)
+            assert sorted(d.body for d in taken.deliveries()) == [b"x", b"y"]
+            await asyncio.wait_for(engine.ack(member, list(taken.columns["receipt"])), 10)
+            assert broker.pending("g", ["busy"]) == 0
 
     asyncio.run(scenario())
 
@@ -68,34 +76,23 @@ def test_a_fetch_that_finds_the_engine_busy_takes_its_messages_without_a_waiting
     try without waiting met the lock held went to the pool of long waits, and with every waiting
     thread held by long polls it waited there for one, its messages ready (CI: 60 s, a timeout)."""
     async def scenario() -> None:
-        broker = Broker(tmp_path / "broker")
-        engine = Engine(broker, threads=1, waiting_threads=1)
-        waiting = await engine.join("idle", ["quiet"])
-        long_poll = asyncio.create_task(engine.fetch(waiting, 10, LONG_POLL))  # holds the one waiting thread
-        await asyncio.sleep(0)
-        broker.publish("busy", [OutgoingMessage(b"x"), OutgoingMessage(b"y")])
-        member = await engine.join("g", ["busy"])
-        held, done = threading.Event(), threading.Event()
+        async with _waiting_threads_held(tmp_path / "broker") as (broker, engine, member):
+            held, done = threading.Event(), threading.Event()
 
-        def hold() -> None:  # as a woken long poll holds the lock while it looks
-            with broker.consuming.lock:
-                held.set()
-                done.wait(10)
+            def hold() -> None:  # as a woken long poll holds the lock while it looks
+                with broker.consuming.lock:
+                    held.set()
+                    done.wait(10)
 
-        holder = threading.Thread(target=hold)
-        holder.start()
-        held.wait(10)
-        fetch = asyncio.create_task(engine.fetch_columns(member, 10, 2.0))
-        await asyncio.sleep(0.05)  # its try without waiting met the lock held
-        done.set()
-        holder.join()
-        taken = await asyncio.wait_for(fetch, 10)
-        assert sorted(d.body for d in taken.deliveries()) == [b"x", b"y"]
-        assert not long_poll.done()
-        broker.publish("quiet", [OutgoingMessage(b"end")])  # ends the long poll
-        assert [d.body for d in await asyncio.wait_for(long_poll, 10)] == [b"end"]
-        engine.close()
-        broker.close()
+            holder = threading.Thread(target=hold)
+            holder.start()
+            held.wait(10)
+            fetch = asyncio.create_task(engine.fetch_columns(member, 10, 2.0))
+            await asyncio.sleep(0.05)  # its try without waiting met the lock held
+            done.set()
+            holder.join()
+            taken = await asyncio.wait_for(fetch, 10)
+            assert sorted(d.body for d in taken.deliveries()) == [b"x", b"y"]
 
     asyncio.run(scenario())
 
