@@ -142,7 +142,22 @@ def test_bad_messages_are_refused_before_anything_is_written(app: App, unique: s
     assert app.store.outbox.rows() == []
 
 
-class Recording(Transport):
+class Wrapping(Transport):
+    """A real transport (``inner``) whose publishes a subclass watches (its `_send`)."""
+
+    inner: Transport
+
+    def subscribe(self, group, topics, options=None):  # type: ignore[no-untyped-def]
+        return self.inner.subscribe(group, topics, options)
+
+    def _send_to_group(self, group, topic, messages):  # type: ignore[no-untyped-def]
+        self.inner.publish_to_group(group, topic, messages)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class Recording(Wrapping):
     """A real transport, with every confirmed publish recorded by the relay that made it.
 
     With ``meet``, each relay's first publish waits (holding its claimed rows) until the other
@@ -171,15 +186,6 @@ class Recording(Transport):
             with self.lock:
                 self.in_flight[0] -= 1
                 self.sends += [(threading.current_thread().name, m.message_id or "") for m in messages]
-
-    def subscribe(self, group, topics, options=None):  # type: ignore[no-untyped-def]
-        return self.inner.subscribe(group, topics, options)
-
-    def _send_to_group(self, group, topic, messages):  # type: ignore[no-untyped-def]
-        self.inner.publish_to_group(group, topic, messages)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def test_two_relays_over_one_outbox_never_send_a_row_twice_and_keep_key_order(
@@ -362,7 +368,7 @@ def test_a_running_relay_purges_sent_rows_past_the_retention_and_reports_the_bac
     app.close()
 
 
-class Timed(Transport):
+class Timed(Wrapping):
     """A real transport whose every publish is recorded and takes ``each`` seconds of ``clock``."""
 
     def __init__(self, inner: Transport, clock: FakeClock, each: float) -> None:
@@ -374,15 +380,6 @@ class Timed(Transport):
         self.inner.publish(topic, messages)
         self.sends.append(list(messages))
         self.clock.advance(self.each)
-
-    def subscribe(self, group, topics, options=None):  # type: ignore[no-untyped-def]
-        return self.inner.subscribe(group, topics, options)
-
-    def _send_to_group(self, group, topic, messages):  # type: ignore[no-untyped-def]
-        self.inner.publish_to_group(group, topic, messages)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 @pytest.mark.parametrize("each", [0.0, QUICK_PASS], ids=["quick", "slow"])

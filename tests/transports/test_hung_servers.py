@@ -110,22 +110,27 @@ def rides_through_a_hang(app: App, pid: int, done: list[int], restore: Callable[
     assert unavailable and all(e["log_level"] == "warning" for e in unavailable)
 
 
-@pytest.mark.timeout(240)
-def test_a_redis_server_that_stops_answering_is_an_outage_waited_out(tmp_path: Path) -> None:
-    """The old transport had no socket timeout: the worker's claim and ``app.publish`` waited on
-    the silent connection for ever."""
-    server = RedisServer(tmp_path)
+def rides_through_a_hang_of_its_own(server: RedisServer | NatsServer, folder: Path) -> None:
+    """`rides_through_a_hang` on ``server``, started here and stopped after (continued first),
+    its transport's ``request_timeout`` at 1 s."""
     server.start()
     try:
         assert server.process is not None
         done: list[int] = []
-        app = worker_app(tmp_path, f"{server.url}?request_timeout=1", done)
+        app = worker_app(folder, f"{server.url}?request_timeout=1", done)
         rides_through_a_hang(app, server.process.pid, done)
         app.close()
     finally:
         if server.process is not None:
             os.kill(server.process.pid, signal.SIGCONT)
         server.stop()
+
+
+@pytest.mark.timeout(240)
+def test_a_redis_server_that_stops_answering_is_an_outage_waited_out(tmp_path: Path) -> None:
+    """The old transport had no socket timeout: the worker's claim and ``app.publish`` waited on
+    the silent connection for ever."""
+    rides_through_a_hang_of_its_own(RedisServer(tmp_path), tmp_path)
 
 
 
@@ -185,18 +190,7 @@ def test_a_publish_larger_than_the_socket_buffers_to_a_stopped_broker_server_rai
 def test_a_nats_server_that_stops_answering_is_an_outage_waited_out(tmp_path: Path) -> None:
     """nats-py's pings (``ping_interval``, ``max_outstanding_pings``) and the transport's
     ``request_timeout`` already bound the wait: this keeps them."""
-    server = NatsServer(tmp_path / "js")
-    server.start()
-    try:
-        assert server.process is not None
-        done: list[int] = []
-        app = worker_app(tmp_path, f"{server.url}?request_timeout=1", done)
-        rides_through_a_hang(app, server.process.pid, done)
-        app.close()
-    finally:
-        if server.process is not None:
-            os.kill(server.process.pid, signal.SIGCONT)
-        server.stop()
+    rides_through_a_hang_of_its_own(NatsServer(tmp_path / "js"), tmp_path)
 
 
 @pytest.mark.timeout(240)
