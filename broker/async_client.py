@@ -25,6 +25,7 @@ from broker.client import (
     ANSWER_TIMEOUT,
     CONNECT_TIMEOUT,
     DEFAULT_MAX_WAITING,
+    HELLO_TIMEOUT,
     PUBLISH,
     SEND_TIMEOUT,
     closed_by,
@@ -111,7 +112,8 @@ class AsyncClient(AsyncCalls):
         async with self._waiting_slots:  # `broker.client.waiting_limit`: the rest wait here
             return await self._send(link, op.name, fields)
 
-    async def _send(self, link: _Link, op: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    async def _send(self, link: _Link, op: str, fields: Mapping[str, Any], *,
+                    hello: bool = False) -> dict[str, Any]:
         request_id = next(self._ids)
         given = {k: v for k, v in fields.items() if v is not None}  # absent: the server's default
         frame = fitting(native_codec.encode({"id": request_id, "op": op, **given}), op, self._max_frame_size)
@@ -122,7 +124,20 @@ class AsyncClient(AsyncCalls):
             await asyncio.wait_for(link[1].drain(), SEND_TIMEOUT)  # a server reading nothing: lost
         except OSError as exc:  # TimeoutError is an OSError
             self._drop(link, exc)
-        return result(await self._awaited(link, waiting))
+        return result(await (self._greeted(link, waiting) if hello else self._awaited(link, waiting)))
+
+    async def _greeted(self, link: _Link, waiting: asyncio.Future[dict[str, Any]]) -> dict[str, Any]:
+        """`broker.client.Client._greeted`: the hello's reply, waited for without pings up to
+        `HELLO_TIMEOUT` (the server reads no ping before it has checked the hello)."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiting), ANSWER_TIMEOUT)
+        except TimeoutError:
+            log.info("client.hello_slow", broker=self._name, waited=ANSWER_TIMEOUT)
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiting), max(HELLO_TIMEOUT - ANSWER_TIMEOUT, 0.0))
+        except TimeoutError:
+            self._drop(link, TimeoutError(f"no answer to the hello in {HELLO_TIMEOUT} s"))
+            return await waiting
 
     async def _awaited(self, link: _Link, waiting: asyncio.Future[dict[str, Any]]) -> dict[str, Any]:
         """`broker.client.Client._awaited`: the reply, however late, while the server answers a
@@ -167,7 +182,7 @@ class AsyncClient(AsyncCalls):
             self._link = link
             self._reader_task = asyncio.create_task(self._read(link), name="broker-client-reader")
             user, password = self._credentials  # a hello even without a user: it tells the frame limit
-            hello = await self._send(link, "hello", {"user": user, "password": password})
+            hello = await self._send(link, "hello", {"user": user, "password": password}, hello=True)
             self._max_frame_size = frame_limit(hello)
             self._waiting_slots = asyncio.BoundedSemaphore(waiting_limit(hello))
             return link

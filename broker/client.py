@@ -55,6 +55,12 @@ SEND_TIMEOUT = 2 * ANSWER_TIMEOUT
 """Seconds a send may go without the server taking a byte (its buffers full: it reads nothing)
 before the connection is given up: as long as a silence and an unanswered ping. A send lock
 held for ever would keep every other call of the client, its pings too, from the connection."""
+HELLO_TIMEOUT = 30.0
+"""Seconds a hello may wait for its answer. The server reads nothing behind a hello until it has
+checked the password (a slow hash, other log-ins waiting their turn under load), so a ping
+cannot be answered before: the hello is waited for in silence, up to this bound, as Kafka bounds
+a connection's setup (``socket.connection.setup.timeout.ms``) apart from its requests. Past the
+bound the server is taken as hung (`BrokerUnavailableError` naming the hello)."""
 DEFAULT_MAX_WAITING = 64
 """The server's ``max_waiting_requests`` when its hello does not tell it."""
 FRAME_RESERVE = 256
@@ -161,8 +167,9 @@ class Client(SyncCalls):
     def _call(self, op: str, **fields: Any) -> dict[str, Any]:
         return self._exchange(self._connected(), op, fields)
 
-    def _exchange(self, sock: Connection, op: str, fields: Mapping[str, Any]) -> dict[str, Any]:
-        """Send one request on ``sock`` and wait for its reply."""
+    def _exchange(self, sock: Connection, op: str, fields: Mapping[str, Any], *,
+                  hello: bool = False) -> dict[str, Any]:
+        """Send one request on ``sock`` and wait for its reply (a ``hello``'s: `_greeted`)."""
         request_id = next(self._ids)
         given = {k: v for k, v in fields.items() if v is not None}  # absent: the default
         frame = fitting(native_codec.encode({"id": request_id, "op": op, **given}), op, self._max_frame_size)
@@ -175,7 +182,20 @@ class Client(SyncCalls):
             self._waiting.pop(request_id, None)
             self._lost(sock, exc)
             raise BrokerUnavailableError(f"broker {self._where()} unreachable: {self._refused or exc}") from exc
-        return result(self._awaited(sock, waiting))
+        return result(self._greeted(sock, waiting) if hello else self._awaited(sock, waiting))
+
+    def _greeted(self, sock: Connection, waiting: Future[dict[str, Any]]) -> dict[str, Any]:
+        """The hello's reply, waited for without pings (`HELLO_TIMEOUT`); the connection given up
+        if none comes by then."""
+        try:
+            return waiting.result(ANSWER_TIMEOUT)
+        except TimeoutError:
+            log.info("client.hello_slow", broker=self._where(), waited=ANSWER_TIMEOUT)
+        try:
+            return waiting.result(max(HELLO_TIMEOUT - ANSWER_TIMEOUT, 0.0))
+        except TimeoutError:
+            self._lost(sock, TimeoutError(f"no answer to the hello in {HELLO_TIMEOUT} s"))
+            return waiting.result()
 
     def _awaited(self, sock: Connection, waiting: Future[dict[str, Any]]) -> dict[str, Any]:
         """The reply ``waiting`` stands for, however late, while the server on ``sock`` is there;
@@ -222,7 +242,7 @@ class Client(SyncCalls):
                 self._sock, self._refused = sock, ""
                 threading.Thread(target=self._read, args=(sock,), name="broker-client", daemon=True).start()
             user, password = self._credentials  # a hello even without a user: it tells the frame limit
-            hello = self._exchange(sock, "hello", {"user": user, "password": password})
+            hello = self._exchange(sock, "hello", {"user": user, "password": password}, hello=True)
             self._max_frame_size = frame_limit(hello)
             self._waiting_slots = threading.BoundedSemaphore(waiting_limit(hello))
             return sock
