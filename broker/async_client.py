@@ -26,6 +26,7 @@ from broker.client import (
     CONNECT_TIMEOUT,
     DEFAULT_MAX_WAITING,
     HELLO_TIMEOUT,
+    LEAVE,
     PUBLISH,
     SEND_TIMEOUT,
     closed_by,
@@ -89,6 +90,12 @@ class AsyncClient(AsyncCalls):
         return AsyncRetrying(retry=retry_if_exception_type(BrokerUnavailableError),
                              wait=wait_exponential(multiplier=0.05, max=2.0),
                              stop=stop_after_delay(self._retry_seconds), reraise=True)
+
+    async def leave(self, member: str) -> None:
+        """`broker.client.Client.leave`: with no connection, its members are gone already."""
+        if self._link is None:
+            return
+        LEAVE.result(await self._request(LEAVE, LEAVE.request((member,), {})))
 
     async def close(self) -> None:
         self._closed = True

@@ -44,6 +44,7 @@ Connection = socket.socket | TlsSocket
 
 log = structlog.get_logger("broker.client")
 PUBLISH = OPERATIONS["publish"]
+LEAVE = OPERATIONS["unsubscribe"]
 CONNECT_TIMEOUT = 5.0
 ANSWER_TIMEOUT = CONNECT_TIMEOUT
 """Seconds the connection may stay silent while a reply is owed before the client pings the
@@ -130,6 +131,15 @@ class Client(SyncCalls):
                     reply = self._request(PUBLISH, fields)
             placements += PUBLISH.result(reply)
         return placements
+
+    def leave(self, member: str) -> None:
+        """End ``member``. A member belongs to the connection it joined on: with none (lost), the
+        server has let it go already, and no connection is made (to a hung server, a hello's wait)
+        only to be told so."""
+        with self._lock:
+            if self._sock is None:
+                return
+        LEAVE.result(self._request(LEAVE, LEAVE.request((member,), {})))
 
     def _resending(self) -> Retrying:
         """Tries of one publish step, with backoff over reconnects for ``publish_retry_seconds``."""
