@@ -1,11 +1,13 @@
 """The console in headless Chromium (Debian's, driven by Playwright): what an operator does.
 
-Screenshots of the main pages land in docs/console/ (docs/console.md shows them).
+Screenshots of the main pages land in the test's own folder; ``CONSOLE_SCREENSHOTS=docs/console``
+puts them where docs/console.md shows them (a run must not change the checkout unasked).
 """
 
 from __future__ import annotations
 
 import http.server
+import os
 import shutil
 import threading
 import time
@@ -21,7 +23,6 @@ from tests.waiting import wait_until
 
 playwright = pytest.importorskip("playwright.sync_api")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -34,6 +35,12 @@ def browser() -> Iterator[object]:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         yield browser
         browser.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where the screenshots go: ``CONSOLE_SCREENSHOTS`` (docs/console to refresh the docs' own)."""
+    return Path(os.environ.get("CONSOLE_SCREENSHOTS", tmp_path))
 
 
 @pytest.fixture
@@ -60,24 +67,24 @@ def session(browser, deployment: Deployment, user: str):  # type: ignore[no-unty
     return page
 
 
-def test_an_operator_finds_a_dead_letter_and_replays_it_to_its_group_only(browser, deployment) -> None:  # type: ignore[no-untyped-def]
+def test_an_operator_finds_a_dead_letter_and_replays_it_to_its_group_only(browser, deployment, shots) -> None:  # type: ignore[no-untyped-def]
     page = session(browser, deployment, "alice")
     assert "payments" in page.inner_text("#topics")
-    page.screenshot(path=str(SHOTS / "topics.png"))
+    page.screenshot(path=str(shots / "topics.png"))
 
     page.click("text=Groups")
     page.click("#groups >> text=billing")
     wait_until(lambda: page.reload() and page.locator("#lag-plot").count(),  # a sample every 50 ms
                "two lag samples, which make a curve")
     assert page.locator("#lag-plot polyline").count() == 1
-    page.screenshot(path=str(SHOTS / "group.png"), full_page=True)
+    page.screenshot(path=str(shots / "group.png"), full_page=True)
 
     page.click("#letter-sources >> text=kept by the framework")
     page.click("#letters >> a")
     assert "payment p-2 is blocked" in page.inner_text("#cause")
     assert "<script>alert('owned')</script>" in page.inner_text("#body")  # shown as text, never run
     assert page.locator("#body script").count() == 0
-    page.screenshot(path=str(SHOTS / "letter.png"), full_page=True)
+    page.screenshot(path=str(shots / "letter.png"), full_page=True)
 
     deployment.blocked.clear()
     page.click("#replay")
@@ -112,7 +119,7 @@ def test_a_read_only_user_finds_no_action_and_a_forged_post_is_refused(browser, 
     assert letter.id in [d.id for d in deployment.app.dead_letters("billing")]
 
 
-def test_ten_thousand_dead_letters_open_paged(browser, deployment) -> None:  # type: ignore[no-untyped-def]
+def test_ten_thousand_dead_letters_open_paged(browser, deployment, shots) -> None:  # type: ignore[no-untyped-def]
     now = time.time()
     before = deployment.app.dead_letter_queue.count("billing")
     with deployment.app.store.transaction() as tx:
@@ -130,7 +137,7 @@ def test_ten_thousand_dead_letters_open_paged(browser, deployment) -> None:  # t
     page.click("#next-page")
     second = time.perf_counter() - started
     assert page.locator("#letters tbody tr").count() == 50
-    page.screenshot(path=str(SHOTS / "letters.png"))
+    page.screenshot(path=str(shots / "letters.png"))
     print(f"\n{before + 10_000:,} dead letters: first page {first * 1000:.0f} ms, next page {second * 1000:.0f} ms")
 
 
