@@ -17,6 +17,13 @@ group's coordinator, ``delete-records TOPIC PARTITION OFFSET`` deletes the
 records below the offset (as retention does), ``delete-topic TOPIC`` and
 ``create-topic TOPIC PARTITIONS`` delete and create a topic. Each command is
 answered by a line ``ok`` (or ``refused`` and the error's name).
+
+A new group's first join is answered at once (``--initial-rebalance-delay``,
+default 0 ms, as development setups of Kafka configure
+``group.initial.rebalance.delay.ms``): the mock's own default holds every new
+group's first member for 3 s, waiting for others that a test starts when it
+means to. A later rebalance still waits the members' session timeout less one
+second for them to join again, as the mock does.
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ def _librdkafka() -> ctypes.CDLL:
         getattr(lib, control).argtypes = [ctypes.c_void_p, ctypes.c_int32]
     lib.rd_kafka_mock_coordinator_set.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32]
     lib.rd_kafka_mock_set_controller_id.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+    lib.rd_kafka_mock_group_initial_rebalance_delay_ms.argtypes = [ctypes.c_void_p, ctypes.c_int32]
     lib.rd_kafka_mock_partition_set_leader.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32,
                                                        ctypes.c_int32]
     lib.rd_kafka_mock_partition_delete_records.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32,
@@ -69,7 +77,7 @@ def _librdkafka() -> ctypes.CDLL:
     return lib
 
 
-def serve(brokers: int) -> None:
+def serve(brokers: int, initial_rebalance_delay_ms: int = 0) -> None:
     """Start a mock cluster, print its URL, obey failure commands until stdin closes."""
     lib = _librdkafka()
     error = ctypes.create_string_buffer(512)
@@ -80,6 +88,7 @@ def serve(brokers: int) -> None:
         raise ConfigurationError(f"librdkafka: {error.value.decode()}")
     cluster = lib.rd_kafka_mock_cluster_new(owner, brokers)
     lib.rd_kafka_mock_set_controller_id(cluster, CONTROLLER)  # else topics cannot be created (CreateTopics)
+    lib.rd_kafka_mock_group_initial_rebalance_delay_ms(cluster, initial_rebalance_delay_ms)
     print(f"kafka://{lib.rd_kafka_mock_cluster_bootstraps(cluster).decode()}", flush=True)
     for line in sys.stdin:  # ends at end of file: the parent is done, or gone
         command, *args = line.split()
@@ -104,9 +113,10 @@ def serve(brokers: int) -> None:
 class MockCluster:
     """A mock Kafka cluster served by a child process; ``url`` is its ``kafka://`` URL."""
 
-    def __init__(self, brokers: int = 3) -> None:
+    def __init__(self, brokers: int = 3, initial_rebalance_delay: float = 0.0) -> None:
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "backends.transport.kafka_mock", "--brokers", str(brokers)],
+            [sys.executable, "-m", "backends.transport.kafka_mock", "--brokers", str(brokers),
+             "--initial-rebalance-delay", str(round(initial_rebalance_delay * 1000))],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -181,7 +191,11 @@ class MockCluster:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--brokers", type=int, default=3, help="brokers in the mock cluster")
-    serve(parser.parse_args().brokers)
+    parser.add_argument("--initial-rebalance-delay", type=int, default=0, metavar="MS",
+                        help="how long a new group's first join waits for more members (Kafka's "
+                             "group.initial.rebalance.delay.ms; default 0)")
+    arguments = parser.parse_args()
+    serve(arguments.brokers, arguments.initial_rebalance_delay)
 
 
 if __name__ == "__main__":
