@@ -24,20 +24,22 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 from broker.client import (
     ANSWER_TIMEOUT,
     CONNECT_TIMEOUT,
-    DEFAULT_MAX_WAITING,
     HELLO_TIMEOUT,
     LEAVE,
     PUBLISH,
     SEND_TIMEOUT,
+    parse_address,
+    unix_path,
+    where,
+)
+from broker.client_wire import (
+    DEFAULT_MAX_WAITING,
     closed_by,
     fitting,
     frame_limit,
-    parse_address,
     publish_requests,
     result,
-    unix_path,
     waiting_limit,
-    where,
 )
 from broker.delivery.values import Delivery, OutgoingMessage, Placement
 from broker.errors import BrokerError, BrokerUnavailableError, UnknownMemberError
@@ -116,7 +118,7 @@ class AsyncClient(AsyncCalls):
         link = await self._connected()
         if not op.waits:
             return await self._send(link, op.name, fields)
-        async with self._waiting_slots:  # `broker.client.waiting_limit`: the rest wait here
+        async with self._waiting_slots:  # `broker.client_wire.waiting_limit`: the rest wait here
             return await self._send(link, op.name, fields)
 
     async def _send(self, link: _Link, op: str, fields: Mapping[str, Any], *,

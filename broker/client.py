@@ -16,27 +16,38 @@ by the broker's de-duplication.
 from __future__ import annotations
 
 import itertools
-import os
 import socket
 import ssl
 import struct
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 import structlog
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    wait_exponential,
+)
 
-from broker import errors
+from broker.client_wire import (
+    DEFAULT_MAX_WAITING,
+    closed_by,
+    fitting,
+    frame_limit,
+    publish_requests,
+    result,
+    waiting_limit,
+)
 from broker.delivery.values import OutgoingMessage, Placement
-from broker.errors import BrokerError, BrokerUnavailableError, RecordTooLargeError
+from broker.errors import BrokerError, BrokerUnavailableError
 from broker.protocol import codec as native_codec
 from broker.protocol.calls import SyncCalls
 from broker.protocol.codec import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, decode_body
-from broker.protocol.errors import WIRE_ERRORS, ClientError, FrameTooLargeError
 from broker.protocol.operations import OPERATIONS, Operation
-from broker.protocol.tables import outgoing_table
 from broker.tls_socket import TlsSocket
 
 Connection = socket.socket | TlsSocket
@@ -62,10 +73,6 @@ checked the password (a slow hash, other log-ins waiting their turn under load),
 cannot be answered before: the hello is waited for in silence, up to this bound, as Kafka bounds
 a connection's setup (``socket.connection.setup.timeout.ms``) apart from its requests. Past the
 bound the server is taken as hung (`BrokerUnavailableError` naming the hello)."""
-DEFAULT_MAX_WAITING = 64
-"""The server's ``max_waiting_requests`` when its hello does not tell it."""
-FRAME_RESERVE = 256
-"""Bytes of a publish frame besides its messages: prefix, request id, operation, topic, batch id."""
 
 
 def unix_path(address: str) -> str | None:
@@ -118,17 +125,23 @@ class Client(SyncCalls):
     # -- BrokerApi: one method per operation (SyncCalls), publish resent over reconnects ------
 
 
-    def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Placement]:
+    def publish(self, topic: str, messages: Sequence[OutgoingMessage], *,
+                timeout: float | None = None) -> list[Placement]:
         """Append ``messages`` to ``topic``; resent with backoff over reconnects, under the same
-        ids or batch id, so a resend whose first copy reached the store is dropped."""
-        for attempt in self._resending():
+        ids or batch id, so a resend whose first copy reached the store is dropped.
+
+        ``timeout``: seconds the whole call may take (a caller's own bound), its connect, hello
+        and replies included; past it, `BrokerUnavailableError`. None: ``publish_retry_seconds``
+        of resends, each reply waited for as long as the server answers pings."""
+        until = None if timeout is None else time.monotonic() + timeout
+        for attempt in self._resending(until):
             with attempt:
-                self._connected()  # the server's frame limit is known from here on
+                self._connected(until)  # the server's frame limit is known from here on
         placements: list[Placement] = []
         for fields in publish_requests(topic, messages, self._max_frame_size):  # made once: a resend keeps them
-            for attempt in self._resending():
+            for attempt in self._resending(until):
                 with attempt:
-                    reply = self._request(PUBLISH, fields)
+                    reply = self._request(PUBLISH, fields, until)
             placements += PUBLISH.result(reply)
         return placements
 
@@ -141,11 +154,15 @@ class Client(SyncCalls):
                 return
         LEAVE.result(self._request(LEAVE, LEAVE.request((member,), {})))
 
-    def _resending(self) -> Retrying:
-        """Tries of one publish step, with backoff over reconnects for ``publish_retry_seconds``."""
+    def _resending(self, until: float | None = None) -> Retrying:
+        """Tries of one publish step, with backoff over reconnects for ``publish_retry_seconds``
+        and, where given, until the monotonic time ``until``."""
+        def spent(state: RetryCallState) -> bool:
+            return ((state.seconds_since_start or 0.0) >= self._retry_seconds
+                    or (until is not None and time.monotonic() >= until))
+
         return Retrying(retry=retry_if_exception_type(BrokerUnavailableError),
-                        wait=wait_exponential(multiplier=0.05, max=2.0),
-                        stop=stop_after_delay(self._retry_seconds), reraise=True)
+                        wait=wait_exponential(multiplier=0.05, max=2.0), stop=spent, reraise=True)
 
     def close(self) -> None:
         """End the connection now: the server sees it end and releases what this client held.
@@ -167,18 +184,17 @@ class Client(SyncCalls):
 
     # -- the connection ------------------------------------------------------------
 
-    def _request(self, op: Operation, fields: Mapping[str, Any]) -> dict[str, Any]:
+    def _request(self, op: Operation, fields: Mapping[str, Any], until: float | None = None) -> dict[str, Any]:
+        """One request's reply; where ``until`` is given, a `BrokerUnavailableError` once that
+        monotonic time has passed without it."""
         if not op.waits:
-            return self._call(op.name, **fields)
-        self._connected()  # the server's limit is known from here on
+            return self._exchange(self._connected(until), op.name, fields, until=until)
+        self._connected(until)  # the server's limit is known from here on
         with self._waiting_slots:  # more would be refused (limit_exceeded): the rest wait here
-            return self._call(op.name, **fields)
-
-    def _call(self, op: str, **fields: Any) -> dict[str, Any]:
-        return self._exchange(self._connected(), op, fields)
+            return self._exchange(self._connected(until), op.name, fields, until=until)
 
     def _exchange(self, sock: Connection, op: str, fields: Mapping[str, Any], *,
-                  hello: bool = False) -> dict[str, Any]:
+                  hello: bool = False, until: float | None = None) -> dict[str, Any]:
         """Send one request on ``sock`` and wait for its reply (a ``hello``'s: `_greeted`)."""
         request_id = next(self._ids)
         given = {k: v for k, v in fields.items() if v is not None}  # absent: the default
@@ -192,53 +208,66 @@ class Client(SyncCalls):
             self._waiting.pop(request_id, None)
             self._lost(sock, exc)
             raise BrokerUnavailableError(f"broker {self._where()} unreachable: {self._refused or exc}") from exc
-        return result(self._greeted(sock, waiting) if hello else self._awaited(sock, waiting))
+        if hello:
+            return result(self._greeted(sock, waiting, until))
+        try:
+            return result(self._awaited(sock, waiting, until))
+        finally:
+            self._waiting.pop(request_id, None)  # given up at ``until``: a late reply is dropped
 
-    def _greeted(self, sock: Connection, waiting: Future[dict[str, Any]]) -> dict[str, Any]:
-        """The hello's reply, waited for without pings (`HELLO_TIMEOUT`); the connection given up
-        if none comes by then."""
+    def _greeted(self, sock: Connection, waiting: Future[dict[str, Any]], until: float | None) -> dict[str, Any]:
+        """The hello's reply, waited for without pings (`HELLO_TIMEOUT`, or until ``until``); the
+        connection given up if none comes by then."""
+        bound = HELLO_TIMEOUT if until is None else max(min(HELLO_TIMEOUT, until - time.monotonic()), 0.0)
         try:
-            return waiting.result(ANSWER_TIMEOUT)
+            return waiting.result(min(ANSWER_TIMEOUT, bound))
         except TimeoutError:
-            log.info("client.hello_slow", broker=self._where(), waited=ANSWER_TIMEOUT)
+            log.info("client.hello_slow", broker=self._where(), waited=min(ANSWER_TIMEOUT, bound))
         try:
-            return waiting.result(max(HELLO_TIMEOUT - ANSWER_TIMEOUT, 0.0))
+            return waiting.result(max(bound - ANSWER_TIMEOUT, 0.0))
         except TimeoutError:
-            self._lost(sock, TimeoutError(f"no answer to the hello in {HELLO_TIMEOUT} s"))
+            self._lost(sock, TimeoutError(f"no answer to the hello in {bound:.3g} s"))
             return waiting.result()
 
-    def _awaited(self, sock: Connection, waiting: Future[dict[str, Any]]) -> dict[str, Any]:
-        """The reply ``waiting`` stands for, however late, while the server on ``sock`` is there;
-        a `BrokerUnavailableError` once it answers nothing (`ANSWER_TIMEOUT`): the connection is
-        given up then, every call on it fails and the next one connects again."""
+    def _awaited(self, sock: Connection, waiting: Future[dict[str, Any]], until: float | None) -> dict[str, Any]:
+        """The reply ``waiting`` stands for, however late, while the server on ``sock`` is there
+        (and ``until`` has not passed); a `BrokerUnavailableError` once it answers nothing
+        (`ANSWER_TIMEOUT`): the connection is given up then, every call on it fails and the next
+        one connects again."""
         while True:
             heard = self._heard
+            left = ANSWER_TIMEOUT if until is None else until - time.monotonic()
             try:
-                return waiting.result(ANSWER_TIMEOUT)
+                return waiting.result(max(min(ANSWER_TIMEOUT, left), 0.0))
             except TimeoutError:
-                if self._heard == heard and not self._answers(sock):
+                if left <= ANSWER_TIMEOUT and until is not None:  # the caller's bound is spent
+                    raise BrokerUnavailableError(f"broker {self._where()}: no reply within the caller's "
+                                                 "timeout") from None
+                if self._heard == heard and not self._answers(sock, until):
                     self._lost(sock, TimeoutError(f"no answer in {ANSWER_TIMEOUT} s, not even to a ping"))
 
-    def _answers(self, sock: Connection) -> bool:
-        """Whether the server on ``sock`` answers a ping within `ANSWER_TIMEOUT` (a refusal is
-        an answer too)."""
+    def _answers(self, sock: Connection, until: float | None = None) -> bool:
+        """Whether the server on ``sock`` answers a ping within `ANSWER_TIMEOUT` (and before
+        ``until``; a refusal is an answer too)."""
         request_id = next(self._ids)
         answer: Future[dict[str, Any]] = Future()
         self._waiting[request_id] = answer
         try:
             with self._send_lock:
                 sock.sendall(native_codec.encode({"id": request_id, "op": "ping"}))
-            answer.result(ANSWER_TIMEOUT)
+            answer.result(ANSWER_TIMEOUT if until is None else max(min(ANSWER_TIMEOUT, until - time.monotonic()), 0.0))
             return True
         except (OSError, BrokerUnavailableError):  # TimeoutError is an OSError
             return False
         finally:
             self._waiting.pop(request_id, None)
 
-    def _connected(self) -> Connection:
+    def _connected(self, until: float | None = None) -> Connection:
         """The connection, made and greeted first if there is none: calls of other threads wait
-        for its hello, so none reaches the server before it."""
-        with self._connecting:
+        for its hello, so none reaches the server before it (until ``until``, if given)."""
+        if not self._connecting.acquire(timeout=-1 if until is None else max(until - time.monotonic(), 0.0)):
+            raise BrokerUnavailableError(f"broker {self._where()}: still connecting at the caller's timeout")
+        try:
             with self._lock:
                 if self._closed:
                     raise BrokerError("this broker client is closed")
@@ -252,10 +281,12 @@ class Client(SyncCalls):
                 self._sock, self._refused = sock, ""
                 threading.Thread(target=self._read, args=(sock,), name="broker-client", daemon=True).start()
             user, password = self._credentials  # a hello even without a user: it tells the frame limit
-            hello = self._exchange(sock, "hello", {"user": user, "password": password}, hello=True)
+            hello = self._exchange(sock, "hello", {"user": user, "password": password}, hello=True, until=until)
             self._max_frame_size = frame_limit(hello)
             self._waiting_slots = threading.BoundedSemaphore(waiting_limit(hello))
             return sock
+        finally:
+            self._connecting.release()
 
     def _open(self) -> Connection:
         if self.path is not None:
@@ -311,97 +342,3 @@ class Client(SyncCalls):
     def _where(self) -> str:
         return self._name
 
-
-def publish_fields(topic: str, messages: Sequence[OutgoingMessage]) -> dict[str, Any]:
-    """A publish request's fields. Messages without ids of their own are named by one batch id
-    (128 random bits): the broker gives them the ids ``<batch id>.0``, ``<batch id>.1``, ...
-    and drops a resend of the batch id as a whole, with one entry per batch where an id per
-    message would take one each. If any message has an id, every one is named by its own (one
-    made here where none was given)."""
-    if any(message.message_id for message in messages):
-        return {"topic": topic, "messages": outgoing_table(messages, message_ids(messages))}
-    return {"topic": topic, "messages": outgoing_table(messages, None), "batch": os.urandom(16).hex()}
-
-
-def publish_requests(topic: str, messages: Sequence[OutgoingMessage], max_frame_size: int) -> list[dict[str, Any]]:
-    """The fields of one publish request per run of ``messages`` (in order) that fits in a frame
-    of ``max_frame_size`` bytes: the server closes the connection on a larger one, which would
-    look like an outage and be resent forever. A message too large for any frame is refused."""
-    runs: list[list[OutgoingMessage]] = [[]]
-    size = 0
-    for message in messages:
-        need = framed_size(message)
-        if need + FRAME_RESERVE > max_frame_size:
-            raise RecordTooLargeError(
-                f"message {message.message_id or '(no id)'} of {len(message.body)} bytes takes about {need} "
-                f"bytes framed, above the broker server's max_frame_size={max_frame_size}")
-        if runs[-1] and size + need + FRAME_RESERVE > max_frame_size:
-            runs.append([])
-            size = 0
-        runs[-1].append(message)
-        size += need
-    return [publish_fields(topic, run) for run in runs]
-
-
-def framed_size(message: OutgoingMessage) -> int:
-    """At most the bytes ``message`` adds to a publish frame: msgpack gives each value a prefix
-    of at most 5 bytes, and a column its message's share of the field names."""
-    texts = [message.key, message.tag, message.message_id, *message.headers, *message.headers.values()]
-    return len(message.body) + sum(len(t.encode("utf-8", "surrogatepass")) + 5 for t in texts) + 64
-
-
-def fitting(frame: bytes, op: str, max_frame_size: int) -> bytes:
-    """``frame``, unless it is larger than the server takes (it would close the connection)."""
-    if len(frame) > max_frame_size:
-        raise FrameTooLargeError(f"{op} request of {len(frame)} bytes is above the broker server's "
-                                 f"max_frame_size={max_frame_size}")
-    return frame
-
-
-def frame_limit(hello: Mapping[str, Any]) -> int:
-    """The frame limit a server's hello reply tells (servers before it: the default)."""
-    limit = hello.get("max_frame_size")
-    return limit if isinstance(limit, int) and limit > 0 else DEFAULT_MAX_FRAME_SIZE
-
-
-def waiting_limit(hello: Mapping[str, Any]) -> int:
-    """How many requests that wait (fetch, read, ...) the server runs at once per connection, as
-    its hello reply tells (servers before it: their default). A client sends no more at once:
-    the server refuses one more (`limit_exceeded`), so a process with more members than that
-    (a worker with many handlers) would see fetches fail instead of taking turns."""
-    limit = hello.get("max_waiting_requests")
-    return limit if isinstance(limit, int) and limit > 0 else DEFAULT_MAX_WAITING
-
-
-def message_ids(messages: Sequence[OutgoingMessage]) -> list[str]:
-    """The id of each message: its own, or one made here (128 random bits, as ``uuid4().hex``)."""
-    given = [m.message_id for m in messages]
-    unnamed = given.count("")
-    if not unnamed:
-        return given
-    made = os.urandom(16 * unnamed).hex()  # one system call for the batch
-    fresh = [made[start:start + 32] for start in range(0, len(made), 32)]
-    if unnamed == len(given):
-        return fresh
-    fresh.reverse()
-    return [message_id or fresh.pop() for message_id in given]
-
-
-def closed_by(reply: dict[str, Any]) -> str:
-    """What a connection ended with, from the error the server sent for no request before closing
-    it (a connection limit, a broken stream)."""
-    error = reply.get("error") or {}
-    return f"the broker closed the connection: {error.get('code')}: {error.get('message')}"
-
-
-def result(reply: dict[str, Any]) -> dict[str, Any]:
-    if reply.get("ok"):
-        return reply
-    error = reply.get("error") or {}
-    kind = getattr(errors, str(error.get("type")), None)
-    message = str(error.get("message", "unknown error"))
-    if isinstance(kind, type) and issubclass(kind, BrokerError) and kind.__module__ == "broker.errors":
-        raise kind(message)
-    code = str(error.get("code", "server_error"))
-    wire = WIRE_ERRORS.get(code)
-    raise wire.from_wire(message, error) if wire is not None else ClientError(code, message)

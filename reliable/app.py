@@ -196,7 +196,7 @@ class App:
         ids = [i or new_message_id() for i in (message_ids or [None] * len(bodies))]
         doing = f"publish to {topic!r}"
         # open the backends first, so that every middleware's on_open ran before its before_publish
-        through_outages(lambda: self.runtime, self.clock, self.settings.transport.publish_timeout, doing)
+        through_outages(lambda _: self.runtime, self.clock, self.settings.transport.publish_timeout, doing)
         with self.middleware.publishing(topic, headers, len(bodies)) as sent_headers:
             all_headers = {CONTENT_TYPE: content_type, **sent_headers}
             outgoing = [
@@ -204,9 +204,9 @@ class App:
                 for b, i in zip(bodies, ids, strict=True)
             ]
 
-            def send() -> None:
+            def send(timeout: float) -> None:
                 self._declare_groups(topic)
-                self.runtime.transport.publish(topic, outgoing)
+                self.runtime.transport.publish(topic, outgoing, timeout=timeout)
 
             through_outages(send, self.clock, self.settings.transport.publish_timeout, doing)
 

@@ -139,8 +139,11 @@ class Publisher:
     def open(self) -> bool:
         return self._failure is None
 
-    def publish(self, messages: Sequence[Publish], doing: str) -> None:
-        """Publish ``messages`` and wait until RabbitMQ acked every one (see the module's errors)."""
+    def publish(self, messages: Sequence[Publish], doing: str, timeout: float | None = None) -> None:
+        """Publish ``messages`` and wait until RabbitMQ acked every one (see the module's errors);
+        not acked within ``timeout`` seconds (where given): `WritesRefusedError` naming the alarm
+        on a blocked connection (kept), else the connection is closed (the next batch opens
+        another) and `BackendUnavailableError` raised."""
         if not messages:
             return
         confirms = Confirms(doing)
@@ -153,7 +156,12 @@ class Publisher:
                 check_frames(messages, self._connection.params.frame_max, doing)  # negotiated at connect
                 self._confirms = confirms
                 self._ioloop.add_callback_threadsafe(partial(self._publish, messages, confirms))
-            confirms.done.wait()
+            if not confirms.done.wait(timeout):
+                blocked = self._blocked.reason
+                if blocked is not None:  # as `_refuse_blocked` says, a little earlier: the connection stays
+                    raise translate(pika.exceptions.ConnectionBlockedTimeout(), doing, blocked)
+                self.close()  # its confirms would settle no batch of ours
+                raise BackendUnavailableError(f"amqp: {doing}: not confirmed within {timeout:.3g} s")
         try:
             confirms.check()
         except WritesRefusedError:

@@ -103,7 +103,7 @@ class AmqpTransport(Transport):
         self._subscriptions: list[AmqpSubscription] = []
         self._groups: set[tuple[str, str]] = set()
 
-    def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+    def _send(self, topic: str, messages: Sequence[OutgoingMessage], *, timeout: float | None = None) -> None:
         def batch() -> list[Publish]:
             topology = self._open()
             exchange = topology.topic(topic)
@@ -120,7 +120,7 @@ class AmqpTransport(Transport):
             return found
 
         groups = sorted(group for group, of in self._groups if of == topic)
-        self._publish(batch, f"publish to {topic!r}", topic, groups)
+        self._publish(batch, f"publish to {topic!r}", topic, groups, timeout)
 
     def _send_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         """Straight into the group's work queue (a replay)."""
@@ -131,12 +131,14 @@ class AmqpTransport(Transport):
 
         self._publish(batch, f"publish to group {group!r}", topic, [group] if (group, topic) in self._groups else [])
 
-    def _publish(self, batch: Callable[[], list[Publish]], doing: str, topic: str, groups: list[str]) -> None:
-        """Publish ``batch()``. RabbitMQ finding no exchange (404) or no queue (the message returned)
-        means what this transport declared was deleted under it: declared again, published again."""
+    def _publish(self, batch: Callable[[], list[Publish]], doing: str, topic: str, groups: list[str],
+                 timeout: float | None = None) -> None:
+        """Publish ``batch()`` (its confirms waited for ``timeout`` seconds at most, where given).
+        RabbitMQ finding no exchange (404) or no queue (the message returned) means what this
+        transport declared was deleted under it: declared again, published again."""
         with self._lock:
             try:
-                self._publishing().publish(batch(), doing)
+                self._publishing().publish(batch(), doing, timeout)
                 return
             except (RefusedError, UnroutableError) as exc:
                 if isinstance(exc, RefusedError) and exc.code != NOT_FOUND:
@@ -147,7 +149,7 @@ class AmqpTransport(Transport):
                 for group in groups:
                     topology.group(group, topic)
                 log.warning("transport.declared_again", topic=topic, groups=groups, error=str(exc))
-            self._publishing().publish(batch(), doing)
+            self._publishing().publish(batch(), doing, timeout)
 
     def declare(self, group: str, topics: Sequence[str]) -> None:
         """Make RabbitMQ keep what is published to ``topics`` from now on for ``group``."""

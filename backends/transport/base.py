@@ -215,13 +215,19 @@ class Transport(ABC):
     (`backends.types.text_from_bytes`) can be sent back."""
     _closed: bool = False
 
-    def publish(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
-        """Append ``messages`` to ``topic``; a message with ``delay`` is delivered later."""
+    def publish(self, topic: str, messages: Sequence[OutgoingMessage], *, timeout: float | None = None) -> None:
+        """Append ``messages`` to ``topic``; a message with ``delay`` is delivered later.
+
+        ``timeout``: seconds the caller has left (``App.publish``'s last try, bounded by
+        ``publish_timeout``); each request to the server waits at most that long, instead of the
+        transport's own ``request_timeout``. None: the transport's own bounds."""
         self._check_open()
         self.check_topic(topic)
         check_outgoing(messages, binary_fields=self.binary_fields)
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"publish timeout={timeout!r}: must be > 0 seconds")
         if messages:
-            self._send(topic, self._stamped(messages, None))
+            self._send(topic, self._stamped(messages, None), timeout=timeout)
 
     def publish_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         """Deliver ``messages`` of ``topic`` to ``group`` only (a dead-letter replay), each
@@ -266,8 +272,9 @@ class Transport(ABC):
     # -- primitives, per transport ----------------------------------------------------------
 
     @abstractmethod
-    def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
-        """Send checked, stamped ``messages`` (at least one) to ``topic``."""
+    def _send(self, topic: str, messages: Sequence[OutgoingMessage], *, timeout: float | None = None) -> None:
+        """Send checked, stamped ``messages`` (at least one) to ``topic``, each request waiting at
+        most ``timeout`` seconds where it is given (`publish`)."""
 
     @abstractmethod
     def _send_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:

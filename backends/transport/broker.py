@@ -104,10 +104,14 @@ class BrokerTransport(Transport):
         except InvalidNameError as exc:
             raise TransportError(str(exc)) from None
 
-    def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+    def _send(self, topic: str, messages: Sequence[OutgoingMessage], *, timeout: float | None = None) -> None:
         _check_keys(messages)
         with translated(f"publish to {topic!r}", self.contact):
-            self.api.publish(topic, [self._outgoing(m) for m in messages])
+            self._publish(topic, [self._outgoing(m) for m in messages], timeout)
+
+    def _publish(self, topic: str, messages: list[BrokerMessage], timeout: float | None) -> None:
+        """The engine's publish; in process it waits on nothing, so ``timeout`` is not needed."""
+        self.api.publish(topic, messages)
 
     def _send_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         _check_keys(messages)

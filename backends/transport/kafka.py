@@ -102,7 +102,7 @@ class KafkaTransport(Transport):
         self._publisher = Publisher(self._servers, {}, self._request_timeout, wanted)
         self._subscriptions: list[KafkaSubscription] = []
 
-    def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+    def _send(self, topic: str, messages: Sequence[OutgoingMessage], *, timeout: float | None = None) -> None:
         check_header_names(messages)
         self._produce(
             [
@@ -110,7 +110,8 @@ class KafkaTransport(Transport):
                 if message.delay <= 0
                 else (delayed_topic(topic, bucket_ms(message.delay)), message, {ORIGIN_TOPIC_HEADER: topic})
                 for message in messages
-            ]
+            ],
+            timeout,
         )
 
     def _send_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
@@ -141,8 +142,10 @@ class KafkaTransport(Transport):
             subscription.close()
         self._publisher.close()
 
-    def _produce(self, routed: Sequence[tuple[str, OutgoingMessage, dict[str, str]]]) -> None:
-        """Produce each ``(target topic, message, extra headers)``, one wait per target topic."""
+    def _produce(self, routed: Sequence[tuple[str, OutgoingMessage, dict[str, str]]],
+                 timeout: float | None = None) -> None:
+        """Produce each ``(target topic, message, extra headers)``, one wait for all (at most
+        ``timeout`` seconds where given)."""
         now = self._clock.time()
         by_target: dict[str, list[Record]] = {}
         for target, message, extra in routed:
@@ -156,7 +159,7 @@ class KafkaTransport(Transport):
                 headers[DUE_HEADER] = repr(now + message.delay)
             record = (message.key, message.payload, encode_headers(headers), int(now * 1000))
             by_target.setdefault(target, []).append(record)
-        self._publisher.send_all(by_target)
+        self._publisher.send_all(by_target, timeout=timeout)
 
     def _consumer_settings(self) -> dict[str, Any]:
         session_ms = int(self._session_timeout * 1000)

@@ -212,8 +212,11 @@ class Publisher:
         """Produce ``records`` to ``topic`` and wait until the cluster acknowledged them."""
         self.send_all({topic: records})
 
-    def send_all(self, records: Mapping[str, Sequence[Record]], again: bool = False) -> None:
-        """Produce the records of each topic, then wait until the cluster acknowledged all.
+    def send_all(self, records: Mapping[str, Sequence[Record]], again: bool = False, *,
+                 timeout: float | None = None) -> None:
+        """Produce the records of each topic, then wait until the cluster acknowledged all (at
+        most ``timeout`` seconds where given, else the publisher's own; records left waiting
+        then may still be delivered: their ids let every consumer skip a resent copy).
 
         Records refused for a partition their topic no longer has (it was deleted
         and created with fewer) are sent once more, placed on the partitions it has now.
@@ -229,15 +232,16 @@ class Publisher:
         for topic, batch in records.items():
             self._produce(topic, batch, delivery)
         doing = f"produce to {', '.join(repr(topic) for topic in records)}"
-        left = self._producer.flush(self._timeout)
+        waited = self._timeout if timeout is None else min(timeout, self._timeout)
+        left = self._producer.flush(waited)
         if left:
-            raise BackendUnavailableError(f"kafka: {doing}: {left} record(s) unacknowledged")
+            raise BackendUnavailableError(f"kafka: {doing}: {left} record(s) unacknowledged after {waited:g} s")
         refused = {} if again else self._placed_anew(failures)
         if sum(map(len, refused.values())) < len(failures):
             raise translate(next(error for error, topic, _, record in failures if record not in refused.get(topic, [])),
                             doing)
         if refused:
-            self.send_all(refused, again=True)
+            self.send_all(refused, again=True, timeout=timeout)
 
     def _placed_anew(self, failures: Sequence[tuple[KafkaError, str, int, Record]]) -> dict[str, list[Record]]:
         """The records of ``failures`` refused for a partition their topic no longer has (it was

@@ -129,6 +129,11 @@ class MockCluster:
             raise ConfigurationError(f"the mock Kafka cluster did not start (printed {line!r})")
         self.url = line
 
+    @property
+    def pid(self) -> int:
+        """The process serving the cluster (a test stops it with SIGSTOP: every broker hangs)."""
+        return self._process.pid
+
     def set_down(self, broker: int) -> None:
         """Take ``broker`` down: its connections are closed and new ones refused."""
         self._command(f"down {broker}")

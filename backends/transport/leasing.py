@@ -92,8 +92,8 @@ class LeasingTransport(Transport):
         """``due``, a `_due_now` reading, as wall time (`Subscription.next_due` is one)."""
         return due
 
-    def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
-        self._append(topic, messages, self._clock.time())
+    def _send(self, topic: str, messages: Sequence[OutgoingMessage], *, timeout: float | None = None) -> None:
+        self._append(topic, messages, self._clock.time(), timeout=timeout)
 
     def _send_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         """Append to ``%RETRY%<group>``, which only members of ``group`` read."""
@@ -137,9 +137,10 @@ class LeasingTransport(Transport):
     # -- primitives, per backend ------------------------------------------------------------
 
     @abstractmethod
-    def _append(self, topic: str, messages: Sequence[OutgoingMessage], now: float) -> None:
+    def _append(self, topic: str, messages: Sequence[OutgoingMessage], now: float, *,
+                timeout: float | None = None) -> None:
         """Store ``messages`` on their queues, published at ``now`` (wall time); delayed ones due
-        ``delay`` seconds later."""
+        ``delay`` seconds later; a server's requests waiting at most ``timeout`` if given."""
 
     @abstractmethod
     def _claim(

@@ -186,7 +186,8 @@ class MemoryTransport(LeasingTransport):
 
     # primitives of LeasingTransport
 
-    def _append(self, topic: str, messages: Sequence[OutgoingMessage], now: float) -> None:
+    def _append(self, topic: str, messages: Sequence[OutgoingMessage], now: float, *,
+                timeout: float | None = None) -> None:  # in process: nothing to wait on
         with self._changed:
             stored = self._topic(topic)
             for message in messages:

@@ -85,25 +85,26 @@ class NatsTransport(Transport):
         self._durables = Durables()
         self._subscriptions: list[NatsSubscription] = []
 
-    def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
-        self._to_stream(topic, self._layout.subject(topic), messages, dedupe=True)
+    def _send(self, topic: str, messages: Sequence[OutgoingMessage], *, timeout: float | None = None) -> None:
+        self._to_stream(topic, self._layout.subject(topic), messages, dedupe=True, timeout=timeout)
 
     def _send_to_group(self, group: str, topic: str, messages: Sequence[OutgoingMessage]) -> None:
         """To the group's own subject; never de-duplicated (a replay repeats a published id)."""
         self._to_stream(topic, self._layout.group_subject(topic, group), messages, dedupe=False)
 
-    def _to_stream(self, topic: str, subject: str, messages: Sequence[OutgoingMessage], *, dedupe: bool) -> None:
+    def _to_stream(self, topic: str, subject: str, messages: Sequence[OutgoingMessage], *, dedupe: bool,
+                   timeout: float | None = None) -> None:
         """Publish to the topic's stream; one deleted under us (nobody answers) is created again."""
         self.ensure_stream(topic)
         try:
-            self._publish(subject, messages, dedupe=dedupe)
+            self._publish(subject, messages, dedupe=dedupe, timeout=timeout)
         except BackendUnavailableError as exc:
             stream = self._layout.stream(topic)
             if not isinstance(exc.__cause__, NoStreamResponseError) or not self._streams.missing(stream):
                 raise  # a cluster electing a leader: an outage
             log.warning("transport.stream_deleted", stream=stream, then="created again")
             self.ensure_stream(topic)
-            self._publish(subject, messages, dedupe=dedupe)
+            self._publish(subject, messages, dedupe=dedupe, timeout=timeout)
 
     def subscribe(
         self, group: str, topics: Sequence[str], options: SubscribeOptions | None = None
@@ -156,7 +157,8 @@ class NatsTransport(Transport):
     def ensure_dead_letter_stream(self, group: str) -> None:
         self._streams.ensure(self._layout.dead_letter_stream(group), [self._layout.dead_letter_subject(group)])
 
-    def _publish(self, subject: str, messages: Sequence[OutgoingMessage], *, dedupe: bool) -> None:
+    def _publish(self, subject: str, messages: Sequence[OutgoingMessage], *, dedupe: bool,
+                 timeout: float | None = None) -> None:
         now = self._clock.time()
         js = self._connection.js
         prepared = []
@@ -171,12 +173,12 @@ class NatsTransport(Transport):
             check_nats_message(headers, len(message.payload), self._connection.client.max_payload)
             prepared.append((message.payload, headers))
 
-        timeout = self._connection.request_timeout
+        waited = self._connection.request_timeout if timeout is None else min(timeout, self._connection.request_timeout)
 
         async def send() -> None:
             # every publish in flight together, then every stream ack awaited
             acks = [await js.publish_async(subject, payload, headers=headers) for payload, headers in prepared]
-            await asyncio.wait_for(asyncio.gather(*acks), timeout)
+            await asyncio.wait_for(asyncio.gather(*acks), waited)
 
         self._connection.guarded(send, f"publish to {subject!r}")
 

@@ -24,6 +24,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from backends.errors import TransportError
 from backends.transport.base import dead_letter_queue_name
 from backends.transport.redis_adoption import ADOPT
 from backends.types import Message
@@ -270,3 +271,22 @@ def _number(raw: bytes | None, problems: list[str]) -> float:
     except ValueError:
         problems.append(f"the stream entry's 'published_at' field is not a number: {raw[:80]!r}")
         return 0.0
+
+
+MAX_BULK_SETTING = "proto-max-bulk-len"
+DEFAULT_MAX_BULK = 512 * 1024 * 1024
+"""Redis's default ``proto-max-bulk-len``, taken where ``CONFIG GET`` is refused."""
+
+
+def check_arguments(topic: str, fields: Mapping[str, Any], limit: int) -> None:
+    """A `TransportError` for a field of an entry larger than the server's ``proto-max-bulk-len``
+    (the key travels as one argument with a character in front)."""
+    for name in ("payload", "headers", "key", "id"):
+        value = fields.get(name)
+        if value is None:
+            continue
+        size = len(value) if isinstance(value, bytes) else len(value.encode()) + (name == "key")
+        if size > limit:
+            raise TransportError(
+                f"redis: publish to {topic!r}: message {str(fields['id'])[:60]!r}: its {name} takes {size} bytes, "
+                f"above the server's {MAX_BULK_SETTING}={limit} (the largest argument Redis reads)")

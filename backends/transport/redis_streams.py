@@ -40,9 +40,6 @@ from backends.values import positive
 
 log = structlog.get_logger(__name__)
 OUTSTANDING = ("inflight", "scheduled")
-MAX_BULK_SETTING = "proto-max-bulk-len"
-DEFAULT_MAX_BULK = 512 * 1024 * 1024
-"""Redis's default ``proto-max-bulk-len``, taken where ``CONFIG GET`` is refused."""
 PER_MESSAGE = ("state", "redelivered")
 DEFAULT_REQUEST_TIMEOUT = 5.0
 """Seconds a command may go unanswered (redis-py 6's default socket timeout, set here so that an
@@ -71,7 +68,7 @@ class RedisStreamsTransport(LeasingTransport):
         # every command here answers at once (a fetch polls, it never blocks on the server): a reply
         # later than request_timeout, or a connection not made by then, is a server hung or cut off
         # (an outage), not a slow one
-        timeout = seconds("request_timeout", request_timeout)
+        self._timeout = timeout = seconds("request_timeout", request_timeout)
         # Any: redis-py's stubs type replies as bytes | str; without decode_responses they are bytes
         self._redis: Any = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
         self._scripts = {
@@ -223,14 +220,15 @@ class RedisStreamsTransport(LeasingTransport):
 
     # primitives of LeasingTransport
 
-    def _append(self, topic: str, messages: Sequence[OutgoingMessage], now: float) -> None:
+    def _append(self, topic: str, messages: Sequence[OutgoingMessage], now: float, *,
+                timeout: float | None = None) -> None:
         entries = [layout.entry(cast(str, m.message_id), m.key, m.headers, m.payload, now) for m in messages]
         limit = self._max_argument()
         for fields in entries:
-            _check_arguments(topic, fields, limit)
+            layout.check_arguments(topic, fields, limit)
         queues = self._queues_of(topic, create=True)
         ready: list[Any] = [self._keys.ns, topic]
-        with self._errors() as client:
+        with self._bounded(timeout) as client:
             pipe = client.pipeline()
             for message, fields in zip(messages, entries, strict=True):
                 queue = self._router.queue_for(topic, message.key, queues)
@@ -251,7 +249,7 @@ class RedisStreamsTransport(LeasingTransport):
                     ]
             pipe.execute()
             if len(ready) > 2:
-                adoption.log_adopted(topic, self._scripts["PUBLISH"](args=ready))
+                adoption.log_adopted(topic, self._scripts["PUBLISH"](args=ready, client=client))
         self._signal()
 
     def _claim(
@@ -320,11 +318,11 @@ class RedisStreamsTransport(LeasingTransport):
         if self._max_bulk is None:
             with self._errors() as client:
                 try:
-                    reply = client.config_get(MAX_BULK_SETTING)
+                    reply = client.config_get(layout.MAX_BULK_SETTING)
                 except redis.ResponseError:
                     reply = {}
             told = {str(name, "utf-8") if isinstance(name, bytes) else name: value for name, value in reply.items()}
-            self._max_bulk = int(told.get(MAX_BULK_SETTING) or DEFAULT_MAX_BULK)
+            self._max_bulk = int(told.get(layout.MAX_BULK_SETTING) or layout.DEFAULT_MAX_BULK)
         return self._max_bulk
 
     def _queues_of(self, topic: str, create: bool = False) -> int:
@@ -367,10 +365,25 @@ class RedisStreamsTransport(LeasingTransport):
         return min(due) if due else None
 
     @contextmanager
-    def _errors(self) -> Iterator[Any]:
-        """The client, with Redis failures raised as the project's errors."""
+    def _bounded(self, timeout: float | None) -> Iterator[Any]:
+        """`_errors`, on a connection of its own whose requests wait at most ``timeout`` seconds
+        where that is less than ``request_timeout`` (a caller's last try: `Transport.publish`)."""
+        if timeout is None or timeout >= self._timeout:
+            with self._errors() as client:
+                yield client
+            return
+        bounded = redis.Redis.from_url(self._url, socket_timeout=timeout, socket_connect_timeout=timeout)
         try:
-            yield self._redis
+            with self._errors(bounded) as client:
+                yield client
+        finally:
+            bounded.close()
+
+    @contextmanager
+    def _errors(self, client: Any = None) -> Iterator[Any]:
+        """The client (``client`` if given), with Redis failures raised as the project's errors."""
+        try:
+            yield self._redis if client is None else client
         except redis.AuthenticationError as exc:  # WRONGPASS, NOAUTH: the URL's login
             raise self._contact.refused(f"Redis: {exc}", BackendUnavailableError) from exc
         except redis.RedisError as exc:  # an outage, writes refused for now, or a refusal
@@ -378,16 +391,3 @@ class RedisStreamsTransport(LeasingTransport):
         else:
             self._contact.accepted()
 
-
-def _check_arguments(topic: str, fields: Mapping[str, Any], limit: int) -> None:
-    """A `TransportError` for a field of an entry larger than the server's ``proto-max-bulk-len``
-    (the key travels as one argument with a character in front)."""
-    for name in ("payload", "headers", "key", "id"):
-        value = fields.get(name)
-        if value is None:
-            continue
-        size = len(value) if isinstance(value, bytes) else len(value.encode()) + (name == "key")
-        if size > limit:
-            raise TransportError(
-                f"redis: publish to {topic!r}: message {str(fields['id'])[:60]!r}: its {name} takes {size} bytes, "
-                f"above the server's {MAX_BULK_SETTING}={limit} (the largest argument Redis reads)")

@@ -8,6 +8,8 @@ same batch id, which the server's de-duplication makes safe, before it
 raises `BackendUnavailableError` to its caller's own retry: the app's
 ``[transport] publish_timeout``, the relay's backoff; default 30) and
 ``queues`` (ignored here: the server's settings decide a new topic's queues).
+A publish given a ``timeout`` (``App.publish``'s last try) makes its connect,
+hello and replies within it, resends included.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from backends.refusal import FirstContact
 from backends.transport.broker import BrokerTransport
 from backends.urls import redact
 from broker.client import Client
+from broker.delivery.values import OutgoingMessage as BrokerMessage
 from broker.errors import BrokerError
 
 
@@ -39,4 +42,9 @@ class RemoteBrokerTransport(BrokerTransport):
         except (BrokerError, ValueError) as exc:
             raise ConfigurationError(f"transport {url!r}: expected reliable://host:port ({exc})") from exc
         super().__init__(client, clock, visibility_timeout=visibility_timeout)
+        self.client = client
         self.contact = FirstContact("[transport] url", redact(url))
+
+    def _publish(self, topic: str, messages: list[BrokerMessage], timeout: float | None) -> None:
+        """Over the network: the connect, hello and replies within ``timeout`` where given."""
+        self.client.publish(topic, messages, timeout=timeout)

@@ -274,7 +274,7 @@ class FailsOnOneMessage(Transport):
     def __init__(self, inner: Transport) -> None:
         self.inner, self.capabilities = inner, inner.capabilities
 
-    def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+    def _send(self, topic: str, messages: Sequence[OutgoingMessage], *, timeout: float | None = None) -> None:
         for message in messages:
             if "bug" in message.headers:
                 raise UnicodeError("the client library failed on it")

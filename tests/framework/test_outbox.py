@@ -170,7 +170,7 @@ class Recording(Wrapping):
         self.in_flight, self.overlaps, self.meet = in_flight, overlaps, meet
         self.capabilities = inner.capabilities
 
-    def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+    def _send(self, topic: str, messages: Sequence[OutgoingMessage], *, timeout: float | None = None) -> None:
         with self.lock:
             self.in_flight[0] += 1
             self.overlaps[0] = max(self.overlaps[0], self.in_flight[0])
@@ -376,7 +376,7 @@ class Timed(Wrapping):
         self.capabilities = inner.capabilities
         self.sends: list[list[OutgoingMessage]] = []
 
-    def _send(self, topic: str, messages: Sequence[OutgoingMessage]) -> None:
+    def _send(self, topic: str, messages: Sequence[OutgoingMessage], *, timeout: float | None = None) -> None:
         self.inner.publish(topic, messages)
         self.sends.append(list(messages))
         self.clock.advance(self.each)

@@ -22,6 +22,7 @@ from structlog.testing import capture_logs
 
 from backends.cache.redis import RedisCache
 from backends.errors import BackendUnavailableError, CacheUnavailableError
+from backends.transport.kafka_mock import MockCluster
 from broker.async_client import AsyncClient
 from broker.delivery.values import OutgoingMessage
 from broker.errors import BrokerUnavailableError
@@ -35,7 +36,7 @@ from tests.waiting import wait_until
 
 BOUND = 60.0
 """Seconds a publish to a stopped server may take before the test calls it blocked (it gives up
-after its publish_timeout plus one request timeout)."""
+after its publish_timeout)."""
 
 
 def process_state(pid: int) -> str:
@@ -253,3 +254,51 @@ def test_the_redis_cache_of_a_stopped_server_is_unavailable_not_waited_on(tmp_pa
     finally:
         os.kill(server.process.pid, signal.SIGCONT)
         server.stop()
+
+
+@contextmanager
+def server_of_its_own(kind: str, folder: Path) -> Iterator[tuple[str, int]]:
+    """A server of ``kind`` started for the test: its URL, its request timeout far above `BOUND`
+    (120 s), and the pid that serves it."""
+    if kind == "kafka":
+        with MockCluster(brokers=1) as cluster:
+            yield f"{cluster.url}?request_timeout=120", cluster.pid
+            os.kill(cluster.pid, signal.SIGCONT)
+        return
+    if kind == "reliable":
+        broker = ServerProcess(folder / "data").start()
+        assert broker.process is not None and broker.process.pid is not None
+        try:
+            yield f"{broker.url}?publish_retry=120", broker.process.pid
+        finally:
+            os.kill(broker.process.pid, signal.SIGCONT)
+            broker.stop()
+        return
+    server = RedisServer(folder) if kind == "redis" else NatsServer(folder / "js")
+    server.start()
+    assert server.process is not None
+    try:
+        yield f"{server.url}?request_timeout=120", server.process.pid
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        server.stop()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind", ["redis", "reliable", "nats", "kafka"])
+def test_a_publish_to_a_stopped_server_gives_up_within_publish_timeout(kind: str, tmp_path: Path) -> None:
+    """Each try of ``app.publish`` waits at most what remains of ``publish_timeout`` (2 s here),
+    not the transport's own request timeout (120 s here): the old last try ran a whole request
+    timeout past it, and still waited on the stopped server after `BOUND`."""
+    with server_of_its_own(kind, tmp_path) as (url, pid):
+        app = App(Settings.load(None, env={"RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}",
+                                           "RELIABLE_TRANSPORT__URL": url,
+                                           "RELIABLE_TRANSPORT__PUBLISH_TIMEOUT": "2"}))
+        app.publish("orders", {"n": 0})  # connected, the topic made
+        with capture_logs() as logs, stopped(pid):
+            outcome = publish_outcome(app, {"n": 1})
+        assert isinstance(outcome, BackendUnavailableError), outcome
+        tries = [e for e in logs if e["event"] in ("publish_retried", "publish_gave_up")]
+        assert tries[-1]["event"] == "publish_gave_up" and tries[-1]["error"] == str(outcome)
+        assert all(0 < e["timeout"] <= 2 for e in tries), tries  # each try bounded by what remained
+        app.close()
