@@ -25,12 +25,14 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 from broker.delivery.api import BrokerApi
 from broker.delivery.consume import Consuming
 from broker.delivery.cursor import ByteWindow
 from broker.delivery.engine import Broker
+from broker.delivery.group import retry_topic
 from broker.delivery.publishing import Batch, Publish, Publishing
 from broker.delivery.topics import check_name
 from broker.delivery.values import (
@@ -75,8 +77,14 @@ class Engine:
         return await loop.run_in_executor(self._waits, functools.partial(call, *args))
 
     def has_group(self, group: str) -> bool:
-        """Whether the engine knows ``group`` already (an engine of another process: it cannot say, False)."""
-        return self._broker is not None and self._broker.consuming.has_group(group)
+        """Whether the engine knows ``group`` already, joined since it started or before (its
+        ``%RETRY%`` topic is made at its first join); an engine of another process cannot say: False."""
+        return self._broker is not None and (self._broker.consuming.has_group(group)
+                                             or self._broker.publishing.has_topic(retry_topic(group)))
+
+    def state_file(self, name: str) -> Path | None:
+        """The file ``name`` beside the engine's own state (an engine of another process: None)."""
+        return None if self._broker is None else self._broker.path / "delivery" / name
 
     def has_topic(self, topic: str) -> bool:
         """Whether the engine knows ``topic`` already (an engine of another process: False)."""

@@ -78,14 +78,14 @@ async def serve(ctx: Context, op: Operation, request: Mapping[str, Any]) -> Repl
     """Parse, authorise and run one request of ``op``; its reply's fields."""
     args = op.parse(request)
     ctx.authorise(op, args)
-    ctx.topic_quota.charge(ctx.principal, op.access.topics(args))
     for name in COUNTS.intersection(args):  # "up to": a client asking for more gets this many
         if args[name] is not None:
             args[name] = min(args[name], ctx.max_fetch_messages)
-    step = STEPS.get(op.name)
-    if step is not None:
-        return await step(ctx, op, args)
-    result = await ctx.engine.call(op, args)
+    with ctx.topic_quota.naming(ctx.principal, op.access.topics(args)):
+        step = STEPS.get(op.name)
+        if step is not None:
+            return await step(ctx, op, args)
+        result = await ctx.engine.call(op, args)
     if op.access.shows is not None:
         result = _shown(ctx, op, result)
     return op.answer(result)

@@ -50,11 +50,20 @@ async def publish_run(ctx: Context, requests: Sequence[Mapping[str, Any]]) -> li
     twice is a duplicate either way); when the engine refuses the whole, or the requests mix
     batch ids with ids, each runs alone, so only the request at fault fails.
     """
+    named: list[str] = []  # the new topic, once per request that named it (`TopicQuota.charge`)
+    try:
+        return await _publish_checked(ctx, requests, named)
+    finally:
+        ctx.topic_quota.settle(ctx.principal, named)
+
+
+async def _publish_checked(ctx: Context, requests: Sequence[Mapping[str, Any]],
+                           named: list[str]) -> list[Reply | Exception]:
     topic = str(requests[0].get("topic"))  # each request's own is checked below
     checked: list[tuple[MessageColumns, str] | Exception] = []
     for request in requests:
         try:
-            checked.append(_publishing(ctx, request))
+            checked.append(_publishing(ctx, request, named))
         except BrokerError as error:
             checked.append(error)
     good = [request for request in checked if not isinstance(request, Exception)]
@@ -72,11 +81,12 @@ async def publish_run(ctx: Context, requests: Sequence[Mapping[str, Any]]) -> li
             for request in checked]
 
 
-def _publishing(ctx: Context, request: Mapping[str, Any]) -> tuple[MessageColumns, str]:
-    """The messages of one publish request, checked, and the batch id naming them ("" if none)."""
+def _publishing(ctx: Context, request: Mapping[str, Any], named: list[str]) -> tuple[MessageColumns, str]:
+    """The messages of one publish request, checked, and the batch id naming them ("" if none);
+    the topic, if new, is added to ``named`` (charged to the user until the run settles)."""
     topic, batch_id = _PUBLISH_TOPIC.parse("publish", request), _BATCH.parse("publish", request)
     _PUBLISH.access.check(ctx.principal, {"topic": topic})
-    ctx.topic_quota.charge(ctx.principal, [topic])
+    named += ctx.topic_quota.charge(ctx.principal, [topic])
     if not _MESSAGES.kind.check(request.get("messages")):
         _MESSAGES.parse("publish", request)  # the error naming the field
     messages = checked_columns(request["messages"], "publish: messages")  # no object per message

@@ -33,7 +33,7 @@ from broker.server.engine import Engine
 from broker.server.guard import AuthGuard
 from broker.server.metrics import ServerMetrics
 from broker.server.native_session import NativeSession
-from broker.server.quota import GroupQuota, TopicQuota
+from broker.server.quota import GroupQuota, Owners, TopicQuota
 from broker.server.stomp_codec import StompFrame, encode
 from broker.server.stomp_session import StompSession
 from broker.store.clock import SYSTEM_CLOCK, Clock
@@ -60,8 +60,9 @@ class BrokerServer:
         self.metrics = metrics or ServerMetrics()
         self.authenticator = self.config.authenticator()
         self.guard = AuthGuard(self.authenticator, self.config.limits, self.metrics, clock)
-        self.quota = GroupQuota(self.config.limits.max_groups_per_user, engine.has_group)
-        self.topic_quota = TopicQuota(self.config.limits.max_topics_per_user, engine.has_topic)
+        owners = Owners(engine.state_file("quota-owners.journal"))
+        self.quota = GroupQuota(self.config.limits.max_groups_per_user, engine.has_group, owners)
+        self.topic_quota = TopicQuota(self.config.limits.max_topics_per_user, engine.has_topic, owners)
         self.admission = Admission(self.config.limits, self.metrics, clock)
         self.scrapes = Admission(Limits(max_connections=METRICS_CONNECTIONS,
                                         max_connections_per_address=METRICS_PER_ADDRESS), self.metrics, clock,

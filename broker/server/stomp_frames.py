@@ -85,7 +85,7 @@ class StompHandlers:
             if frame.command == "SEND":  # refused here, before the frame is kept
                 topic = Destination.parse(frame.get("destination")).topic
                 SEND_ACCESS.check(self.principal, {"topic": topic})
-                self.session.topic_quota.charge(self.principal, [topic])
+                self.session.topic_quota.check(self.principal, [topic])
             self.transactions.add(transaction, frame)
         else:
             await handler(frame)
@@ -101,8 +101,8 @@ class StompHandlers:
         for topic, batch in itertools.groupby(frames, lambda f: Destination.parse(f.get("destination")).topic):
             messages = [self._outgoing(f) for f in batch]
             SEND_ACCESS.check(self.principal, {"topic": topic})
-            self.session.topic_quota.charge(self.principal, [topic])
-            placed = await self.session.engine.publish(topic, messages)
+            with self.session.topic_quota.naming(self.principal, [topic]):
+                placed = await self.session.engine.publish(topic, messages)
             self.session.conn.metrics.published.labels(topic).inc(len(placed))
 
     @staticmethod
@@ -129,9 +129,9 @@ class StompHandlers:
             QUEUE_ACCESS.check(self.principal, {"group": destination.topic, "topics": [destination.topic]})
         else:  # a broadcasting member of its own: reading the topic, as a native read
             TOPIC_ACCESS.check(self.principal, {"topic": destination.topic})
-        self.session.topic_quota.charge(self.principal, [destination.topic])
         broadcast = destination.kind == "topic"
-        with self.session.quota.joining(self.principal, destination.group):
+        with (self.session.topic_quota.naming(self.principal, [destination.topic]),
+              self.session.quota.joining(self.principal, destination.group)):
             member = await self.session.engine.join(destination.group, [destination.topic],
                                                     broadcast=broadcast, from_end=broadcast)
         await self.session.engine.share_window(member, self.window)
