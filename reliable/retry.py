@@ -9,15 +9,16 @@ Spark micro-batch), and a worker that lost its transport waits a `Backoff`.
 Every one of them is a `RetryPlan`: tenacity's stop, wait and retry
 strategies, run by `Retrying` on the injected clock's sleep, or by
 `AsyncRetrying` on an awaited sleep (`backends.clock.pause` on that clock)
-for coroutines, from the same objects. Which exceptions are worth retrying at
-all is decided in `reliable.classify` (re-exported here, as are the
-durations of `reliable.durations` and the policies of `reliable.redelivery`).
+for coroutines, from the same objects. A loop that retries on its own waits a
+`Backoff` (defined in `backends.backoff`, where the backends' own reconnects
+use it too). Which exceptions are worth retrying at all is decided in
+`reliable.classify` (re-exported here, as are `Backoff`, the durations of
+`reliable.durations` and the policies of `reliable.redelivery`).
 """
 
 from __future__ import annotations
 
 import itertools
-import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -34,7 +35,8 @@ from tenacity.retry import retry_base
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base, wait_none
 
-from backends.clock import Clock, wait_unless
+from backends.backoff import Backoff
+from backends.clock import Clock
 from backends.errors import BackendRefusedError
 from reliable.classify import (
     POISON,
@@ -281,42 +283,3 @@ def call_with_redelivery(
         raise
     except Exception as exc:
         raise RetriesSpent(exc, made) from exc
-
-
-# -- reconnecting ---------------------------------------------------------------
-
-
-class Backoff:
-    """The growing waits of a caller whose loop retries on its own (a worker reconnecting).
-
-    The worker's poll loop is the retry loop: each failed call asks `failed`
-    for the next wait, which is tenacity's ``wait`` for the number of failures
-    in a row, slept on the clock; a success starts the count again.
-    """
-
-    def __init__(self, clock: Clock, wait: wait_base | None = None) -> None:
-        self._clock = clock
-        self._wait = wait or wait_exponential(multiplier=0.1, max=5.0)
-        self._state = RetryCallState(Retrying(), None, (), {})
-        self._state.attempt_number = 0
-
-    @property
-    def failures(self) -> int:
-        """Failures in a row."""
-        return self._state.attempt_number
-
-    def failed(self, before_sleep: Callable[[int, float], Any] | None = None,
-               stopping: threading.Event | None = None) -> float:
-        """Count a failure and sleep the wait it earns (``before_sleep(failures, wait)`` first),
-        cut short once ``stopping`` is set: Ctrl-C during an outage stops at once, not after 5 s."""
-        self._state.attempt_number += 1
-        delay = float(self._wait(self._state))
-        if before_sleep is not None:
-            before_sleep(self._state.attempt_number, delay)
-        wait_unless(self._clock, delay, stopping)
-        return delay
-
-    def succeeded(self) -> int:
-        """Start counting again; returns the failures there had been in a row."""
-        failures, self._state.attempt_number = self._state.attempt_number, 0
-        return failures

@@ -39,7 +39,10 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.schema import CreateIndex, DropIndex
+from tenacity import wait_exponential
 
+from backends.backoff import Backoff
+from backends.clock import SYSTEM_CLOCK
 from backends.store.ahead import ClaimAhead
 from backends.store.claims import (
     CLAIM_COLUMNS,
@@ -248,21 +251,26 @@ class PostgreSQL(Dialect):
         import psycopg  # the postgres extra; only reached on PostgreSQL
 
         conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
-        retry_in = 0.1
+        reconnect = Backoff(SYSTEM_CLOCK, wait_exponential(multiplier=0.1, max=LISTEN_RETRY_MAX))
         while not stopping.is_set():
-            try:
-                with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as connection:
+            try:  # named after the outbox, so an operator finds it in pg_stat_activity
+                with psycopg.connect(conninfo, autocommit=True, connect_timeout=10,
+                                     application_name=f"reliable outbox {name}") as connection:
                     connection.execute(f"LISTEN {OUTBOX_CHANNEL}")
                     wake()  # rows announced while nobody listened
                     log.info("outbox.listening", outbox=name, channel=OUTBOX_CHANNEL)
-                    retry_in = 0.1
+                    reconnect.succeeded()
                     while not stopping.is_set():
                         if any(n.payload == name for n in connection.notifies(timeout=LISTEN_CHECK)):
                             wake()
             except psycopg.Error as exc:
-                log.warning("outbox.listen_failed", outbox=name, retry_in=retry_in, error=str(exc))
-                stopping.wait(retry_in)
-                retry_in = min(retry_in * 2, LISTEN_RETRY_MAX)
+                reconnect.failed(_listen_failed(name, exc), stopping)
+
+
+def _listen_failed(outbox: str, error: Exception) -> Callable[[int, float], None]:
+    """What a failed ``LISTEN`` logs before its wait: failures in a row, the wait, the error."""
+    return lambda failures, wait: log.warning("outbox.listen_failed", outbox=outbox, failures=failures,
+                                              retry_in=round(wait, 3), error=str(error))
 
 
 _COPY = f"COPY {tokens.name} (namespace, token, state, created_at, expires_at) FROM STDIN"

@@ -11,6 +11,9 @@ import sys
 import threading
 from pathlib import Path
 
+import psycopg
+import pytest
+
 from backends.store import SqlStore
 from backends.store.outbox import OutboxStatus, RowState
 from backends.transport import open_transport
@@ -27,8 +30,23 @@ def clean_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
+def listening_backend(postgres_url: str, outbox: str) -> list[int]:
+    """The server pids of the connections that LISTEN for ``outbox`` (named after it)."""
+    with psycopg.connect(postgres_url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as connection:
+        rows = connection.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                                  (f"reliable outbox {outbox}",)).fetchall()
+    return [pid for (pid,) in rows]
+
+
+def waiting_after(lines: list[str], event: str, nth: int) -> bool:
+    """Whether the relay logged ``event`` ``nth`` times and went to wait after the last."""
+    seen = [n for n, line in enumerate(lines) if event in line]
+    return len(seen) >= nth and any('"relay_waiting"' in line for line in lines[seen[nth - 1]:])
+
+
+@pytest.mark.parametrize("cut", [False, True], ids=["listening", "listening again after its connection was cut"])
 def test_a_standalone_relay_is_woken_by_a_commit_in_another_process(
-    postgres_url: str, reliable_server, tmp_path: Path, unique: str
+    postgres_url: str, reliable_server, tmp_path: Path, unique: str, cut: bool
 ) -> None:
     settings = tmp_path / "reliable.toml"
     settings.write_text(
@@ -53,6 +71,14 @@ def test_a_standalone_relay_is_woken_by_a_commit_in_another_process(
     threading.Thread(target=follow, daemon=True).start()
     try:
         assert idle.wait(60), "".join(lines)[-3000:]
+        if cut:  # the server ends the LISTEN connection (a restart or an idle-session killer would)
+            [pid] = listening_backend(postgres_url, unique)
+            with psycopg.connect(postgres_url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as admin:
+                assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
+            wait_until(lambda: waiting_after(lines, '"outbox.listening"', 2), "the relay to LISTEN again and wait",
+                       timeout=60)
+            assert any('"outbox.listen_failed"' in line for line in lines)
+            assert listening_backend(postgres_url, unique) not in ([], [pid])
         store = SqlStore(postgres_url, outbox=unique)
         with store.transaction() as tx:
             ids = [tx.publish(f"{unique}-events", {"n": n}, key="k") for n in range(5)]
