@@ -79,3 +79,24 @@ def test_a_held_message_comes_back_when_its_lease_ends_whichever_way_the_servers
             (again,) = wait_until(lambda: member.fetch(1, 0.2), "o1 delivered again when its lease ended")
             member.ack([again])
     assert (first.id, first.attempt, again.id, again.attempt) == ("o1", 1, "o1", 2)
+
+
+@pytest.mark.parametrize("step", ["-1h", "+1h"], ids=["back", "forward"])
+def test_a_scheduled_message_and_a_delayed_retry_keep_their_delay_whichever_way_the_servers_clock_steps(
+    server: str, offset: Path, step: str
+) -> None:
+    """A message published for 3 s later, and one nacked for a 3 s retry, come when due and not
+    before, although the server's wall clock stepped an hour while they waited: parked on the
+    monotonic clock once the group's cursor read them (their due times in the log are wall time)."""
+    with open_transport(f"{server}?visibility_timeout=30") as transport:
+        with transport.subscribe("billing", ["orders"]) as member:
+            transport.publish("orders", [OutgoingMessage(b"later", message_id="later", delay=3.0),
+                                         OutgoingMessage(b"now", message_id="now")])
+            (now,) = wait_until(lambda: member.fetch(1, 0.2), "the message not delayed")
+            member.nack(now, 3.0)  # its retry copy is due in 3 s, in wall time on disk
+            assert member.fetch(1, 0.5) == []  # the group's cursors read both: parked
+            offset.write_text(f"{step}\n")
+            assert member.fetch(1, 0.5) == []  # a step forward delivers neither early
+            came = [m.id for m in wait_until(lambda: member.fetch(2, 0.5), "both when due (3 s), not in an hour")]
+            came += [m.id for m in ([] if len(came) == 2 else wait_until(lambda: member.fetch(1, 0.5), "the other"))]
+            assert sorted(came) == ["later", "now"]
