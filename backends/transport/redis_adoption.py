@@ -79,6 +79,9 @@ local function append(ns, topic, q, fields)
   local n = heads[key] + 1
   local reply = redis.pcall('XADD', stream, '0-' .. n, unpack(fields))
   if type(reply) == 'table' and reply.err then
+    -- out of memory: Redis refuses a script's writes only while it has written nothing, so
+    -- the XADD again raises OOM with nothing changed (adopting would write on, half way)
+    if string.sub(reply.err, 1, 3) == 'OOM' then redis.call('XADD', stream, '0-' .. n, unpack(fields)) end
     -- refused: an entry lies above 0-<head> (or lay: deleted, its id is still the top).
     -- Any other error comes back from the XADD below.
     n = adopt(ns, topic, q, true) + 1

@@ -1,6 +1,9 @@
 """How the Redis Streams transport lays out its data: keys, entries, and the Lua scripts.
 
-Each script is one atomic step on the server.
+Each script is one atomic step on the server, all or nothing under ``maxmemory``:
+Redis refuses a script's write with ``OOM`` only while the script has written
+nothing, and a write it refuses inside ``redis.pcall`` is raised again at once
+(a later write that does not grow memory, an ``XDEL``, would let the rest pass).
 
 Key layout under a namespace ``ns`` (``%s`` below is ``<group>:<topic>``):
 ``ns:queues:<topic>`` queue count; ``ns:stream:<topic>:<queue>`` the queue
@@ -111,6 +114,10 @@ for pass = 1, 2 do
     local share = remaining
     if pass == 1 then share = math.ceil(remaining / (queues - i)) end
     local made = redis.pcall('XGROUP', 'CREATE', stream(q), group, '0', 'MKSTREAM')
+    -- out of memory (nothing written yet, see `append`): raised before anything is
+    if made['err'] and string.sub(made['err'], 1, 3) == 'OOM' then
+      redis.call('XGROUP', 'CREATE', stream(q), group, '0', 'MKSTREAM')
+    end
     adopt(ns, topic, q)
     if redis.call('HSETNX', joined, q, 1) == 0 and made['ok'] then table.insert(recreated, {q, first_unread(q)}) end
     local read = redis.call('XREADGROUP', 'GROUP', group, 'reliable', 'COUNT', share, 'NOACK',
