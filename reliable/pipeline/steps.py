@@ -246,5 +246,9 @@ class Steps:
         self.deferrals.settled([w.message for w in work if w.result is not None and w.result.acked])
 
     async def remember(self, work: list[Work]) -> None:
-        """Queue the tokens of acked messages for the cache (written behind)."""
-        self.guard.remember([w.result.token for w in work if w.result and w.result.acked and w.result.token])
+        """Queue the tokens of acked messages for the cache (written behind). Not one whose twin
+        in the chunk is not done (`repeats` acked the twin, which says nothing of the token: the
+        other failed, and a cached token would skip its retry as a duplicate)."""
+        open_ = {w.token for w in work if w.result and not w.result.acked}
+        self.guard.remember([w.result.token for w in work
+                             if w.result and w.result.acked and w.result.token and w.result.token not in open_])

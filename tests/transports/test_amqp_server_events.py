@@ -336,3 +336,59 @@ def test_a_topic_exchange_deleted_under_a_worker_is_declared_again_by_the_next_p
     (again,) = [e for e in logs if e["event"] == "transport.declared_again"]
     assert again["groups"] == ["shipping"] and "no exchange" in again["error"]
     app.close()
+
+
+def test_a_shutdown_owing_a_blocked_retry_copy_counts_the_handed_back_message_once(
+    tmp_path: Path, own_rabbit: tuple[RabbitCluster, str], unique: str
+) -> None:
+    """A worker stopped during an alarm while its retry copy is blocked (owed) leaves its group:
+    RabbitMQ takes the original back and counts that delivery (``x-delivery-count``), and may
+    have enqueued the blocked copy as it blocked the connection: two copies of one attempt, met
+    in one fetch. One is handled as the message's second delivery (not its third), its twin
+    skipped by the token, and the message that never succeeds ends as one dead letter at
+    ``max_redeliveries``."""
+    cluster, node = own_rabbit
+    url = f"{cluster.url(node)}?connect_timeout=1&namespace={unique}"
+    attempts: list[int] = []
+    env = {"RELIABLE_STORE__URL": f"sqlite:///{tmp_path / 'store.db'}", "RELIABLE_TRANSPORT__URL": url,
+           "RELIABLE_RETRY__IN_PROCESS_ATTEMPTS": "1", "RELIABLE_RETRY__MAX_REDELIVERIES": "2",
+           "RELIABLE_RETRY__INITIAL_DELAY": "0.1", "RELIABLE_RETRY__JITTER": "0"}
+
+    def make() -> App:
+        app = App(Settings.load(None, env=env))
+
+        @app.handler("payments", group="billing")
+        def bill(msg: Message, tx: object) -> None:
+            attempts.append(msg.attempt)
+            raise ConnectionError("the bank is down")  # retryable, for ever
+
+        return app
+
+    layout = Layout(unique)
+    work = layout.queue("payments", "billing")
+    first = make()
+    first.publish("payments", {"n": 1})
+    with resource_alarm(cluster, node):
+        with capture_logs() as logs:
+            run = Running(first)
+            wait_until(lambda: any(e["event"] == "transport_writes_refused" for e in logs) or run.error,
+                       "the retry copy refused by the alarm")
+            first.stop()
+            run.join()
+        assert run.error is None, run.error
+        assert attempts == [1]
+        assert queue_length(cluster.url(node), work) >= 1  # the original handed back, its copy owed
+    first.close()
+    second = make()
+    with capture_logs() as later:
+        second.run(until_idle=True)  # the group's queues and delay queues empty, nothing held
+    # the old pipeline cached the token of the attempt-2 twin it skipped (in the same fetch as
+    # the one that failed), and skipped the retry as done: attempts [1, 2], no dead letter
+    assert attempts == [1, 2, 3]  # the twin skipped, each delivery counted once
+    assert second.stats()["duplicate"] == 1 and second.stats()["dead_lettered"] == 1
+    assert len(second.dead_letters("billing")) == 1  # one message, one letter
+    assert [e["attempt"] for e in later if e["event"] == "redelivery_scheduled"] == [2]
+    with AmqpTransport(cluster.url(node), namespace=unique) as transport:
+        transport.declare("billing", ["payments"])
+        transport.purge()
+    second.close()
