@@ -214,7 +214,7 @@ class Console:
         after = _int(request.query_params.get("after"), 0)
         size = self.config.page_size
         if source == "broker" and self.view is not None:
-            rows: list[Any] = self.view.dlq_list(name, size)
+            rows: list[Any] = self.view.dlq_list(name, size, body_limit=render.SHOWN)  # what a row shows
             total = self.view.dlq_waiting(name)
         elif source == "framework" and self.letters is not None:
             rows = self.letters.page(name, size + 1, after)

@@ -30,6 +30,10 @@ from broker.store import MessageStore
 from broker.store.files import atomic_write
 
 ADMIN = "%ADMIN%"
+BODY_SIZE = "x-dlq-body-size"
+"""The header of a listed letter whose body was cut (``body_limit``): the whole body's bytes."""
+LISTING_READ = 1024 * 1024
+"""Bytes of records a listing with ``body_limit`` reads at once (or one record, if larger)."""
 
 
 def topics(store: MessageStore, known: Mapping[str, int]) -> list[TopicInfo]:
@@ -86,18 +90,21 @@ class DeadLetters:
         first = self._store.min_offset(dlq_topic(group), 0)
         return first if saved is None else max(saved, first)
 
-    def list(self, group: str, limit: int) -> list[Delivery]:
+    def list(self, group: str, limit: int, body_limit: int | None = None) -> list[Delivery]:
         """The dead letters of ``group`` neither purged nor replayed, oldest first (cause in
-        ``x-dlq-cause``); ``offset`` names a letter for `settle`."""
+        ``x-dlq-cause``); ``offset`` names a letter for `settle`. With ``body_limit`` each body
+        is cut to its first bytes (its whole size in `BODY_SIZE`) as it is read, and the store is
+        read `LISTING_READ` bytes at a time: a listing holds one whole record at most."""
         letters: list[Delivery] = []
         with self._lock:
             at, end = self._mark(group), self._store.max_offset(dlq_topic(group), 0)
             settled = self._settled.get(group, set()) | self._taken.get(group, set())
             while len(letters) < limit and at < end:
-                stored = self._store.read(dlq_topic(group), 0, at, max_count=limit - len(letters) + len(settled))
+                stored = self._store.read_batch(dlq_topic(group), 0, at, limit - len(letters) + len(settled),
+                                                None if body_limit is None else LISTING_READ).messages()
                 if not stored:
                     break
-                letters += [_letter(m) for m in stored if m.queue_offset not in settled]
+                letters += [_letter(m, body_limit) for m in stored if m.queue_offset not in settled]
                 at = stored[-1].queue_offset + 1
         return letters[:limit]
 
@@ -187,6 +194,9 @@ class DeadLetters:
             atomic_write(self._settled_path, json.dumps(table).encode())
 
 
-def _letter(m: Any) -> Delivery:
-    return Delivery("", m.topic, m.queue, m.queue_offset, m.message_id, m.body, m.key, m.tag,
-                    dict(m.headers), m.attempt, m.store_time)
+def _letter(m: Any, body_limit: int | None = None) -> Delivery:
+    body, headers = m.body, dict(m.headers)
+    if body_limit is not None and len(body) > body_limit:
+        body, headers[BODY_SIZE] = bytes(body[:body_limit]), str(len(body))
+    return Delivery("", m.topic, m.queue, m.queue_offset, m.message_id, body, m.key, m.tag,
+                    headers, m.attempt, m.store_time)

@@ -113,8 +113,9 @@ class BrokerApi(Protocol):
     def lag(self, group: str) -> list[QueueLag]:
         """``group``'s committed offset against the end of each queue it reads."""
 
-    def dlq_list(self, group: str, limit: int) -> list[Delivery]:
-        """The first ``limit`` messages of ``group``'s dead-letter queue."""
+    def dlq_list(self, group: str, limit: int, *, body_limit: int | None = None) -> list[Delivery]:
+        """The first ``limit`` messages of ``group``'s dead-letter queue (with ``body_limit``, each
+        body cut to its first bytes, its whole size in ``x-dlq-body-size``)."""
 
     def dlq_replay(self, group: str) -> int:
         """Every dead letter of ``group`` back to the group only, emptying its dead-letter queue; how many."""

@@ -205,8 +205,8 @@ class Broker:
     def lag(self, group: str) -> list[QueueLag]:
         return self.consuming.lag(group)
 
-    def dlq_list(self, group: str, limit: int = 100) -> list[Delivery]:
-        return self.dead_letter_queues.list(group, limit)
+    def dlq_list(self, group: str, limit: int = 100, *, body_limit: int | None = None) -> list[Delivery]:
+        return self.dead_letter_queues.list(group, limit, body_limit)
 
     def dlq_replay(self, group: str) -> int:
         """Every dead letter of ``group`` back to the group only; the dead-letter queue is emptied."""

@@ -263,9 +263,10 @@ OPERATIONS: dict[str, Operation] = _table([
               doc="Every consumer group the engine knows."),
     Operation("lag", (GROUP,), Field("lag", LAGS), Access(group="group", shows=_shows_lag),
               doc="``group``'s committed offset against the end of each queue it reads."),
-    Operation("dlq_list", (GROUP, Field("limit", INT, 100, 1)), Field("messages", DELIVERIES),
-              Access(dead_letters="group"),
-              doc="The first ``limit`` messages of ``group``'s dead-letter queue."),
+    Operation("dlq_list", (GROUP, Field("limit", INT, 100, 1), Field("body_limit", INT, None, 0, keyword=True)),
+              Field("messages", DELIVERIES), Access(dead_letters="group"),
+              doc="The first ``limit`` messages of ``group``'s dead-letter queue (with ``body_limit``, "
+                  "each body cut to its first bytes, its whole size in ``x-dlq-body-size``)."),
     Operation("dlq_waiting", (GROUP,), Field("waiting", INT), Access(dead_letters="group"),
               engine=_lookup("dlq_waiting"), doc="How many messages ``group``'s dead-letter queue holds."),
     Operation("dlq_replay", (GROUP,), Field("replayed", INT), Access(dead_letters="group"), waits=True,

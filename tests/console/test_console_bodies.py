@@ -14,8 +14,10 @@ import pytest
 
 from backends.types import DeadLetter, Failure, Message
 from broker.console import render
+from broker.delivery.values import OutgoingMessage as BrokerMessage
 from tests.console.deployment import PASSWORDS, Deployment, start
 from tests.console.http import Visitor
+from tests.waiting import wait_until
 
 BIG = 8 * 1024 * 1024
 
@@ -92,3 +94,28 @@ def test_a_listing_of_large_letters_reads_a_line_of_each_from_the_store(deployme
         tracemalloc.stop()
     assert status == 200 and page.count("ääää") >= 6 and page.count("…") >= 6  # a line of each, cut
     assert peak < BIG  # six whole bodies were 48 MiB
+
+
+def test_a_listing_of_large_broker_letters_holds_what_it_shows_of_each(deployment: Deployment, unique) -> None:
+    """The listing of ``%DLQ%<group>`` read each letter whole (up to ``max_record_size``, 4 MiB) to
+    show its first 64 KiB: a page of 50 held 200 MiB and more. Each is cut as it is read now."""
+    api, group, body = deployment.app.transport.api, f"ledger-{unique}", b"\xff" * (4 * 1024 * 1024 - 4096)
+    api.publish(group, [BrokerMessage(body, key=f"k{n}") for n in range(8)])
+    member = api.join(group, [group])
+    for _ in range(8):  # a fetch hands out max_fetch_bytes at most: one letter each time
+        (taken,) = wait_until(lambda: api.fetch(member, 1, 0.2), "the next message")
+        api.dead_letter(member, [taken.receipt], "too large to post")
+    api.leave(member)
+    for _ in range(17):  # 68 MiB more: the letters are out of the store's recent_bytes (64 MiB), read from the log
+        api.publish(f"filler-{unique}", [BrokerMessage(body)])
+    ops = Visitor(deployment.url)
+    assert ops.log_in("ops", PASSWORDS["ops"]) == 303
+    tracemalloc.start()
+    try:
+        status, page = ops.get(f"/groups/{group}/letters?source=broker")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert status == 200 and page.count("The first 64.0 KiB (65,536 B) of 4.0 MiB (4,190,208 B) shown.") == 8
+    assert "x-dlq-body-size" not in page
+    assert peak < 4 * len(body), peak  # one record read at a time; all eight were read whole: 45 MB
