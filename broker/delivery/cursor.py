@@ -19,8 +19,6 @@ released, never for the server, which sends the columns as they are.
 
 from __future__ import annotations
 
-import bisect
-import heapq
 import itertools
 import secrets
 from collections import deque
@@ -32,6 +30,7 @@ from typing import Any
 
 from broker.delivery.sizes import column_sizes
 from broker.delivery.values import Delivery, DeliveryColumns
+from broker.delivery.waiting import Parked, Spilled
 
 DELIVER_AT_HEADER = "x-deliver-at"
 """Seconds since the epoch before which a message is not delivered (scheduled, or a delayed retry)."""
@@ -133,10 +132,9 @@ class QueueCursor:
         self.done: set[int] = set()
         self.acked_ahead: set[int] = set()  # acked before a restart (the ack journal), not read again yet
         self.ready: dict[int, Delivery] = {}  # offset -> its last delivery (count: deliveries so far)
-        # ready, to be read from the store again (its group emptied, or it was parked and fell due):
-        # (offset, deliveries so far), sorted
-        self.spilled: list[tuple[int, int]] = []
-        self.parked: list[tuple[float, int, int]] = []  # heap of (monotonic due, offset, deliveries so far)
+        # ready, to be read from the store again (its group emptied, or it was parked and fell due)
+        self.spilled = Spilled()
+        self.parked = Parked()  # not due yet, by monotonic due time
         self.receipts = receipts
 
     @property
@@ -249,9 +247,8 @@ class QueueCursor:
         self.skip_to(offset)
         self.acked_ahead = {o for o in self.acked_ahead if o >= offset}
         self.ready = {o: message for o, message in self.ready.items() if o >= offset}
-        self.spilled = [entry for entry in self.spilled if entry[0] >= offset]
-        self.parked = [entry for entry in self.parked if entry[1] >= offset]
-        heapq.heapify(self.parked)
+        self.spilled.drop_below(offset)
+        self.parked.drop_below(offset)
         self._advance()
 
     def seek(self, offset: int) -> None:
@@ -275,22 +272,21 @@ class QueueCursor:
         (`broker.delivery.spill`). Bodies, keys and headers stayed in memory for as long as the
         group stayed empty: a client could pin its window's worth in each of ``max_groups``."""
         if self.ready:
-            self.spilled = sorted([*self.spilled, *((o, m.delivery_count) for o, m in self.ready.items())])
+            self.spilled.extend((o, m.delivery_count) for o, m in self.ready.items())
             self.ready.clear()
 
     def park(self, due: float, message: Delivery) -> None:
         """``message`` waits until ``due``, by its offset and delivery count alone: it is read from
         the store again when due (`broker.delivery.spill`). Kept whole, a producer scheduling a
         gigabyte for next year made every group reading the topic hold that gigabyte until then."""
-        heapq.heappush(self.parked, (due, message.offset, message.delivery_count))
+        self.parked.push(due, message.offset, message.delivery_count)
 
     def unpark_due(self, now: float) -> None:
-        while self.parked and self.parked[0][0] <= now:
-            _, offset, delivered = heapq.heappop(self.parked)
-            bisect.insort(self.spilled, (offset, delivered))
+        for offset, delivered in self.parked.pop_due(now):
+            self.spilled.add(offset, delivered)
 
     def next_due(self) -> float | None:
-        return self.parked[0][0] if self.parked else None
+        return self.parked.next_due()
 
     def pending(self, end: int) -> int:
         """Messages of the queue up to ``end`` not done yet (held, ready, parked or unread)."""

@@ -23,7 +23,7 @@ def reload(store: MessageStore, cursor: QueueCursor, count: int) -> None:
     """The lowest ``count`` of ``cursor``'s spilled messages are ready again, read from the store."""
     if not cursor.spilled:
         return
-    wanted, cursor.spilled = cursor.spilled[:count], cursor.spilled[count:]
+    wanted = cursor.spilled.take(count)
     for _, run in groupby(enumerate(wanted), lambda pair: pair[1][0] - pair[0]):  # consecutive offsets
         entries = [entry for _, entry in run]
         batch = store.read_batch(cursor.topic, cursor.queue, entries[0][0], max_count=len(entries))
