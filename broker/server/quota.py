@@ -18,13 +18,18 @@ topic the broker still holds count.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import structlog
+
 from broker.errors import CorruptStoreError, TooManyGroupsError, TooManyTopicsError
 from broker.protocol.access import Rights, owning_group
+
+log = structlog.get_logger("broker.server")
 
 
 class Owners:
@@ -47,16 +52,28 @@ class Owners:
         return found
 
     def add(self, kind: str, name: str, user: str) -> None:
-        if self.path is not None:
+        """``user`` made ``name``; not written down (a full disk) it is logged, and the request
+        that made it still succeeds: after a restart the user may make one more."""
+        if self.path is None:
+            return
+        try:
             with open(self.path, "a", encoding="utf-8") as journal:
                 journal.write(json.dumps([kind, name, user]) + "\n")
+        except OSError as exc:
+            log.warning("server.owner_not_written", path=str(self.path), kind=kind, name=name, user=user,
+                        error=str(exc))
 
     def _lines(self) -> list[bytes]:
+        """The whole lines; a last one cut short (a crash, a full disk) is cut off the file, so
+        the next line appended starts a line of its own."""
         try:
             data = self.path.read_bytes() if self.path is not None else b""
         except FileNotFoundError:
             return []
-        return data[:data.rfind(b"\n") + 1].splitlines()  # a line cut short by a crash: never made
+        whole = data[:data.rfind(b"\n") + 1]
+        if len(whole) < len(data) and self.path is not None:
+            os.truncate(self.path, len(whole))
+        return whole.splitlines()
 
 
 class GroupQuota:

@@ -77,3 +77,31 @@ def test_a_restart_keeps_what_each_user_made(tmp_path, unique) -> None:
         assert 'broker_user_groups{user="orders"} 3.0' in scraped
     finally:
         server.stop()
+
+
+def test_an_owners_journal_cut_short_or_unwritable_fails_no_request_and_no_start(tmp_path, unique) -> None:
+    server = _server(tmp_path)
+    journal = server.data_dir / "delivery" / "quota-owners.journal"
+    try:
+        with closing(Client(server.url, user="orders", password="orders")) as orders:
+            orders.publish(f"orders.{unique}.0", [OutgoingMessage(b"x")])
+        server.stop()
+        journal.write_bytes(journal.read_bytes() + b'["topic", "orders.cut')  # a crash mid-line
+        server.log.write_text("")
+        server.start()
+        with closing(Client(server.url, user="orders", password="orders")) as orders:
+            orders.publish(f"orders.{unique}.1", [OutgoingMessage(b"x")])  # its line starts a line
+            kept = journal.rename(journal.with_suffix(".kept"))
+            journal.mkdir()  # the journal cannot be written: the publish that made a topic succeeds
+            orders.publish(f"orders.{unique}.2", [OutgoingMessage(b"x")])
+            journal.rmdir()
+            kept.rename(journal)
+        server.stop()
+        server.log.write_text("")
+        server.start()  # the cut line was not glued to the next
+        with closing(Client(server.url, user="orders", password="orders")) as orders:
+            orders.publish(f"orders.{unique}.3", [OutgoingMessage(b"x")])  # .2 was not written down
+            with pytest.raises(TooManyTopicsError):
+                orders.publish(f"orders.{unique}.4", [OutgoingMessage(b"x")])
+    finally:
+        server.stop()
