@@ -83,7 +83,8 @@ class BrokerApi(Protocol):
         """The (topic, queue) pairs ``member`` holds now."""
 
     def pending(self, group: str, topics: Sequence[str]) -> int:
-        """Messages of ``topics`` (and the group's retry topic) ``group`` has not finished."""
+        """Messages of ``topics`` (and the group's retry topic) ``group`` has not finished (a topic
+        the broker does not hold has none, and is not made)."""
 
     def next_due(self, group: str) -> float | None:
         """When the earliest delayed message ``group`` holds back falls due, or None."""
@@ -99,7 +100,8 @@ class BrokerApi(Protocol):
         """``[first kept, end]`` per queue of ``topic``."""
 
     def group_offsets(self, group: str, topic: str) -> list[int | None]:
-        """``group``'s committed offset per queue of ``topic`` (None: never committed)."""
+        """``group``'s committed offset per queue of ``topic`` (None: never committed; no queues for
+        a topic the broker does not hold, which is not made)."""
 
     def commit_group(self, group: str, topic: str, offsets: Sequence[int]) -> None:
         """Record the next offset per queue as ``group``'s (a stream processor's commit)."""

@@ -162,8 +162,8 @@ class Consuming:
 
     # -- inspection and offsets -------------------------------------------------------
 
-    def pending(self, group: str, topics: Sequence[str]) -> int:
-        """Messages of ``topics`` (and the group's retry topic) not yet done by ``group``."""
+    def pending(self, group: str, topics: Mapping[str, int]) -> int:
+        """Messages of ``topics`` (by their queue counts) not yet done by ``group``."""
         with self.lock:
             return self.membership.pending(group, topics)
 

@@ -189,8 +189,10 @@ class Broker:
     # -- inspection ---------------------------------------------------------------------
 
     def pending(self, group: str, topics: Sequence[str]) -> int:
-        """Messages of ``topics`` (and the group's retry topic) not yet done by ``group``."""
-        return self.consuming.pending(group, topics)
+        """Messages of ``topics`` (and the group's retry topic) not yet done by ``group``; a
+        topic the broker does not hold has none, and asking does not make it."""
+        counts = {topic: self.publishing.held_queues(topic) for topic in (*topics, retry_topic(group))}
+        return self.consuming.pending(group, counts)
 
     def next_due(self, group: str) -> float | None:
         """When the earliest parked (delayed or scheduled) message of ``group`` falls due."""
@@ -234,7 +236,10 @@ class Broker:
         return self.positions.queue_offsets(topic)
 
     def group_offsets(self, group: str, topic: str) -> list[int | None]:
-        return self.positions.group_offsets(group, topic)
+        """``group``'s committed offset per queue of ``topic``: none for a topic the broker does
+        not hold (asking does not make it)."""
+        check_name("topic", topic, internal=True)
+        return self.positions.group_offsets(group, topic) if self.publishing.has_topic(topic) else []
 
     def commit_group(self, group: str, topic: str, offsets: Sequence[int]) -> None:
         self.positions.commit_group(group, topic, offsets)

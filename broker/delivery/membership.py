@@ -25,7 +25,7 @@ from broker.delivery.ackjournal import COMPACT_BYTES, Acked, AckJournal
 from broker.delivery.allocation import Strategy
 from broker.delivery.config import DeliveryConfig
 from broker.delivery.cursor import QueueCursor
-from broker.delivery.group import Group, Member, retry_topic
+from broker.delivery.group import Group, Member
 from broker.delivery.leases import Leases
 from broker.delivery.offsets import OffsetBook
 from broker.delivery.reading import first_at
@@ -235,12 +235,12 @@ class Membership:
 
     # -- inspection -----------------------------------------------------------------------
 
-    def pending(self, group: str, topics: Sequence[str]) -> int:
-        """Messages of ``topics`` (and the group's retry topic) not yet done by ``group``."""
+    def pending(self, group: str, topics: Mapping[str, int]) -> int:
+        """Messages of ``topics`` (the broker's, with their queue counts) not yet done by ``group``."""
         found = self.group_table.get(group)
         total = 0
-        for topic in (*topics, retry_topic(group)):
-            for queue in range(self._queues(topic)):
+        for topic, count in topics.items():
+            for queue in range(count):
                 end = self._store.max_offset(topic, queue)
                 cursor = found.cursors.get((topic, queue)) if found and not found.broadcast else None
                 if cursor is not None:

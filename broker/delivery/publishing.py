@@ -105,6 +105,10 @@ class Publishing:
         """Whether ``topic`` exists (one read: no lock)."""
         return self._topics.exists(topic)
 
+    def held_queues(self, topic: str) -> int:
+        """The queue count of ``topic``, 0 if it does not exist (one read: no lock; nothing made)."""
+        return self._topics.held(topic)
+
     def known(self) -> dict[str, int]:
         with self._lock:
             return self._topics.known()

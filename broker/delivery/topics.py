@@ -65,6 +65,10 @@ class Topics:
     def exists(self, topic: str) -> bool:
         return topic in self._queues
 
+    def held(self, topic: str) -> int:
+        """The queue count of ``topic``, 0 if the broker does not hold it (a read does not make it)."""
+        return self._queues.get(topic, 0)
+
     def known(self) -> dict[str, int]:
         return dict(self._queues)
 

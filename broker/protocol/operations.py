@@ -238,7 +238,8 @@ OPERATIONS: dict[str, Operation] = _table([
               doc="The (topic, queue) pairs ``member`` holds now."),
     Operation("pending", (GROUP, Field("topics", STRS)), Field("pending", INT),
               Access(consume=("topics",), group="group"),
-              doc="Messages of ``topics`` (and the group's retry topic) ``group`` has not finished."),
+              doc="Messages of ``topics`` (and the group's retry topic) ``group`` has not finished "
+                  "(a topic the broker does not hold has none, and is not made)."),
     Operation("next_due", (GROUP,), Field("next_due", NUMBER.optional()), Access(group="group"),
               doc="When the earliest delayed message ``group`` holds back falls due, or None."),
     Operation("read", (TOPIC, Field("queue", INT, minimum=0), Field("offset", INT, minimum=0),
@@ -253,7 +254,8 @@ OPERATIONS: dict[str, Operation] = _table([
               doc="``[first kept, end]`` per queue of ``topic``."),
     Operation("group_offsets", (GROUP, TOPIC), Field("offsets", INTS_OR_NIL),
               Access(consume=("topic",), group="group"),
-              doc="``group``'s committed offset per queue of ``topic`` (None: never committed)."),
+              doc="``group``'s committed offset per queue of ``topic`` (None: never committed; no "
+                  "queues for a topic the broker does not hold, which is not made)."),
     Operation("commit_group", (GROUP, TOPIC, Field("offsets", INTS)), None,
               Access(consume=("topic",), group="group"),
               doc="Record the next offset per queue as ``group``'s (a stream processor's commit)."),
