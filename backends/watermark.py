@@ -20,10 +20,62 @@ again, offsets start over): the queue starts again at it, nothing above done.
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from backends.types import Message, QueueRef
+
+MAX_DONE_RUNS = 4096
+"""Separate runs of done offsets a queue keeps above its position. A member reading a queue alone
+has one per gap among the messages it holds in flight (a fetch's worth at most). A member of a
+leasing transport, which gives every member every queue, has one per stretch of offsets the
+others took, which it never sees done: without a bound these grew by one for about every message
+it finished, for as long as it ran. Past the bound a new separate run is not kept: the position
+stops below it, which is only ever lower (those messages come again after a restart and are
+skipped by their tokens), never past a message not done."""
+
+
+class _Runs:
+    """Disjoint runs ``[start, end)`` of done offsets, in order; touching runs are joined."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def add(self, start: int, end: int, keep: bool = False) -> None:
+        """Mark ``[start, end)`` done, joined to the runs it touches; unless ``keep``, dropped if
+        it would be a separate run past `MAX_DONE_RUNS`."""
+        first = bisect_left(self.ends, start)  # the runs from here on end at or after start
+        after = bisect_right(self.starts, end)  # the runs before this start at or before end
+        if first < after:
+            start, end = min(start, self.starts[first]), max(end, self.ends[after - 1])
+        elif len(self.starts) >= MAX_DONE_RUNS and not keep:
+            return
+        self.starts[first:after], self.ends[first:after] = [start], [end]
+
+    def reach(self, position: int) -> int:
+        """How far ``position`` moves over the runs starting at or below it (which are dropped)."""
+        taken = bisect_right(self.starts, position)
+        if taken:
+            position = max(position, self.ends[taken - 1])
+            del self.starts[:taken], self.ends[:taken]
+        return position
+
+    def would_reach(self, position: int, offsets: set[int]) -> int:
+        """How far ``position`` would move over the runs and ``offsets`` (nothing changes)."""
+        following = bisect_left(self.ends, position + 1)  # runs ending at or below it do not count
+        while True:
+            if position in offsets:
+                position += 1
+            elif following < len(self.starts) and self.starts[following] <= position:
+                position = max(position, self.ends[following])
+                following += 1
+            else:
+                return position
 
 
 @dataclass
@@ -34,31 +86,17 @@ class _Queue:
     reported: int
     end: int  # one past the highest offset fetched or skipped
     in_flight: dict[int, Message] = field(default_factory=dict)
-    done: dict[int, int] = field(default_factory=dict)  # runs [start, end) done above the position
+    done: _Runs = field(default_factory=_Runs)  # runs done above the position
 
     def mark(self, start: int, end: int) -> None:
-        if end > self.position:
-            start = max(start, self.position)
-            self.done[start] = max(self.done.get(start, start), end)
+        if end > self.position:  # a run from the position is kept, however many are: it moves it
+            self.done.add(max(start, self.position), end, keep=start <= self.position)
 
     def advance(self) -> None:
-        while (end := self.done.pop(self.position, None)) is not None:
-            self.position = max(self.position, end)
-        if self.done and min(self.done) < self.position:  # runs overlapping the position
-            runs, self.done = self.done, {}
-            for start, end in runs.items():
-                self.mark(start, end)
-            self.advance()
+        self.position = self.done.reach(self.position)
 
     def would_stand(self, offsets: set[int]) -> int:
-        position = self.position
-        while True:
-            if position in offsets:
-                position += 1
-            elif position in self.done:
-                position = max(position + 1, self.done[position])
-            else:
-                return position
+        return self.done.would_reach(self.position, offsets)
 
 
 class OffsetWatermark:

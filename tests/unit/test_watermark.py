@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from backends import watermark
 from backends.types import Message, QueueRef
 from backends.watermark import OffsetWatermark
 from reliable.commit import OffsetWatermark as ReExported
@@ -88,3 +91,35 @@ def test_an_offset_below_the_position_of_a_queue_read_in_order_starts_it_again()
     assert mark.mark_done(messages(0)) == {REF: 1}
     assert mark.committable() == {REF: 1}
     assert [m.offset for m in mark.in_flight([REF])] == list(range(1, 10))
+
+
+def test_done_runs_above_a_gap_are_joined_and_bounded_without_passing_the_gap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A member of a leasing transport shares each queue with the others: the offsets they take are
+    gaps it never sees done, and it kept one run per stretch above them, for as long as it ran."""
+    monkeypatch.setattr(watermark, "MAX_DONE_RUNS", 8)
+    mark = OffsetWatermark()
+    mark.fetched(messages(0))
+    mark.mark_done(messages(0))
+    ours = [offset for offset in range(2, 200) if offset % 4 in (2, 3)]  # 1, 4, 5, 8, 9, ...: another's
+    for first, second in zip(ours[::2], ours[1::2]):  # 3 then 2: touching runs are one
+        mark.fetched(messages(second, first))
+        mark.mark_done(messages(second))
+        mark.mark_done(messages(first))
+    assert mark.committable() == {REF: 1}
+    assert mark.positions_if_done(messages(1, 4, 5)) == {REF: 8}
+    theirs = messages(*(offset for offset in range(1, 200) if offset not in ours))
+    mark.fetched(theirs)  # the other member left: its messages come to this one
+    mark.mark_done(theirs)
+    assert mark.committable() == {REF: 34}  # through the 8 runs kept, 2-3 to 30-31; 34-35 was not kept
+
+
+def test_a_run_at_the_position_is_taken_however_many_runs_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watermark, "MAX_DONE_RUNS", 2)
+    mark = OffsetWatermark()
+    mark.fetched(messages(0, 2, 4, 6))
+    mark.mark_done(messages(2, 4, 6))  # the third run is past the bound: not kept
+    assert mark.mark_done(messages(0)) == {REF: 1}
+    assert mark.committable() == {REF: 1}  # 1 was never fetched: another member's
+    mark.fetched(messages(1))
+    assert mark.mark_done(messages(1)) == {REF: 3}  # up to the run of 2, kept; 4's was not
