@@ -10,7 +10,8 @@ Key layout under a namespace ``ns`` (``%s`` below is ``<group>:<topic>``):
 (entry id ``0-<offset + 1>``, so offsets are contiguous from 0; an entry
 another program appended above it is adopted: `redis_adoption`);
 ``ns:head:<topic>:<queue>`` messages appended; ``ns:delayed:<topic>`` (sorted
-set of sequence numbers by due time) with one hash per delayed message;
+set of sequence numbers, ``ns:delayed-seq``, by due time) with one hash
+``ns:delayed:<topic>:<seq>`` per delayed message;
 ``ns:inflight:%s`` leases and ``ns:scheduled:%s`` redeliveries (sorted sets
 of ``<queue>:<offset>`` by due time); ``ns:state:%s`` the first failure time
 a nack stored; ``ns:redelivered:%s`` how often each message was claimed
@@ -32,17 +33,27 @@ from backends.transport.base import dead_letter_queue_name
 from backends.transport.redis_adoption import ADOPT
 from backends.types import Message
 
-# ARGV: ns, topic, then per message: queue, id, key ("-" none, "+key"), headers, payload, published_at
-# Returns what it adopted (`redis_adoption.ADOPT`).
+# ARGV: ns, topic, then per message: queue, id, key ("-" none, "+key"), headers, payload,
+# published_at, due ("" to append it now; else the time it waits in ns:delayed:<topic> until).
+# Returns what it adopted (`redis_adoption.ADOPT`). One script for the whole publish: its first
+# write is refused out of memory or all of them pass, so no part of it is stored alone.
 PUBLISH = ADOPT + """
 local ns, topic = ARGV[1], ARGV[2]
-for i = 3, #ARGV, 6 do
+local delayed = ns .. ':delayed:' .. topic
+for i = 3, #ARGV, 7 do
   local fields = {'id', ARGV[i + 1], 'headers', ARGV[i + 3], 'payload', ARGV[i + 4],
                   'published_at', ARGV[i + 5]}
   if string.sub(ARGV[i + 2], 1, 1) == '+' then
     table.insert(fields, 'key'); table.insert(fields, string.sub(ARGV[i + 2], 2))
   end
-  append(ns, topic, ARGV[i], fields)
+  if ARGV[i + 6] == '' then
+    append(ns, topic, ARGV[i], fields)
+  else
+    local seq = string.format('%d', redis.call('INCR', ns .. ':delayed-seq'))
+    table.insert(fields, 'queue'); table.insert(fields, ARGV[i])
+    redis.call('HSET', delayed .. ':' .. seq, unpack(fields))
+    redis.call('ZADD', delayed, ARGV[i + 6], seq)
+  end
 end
 for key, head in pairs(moved) do redis.call('SET', head, heads[key]) end
 return adopted
@@ -175,8 +186,8 @@ class Keys:
     def head(self, topic: str, queue: int) -> str:
         return f"{self.ns}:head:{topic}:{queue}"
 
-    def delayed(self, topic: str, seq: int | None = None) -> str:
-        return f"{self.ns}:delayed:{topic}" + ("" if seq is None else f":{seq}")
+    def delayed(self, topic: str) -> str:
+        return f"{self.ns}:delayed:{topic}"
 
     def group(self, kind: str, group: str, topic: str) -> str:
         """``inflight``, ``scheduled``, ``state``, ``redelivered`` or ``committed`` of a group."""

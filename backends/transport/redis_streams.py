@@ -227,29 +227,19 @@ class RedisStreamsTransport(LeasingTransport):
         for fields in entries:
             layout.check_arguments(topic, fields, limit)
         queues = self._queues_of(topic, create=True)
-        ready: list[Any] = [self._keys.ns, topic]
-        with self._bounded(timeout) as client:
-            pipe = client.pipeline()
-            for message, fields in zip(messages, entries, strict=True):
-                queue = self._router.queue_for(topic, message.key, queues)
-                id_ = cast(str, message.message_id)  # stamped by Transport.publish
-                if message.delay > 0:
-                    seq = client.incr(f"{self._keys.ns}:delayed-seq")
-                    pipe.hset(self._keys.delayed(topic, seq), mapping={**fields, "queue": queue})
-                    pipe.zadd(self._keys.delayed(topic), {str(seq): now + message.delay})
-                else:
-                    key = "-" if message.key is None else f"+{message.key}"
-                    ready += [
-                        queue,
-                        id_,
-                        key,
-                        fields["headers"],
-                        message.payload,
-                        fields["published_at"],
-                    ]
-            pipe.execute()
-            if len(ready) > 2:
-                adoption.log_adopted(topic, self._scripts["PUBLISH"](args=ready, client=client))
+        args: list[Any] = [self._keys.ns, topic]
+        for message, fields in zip(messages, entries, strict=True):
+            args += [
+                self._router.queue_for(topic, message.key, queues),
+                fields["id"],  # stamped by Transport.publish
+                "-" if message.key is None else f"+{message.key}",
+                fields["headers"],
+                message.payload,
+                fields["published_at"],
+                repr(now + message.delay) if message.delay > 0 else "",
+            ]
+        with self._bounded(timeout) as client:  # one script: all of it stored, or none (OOM)
+            adoption.log_adopted(topic, self._scripts["PUBLISH"](args=args, client=client))
         self._signal()
 
     def _claim(

@@ -6,8 +6,9 @@ catches the refusal (``redis.pcall``) and writes on: a later write that does not
 (``XDEL``, ``ZREM``, ``HDEL``) counts as the script's first, and every write after it passes.
 ``append`` (``PUBLISH``, and ``CLAIM`` moving due delayed messages) caught a refused ``XADD`` as
 the sign of another program's entry to adopt, and ``CLAIM`` caught a refused ``XGROUP CREATE``
-as "the group exists"; each now raises ``OOM`` itself before anything else. A server of the
-test's own, its ``maxmemory`` lowered under what it holds.
+as "the group exists"; each now raises ``OOM`` itself before anything else. A publish stored its
+delayed messages by commands of their own before its script: it is one script now. A server of
+the test's own, its ``maxmemory`` lowered under what it holds.
 """
 
 from __future__ import annotations
@@ -130,6 +131,42 @@ def test_a_nack_and_a_dead_letter_under_oom_go_through_whole(server: RedisServer
         assert [m.id for m in transport.dead_letter_queue("shipping")] == ["m2"]
         clock.advance(transport.visibility_timeout + 1)  # past the nack's delay and any lease
         assert [(m.id, m.attempt) for m in member.fetch(10, 0)] == [("m1", 2)]
+        member.close()
+    finally:
+        admin.config_set("maxmemory", "0")
+        transport.purge()
+        transport.close()
+        admin.close()
+
+
+@pytest.mark.parametrize("delayed_first", [True, False], ids=["delayed-first", "ready-first"])
+def test_a_publish_refused_out_of_memory_stores_no_part_of_it(server: RedisServer, delayed_first: bool) -> None:
+    """A delayed message and a large ready one, published together: the large one's argument takes
+    Redis past ``maxmemory`` only once it is read. The old ``_append`` stored the delayed message
+    first (its own ``INCR``, then a ``MULTI``, both under the limit) and then had its ``PUBLISH``
+    script refused with ``OOM``; the caller's retry stored the delayed message again, a twin under
+    the same id that was delivered twice. Now one script: refused at its first write, or whole."""
+    admin = redis.Redis.from_url(server.url)
+    clock = FakeClock()
+    transport = RedisStreamsTransport(server.url, clock, namespace="t", queues=1)
+    keys = layout.Keys("t")
+    later = OutgoingMessage(b"{}", message_id="later", delay=5.0)
+    large = OutgoingMessage(b"x" * 2_000_000, message_id="large")
+    batch = [later, large] if delayed_first else [large, later]
+    try:
+        transport.publish("orders", [OutgoingMessage(b"{}", message_id="m1")])
+        admin.config_set("maxmemory", admin.info("memory")["used_memory"] + 1_000_000)
+        admin.set("probe", b"x")  # under the limit: a small write passes, a 2 MB one does not
+        before = snapshot(admin)
+        with pytest.raises(WritesRefusedError, match="maxmemory"):
+            transport.publish("orders", batch)
+        assert snapshot(admin) == before  # old: the delayed message's hash and its due time stored
+        admin.config_set("maxmemory", "0")
+        transport.publish("orders", batch)  # the caller's retry
+        assert admin.zcard(keys.delayed("orders")) == 1
+        clock.advance(later.delay)
+        member = transport.subscribe("shipping", ["orders"])
+        assert sorted(m.id for m in member.fetch(10, 0)) == ["large", "later", "m1"]
         member.close()
     finally:
         admin.config_set("maxmemory", "0")
