@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 from backends.types import Message, QueueRef
 
@@ -34,6 +35,16 @@ others took, which it never sees done: without a bound these grew by one for abo
 it finished, for as long as it ran. Past the bound a new separate run is not kept: the position
 stops below it, which is only ever lower (those messages come again after a restart and are
 skipped by their tokens), never past a message not done."""
+
+
+@runtime_checkable
+class GroupProgress(Protocol):
+    """A membership whose transport tells what the group as a whole finished (a leasing transport's:
+    its members share every queue, so a member's own done offsets stop at the first another took)."""
+
+    def finished_below(self, queues: Sequence[QueueRef]) -> dict[QueueRef, int]:
+        """Per queue, the offset below which the group has nothing read and unfinished."""
+        ...
 
 
 class _Runs:
@@ -159,6 +170,30 @@ class OffsetWatermark:
         with self._lock:
             return {ref: self._queues[ref].would_stand(extra) for ref, extra in offsets.items()
                     if ref in self._queues}
+
+    def held(self) -> list[QueueRef]:
+        """The queues whose position waits on an offset this member does not hold: one it never
+        fetched (another member of a leasing transport took it), below what it fetched since."""
+        with self._lock:
+            return [ref for ref, queue in self._queues.items()
+                    if queue.position < queue.end and queue.position not in queue.in_flight]
+
+    def finished(self, positions: Mapping[QueueRef, int]) -> dict[QueueRef, int]:
+        """The group as a whole finished every message below ``positions`` (the other members too,
+        as their transport tells): the known queues move up to them, never back. Returns the
+        queues whose position moved since last reported, as `mark_done` does."""
+        advanced: dict[QueueRef, int] = {}
+        with self._lock:
+            for ref, offset in positions.items():
+                queue = self._queues.get(ref)
+                if queue is None or offset <= queue.position:
+                    continue
+                queue.mark(queue.position, offset)
+                queue.advance()
+                queue.end = max(queue.end, queue.position)
+                if queue.position > queue.reported:
+                    queue.reported = advanced[ref] = queue.position
+        return advanced
 
     def start(self, positions: Mapping[QueueRef, int]) -> None:
         """Start queues at known positions (resumed from saved offsets): everything below is done."""

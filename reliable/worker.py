@@ -43,6 +43,7 @@ from backends.errors import (
 )
 from backends.transport.base import SubscribeOptions, Subscription
 from backends.types import Message, QueueRef
+from backends.watermark import GroupProgress
 from reliable import metrics
 from reliable.commit import CommitStrategy, OffsetWatermark
 from reliable.deferrals import StoreGate
@@ -120,6 +121,7 @@ class Worker:
         if messages:
             if self.watermark is not None:
                 self.watermark.fetched(messages)
+                self._follow_group(self.watermark)
             self.in_hand = len(messages)
             try:
                 self._settle(self._dispatch(messages))
@@ -128,6 +130,17 @@ class Worker:
         self.strategy.tick(self._ack, self.runtime.clock.monotonic())
         self._report_lag(idle=not messages)
         return len(messages)
+
+    def _follow_group(self, watermark: OffsetWatermark) -> None:
+        """Move the watermark over what the other members finished, where they share its queues
+        (a leasing transport): its own done offsets stop at the first one another member took,
+        so its position, saved and committed, stayed there for as long as the group ran."""
+        subscription, held = self._subscription, watermark.held()
+        if not held or not isinstance(subscription, GroupProgress):
+            return
+        finished = self._guarded(lambda: subscription.finished_below(held))
+        if finished is not FAILED and (advanced := watermark.finished(finished)):
+            self._settling("commit", [], lambda s: s.commit(advanced))
 
     def _report_lag(self, idle: bool) -> None:
         """Set the consumer-lag gauge from the transport's count of what is left for the group."""

@@ -195,6 +195,12 @@ class LeasingTransport(Transport):
         """
 
     @abstractmethod
+    def _finished_below(self, group: str, topic: str) -> dict[int, int]:
+        """Per queue of ``topic``, the lowest offset ``group`` has not finished: its cursor (the
+        next to read), or below it the lowest in flight (leased to a member, alive or not).
+        Scheduled redeliveries do not count: they wait in the transport, whatever is committed."""
+
+    @abstractmethod
     def _commit(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
         """Record ``group``'s position per queue (never moving it backwards)."""
 
@@ -281,6 +287,15 @@ class LeasingSubscription(Subscription):
         self._check_open()
         if offsets:
             self._transport._commit(self.group, offsets)
+
+    def finished_below(self, queues: Sequence[QueueRef]) -> dict[QueueRef, int]:
+        """Every member reads every queue, so a member's own done offsets stop at the first one
+        another member took; what the group finished is the transport's to tell."""
+        self._check_open()
+        topics = dict.fromkeys(ref.topic for ref in queues)
+        below = {QueueRef(topic, queue): offset for topic in topics
+                 for queue, offset in self._transport._finished_below(self.group, topic).items()}
+        return {ref: below[ref] for ref in queues if ref in below}
 
     def pending(self) -> int:
         self._check_open()

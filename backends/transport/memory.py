@@ -140,6 +140,18 @@ class MemoryTransport(LeasingTransport):
                 committed = self._progress_of(group, ref.topic, self._topic(ref.topic)).committed
                 committed[ref.queue] = max(committed.get(ref.queue, 0), offset)
 
+    def _finished_below(self, group: str, topic: str) -> dict[int, int]:
+        with self._changed:
+            stored = self._topics.get(topic)
+            if stored is None:
+                return {}
+            progress = self._progress_of(group, topic, stored)
+            below = dict(enumerate(progress.cursors))
+            for (queue, offset), delivery in progress.outstanding.items():
+                if delivery.state is DeliveryState.IN_FLIGHT:
+                    below[queue] = min(below[queue], offset)
+            return below
+
     def committed(self, group: str, topic: str) -> dict[int, int]:
         """``group``'s committed position per queue of ``topic`` (what `commit` recorded)."""
         with self._changed:

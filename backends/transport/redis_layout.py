@@ -213,6 +213,25 @@ def offset_of(entry_id: bytes) -> int:
     return int(entry_id.split(b"-")[1]) - 1
 
 
+def finished_below(client: Any, keys: Keys, group: str, topic: str, queues: int) -> dict[int, int]:
+    """Per queue, the lowest offset ``group`` has not finished: its cursor (never above the
+    head: what it read past it is adopted and read again), or the lowest leased below it."""
+    pipe = client.pipeline()
+    for queue in range(queues):
+        pipe.get(keys.head(topic, queue))
+        pipe.xinfo_groups(keys.stream(topic, queue))
+    pipe.zrange(keys.group("inflight", group, topic), 0, -1)
+    *replies, leased = pipe.execute(raise_on_error=False)
+    below: dict[int, int] = {}
+    for queue, (head, groups) in enumerate(zip(replies[::2], replies[1::2])):
+        ours = [g for g in groups if g["name"] == group.encode()] if isinstance(groups, list) else []
+        below[queue] = min(int(head or 0), offset_of(ours[0]["last-delivered-id"]) + 1) if ours else 0
+    for name in leased:
+        queue, offset = position(name)
+        below[queue] = min(below.get(queue, offset), offset)
+    return below
+
+
 def entry(
     id_: str, key: str | None, headers: Mapping[str, str], payload: bytes, published_at: float
 ) -> dict[str, Any]:

@@ -123,3 +123,23 @@ def test_a_run_at_the_position_is_taken_however_many_runs_are_kept(monkeypatch: 
     assert mark.committable() == {REF: 1}  # 1 was never fetched: another member's
     mark.fetched(messages(1))
     assert mark.mark_done(messages(1)) == {REF: 3}  # up to the run of 2, kept; 4's was not
+
+
+def test_what_the_group_finished_moves_a_position_held_by_another_members_offsets() -> None:
+    """A member of a leasing transport never sees the others' offsets done: the group's finished
+    prefix, as the transport tells it, moves its position over them, never back."""
+    mark = OffsetWatermark()
+    mark.fetched(messages(0, 1, 4, 5))  # 2-3 another member's
+    assert mark.held() == []  # 0 is its own, in flight
+    mark.mark_done(messages(0, 1, 5))
+    assert mark.held() == [REF] and mark.committable() == {REF: 2}
+    assert mark.finished({REF: 4}) == {REF: 4}  # the group finished 2-3; its own 4 holds it
+    assert mark.held() == []
+    assert mark.positions_if_done(messages(4)) == {REF: 6}
+    assert mark.finished({REF: 3, QueueRef("t", 9): 7}) == {}  # never back; a queue not its own
+    assert mark.committable() == {REF: 4}
+    mark.mark_done(messages(4))
+    assert mark.committable() == {REF: 6}
+    assert mark.finished({REF: 10}) == {REF: 10}  # the others read on past it
+    mark.fetched(messages(12))
+    assert mark.held() == [REF] and mark.committable() == {REF: 10}

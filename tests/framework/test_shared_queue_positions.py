@@ -1,0 +1,121 @@
+"""Two members of a group on a leasing transport save where the group stands, not where each stood.
+
+A leasing transport (memory, Redis Streams) gives every member every queue: a member's own done
+offsets stop at the first offset another member took, so its saved position (the offsets saved
+with the tokens, `commit="transactional"`) stayed there for as long as the pair ran, and a
+restart sought the group back to it and read everything again (skipped by the tokens). Measured
+with 300 messages over 4 queues, two members taking turns: 292 read again after a stop on memory
+and on Redis Streams before; none after. The position follows what the group as a whole finished
+(`Subscription.finished_below`), which a message still leased to a member holds back, dead or
+alive: killed with messages in hand, the member's messages come again after the restart and the
+rest is not read again past them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reliable import App
+from reliable.commit import Transactional
+from reliable.testing import test_app
+from reliable.worker import Worker
+from tests.contract.transports import LEASING, TRANSPORTS
+
+MESSAGES, PREFETCH = 300, 3  # over the transports' 4 queues
+
+
+@pytest.fixture(params=LEASING)
+def app(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> Iterator[App]:
+    url, _ = TRANSPORTS[request.param](request, tmp_path, unique)
+    app = test_app(tmp_path, transport=url, settings={"RELIABLE_WORKER__PREFETCH": str(PREFETCH)})
+    yield app
+    if hasattr(app.transport, "purge"):
+        app.transport.purge()
+    app.close()
+
+
+class Billing:
+    """Group ``billing``'s handler, recording each message it finished; `member` joins the group."""
+
+    def __init__(self, app: App) -> None:
+        self.app, self.done = app, list[int]()
+
+        @app.handler("orders", group="billing", token="body.n")
+        def bill(msg, tx) -> None:  # type: ignore[no-untyped-def]
+            self.done.append(msg.body["n"])
+
+        bill.config = app.config_for(bill)
+        self.handler = bill
+
+    def member(self) -> Worker:
+        return Worker(self.handler, self.app.runtime, Transactional())
+
+
+def take_turns(members: list[Worker]) -> list[int]:
+    """Poll the members in turn until none fetches anything: each fetch leaves gaps for the other."""
+    taken = [0] * len(members)
+    fetched = [member.poll(0) for member in members]
+    while any(fetched):
+        taken = [total + count for total, count in zip(taken, fetched)]
+        fetched = [member.poll(0) for member in members]
+    return taken
+
+
+def read_alone(member: Worker) -> int:
+    """Messages ``member`` fetches until none is left."""
+    read = 0
+    while fetched := member.poll(0):
+        read += fetched
+    return read
+
+
+def saved(app: App) -> dict[int, int]:
+    return {ref.queue: offset for ref, offset in app.store.load_offsets("billing").items() if ref.topic == "orders"}
+
+
+def test_a_restarted_group_reads_again_only_what_it_had_not_finished(app: App) -> None:
+    billing = Billing(app)
+    done = billing.done
+    app.publish_many("orders", [{"n": n} for n in range(MESSAGES)])
+    members = [billing.member(), billing.member()]
+    taken = take_turns(members)
+    for member in members:
+        member.close()
+    assert sum(taken) == MESSAGES and min(taken) >= MESSAGES // 3, taken  # both read every queue
+    assert sum(saved(app).values()) == MESSAGES  # every queue saved at its end: 292 short before
+
+    again = billing.member()
+    assert read_alone(again) == 0  # read again after the restart: 292 before
+    again.close()
+    assert sorted(done) == list(range(MESSAGES))
+
+
+def test_a_killed_members_messages_come_again_and_bound_what_is_read_again(app: App) -> None:
+    billing = Billing(app)
+    done = billing.done
+    app.publish_many("orders", [{"n": n} for n in range(MESSAGES)])
+    killed, survivor = billing.member(), billing.member()
+    while len(done) < 2 * MESSAGES // 3:  # both members finish two thirds, in turns
+        killed.poll(0)
+        survivor.poll(0)
+    held = killed.subscription.fetch(killed.fetch_size, 0)  # then one dies with these in hand
+    assert held and killed.watermark is not None
+    killed.watermark.fetched(held)  # as its poll did before the kill: never settled, never closed
+    read_before = len(done) + len(held)
+    assert read_alone(survivor) == MESSAGES - read_before  # the survivor finishes the rest...
+    survivor.close()
+    lowest = {queue: min(m.offset for m in held if m.queue == queue) for queue in {m.queue for m in held}}
+    assert all(saved(app)[queue] <= offset for queue, offset in lowest.items())  # ...never saved past the dead
+    assert not {m.body["n"] for m in held} & set(done)  # its messages are still not done, their leases held
+
+    again = billing.member()
+    read_again = read_alone(again)
+    again.close()
+    assert sorted(set(done)) == list(range(MESSAGES))  # nothing lost
+    assert len(done) == MESSAGES  # nothing done twice
+    # read again: its messages, and what the survivor read alone after them (on their queues);
+    # the whole topic before
+    assert len(held) <= read_again <= MESSAGES - read_before + len(held) + 2 * PREFETCH, read_again
