@@ -37,6 +37,7 @@ from broker.client_wire import (
     closed_by,
     fitting,
     frame_limit,
+    lost,
     publish_requests,
     result,
     waiting_limit,
@@ -199,8 +200,10 @@ class AsyncClient(AsyncCalls):
     async def _read(self, link: _Link) -> None:
         decoder = FrameDecoder(1 << 30)
         refusal = ""  # the server's error for no request, sent before it closes (an RST may follow)
+        first = b""  # what the peer sent first: named where it is not the native protocol
         try:
             while data := await link[0].read(1 << 20):
+                first = first or data
                 for payload in decoder.feed(data):
                     self._heard += 1
                     reply = decode_body(payload)
@@ -213,16 +216,16 @@ class AsyncClient(AsyncCalls):
             raise ConnectionError("the broker closed the connection")
         except Exception as exc:  # noqa: BLE001 - every waiter learns the connection is gone
             exc = ConnectionError(refusal) if refusal else exc
-            self._drop(link, exc)
+            self._drop(link, exc, first)
 
-    def _drop(self, link: _Link, exc: BaseException) -> None:
+    def _drop(self, link: _Link, exc: BaseException, first: bytes = b"") -> None:
         if self._link is link:
             self._link = None
         link[1].transport.abort()
         for request_id in list(self._waiting):
             waiting = self._waiting.pop(request_id)
             if not waiting.done():
-                waiting.set_exception(BrokerUnavailableError(f"broker {self._name} lost: {exc}"))
+                waiting.set_exception(lost(self._name, exc, first))
 
 
 class AsyncConsumer:

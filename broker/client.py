@@ -38,6 +38,7 @@ from broker.client_wire import (
     closed_by,
     fitting,
     frame_limit,
+    lost,
     publish_requests,
     result,
     waiting_limit,
@@ -313,8 +314,10 @@ class Client(SyncCalls):
     def _read(self, sock: Connection) -> None:
         decoder = FrameDecoder(1 << 30)
         refusal = ""  # the server's error for no request, sent before it closes (an RST may follow)
+        first = b""  # what the peer sent first: named where it is not the native protocol
         try:
             while data := sock.recv(1 << 20):
+                first = first or data
                 for payload in decoder.feed(data):
                     self._heard += 1
                     reply = decode_body(payload)
@@ -327,9 +330,9 @@ class Client(SyncCalls):
             raise ConnectionError("the broker closed the connection")
         except Exception as exc:  # noqa: BLE001 - every waiter learns the connection is gone
             exc = ConnectionError(refusal) if refusal else exc
-            self._lost(sock, exc)
+            self._lost(sock, exc, first)
 
-    def _lost(self, sock: Connection, exc: BaseException) -> None:
+    def _lost(self, sock: Connection, exc: BaseException, first: bytes = b"") -> None:
         with self._lock:
             if self._sock is sock:
                 self._sock = None
@@ -337,7 +340,7 @@ class Client(SyncCalls):
         for request_id in list(self._waiting):
             waiting = self._waiting.pop(request_id, None)
             if waiting is not None and not waiting.done():
-                waiting.set_exception(BrokerUnavailableError(f"broker {self._where()} lost: {exc}"))
+                waiting.set_exception(lost(self._where(), exc, first))
 
     def _where(self) -> str:
         return self._name

@@ -12,9 +12,9 @@ from typing import Any
 
 from broker import errors
 from broker.delivery.values import OutgoingMessage
-from broker.errors import BrokerError, RecordTooLargeError
+from broker.errors import BrokerError, BrokerUnavailableError, NotABrokerError, RecordTooLargeError
 from broker.protocol.codec import DEFAULT_MAX_FRAME_SIZE
-from broker.protocol.errors import WIRE_ERRORS, ClientError, FrameTooLargeError
+from broker.protocol.errors import WIRE_ERRORS, ClientError, FrameTooLargeError, ProtocolError
 from broker.protocol.tables import outgoing_table
 
 DEFAULT_MAX_WAITING = 64
@@ -116,3 +116,13 @@ def result(reply: dict[str, Any]) -> dict[str, Any]:
     code = str(error.get("code", "server_error"))
     wire = WIRE_ERRORS.get(code)
     raise wire.from_wire(message, error) if wire is not None else ClientError(code, message)
+
+
+def lost(where: str, exc: BaseException, first: bytes) -> BrokerError:
+    """What each call waiting on a lost connection raises: a `NotABrokerError` where the peer's
+    bytes (``first``: what it sent first) did not read as native frames, which no reconnect can
+    mend (a STOMP port answers a hello with ``ERROR``), else a `BrokerUnavailableError`, retried."""
+    if isinstance(exc, ProtocolError):
+        return NotABrokerError(f"{where} does not answer in the broker's native protocol ({exc}); it sent "
+                               f"{first[:24]!r} first: is it the broker's STOMP port, or another server?")
+    return BrokerUnavailableError(f"broker {where} lost: {exc}")

@@ -93,5 +93,11 @@ class BrokerUnavailableError(DeliveryError):
     """Raised when the process that owns an embedded broker's directory cannot be reached."""
 
 
+class NotABrokerError(BrokerError):
+    """Raised when the address a client connected to answers in another protocol than the broker's
+    native one (the broker's STOMP port, another server): connecting again cannot help, so no
+    client retries it."""
+
+
 class SessionError(DeliveryError):
     """Raised when a `broker.session.Session` call is not one its ack mode allows, or it is closed."""

@@ -166,6 +166,7 @@ class StompDecoder:
     def _read_headers(self) -> bool:
         end = _HEADER_END[self.version].search(self._buffer, max(0, self._scanned - 2))
         if end is None:
+            self._check_start()
             self._scanned = len(self._buffer)
             self._check_size(len(self._buffer))
             return False
@@ -203,6 +204,13 @@ class StompDecoder:
             if escaped:
                 name, value = _unescape(name, self.version), _unescape(value, self.version)
             yield name, value
+
+    def _check_start(self) -> None:
+        """Refuse at its first byte a stream no command can begin (a native-protocol client on the
+        STOMP port: its length prefix starts with a zero byte), rather than at the handshake timeout."""
+        if self._buffer and not self._buffer[:1].isalpha():
+            raise BrokenStreamError(f"not a STOMP frame: it begins with {bytes(self._buffer[:16])!r} "
+                                    "(a STOMP command begins with a letter)")
 
     def _check_size(self, size: int) -> None:
         if size > self.max_frame_size:

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.protocol import codec as native_codec
 from broker.protocol.errors import BrokenStreamError, FrameTooLargeError, ProtocolError
 from broker.server.stomp_codec import StompDecoder, StompFrame, encode
 
@@ -129,3 +130,10 @@ def test_an_oversized_frame_without_content_length_is_refused_once_it_passes_the
 def test_broken_frames_name_what_is_wrong(raw, reason) -> None:
     with pytest.raises(BrokenStreamError, match=reason):
         StompDecoder(1024).feed(raw)
+
+
+def test_a_stream_no_command_can_begin_is_refused_at_its_first_byte() -> None:
+    """A native-protocol hello (its length prefix begins with a zero byte) has no end of headers
+    for the decoder to wait for: it is refused at once, not at the handshake timeout."""
+    with pytest.raises(BrokenStreamError, match=r"not a STOMP frame: it begins with b'\\x00"):
+        StompDecoder(1024).feed(native_codec.encode({"id": 1, "op": "hello"})[:1])
