@@ -190,8 +190,10 @@ class LeasingTransport(Transport):
         """Move ``group``'s cursors to offsets the consumer saved.
 
         Outstanding messages at or after a cursor are read again; messages in
-        flight below it are done (the saved offset says so) and are forgotten;
-        scheduled redeliveries below it stay scheduled.
+        flight below it for the first time are done (the saved offset says so)
+        and are forgotten; scheduled redeliveries below it stay scheduled, and
+        so do redeliveries in flight below it (a position passes a message
+        handed back to wait here, which says nothing of it once claimed again).
         """
 
     @abstractmethod

@@ -186,9 +186,8 @@ class MemoryTransport(LeasingTransport):
                 progress = self._progress_of(group, ref.topic, stored)
                 progress.cursors[ref.queue] = min(offset, len(stored.logs[ref.queue]))
                 for position, delivery in list(progress.outstanding.items()):
-                    if position[0] == ref.queue and (
-                        position[1] >= offset or delivery.state is DeliveryState.IN_FLIGHT
-                    ):
+                    first = delivery.state is DeliveryState.IN_FLIGHT and delivery.message.attempt == 1
+                    if position[0] == ref.queue and (position[1] >= offset or first):
                         del progress.outstanding[position]
             self._signal()
 

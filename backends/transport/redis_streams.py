@@ -334,15 +334,15 @@ class RedisStreamsTransport(LeasingTransport):
 
     def _forget(self, client: Any, group: str, ref: QueueRef, offset: int) -> None:
         """Drop ``group``'s outstanding messages of ``ref`` at or after ``offset`` (read again),
-        and those in flight below it (done, as the consumer's saved offset says)."""
+        and those in flight below it for the first time (done, as the consumer's saved offset
+        says; a redelivery it passed was scheduled then, and is not known done)."""
+        redelivered = self._keys.group("redelivered", group, ref.topic)
         for kind in OUTSTANDING:
             key = self._keys.group(kind, group, ref.topic)
-            doomed = [
-                name
-                for name in client.zrange(key, 0, -1)
-                if layout.position(name)[0] == ref.queue
-                and (layout.position(name)[1] >= offset or kind == "inflight")
-            ]
+            ours = [name for name in client.zrange(key, 0, -1) if layout.position(name)[0] == ref.queue]
+            again = client.hmget(redelivered, ours) if ours and kind == "inflight" else [None] * len(ours)
+            doomed = [name for name, count in zip(ours, again)
+                      if layout.position(name)[1] >= offset or (kind == "inflight" and not int(count or 0))]
             if doomed:
                 client.zrem(key, *doomed)
                 for kind in PER_MESSAGE:

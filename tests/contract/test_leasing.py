@@ -343,6 +343,29 @@ def test_assignment_seeks_to_the_offsets_on_assign_returns(
         assert sorted(m.offset for m in again.fetch(10, 0)) == [3, 4]
 
 
+def test_a_seek_forgets_first_deliveries_in_flight_below_it_but_not_redeliveries(
+    transport: Transport, clock: FakeClock, unique: str
+) -> None:
+    """The saved offset a member seeks to says the messages below it are done, or were handed back
+    to wait in the transport (a nack): one of those claimed again is in flight below it, not done,
+    and a member killed with it in hand must not lose it to the seek of the restart."""
+    transport.publish(unique, [OutgoingMessage(b"{}", key="same") for _ in range(4)])
+    dead = transport.subscribe("g", [unique])
+    first = sorted(dead.fetch(4, 0), key=lambda m: m.offset)
+    ref = QueueRef(unique, first[0].queue)
+    dead.nack(first[0], 0)  # handed back: the worker's position passes it
+    dead.ack(first[2:])
+    (again,) = dead.fetch(4, 0)
+    assert (again.offset, again.attempt) == (0, 2)  # in flight below the saved offset, 1 too (done, not acked)
+    with transport.subscribe("g", [unique], SubscribeOptions(on_assign=lambda queues: {ref: 4})) as restarted:
+        assert restarted.fetch(4, 0) == []
+        clock.advance(VISIBILITY + 1)  # the dead member's leases end
+        back = restarted.fetch(4, 0)
+        assert [(m.offset, m.attempt) for m in back] == [(0, 3)]  # lost to the seek before
+        restarted.ack(back)
+        assert restarted.pending() == 0
+
+
 def test_commit_records_the_position_and_never_moves_it_back(
     transport: Transport, unique: str
 ) -> None:
