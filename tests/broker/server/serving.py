@@ -57,23 +57,29 @@ class ServerProcess:
         arguments = ["serve", "--data-dir", str(self.data_dir), "--port", str(self.port), "--stomp-port", "0",
                      *self.extra]
         self.log.touch()  # read below before the forked server has opened it
+        begun = self.log.stat().st_size  # a restart appends: the earlier runs' lines are not this one's
         self.process = forked.start(_serve, [arguments], env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
                                     output=self.log)
         _RUNNING[:] = [*(p for p in _RUNNING if p.is_alive()), self.process]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = STARTED.findall(self.log.read_text())
+            written = self.run_log(begun)
+            found = STARTED.findall(written)
             if found and self.running and (self.port == 0 or int(found[-1]) == self.port):
                 self.port = int(found[-1])
-                stomp = STOMP.findall(self.log.read_text())
+                stomp = STOMP.findall(written)
                 self.stomp_port = int(stomp[-1]) if stomp else 0
-                metrics = METRICS.findall(self.log.read_text())
+                metrics = METRICS.findall(written)
                 self.metrics_port = int(metrics[-1]) if metrics else 0
                 return self
             if not self.running:
-                raise RuntimeError(f"the broker server exited:\n{self.log.read_text()[-3000:]}")
+                raise RuntimeError(f"the broker server exited:\n{self.run_log(begun)[-3000:]}")
             time.sleep(0.05)
-        raise RuntimeError(f"the broker server did not start:\n{self.log.read_text()[-3000:]}")
+        raise RuntimeError(f"the broker server did not start:\n{self.run_log(begun)[-3000:]}")
+
+    def run_log(self, begun: int) -> str:
+        """What the log holds from byte ``begun`` on: one run's lines, where it began at ``begun``."""
+        return self.log.read_bytes()[begun:].decode(errors="replace")
 
     @property
     def running(self) -> bool:
