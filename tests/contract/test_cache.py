@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from backends.cache import Cache, MemoryCache, open_cache
+from backends.cache.memory import SWEEP_STEP
 from backends.cache.redis import RedisCache
 from backends.clock import FakeClock
 from backends.errors import CacheUnavailableError, ConfigurationError, UnsupportedURLError
@@ -96,6 +97,50 @@ class TestMemoryCache:
         assert cache.seen(unique, ["a"]) == {"a"}
         fake_clock.advance(0.1)
         assert cache.seen(unique, ["a"]) == set()
+
+    def test_expired_tokens_are_dropped_without_being_read(self, fake_clock: FakeClock, unique: str) -> None:
+        """A token a second for 2,000 seconds, each living 10 and none read again: the old cache
+        held all 2,000 (its LRU bound is 100,000), 1,990 of them expired; now the 10 alive and the
+        one that expired in the last second (an entry goes once its whole expiry second is past)."""
+        cache = MemoryCache(clock=fake_clock)
+        for n in range(2000):
+            cache.remember(unique, [f"t{n}"], 10)
+            fake_clock.advance(1.0)
+        assert len(cache) == 11
+        assert cache.seen(unique, ["t1989", "t1990", "t1991", "t1999"]) == {"t1991", "t1999"}
+
+    def test_a_burst_of_expired_tokens_is_dropped_by_the_next_calls(
+        self, fake_clock: FakeClock, unique: str
+    ) -> None:
+        """1,000 tokens remembered at once expire together; lookups of other tokens drop them, a
+        bounded number per call (`SWEEP_STEP` more than the tokens named), however many are due."""
+        cache = MemoryCache(clock=fake_clock)
+        cache.remember(unique, [f"t{n}" for n in range(1000)], 10)
+        fake_clock.advance(11)
+        assert cache.seen(unique, ["other"]) == set()
+        assert len(cache) == 1000 - (SWEEP_STEP + 1)
+        for _ in range(1000 // (SWEEP_STEP + 1)):
+            cache.seen(unique, ["other"])
+        assert len(cache) == 0
+
+    def test_entries_leave_their_expiry_bucket_when_forgotten_evicted_or_remembered_again(
+        self, fake_clock: FakeClock, unique: str
+    ) -> None:
+        """Each entry is filed under its expiry second; one forgotten, evicted, read expired or
+        remembered again leaves its old place, so the buckets hold exactly the entries."""
+        cache = MemoryCache(max_entries=50, clock=fake_clock)
+        for n in range(200):
+            cache.remember(unique, [f"t{n}", "again"], 5 + n % 7)
+            fake_clock.advance(0.25)
+        cache.forget(unique, [f"t{n}" for n in range(190, 195)])
+        fake_clock.advance(6)
+        cache.seen(unique, [f"t{n}" for n in range(195, 200)])
+        cache.remember(unique, ["for ever"], float("inf"))
+        filed = [key for bucket in cache._buckets.values() for key in bucket]  # private: no public view
+        assert sorted(filed) == sorted(cache._expiry)
+        fake_clock.advance(TTL)
+        assert cache.seen(unique, ["other", "for ever"]) == {"for ever"}
+        assert list(cache._buckets.values()) == [{(unique, "for ever")}]
 
     @pytest.mark.parametrize("query", ["max_entries=0", "max_entries=many", "size=3"])
     def test_bad_options_are_named(self, query: str) -> None:
