@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -42,8 +43,9 @@ class GroupProgress(Protocol):
     """A membership whose transport tells what the group as a whole finished (a leasing transport's:
     its members share every queue, so a member's own done offsets stop at the first another took)."""
 
-    def finished_below(self, queues: Sequence[QueueRef]) -> dict[QueueRef, int]:
-        """Per queue, the offset below which the group has nothing read and unfinished."""
+    def finished_below(self, in_hand: Mapping[QueueRef, AbstractSet[int]]) -> dict[QueueRef, int]:
+        """Per queue of ``in_hand``, the offset below which the group has nothing read and
+        unfinished but ``in_hand``'s offsets (the member's own in flight)."""
         ...
 
 
@@ -171,26 +173,32 @@ class OffsetWatermark:
             return {ref: self._queues[ref].would_stand(extra) for ref, extra in offsets.items()
                     if ref in self._queues}
 
-    def held(self) -> list[QueueRef]:
-        """The queues whose position waits on an offset this member does not hold: one it never
-        fetched (another member of a leasing transport took it), below what it fetched since."""
+    def held(self) -> dict[QueueRef, frozenset[int]]:
+        """The queues where an offset this member never fetched (another member of a leasing
+        transport took it) stops its done offsets short of what it fetched, with its offsets in
+        flight there: once they are done too, its position would still wait on the others'."""
         with self._lock:
-            return [ref for ref, queue in self._queues.items()
-                    if queue.position < queue.end and queue.position not in queue.in_flight]
+            return {ref: frozenset(queue.in_flight) for ref, queue in self._queues.items()
+                    if queue.would_stand(set(queue.in_flight)) < queue.end}
 
     def finished(self, positions: Mapping[QueueRef, int]) -> dict[QueueRef, int]:
-        """The group as a whole finished every message below ``positions`` (the other members too,
-        as their transport tells): the known queues move up to them, never back. Returns the
-        queues whose position moved since last reported, as `mark_done` does."""
+        """The group as a whole finished every message below ``positions`` but this member's own in
+        flight (the other members too, as their transport tells): those offsets are done, so the
+        known queues move up to them, never back. Returns the queues whose position moved since
+        last reported, as `mark_done` does."""
         advanced: dict[QueueRef, int] = {}
         with self._lock:
             for ref, offset in positions.items():
                 queue = self._queues.get(ref)
                 if queue is None or offset <= queue.position:
                     continue
-                queue.mark(queue.position, offset)
+                start = queue.position
+                for own in sorted(o for o in queue.in_flight if start <= o < offset):
+                    queue.mark(start, own)
+                    start = own + 1
+                queue.mark(start, offset)
                 queue.advance()
-                queue.end = max(queue.end, queue.position)
+                queue.end = max(queue.end, offset)
                 if queue.position > queue.reported:
                     queue.reported = advanced[ref] = queue.position
         return advanced

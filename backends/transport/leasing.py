@@ -18,6 +18,7 @@ import threading
 import zlib
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from enum import StrEnum
 
 from backends.clock import Clock, SystemClock
@@ -33,6 +34,7 @@ from backends.transport.base import (
 from backends.types import DeadLetter, Failure, Message, OutgoingMessage, QueueRef
 from backends.values import positive
 
+Position = tuple[int, int]  # (queue, offset)
 DEFAULT_QUEUES = 4
 DEFAULT_VISIBILITY_TIMEOUT = 30.0
 MIN_PAUSE = 0.001  # the shortest wait of a fetch, so a waiting fetch always makes progress
@@ -197,10 +199,10 @@ class LeasingTransport(Transport):
         """
 
     @abstractmethod
-    def _finished_below(self, group: str, topic: str) -> dict[int, int]:
-        """Per queue of ``topic``, the lowest offset ``group`` has not finished: its cursor (the
-        next to read), or below it the lowest in flight (leased to a member, alive or not).
-        Scheduled redeliveries do not count: they wait in the transport, whatever is committed."""
+    def _read_and_leased(self, group: str, topic: str) -> tuple[dict[int, int], list[Position]]:
+        """``group``'s cursor per queue of ``topic`` (the next offset to read), and the places of the
+        messages in flight (leased to a member, alive or not). Scheduled redeliveries are neither:
+        they wait in the transport, whatever is committed."""
 
     @abstractmethod
     def _commit(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
@@ -290,14 +292,22 @@ class LeasingSubscription(Subscription):
         if offsets:
             self._transport._commit(self.group, offsets)
 
-    def finished_below(self, queues: Sequence[QueueRef]) -> dict[QueueRef, int]:
+    def finished_below(self, in_hand: Mapping[QueueRef, AbstractSet[int]]) -> dict[QueueRef, int]:
         """Every member reads every queue, so a member's own done offsets stop at the first one
-        another member took; what the group finished is the transport's to tell."""
+        another member took; what the group finished is the transport's to tell: per queue, its
+        cursor or, below it, the lowest offset leased to a member, but for this one's ``in_hand``."""
         self._check_open()
-        topics = dict.fromkeys(ref.topic for ref in queues)
-        below = {QueueRef(topic, queue): offset for topic in topics
-                 for queue, offset in self._transport._finished_below(self.group, topic).items()}
-        return {ref: below[ref] for ref in queues if ref in below}
+        below: dict[QueueRef, int] = {}
+        for topic in dict.fromkeys(ref.topic for ref in in_hand):
+            cursors, leased = self._transport._read_and_leased(self.group, topic)
+            for queue, cursor in cursors.items():
+                if (ref := QueueRef(topic, queue)) in in_hand:
+                    below[ref] = cursor
+            for queue, offset in leased:
+                ref = QueueRef(topic, queue)
+                if ref in below and offset < below[ref] and offset not in in_hand[ref]:
+                    below[ref] = offset
+        return below
 
     def pending(self) -> int:
         self._check_open()

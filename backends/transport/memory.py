@@ -27,12 +27,11 @@ from backends.transport.leasing import (
     DEFAULT_VISIBILITY_TIMEOUT,
     DeliveryState,
     LeasingTransport,
+    Position,
 )
 from backends.types import DeadLetter, Failure, Message, OutgoingMessage, QueueRef
 
 log = structlog.get_logger(__name__)
-
-Position = tuple[int, int]  # (queue, offset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,17 +139,15 @@ class MemoryTransport(LeasingTransport):
                 committed = self._progress_of(group, ref.topic, self._topic(ref.topic)).committed
                 committed[ref.queue] = max(committed.get(ref.queue, 0), offset)
 
-    def _finished_below(self, group: str, topic: str) -> dict[int, int]:
+    def _read_and_leased(self, group: str, topic: str) -> tuple[dict[int, int], list[Position]]:
         with self._changed:
             stored = self._topics.get(topic)
             if stored is None:
-                return {}
+                return {}, []
             progress = self._progress_of(group, topic, stored)
-            below = dict(enumerate(progress.cursors))
-            for (queue, offset), delivery in progress.outstanding.items():
-                if delivery.state is DeliveryState.IN_FLIGHT:
-                    below[queue] = min(below[queue], offset)
-            return below
+            leased = [position for position, delivery in progress.outstanding.items()
+                      if delivery.state is DeliveryState.IN_FLIGHT]
+            return dict(enumerate(progress.cursors)), leased
 
     def committed(self, group: str, topic: str) -> dict[int, int]:
         """``group``'s committed position per queue of ``topic`` (what `commit` recorded)."""

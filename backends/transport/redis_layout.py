@@ -213,23 +213,21 @@ def offset_of(entry_id: bytes) -> int:
     return int(entry_id.split(b"-")[1]) - 1
 
 
-def finished_below(client: Any, keys: Keys, group: str, topic: str, queues: int) -> dict[int, int]:
-    """Per queue, the lowest offset ``group`` has not finished: its cursor (never above the
-    head: what it read past it is adopted and read again), or the lowest leased below it."""
+def read_and_leased(client: Any, keys: Keys, group: str, topic: str,
+                    queues: int) -> tuple[dict[int, int], list[tuple[int, int]]]:
+    """``group``'s cursor per queue (never above the head: what it read past it is adopted and read
+    again), and the places of its messages in flight."""
     pipe = client.pipeline()
     for queue in range(queues):
         pipe.get(keys.head(topic, queue))
         pipe.xinfo_groups(keys.stream(topic, queue))
     pipe.zrange(keys.group("inflight", group, topic), 0, -1)
     *replies, leased = pipe.execute(raise_on_error=False)
-    below: dict[int, int] = {}
+    cursors: dict[int, int] = {}
     for queue, (head, groups) in enumerate(zip(replies[::2], replies[1::2])):
         ours = [g for g in groups if g["name"] == group.encode()] if isinstance(groups, list) else []
-        below[queue] = min(int(head or 0), offset_of(ours[0]["last-delivered-id"]) + 1) if ours else 0
-    for name in leased:
-        queue, offset = position(name)
-        below[queue] = min(below.get(queue, offset), offset)
-    return below
+        cursors[queue] = min(int(head or 0), offset_of(ours[0]["last-delivered-id"]) + 1) if ours else 0
+    return cursors, [position(name) for name in leased]
 
 
 def entry(

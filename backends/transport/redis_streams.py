@@ -137,10 +137,10 @@ class RedisStreamsTransport(LeasingTransport):
                 if offset > current:  # one committer per group member queue: no lost race matters
                     client.hset(key, str(ref.queue), offset)
 
-    def _finished_below(self, group: str, topic: str) -> dict[int, int]:
+    def _read_and_leased(self, group: str, topic: str) -> tuple[dict[int, int], list[tuple[int, int]]]:
         queues = self._queues_of(topic)
         with self._errors() as client:
-            return layout.finished_below(client, self._keys, group, topic, queues)
+            return layout.read_and_leased(client, self._keys, group, topic, queues)
 
     def committed(self, group: str, topic: str) -> dict[int, int]:
         """``group``'s committed position per queue of ``topic`` (what `commit` recorded)."""

@@ -6,7 +6,7 @@ with the tokens, `commit="transactional"`) stayed there for as long as the pair 
 restart sought the group back to it and read everything again (skipped by the tokens). Measured
 with 300 messages over 4 queues, two members taking turns: 292 read again after a stop on memory
 and on Redis Streams before; none after. The position follows what the group as a whole finished
-(`Subscription.finished_below`), which a message still leased to a member holds back, dead or
+(`LeasingSubscription.finished_below`), which a message still leased to a member holds back, dead or
 alive: killed with messages in hand, the member's messages come again after the restart and the
 rest is not read again past them.
 """
@@ -146,3 +146,30 @@ def test_a_redelivery_a_killed_member_held_below_the_saved_position_comes_again(
     assert read_alone(again) == 1 and again.pending() == 0
     again.close()
     assert sorted(billing.done) == list(range(2 * PREFETCH))  # 0 was lost before
+
+
+def test_a_survivor_that_finished_a_killed_members_messages_saves_the_end(app: App) -> None:
+    """The killed member held a message nacked early on (the position had passed it, as it waited
+    in the transport) with messages it finished above it: once its leases ended the survivor
+    finished it last, and its own done offsets ran into the ones the killed member had finished."""
+    billing = Billing(app)
+    billing.failing.add(5)
+    app.publish_many("orders", [{"n": n} for n in range(MESSAGES)])
+    killed, survivor = billing.member(), billing.member()
+    while len(billing.done) < MESSAGES // 2:
+        killed.poll(0)
+        survivor.poll(0)
+    killed.poll(0)  # its last messages done, the survivor has not fetched since
+    app.runtime.clock.advance(3600)  # type: ignore[attr-defined]  # the nacked message is due
+    held = killed.subscription.fetch(killed.fetch_size, 0)  # the killed member dies with it in hand
+    assert 5 in [m.body["n"] for m in held]
+    read_alone(survivor)
+    app.runtime.clock.advance(3600)  # type: ignore[attr-defined]  # the dead member's leases end
+    assert read_alone(survivor) == len(held)
+    survivor.close()
+    assert sorted(billing.done) == list(range(MESSAGES))
+    assert sum(saved(app).values()) == MESSAGES
+
+    again = billing.member()
+    assert read_alone(again) == 0
+    again.close()

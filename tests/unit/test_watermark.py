@@ -130,11 +130,11 @@ def test_what_the_group_finished_moves_a_position_held_by_another_members_offset
     prefix, as the transport tells it, moves its position over them, never back."""
     mark = OffsetWatermark()
     mark.fetched(messages(0, 1, 4, 5))  # 2-3 another member's
-    assert mark.held() == []  # 0 is its own, in flight
+    assert mark.held() == {REF: {0, 1, 4, 5}}  # done, its own would still wait on 2-3
     mark.mark_done(messages(0, 1, 5))
-    assert mark.held() == [REF] and mark.committable() == {REF: 2}
-    assert mark.finished({REF: 4}) == {REF: 4}  # the group finished 2-3; its own 4 holds it
-    assert mark.held() == []
+    assert mark.held() == {REF: {4}} and mark.committable() == {REF: 2}
+    assert mark.finished({REF: 6}) == {REF: 4}  # the group finished 2-3; its own 4 holds it
+    assert mark.held() == {}
     assert mark.positions_if_done(messages(4)) == {REF: 6}
     assert mark.finished({REF: 3, QueueRef("t", 9): 7}) == {}  # never back; a queue not its own
     assert mark.committable() == {REF: 4}
@@ -142,4 +142,16 @@ def test_what_the_group_finished_moves_a_position_held_by_another_members_offset
     assert mark.committable() == {REF: 6}
     assert mark.finished({REF: 10}) == {REF: 10}  # the others read on past it
     mark.fetched(messages(12))
-    assert mark.held() == [REF] and mark.committable() == {REF: 10}
+    assert mark.held() == {REF: {12}} and mark.committable() == {REF: 10}
+
+
+def test_what_the_group_finished_above_a_message_in_flight_is_done_once_it_is() -> None:
+    """A member claimed again a message far below what it finished (a nacked one, or one whose
+    lease ended): above it lie offsets another member finished, which it never sees done."""
+    mark = OffsetWatermark()
+    mark.fetched(messages(0, 1, 3, 5))  # 2 and 4 another member's, done
+    mark.mark_done(messages(1, 3, 5))
+    assert mark.held() == {REF: {0}} and mark.positions_if_done(messages(0)) == {REF: 2}
+    assert mark.finished({REF: 7}) == {}  # 0 in flight holds the position
+    assert mark.positions_if_done(messages(0)) == {REF: 7} and mark.held() == {}
+    assert mark.mark_done(messages(0)) == {REF: 7}
