@@ -38,6 +38,7 @@ import structlog
 from backends.errors import (
     BackendUnavailableError,
     DiskFullError,
+    ReliableError,
     TransportError,
     WritesRefusedError,
 )
@@ -93,6 +94,7 @@ class Worker:
         self.store_gate = StoreGate(runtime.store, runtime.clock, handler.name, self.stopping)
         self.in_hand = 0  # messages fetched and not yet settled (what a forced exit hands back)
         self._lag_read_at = float("-inf")  # when the consumer lag was last read (`LAG_INTERVAL`)
+        self._saved: dict[QueueRef, int] = {}  # positions an idle poll saved (`_save_idle`)
 
     @property
     def fetch_size(self) -> int:
@@ -127,6 +129,8 @@ class Worker:
                 self._settle(self._dispatch(messages))
             finally:
                 self.in_hand = 0
+        elif self.watermark is not None and self._saves_offsets and isinstance(self._subscription, GroupProgress):
+            self._save_idle(self.watermark)  # a member sharing its queues finishes others' messages
         self.strategy.tick(self._ack, self.runtime.clock.monotonic())
         self._report_lag(idle=not messages)
         return len(messages)
@@ -141,6 +145,19 @@ class Worker:
         finished = self._guarded(lambda: subscription.finished_below(held))
         if finished is not FAILED and (advanced := watermark.finished(finished)):
             self._settling("commit", [], lambda s: s.commit(advanced))
+
+    def _save_idle(self, watermark: OffsetWatermark) -> None:
+        """Save the positions once idle where they passed what transactions saved (duplicates, the
+        group's finished offsets followed): a restart read those again. A refusal loses nothing."""
+        self._follow_group(watermark)
+        unsaved = {ref: at for ref, at in watermark.committable().items() if at > self._saved.get(ref, 0)}
+        try:
+            if unsaved:
+                with self.runtime.store.transaction() as tx:
+                    tx.save_offsets(self.handler.group, unsaved)
+                self._saved.update(unsaved)
+        except ReliableError as exc:
+            log.warning("offsets_not_saved", handler=self.handler.name, error=str(exc))
 
     def _report_lag(self, idle: bool) -> None:
         """Set the consumer-lag gauge from the transport's count of what is left for the group."""

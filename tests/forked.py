@@ -40,6 +40,7 @@ PRELOAD = [
     "tests.transports.keyed_worker",
     "tests.transports.outbox_chain_worker",
     "tests.framework.offsets_worker",
+    "tests.framework.shared_queue_worker",
     "reliable.cli",
     "broker.server.run",
     "backends.transport.embedded",
