@@ -18,8 +18,8 @@ from backends.errors import ReliableError
 from backends.transport import open_transport
 from backends.transport.base import SubscribeOptions
 from backends.types import Message, QueueRef
+from tests.transports.kafka_place import SESSION_TIMEOUT
 
-SESSION_TIMEOUT = 3.0
 ROUNDS = 60
 
 

@@ -33,9 +33,9 @@ from backends.transport.kafka_layout import (
 )
 from backends.transport.kafka_mock import MockCluster
 from backends.types import Failure, Message, OutgoingMessage, QueueRef
+from tests.transports.kafka_place import SESSION_TIMEOUT
 
 ROOT = Path(__file__).resolve().parents[2]
-SESSION_TIMEOUT = 6.0
 ROUNDS = 120  # fetch rounds of 0.5 s: a bound on every wait below, never reached when all is well
 
 

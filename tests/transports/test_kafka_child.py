@@ -13,10 +13,11 @@ import sys
 
 from backends.transport import open_transport
 from backends.types import Message
+from tests.transports.kafka_place import SESSION_TIMEOUT
 
 
 def main(url: str, group: str, topic: str, commit_first: int) -> None:
-    transport = open_transport(url, visibility_timeout=6)
+    transport = open_transport(url, visibility_timeout=SESSION_TIMEOUT)  # the group's: see there
     subscription = transport.subscribe(group, [topic])
     got: list[Message] = []
     committed = False

@@ -39,10 +39,8 @@ def cluster() -> Iterator[MockCluster]:
 
 
 class TestKafkaFramework(FrameworkSuite):
-    # the session timeout: a killed worker's partitions move after it. Half the contract suite's
-    # SESSION_TIMEOUT: librdkafka heartbeats from threads of its own, so a busy live member keeps its
-    # session, and each of the chaos run's 20 kills stalled the group for 6 s and more
-    visibility_timeout = SESSION_TIMEOUT / 2
+    # the session timeout: a killed worker's partitions move after it (`kafka_place.SESSION_TIMEOUT`)
+    visibility_timeout = SESSION_TIMEOUT
 
     @pytest.fixture
     def server(self, cluster: MockCluster) -> MockCluster:

@@ -38,11 +38,11 @@ from tests.framework.refusals import Running
 from tests.transports import keyed_worker
 from tests.transports.effects import query, wait_until
 from tests.transports.framework import without_reliable_variables
+from tests.transports.kafka_place import SESSION_TIMEOUT
 from tests.transports.keyed_worker import keyed_effects
 from tests.transports.kill_points import JITTER, held_back, points
 from tests.transports.test_kafka import ROOT, ROUNDS, fetch_until, next_offsets, outgoing
 
-SESSION_TIMEOUT = 3.0
 MAX_POLL_INTERVAL = 4.0
 """Seconds a batch may stay in a handler before its member leaves the group: short, so a test's
 "slow handler" (a member that does not fetch) outlives it."""
