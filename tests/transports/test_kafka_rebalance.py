@@ -199,6 +199,44 @@ def test_messages_left_unfinished_twice_are_read_again_counted_twice(transport: 
         assert [(m.offset, m.attempt) for m in fetch_until(last, 3)] == [(3, 3), (4, 3), (5, 3)]
 
 
+def test_a_commit_refused_in_the_revoke_callback_moves_nothing_and_the_next_owner_skips_nothing(
+    cluster: MockCluster, transport: KafkaTransport, unique: str
+) -> None:
+    """A second member joins: the first one's commit of its done prefix in its revoke callback is
+    refused (the mock takes no commit while the group's members join again, REBALANCE_IN_PROGRESS; a
+    real cluster takes it then, and refuses it once the member's generation is gone). Refused inside librdkafka's
+    callback, it is logged, not raised out of the fetch that ran the callback; the group's offset stays
+    at the last commit it took, and the partition's next owner reads on from there: the done but
+    uncommitted messages come again (the tokens skip them), none after them is skipped."""
+    transport.publish(unique, outgoing(20, key="one"))
+    queue = QueueRef(unique, zlib.crc32(b"one") % 4)
+    first = transport.subscribe(unique, [unique])
+    held = fetch_until(first, 20)
+    first.ack(held[:5])
+    first.commit({queue: 5})
+    first.ack(held[5:10])  # done, not committed yet: the revoke callback commits it
+    read: dict[int, list[int]] = {0: [], 1: []}  # per member, the offsets of ``queue`` it read
+    with capture_logs() as logs:
+        second = transport.subscribe(unique, [unique])
+        for _ in range(ROUNDS * 5):  # until the partition's owner after the rebalance read it to its end
+            if any(offsets[-15:] == list(range(5, 20)) for offsets in read.values()):
+                break
+            for n, member in enumerate((first, second)):  # short fetches: each serves its callbacks often
+                read[n] += [m.offset for m in member.fetch(20, 0.1) if m.ref == queue]
+    first.close()
+    second.close()
+    events = [e["event"] for e in logs]
+    refused = [e for e in logs if e["event"] == "transport.commit_refused"]
+    assert refused, "no commit refused (as not a member's) in the revoke callback"
+    # the group rebalancing, or (the first member late to join again) at a generation it left
+    assert refused[0]["code"] in {"REBALANCE_IN_PROGRESS", "ILLEGAL_GENERATION"}
+    assert refused[0]["offsets"] == {str(queue): 10}
+    assert events.index("transport.commit_refused") < events.index("transport.revoked")  # in the callback
+    assert committed(cluster, unique, queue) == 5  # the refused commit moved nothing
+    assert min(read[0] + read[1]) == 5  # read on from the last commit taken, nothing after it skipped
+    assert any(offsets[-15:] == list(range(5, 20)) for offsets in read.values())
+
+
 # offsets the log no longer has
 
 
